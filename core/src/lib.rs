@@ -1,0 +1,42 @@
+//! `athenz-core`: everything two or more parts of athenz-k8s-identity share.
+//!
+//! Each module owns one concern (see `DESIGN.md` section 2):
+//!
+//! | module | concern |
+//! |---|---|
+//! | [`names`] | Athenz and Kubernetes name rules, namespace ↔ domain mapping, the pod CSR identity |
+//! | [`subject`] | the attested pod subject and its `pod:` URI form |
+//! | [`volume`] | the identity-volume layout shared by the flex driver and the agent |
+//! | [`crypto`] | key generation, CSRs, certificate and CSR reading |
+//! | [`ntoken`] | Athenz principal tokens: build, sign, parse, verify |
+//! | [`files`] | atomic replacement of a set of files (`..data` symlink swap) |
+//! | [`tls`] | rustls configs with client-principal checks and hot reload |
+//! | [`zts`] | ZTS wire types and client |
+//! | [`refresh`] | when to refresh a certificate and how to back off |
+//! | [`agent_api`] | wire types of the node agent's socket API |
+//! | [`http`] | the small HTTP server layer every daemon uses |
+//! | [`telemetry`] | logging and metrics setup |
+//! | [`secret`] | a wrapper that keeps secrets out of logs |
+
+// pub mod agent_api;
+pub mod crypto;
+// pub mod files;
+// pub mod http;
+pub mod names;
+// pub mod ntoken;
+// pub mod refresh;
+pub mod secret;
+pub mod subject;
+// pub mod telemetry;
+// pub mod tls;
+pub mod volume;
+// pub mod zts;
+
+/// Installs aws-lc-rs as the process-wide rustls crypto provider.
+///
+/// Every binary calls this first: with two providers compiled in, rustls panics at the first config
+/// builder (STACK.md). Calling it more than once is harmless.
+pub fn install_crypto_provider() {
+    // An error only means a provider is already installed, which is what we want.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+}

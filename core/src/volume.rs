@@ -1,0 +1,638 @@
+//! The identity volume on the host, shared by the flex driver (which creates it) and the agent
+//! (which reads it) — DESIGN.md 4.1.
+//!
+//! ```text
+//! <volumes-dir>/                 0700, created if missing
+//!   .node-key                    32 random bytes, 0600: the HMAC key of volume ids
+//!   <id>/                        one per pod volume; <id> = HMAC-SHA256(node key, mount dir), hex
+//!     data.json                  0600: who the volume belongs to (VolumeData)
+//!     state.json                 0600: the agent's refresh state (VolumeState)
+//!     mount/                     bind-mounted read-only into the pod
+//!       id                       0444: the id, for the SIA to present
+//!       connect/                 bind of the agent dir (holds agent.sock)
+//! ```
+//!
+//! A pod sees only `mount/`. The id it presents is parsed by [`VolumeId::parse`] before any path is
+//! built, so nothing a pod sends can point outside `<volumes-dir>`.
+
+use hmac::{Hmac, KeyInit, Mac};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+use time::OffsetDateTime;
+
+use crate::names::Quoted;
+
+/// Default host directory of the volumes.
+pub const DEFAULT_VOLUMES_DIR: &str = "/var/athenz/volumes";
+/// Default host directory of the agent socket.
+pub const DEFAULT_AGENT_DIR: &str = "/var/athenz/agent";
+/// Environment variable overriding [`DEFAULT_VOLUMES_DIR`].
+pub const VOLUMES_DIR_ENV: &str = "ATHENZ_VOLUMES_DIR";
+/// Environment variable overriding [`DEFAULT_AGENT_DIR`].
+pub const AGENT_DIR_ENV: &str = "ATHENZ_AGENT_DIR";
+/// File name of the agent socket inside the agent dir.
+pub const AGENT_SOCKET_NAME: &str = "agent.sock";
+/// File name of the node key inside the volumes dir.
+pub const NODE_KEY_FILE: &str = ".node-key";
+/// Size of the node key.
+pub const NODE_KEY_LEN: usize = 32;
+/// Largest `data.json` or `state.json` read; both are a few hundred bytes.
+pub const MAX_VOLUME_FILE_LEN: u64 = 64 * 1024;
+
+/// Errors of the volume layer; each names the path involved.
+#[derive(Debug, Error)]
+pub enum VolumeError {
+    /// A filesystem operation failed.
+    #[error("{action} {path}: {source}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// A file exists but is not what it must be.
+    #[error("{path}: {reason}")]
+    Invalid {
+        /// The path involved.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A JSON file did not parse.
+    #[error("{path}: not valid JSON: {source}")]
+    Json {
+        /// The path involved.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+}
+
+fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VolumeError + 'a {
+    move |source| VolumeError::Io {
+        action,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// A volume id: exactly 64 lowercase hex characters. The only way to name a volume.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct VolumeId(String);
+
+/// An id that is not 64 lowercase hex characters.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("invalid volume id: must be 64 lowercase hex characters (got {0})")]
+pub struct InvalidVolumeId(pub Quoted);
+
+impl VolumeId {
+    /// Length of an id in characters.
+    pub const LEN: usize = 64;
+
+    /// Parses an id received from outside (a pod, a URL path). Nothing else is accepted: no
+    /// uppercase, no whitespace, no separators, no empty string.
+    pub fn parse(raw: &str) -> Result<Self, InvalidVolumeId> {
+        let ok = raw.len() == Self::LEN
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if ok {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(InvalidVolumeId(Quoted::new(raw)))
+        }
+    }
+
+    /// The id of the volume mounted at `mount_dir`, exactly as kubelet passed it.
+    pub fn for_mount_dir(key: &NodeKey, mount_dir: &str) -> Self {
+        // HMAC accepts keys of any length, so this cannot fail for a 32-byte key.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key.0)
+            .unwrap_or_else(|_| unreachable!("HMAC-SHA256 takes keys of any length"));
+        mac.update(mount_dir.as_bytes());
+        Self(hex(&mac.finalize().into_bytes()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for VolumeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VolumeId({})", self.0)
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+/// The node's secret HMAC key. Ids are unguessable without it, so a pod cannot name another pod's
+/// volume even knowing its mount path.
+#[derive(Clone)]
+pub struct NodeKey([u8; NODE_KEY_LEN]);
+
+impl NodeKey {
+    /// A key from known bytes (tests, benchmarks).
+    pub fn from_bytes(bytes: [u8; NODE_KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+}
+
+impl fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NodeKey(<redacted>)")
+    }
+}
+
+/// The volumes directory and every path under it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumesDir {
+    root: PathBuf,
+}
+
+impl VolumesDir {
+    /// The volumes dir at `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The volumes dir from `ATHENZ_VOLUMES_DIR`, else the default.
+    pub fn from_env() -> Self {
+        Self::new(env_path(VOLUMES_DIR_ENV, DEFAULT_VOLUMES_DIR))
+    }
+
+    /// The directory itself.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Creates the directory (0700) if it is missing.
+    pub fn ensure(&self) -> Result<(), VolumeError> {
+        match fs::create_dir_all(&self.root) {
+            Ok(()) => {}
+            Err(e) => return Err(io_err("creating", &self.root)(e)),
+        }
+        let meta = fs::symlink_metadata(&self.root).map_err(io_err("inspecting", &self.root))?;
+        if !meta.is_dir() {
+            return Err(VolumeError::Invalid {
+                path: self.root.clone(),
+                reason: "is not a directory".into(),
+            });
+        }
+        if meta.permissions().mode() & 0o077 != 0 {
+            fs::set_permissions(&self.root, fs::Permissions::from_mode(0o700))
+                .map_err(io_err("restricting", &self.root))?;
+        }
+        Ok(())
+    }
+
+    /// Path of the node key.
+    pub fn node_key_path(&self) -> PathBuf {
+        self.root.join(NODE_KEY_FILE)
+    }
+
+    /// Loads the node key, creating it on first use.
+    ///
+    /// Creation is race-safe: the key is written in full to a private temporary file which is then
+    /// hard-linked into place; `link` fails if another process won, and then the winner's key is
+    /// read. No process ever sees a partly written key.
+    pub fn load_or_create_node_key(&self) -> Result<NodeKey, VolumeError> {
+        self.ensure()?;
+        let path = self.node_key_path();
+        match read_node_key(&path) {
+            Ok(key) => return Ok(key),
+            Err(VolumeError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let mut bytes = [0u8; NODE_KEY_LEN];
+        aws_lc_rs::rand::fill(&mut bytes).map_err(|_| VolumeError::Invalid {
+            path: path.clone(),
+            reason: "the system random generator failed".into(),
+        })?;
+        let tmp = self
+            .root
+            .join(format!("{NODE_KEY_FILE}.tmp-{}", hex(&random_bytes::<8>())));
+        let written = (|| {
+            let mut file = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()
+        })();
+        written.map_err(io_err("writing", &tmp))?;
+        let linked = fs::hard_link(&tmp, &path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                sync_dir(&self.root)?;
+                Ok(NodeKey(bytes))
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => read_node_key(&path),
+            Err(e) => Err(io_err("installing", &path)(e)),
+        }
+    }
+
+    /// The paths of volume `id`.
+    pub fn volume(&self, id: &VolumeId) -> VolumePaths {
+        let dir = self.root.join(id.as_str());
+        VolumePaths {
+            data_json: dir.join("data.json"),
+            state_json: dir.join("state.json"),
+            mount: dir.join("mount"),
+            id_file: dir.join("mount").join("id"),
+            connect: dir.join("mount").join("connect"),
+            dir,
+        }
+    }
+}
+
+/// The agent directory (holding `agent.sock`), from `ATHENZ_AGENT_DIR` or the default.
+pub fn agent_dir_from_env() -> PathBuf {
+    env_path(AGENT_DIR_ENV, DEFAULT_AGENT_DIR)
+}
+
+fn env_path(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(default), PathBuf::from)
+}
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut bytes = [0u8; N];
+    // Failure of the system RNG leaves zeros; used only for temporary names, which are then
+    // created with O_EXCL, so a collision is an error, not a hazard.
+    let _ = aws_lc_rs::rand::fill(&mut bytes);
+    bytes
+}
+
+fn read_node_key(path: &Path) -> Result<NodeKey, VolumeError> {
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(path)
+        .map_err(io_err("reading", path))?;
+    let meta = file.metadata().map_err(io_err("inspecting", path))?;
+    let invalid = |reason: &str| VolumeError::Invalid {
+        path: path.to_owned(),
+        reason: reason.into(),
+    };
+    if !meta.is_file() {
+        return Err(invalid("node key is not a regular file"));
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(invalid(
+            "node key is readable by group or others; it must be 0600",
+        ));
+    }
+    if meta.len() != NODE_KEY_LEN as u64 {
+        return Err(invalid("node key is not 32 bytes"));
+    }
+    let mut bytes = [0u8; NODE_KEY_LEN];
+    file.read_exact(&mut bytes)
+        .map_err(io_err("reading", path))?;
+    Ok(NodeKey(bytes))
+}
+
+/// `O_NOFOLLOW`: the node key and volume files are never reached through a symlink.
+const fn libc_o_nofollow() -> i32 {
+    libc::O_NOFOLLOW
+}
+
+/// Paths of one volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumePaths {
+    /// `<volumes-dir>/<id>`.
+    pub dir: PathBuf,
+    /// `data.json`: who the volume belongs to.
+    pub data_json: PathBuf,
+    /// `state.json`: the agent's refresh state.
+    pub state_json: PathBuf,
+    /// `mount/`: what the pod sees.
+    pub mount: PathBuf,
+    /// `mount/id`: the id, for the SIA.
+    pub id_file: PathBuf,
+    /// `mount/connect`: where the agent dir is bound.
+    pub connect: PathBuf,
+}
+
+/// `data.json`: written by the driver at mount, read by the agent. Fields are what kubelet passed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeData {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod_name: String,
+    /// Pod UID.
+    pub pod_uid: String,
+    /// Pod service account.
+    pub service_account: String,
+    /// The mount dir kubelet passed (the id is computed over it).
+    pub mount_dir: String,
+    /// Whether kubelet asked for read-write (the pod's view is read-only regardless).
+    pub read_write: bool,
+    /// When the volume was mounted.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+impl VolumeData {
+    /// Checks every field against its Kubernetes rule.
+    pub fn validate(&self) -> Result<(), crate::names::NameError> {
+        use crate::names::*;
+        validate_dns_label("pod.namespace", &self.namespace)?;
+        validate_dns_subdomain("pod.name", &self.pod_name)?;
+        validate_uid("pod.uid", &self.pod_uid)?;
+        validate_dns_subdomain("serviceAccount.name", &self.service_account)
+    }
+}
+
+/// `state.json`: what the agent needs to refresh a volume's certificate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeState {
+    /// Provider that launched the instance.
+    pub provider: String,
+    /// Instance id (the pod UID).
+    pub instance_id: String,
+    /// Athenz domain.
+    pub domain: String,
+    /// Athenz service.
+    pub service: String,
+    /// UID of the pod the identity was issued to.
+    pub pod_uid: String,
+    /// Serial of the current certificate, lowercase hex.
+    pub cert_serial: String,
+    /// When the current certificate expires.
+    #[serde(with = "time::serde::rfc3339")]
+    pub cert_expiry: OffsetDateTime,
+    /// When this state was written.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// Reads a JSON file of at most [`MAX_VOLUME_FILE_LEN`] bytes, never through a symlink.
+pub fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<T, VolumeError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(path)
+        .map_err(io_err("reading", path))?;
+    let mut buf = Vec::new();
+    file.take(MAX_VOLUME_FILE_LEN + 1)
+        .read_to_end(&mut buf)
+        .map_err(io_err("reading", path))?;
+    if buf.len() as u64 > MAX_VOLUME_FILE_LEN {
+        return Err(VolumeError::Invalid {
+            path: path.to_owned(),
+            reason: format!("larger than {MAX_VOLUME_FILE_LEN} bytes"),
+        });
+    }
+    serde_json::from_slice(&buf).map_err(|source| VolumeError::Json {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Writes `value` as JSON to `path` atomically (temporary file, fsync, rename) with `mode`.
+pub fn write_json_file<T: Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), VolumeError> {
+    let json = serde_json::to_vec_pretty(value).map_err(|source| VolumeError::Json {
+        path: path.to_owned(),
+        source,
+    })?;
+    write_file_atomic(path, &json, mode)
+}
+
+/// Writes `bytes` to `path` atomically: a reader sees the old content or the new, never a part.
+pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("file");
+    let tmp = dir.join(format!(".{name}.tmp-{}", hex(&random_bytes::<8>())));
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode; set it exactly.
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("writing", path)(e));
+    }
+    sync_dir(dir)
+}
+
+/// fsyncs a directory so a rename or link in it survives a crash.
+pub fn sync_dir(dir: &Path) -> Result<(), VolumeError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("syncing", dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn ids_are_hmac_hex() {
+        let key = NodeKey::from_bytes([7; 32]);
+        let id = VolumeId::for_mount_dir(
+            &key,
+            "/var/lib/kubelet/pods/x/volumes/athenz~volume-driver/athenz-identity",
+        );
+        assert_eq!(id.as_str().len(), 64);
+        assert_eq!(VolumeId::parse(id.as_str()).unwrap(), id);
+        // stable for the same input, different for another path or key
+        assert_eq!(
+            id,
+            VolumeId::for_mount_dir(
+                &key,
+                "/var/lib/kubelet/pods/x/volumes/athenz~volume-driver/athenz-identity"
+            )
+        );
+        assert_ne!(id, VolumeId::for_mount_dir(&key, "/other"));
+        assert_ne!(
+            id,
+            VolumeId::for_mount_dir(
+                &NodeKey::from_bytes([8; 32]),
+                "/var/lib/kubelet/pods/x/volumes/athenz~volume-driver/athenz-identity"
+            )
+        );
+    }
+
+    #[test]
+    fn hmac_matches_rfc4231_test_case_2() {
+        // RFC 4231 test case 2 uses key "Jefe"; check our hex and HMAC wiring with it.
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        assert_eq!(
+            hex(&mac.finalize().into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn parse_rejects_everything_but_64_lowercase_hex() {
+        let good = "a".repeat(64);
+        VolumeId::parse(&good).unwrap();
+        let cases = [
+            String::new(),
+            "a".repeat(63),
+            "a".repeat(65),
+            "A".repeat(64),
+            "g".repeat(64),
+            format!("../{}", "a".repeat(61)),
+            format!("{}/", "a".repeat(63)),
+            format!("{}\0", "a".repeat(63)),
+            format!("{}%2e", "a".repeat(60)),
+            format!(" {}", "a".repeat(63)),
+            "é".repeat(32),
+        ];
+        for bad in cases {
+            let err = VolumeId::parse(&bad).unwrap_err();
+            assert!(err.to_string().contains("64 lowercase hex"), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn node_key_is_created_once_with_mode_0600() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = VolumesDir::new(tmp.path().join("volumes"));
+        let key = dir.load_or_create_node_key().unwrap();
+        let again = dir.load_or_create_node_key().unwrap();
+        assert_eq!(key.0, again.0);
+        let meta = fs::metadata(dir.node_key_path()).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            fs::metadata(dir.root()).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert!(
+            !format!("{key:?}").contains('7'),
+            "debug must not print bytes"
+        );
+    }
+
+    #[test]
+    fn concurrent_creation_agrees_on_one_key() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = Arc::new(VolumesDir::new(tmp.path().join("volumes")));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let dir = dir.clone();
+                std::thread::spawn(move || dir.load_or_create_node_key().unwrap().0)
+            })
+            .collect();
+        let keys: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(keys.iter().all(|k| *k == keys[0]));
+        // no temporary files are left behind
+        let names: Vec<_> = fs::read_dir(dir.root())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [NODE_KEY_FILE]);
+    }
+
+    #[test]
+    fn bad_node_keys_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = VolumesDir::new(tmp.path());
+        dir.ensure().unwrap();
+        fs::write(dir.node_key_path(), b"short").unwrap();
+        fs::set_permissions(dir.node_key_path(), fs::Permissions::from_mode(0o600)).unwrap();
+        let err = dir.load_or_create_node_key().unwrap_err();
+        assert!(err.to_string().contains("not 32 bytes"), "{err}");
+        fs::write(dir.node_key_path(), [1u8; 32]).unwrap();
+        fs::set_permissions(dir.node_key_path(), fs::Permissions::from_mode(0o644)).unwrap();
+        let err = dir.load_or_create_node_key().unwrap_err();
+        assert!(err.to_string().contains("0600"), "{err}");
+        fs::remove_file(dir.node_key_path()).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.node_key_path()).unwrap();
+        assert!(dir.load_or_create_node_key().is_err(), "followed a symlink");
+    }
+
+    #[test]
+    fn layout_paths() {
+        let dir = VolumesDir::new("/v");
+        let id = VolumeId::parse(&"0".repeat(64)).unwrap();
+        let p = dir.volume(&id);
+        let base = format!("/v/{}", "0".repeat(64));
+        assert_eq!(p.dir, Path::new(&base));
+        assert_eq!(p.data_json, Path::new(&format!("{base}/data.json")));
+        assert_eq!(p.state_json, Path::new(&format!("{base}/state.json")));
+        assert_eq!(p.id_file, Path::new(&format!("{base}/mount/id")));
+        assert_eq!(p.connect, Path::new(&format!("{base}/mount/connect")));
+    }
+
+    #[test]
+    fn json_files_round_trip_and_limits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("data.json");
+        let data = VolumeData {
+            namespace: "media-sports".into(),
+            pod_name: "web".into(),
+            pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
+            service_account: "web".into(),
+            mount_dir: "/var/lib/kubelet/pods/x".into(),
+            read_write: false,
+            created_at: OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap(),
+        };
+        data.validate().unwrap();
+        write_json_file(&path, &data, 0o600).unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let back: VolumeData = read_json_file(&path).unwrap();
+        assert_eq!(back, data);
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"createdAt\": \"2023-11-14T22:13:20Z\""), "{text}");
+
+        fs::write(&path, vec![b' '; 70 * 1024]).unwrap();
+        let err = read_json_file::<VolumeData>(&path).unwrap_err();
+        assert!(err.to_string().contains("larger than"), "{err}");
+        fs::write(&path, b"{\"namespace\": 1}").unwrap();
+        let err = read_json_file::<VolumeData>(&path).unwrap_err();
+        assert!(err.to_string().contains("not valid JSON"), "{err}");
+        let bad = VolumeData {
+            pod_uid: "../../x".into(),
+            ..data
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("pod.uid"));
+    }
+}
