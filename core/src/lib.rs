@@ -20,10 +20,10 @@
 
 // pub mod agent_api;
 pub mod crypto;
-// pub mod files;
+pub mod files;
 // pub mod http;
 pub mod names;
-// pub mod ntoken;
+pub mod ntoken;
 // pub mod refresh;
 pub mod secret;
 pub mod subject;

@@ -20,7 +20,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -458,9 +458,7 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Vol
 
 /// fsyncs a directory so a rename or link in it survives a crash.
 pub fn sync_dir(dir: &Path) -> Result<(), VolumeError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("syncing", dir))
+    crate::files::fsync_dir(dir).map_err(io_err("syncing", dir))
 }
 
 #[cfg(test)]
