@@ -259,12 +259,8 @@ impl CertInfo {
                 "trailing bytes after the certificate".into(),
             ));
         }
-        let names = read_sans(
-            cert.extensions()
-                .iter()
-                .map(|ext| ext.parsed_extension()),
-        )
-        .map_err(CryptoError::BadCertificate)?;
+        let names = read_sans(cert.extensions().iter().map(|ext| ext.parsed_extension()))
+            .map_err(CryptoError::BadCertificate)?;
         let validity = cert.validity();
         Ok(Self {
             common_name: first_cn(cert.subject()),

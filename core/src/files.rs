@@ -135,8 +135,9 @@ impl FileSet {
             .ok()
             .and_then(|t| t.to_str().map(str::to_owned));
         let tmp_link = self.dir.join(format!("..data_tmp.{}", random_hex()));
-        let swapped = symlink_with_owner(Path::new(&set_name), &tmp_link, owner)
-            .and_then(|()| fs::rename(&tmp_link, &data_link).map_err(io_err("swapping", &data_link)));
+        let swapped = symlink_with_owner(Path::new(&set_name), &tmp_link, owner).and_then(|()| {
+            fs::rename(&tmp_link, &data_link).map_err(io_err("swapping", &data_link))
+        });
         if let Err(e) = swapped {
             let _ = fs::remove_file(&tmp_link);
             let _ = fs::remove_dir_all(&set_dir);
@@ -383,7 +384,10 @@ mod tests {
         assert_eq!(names[2], DATA_LINK);
         let current = fs::read_link(out.join(DATA_LINK)).unwrap();
         assert_eq!(current, Path::new(&names[1]), "newest set is current");
-        assert_eq!(fs::read(out.join(&names[0]).join("service.key.pem")).unwrap(), b"k2");
+        assert_eq!(
+            fs::read(out.join(&names[0]).join("service.key.pem")).unwrap(),
+            b"k2"
+        );
     }
 
     #[test]

@@ -18,19 +18,19 @@
 //! | [`telemetry`] | logging and metrics setup |
 //! | [`secret`] | a wrapper that keeps secrets out of logs |
 
-// pub mod agent_api;
+pub mod agent_api;
 pub mod crypto;
 pub mod files;
-// pub mod http;
+pub mod http;
 pub mod names;
 pub mod ntoken;
-// pub mod refresh;
+pub mod refresh;
 pub mod secret;
 pub mod subject;
-// pub mod telemetry;
-// pub mod tls;
+pub mod telemetry;
+pub mod tls;
 pub mod volume;
-// pub mod zts;
+pub mod zts;
 
 /// Installs aws-lc-rs as the process-wide rustls crypto provider.
 ///

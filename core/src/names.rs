@@ -477,7 +477,18 @@ mod tests {
         for ok in ["a", "_x", "0", "web-app", "A_b-9", &"a".repeat(63)] {
             validate_simple_name("service", ok).unwrap();
         }
-        for bad in ["", "-a", "a.b", "a/b", "a b", "é", "a\0", &"a".repeat(64), "..", "%2e"] {
+        for bad in [
+            "",
+            "-a",
+            "a.b",
+            "a/b",
+            "a b",
+            "é",
+            "a\0",
+            &"a".repeat(64),
+            "..",
+            "%2e",
+        ] {
             let err = validate_simple_name("service", bad).unwrap_err();
             assert_eq!(err.field, "service", "{bad:?}");
         }
@@ -498,7 +509,16 @@ mod tests {
         for ok in ["a", "a.b", "media.sports", "k8s.admin.kube-system", "x_.y-"] {
             validate_domain("domain", ok).unwrap();
         }
-        for bad in ["", ".a", "a.", "a..b", "a/b", "a.-b", "a b", &"a.".repeat(127)] {
+        for bad in [
+            "",
+            ".a",
+            "a.",
+            "a..b",
+            "a/b",
+            "a.-b",
+            "a b",
+            &"a.".repeat(127),
+        ] {
             assert!(validate_domain("domain", bad).is_err(), "{bad:?}");
         }
     }
@@ -522,7 +542,16 @@ mod tests {
         for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(64), "a\0"] {
             assert!(validate_dns_label("ns", bad).is_err(), "{bad:?}");
         }
-        for bad in ["", ".a", "a.", "a..b", "A.b", "a/b", "../x", &"a".repeat(254)] {
+        for bad in [
+            "",
+            ".a",
+            "a.",
+            "a..b",
+            "A.b",
+            "a/b",
+            "../x",
+            &"a".repeat(254),
+        ] {
             assert!(validate_dns_subdomain("name", bad).is_err(), "{bad:?}");
         }
         let long_label = format!("{}.b", "a".repeat(64));
@@ -611,7 +640,13 @@ mod tests {
     #[test]
     fn domain_to_namespace_rejects_what_no_namespace_maps_to() {
         let m = mapper();
-        for bad in ["Media.sports", "a_b", "-a", "a-", &format!("{}.b", "a".repeat(62))] {
+        for bad in [
+            "Media.sports",
+            "a_b",
+            "-a",
+            "a-",
+            &format!("{}.b", "a".repeat(62)),
+        ] {
             assert!(m.domain_to_namespace(bad).is_err(), "{bad:?}");
         }
     }

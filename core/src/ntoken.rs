@@ -134,16 +134,16 @@ impl NToken {
         if sig_text.is_empty() || sig_text.contains(';') {
             return Err(malformed("the signature must be the last field".into()));
         }
-        let signature = ybase64_decode(sig_text)
-            .ok_or_else(|| malformed("signature is not ybase64".into()))?;
+        let signature =
+            ybase64_decode(sig_text).ok_or_else(|| malformed("signature is not ybase64".into()))?;
 
         let mut fields: [Option<&str>; 9] = [None; 9];
         const KEYS: [&str; 9] = ["v", "d", "n", "h", "i", "a", "t", "e", "k"];
         let mut key_service = None;
         for item in signed.split(';') {
-            let (key, value) = item
-                .split_once('=')
-                .ok_or_else(|| malformed(format!("field {} is not key=value", Quoted::new(item))))?;
+            let (key, value) = item.split_once('=').ok_or_else(|| {
+                malformed(format!("field {} is not key=value", Quoted::new(item)))
+            })?;
             let slot = if key == "z" {
                 &mut key_service
             } else {
@@ -231,7 +231,11 @@ impl NToken {
     }
 
     /// Checks issue and expiry times only.
-    pub fn check_times(&self, now: OffsetDateTime, limits: VerifyLimits) -> Result<(), NTokenError> {
+    pub fn check_times(
+        &self,
+        now: OffsetDateTime,
+        limits: VerifyLimits,
+    ) -> Result<(), NTokenError> {
         let now = now.unix_timestamp();
         let lifetime = self.expires.saturating_sub(self.issued);
         let max = limits.max_lifetime.whole_seconds();
@@ -285,8 +289,7 @@ impl NTokenBuilder {
             });
         }
         let mut salt = [0u8; 8];
-        aws_lc_rs::rand::fill(&mut salt)
-            .map_err(|_| NTokenError::Signing(CryptoError::Signing))?;
+        aws_lc_rs::rand::fill(&mut salt).map_err(|_| NTokenError::Signing(CryptoError::Signing))?;
         let issued = now.unix_timestamp();
         let expires = issued + self.lifetime.whole_seconds();
         let host = self
@@ -503,7 +506,12 @@ mod tests {
             assert!(NToken::parse(bad).is_err(), "accepted {bad:?}");
         }
         let long = format!("v=S1;d=a;n=b;a=1;t=1;e=2;k=0;h={};s=AAAA", "a".repeat(5000));
-        assert!(NToken::parse(&long).unwrap_err().to_string().contains("4096"));
+        assert!(
+            NToken::parse(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("4096")
+        );
         assert!(
             NToken::parse("v=S1;d=a;n=b;a=1;t=1;e=2;k=0;s=AAAA")
                 .unwrap()

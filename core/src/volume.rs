@@ -432,10 +432,7 @@ pub fn write_json_file<T: Serialize>(path: &Path, value: &T, mode: u32) -> Resul
 /// Writes `bytes` to `path` atomically: a reader sees the old content or the new, never a part.
 pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or("file");
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.tmp-{}", hex(&random_bytes::<8>())));
     let result = (|| {
         let mut file = OpenOptions::new()
@@ -619,7 +616,10 @@ mod tests {
         let back: VolumeData = read_json_file(&path).unwrap();
         assert_eq!(back, data);
         let text = fs::read_to_string(&path).unwrap();
-        assert!(text.contains("\"createdAt\": \"2023-11-14T22:13:20Z\""), "{text}");
+        assert!(
+            text.contains("\"createdAt\": \"2023-11-14T22:13:20Z\""),
+            "{text}"
+        );
 
         fs::write(&path, vec![b' '; 70 * 1024]).unwrap();
         let err = read_json_file::<VolumeData>(&path).unwrap_err();

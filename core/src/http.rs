@@ -1,0 +1,826 @@
+//! The small HTTP server layer every daemon uses (DESIGN.md 4.8).
+//!
+//! One accept loop for TCP, TLS-over-TCP and Unix sockets that enforces, for every server alike:
+//! a connection bound (accepting pauses at the bound), a TLS handshake timeout, a header read
+//! timeout, a body size limit checked before the handler runs (413, chunked bodies included), a
+//! body read timeout (408), JSON errors `{code,message}`, per-route request metrics, and a graceful
+//! drain on shutdown. Handlers receive the whole body and who is calling ([`ConnInfo`]).
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+/// The error body of every API in the system (and of ZTS): `{"code": <status>, "message": "..."}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    /// HTTP status code.
+    pub code: i32,
+    /// What went wrong, for a person.
+    pub message: String,
+}
+
+/// Response body type of every handler.
+pub type Body = Full<Bytes>;
+
+/// A JSON response.
+pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => Response::builder()
+            .status(status)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(bytes)))
+            .unwrap_or_else(|_| internal_error()),
+        Err(_) => internal_error(),
+    }
+}
+
+/// A JSON error response `{code, message}`.
+pub fn error_response(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    json_response(
+        status,
+        &ErrorBody {
+            code: i32::from(status.as_u16()),
+            message: message.into(),
+        },
+    )
+}
+
+/// A 503 that tells the client when to come back (seconds).
+pub fn unavailable_response(message: impl Into<String>, retry_after: Duration) -> Response<Body> {
+    let mut resp = error_response(StatusCode::SERVICE_UNAVAILABLE, message);
+    let secs = retry_after.as_secs().max(1);
+    if let Ok(value) = header::HeaderValue::from_str(&secs.to_string()) {
+        resp.headers_mut().insert(header::RETRY_AFTER, value);
+    }
+    resp
+}
+
+fn internal_error() -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::from_static(
+        br#"{"code":500,"message":"internal error"}"#,
+    )));
+    *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    resp
+}
+
+/// Limits every server applies.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// Largest request body, bytes.
+    pub max_body: usize,
+    /// Time allowed for a request's headers (also bounds how long an idle keep-alive connection
+    /// may wait for its next request).
+    pub header_timeout: Duration,
+    /// Time allowed to receive a request body.
+    pub body_timeout: Duration,
+    /// Time allowed for a TLS handshake.
+    pub handshake_timeout: Duration,
+    /// Most connections served at once; accepting pauses at the bound.
+    pub max_connections: usize,
+    /// How long shutdown waits for in-flight requests.
+    pub grace: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            max_body: 64 * 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+            grace: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// A TCP client.
+    Tcp(SocketAddr),
+    /// A process on the Unix socket, from `SO_PEERCRED`.
+    Unix {
+        /// Its pid, when the kernel reports it.
+        pid: Option<i32>,
+        /// Its uid.
+        uid: u32,
+        /// Its gid.
+        gid: u32,
+    },
+}
+
+/// What the handler knows about the connection a request came on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The peer.
+    pub peer: Peer,
+    /// The client certificate's principal (CN), on TLS connections.
+    pub principal: Option<String>,
+}
+
+/// A request handler: takes the whole request, answers a response.
+pub trait Handler: Send + Sync + 'static {
+    /// Handles one request.
+    fn handle(
+        &self,
+        req: Request<Bytes>,
+        conn: Arc<ConnInfo>,
+    ) -> impl Future<Output = Response<Body>> + Send;
+
+    /// The metrics label of a request's route (a fixed set, never raw paths).
+    fn route(&self, _req: &http::request::Parts) -> &'static str {
+        "other"
+    }
+}
+
+/// Labels of the request counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Route label from [`Handler::route`].
+    pub route: &'static str,
+    /// HTTP status code.
+    pub status: u16,
+}
+
+/// Labels of the latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// Route label from [`Handler::route`].
+    pub route: &'static str,
+}
+
+/// Request metrics of one server.
+#[derive(Clone, Debug)]
+pub struct HttpMetrics {
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram>,
+}
+
+impl HttpMetrics {
+    /// Creates and registers `http_requests` and `http_request_duration_seconds` in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ])
+        });
+        registry.register(
+            "http_requests",
+            "Requests served, by route and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "Time to answer a request, by route",
+            latency.clone(),
+        );
+        Self { requests, latency }
+    }
+
+    fn record(&self, route: &'static str, status: StatusCode, elapsed: Duration) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                status: status.as_u16(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&RouteLabels { route })
+            .observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Where a server listens.
+#[derive(Debug)]
+pub enum Listener {
+    /// Plain TCP, or TLS over TCP when the server has an acceptor.
+    Tcp(TcpListener),
+    /// A Unix socket (the agent).
+    Unix(UnixListener),
+}
+
+/// A configured server, ready to run.
+pub struct Server<H> {
+    listener: Listener,
+    tls: Option<TlsAcceptor>,
+    handler: Arc<H>,
+    limits: ServerLimits,
+    metrics: Option<HttpMetrics>,
+}
+
+impl<H: Handler> Server<H> {
+    /// A server on `listener` with `handler`.
+    pub fn new(listener: Listener, handler: Arc<H>) -> Self {
+        Self {
+            listener,
+            tls: None,
+            handler,
+            limits: ServerLimits::default(),
+            metrics: None,
+        }
+    }
+
+    /// Serves TLS (only on TCP listeners) with this config, usually from [`crate::tls::server_config`].
+    pub fn with_tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(TlsAcceptor::from(config));
+        self
+    }
+
+    /// Sets the limits.
+    pub fn with_limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Records request metrics.
+    pub fn with_metrics(mut self, metrics: HttpMetrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting and waits up to the grace period
+    /// for in-flight connections.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        let slots = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
+        let shared = Arc::new(Shared {
+            handler: self.handler,
+            limits: self.limits,
+            metrics: self.metrics,
+        });
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                _ = &mut shutdown => break,
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let accepted = tokio::select! {
+                _ = &mut shutdown => break,
+                accepted = accept(&self.listener) => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let watcher = graceful.watcher();
+            let shared = Arc::clone(&shared);
+            let tls = self.tls.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                match (stream, tls) {
+                    (Stream::Tcp(tcp), Some(acceptor)) => {
+                        let handshake = tokio::time::timeout(
+                            shared.limits.handshake_timeout,
+                            acceptor.accept(tcp),
+                        )
+                        .await;
+                        let tls_stream = match handshake {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                tracing::info!(?peer, error = %e, "TLS handshake refused");
+                                return;
+                            }
+                            Err(_) => {
+                                tracing::info!(?peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                        let session = tls_stream.get_ref().1;
+                        let principal = crate::tls::peer_principal(session);
+                        let h2 = session.alpn_protocol() == Some(b"h2");
+                        let conn = ConnInfo { peer, principal };
+                        serve_connection(tls_stream, h2, conn, shared, watcher).await;
+                    }
+                    (Stream::Tcp(tcp), None) => {
+                        let conn = ConnInfo {
+                            peer,
+                            principal: None,
+                        };
+                        serve_connection(tcp, false, conn, shared, watcher).await;
+                    }
+                    (Stream::Unix(unix), _) => {
+                        let conn = ConnInfo {
+                            peer,
+                            principal: None,
+                        };
+                        serve_connection(unix, false, conn, shared, watcher).await;
+                    }
+                }
+            });
+        }
+        if tokio::time::timeout(self.limits.grace, graceful.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                grace = ?self.limits.grace,
+                "connections still open after the grace period; closing them"
+            );
+        }
+    }
+}
+
+struct Shared<H> {
+    handler: Arc<H>,
+    limits: ServerLimits,
+    metrics: Option<HttpMetrics>,
+}
+
+enum Stream {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
+    match listener {
+        Listener::Tcp(l) => {
+            let (s, addr) = l.accept().await?;
+            let _ = s.set_nodelay(true);
+            Ok((Stream::Tcp(s), Peer::Tcp(addr)))
+        }
+        Listener::Unix(l) => {
+            let (s, _) = l.accept().await?;
+            let cred = s.peer_cred()?;
+            let peer = Peer::Unix {
+                pid: cred.pid(),
+                uid: cred.uid(),
+                gid: cred.gid(),
+            };
+            Ok((Stream::Unix(s), peer))
+        }
+    }
+}
+
+async fn serve_connection<H, I>(
+    io: I,
+    h2: bool,
+    conn: ConnInfo,
+    shared: Arc<Shared<H>>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
+    H: Handler,
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = Arc::new(conn);
+    let service = {
+        let shared = Arc::clone(&shared);
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let shared = Arc::clone(&shared);
+            let conn = Arc::clone(&conn);
+            async move { Ok::<_, Infallible>(handle_request(req, conn, &shared).await) }
+        })
+    };
+    // HTTP/2 only when TLS negotiated it (ALPN); otherwise HTTP/1.1. Choosing up front (rather
+    // than hyper-util's `auto`, which sniffs the first bytes with no timeout) means the header
+    // read timeout runs from the moment the connection is served, so idle connections cannot
+    // hold the connection slots.
+    let io = TokioIo::new(io);
+    let result = if h2 {
+        let mut builder = http2::Builder::new(TokioExecutor::new());
+        builder
+            .timer(TokioTimer::new())
+            .max_header_list_size(64 * 1024)
+            .max_concurrent_streams(128)
+            .keep_alive_interval(Some(shared.limits.header_timeout))
+            .keep_alive_timeout(shared.limits.header_timeout);
+        watcher.watch(builder.serve_connection(io, service)).await
+    } else {
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(shared.limits.header_timeout)
+            .max_buf_size(64 * 1024);
+        watcher.watch(builder.serve_connection(io, service)).await
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+async fn handle_request<H: Handler>(
+    req: Request<Incoming>,
+    conn: Arc<ConnInfo>,
+    shared: &Shared<H>,
+) -> Response<Body> {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    let route = shared.handler.route(&parts);
+    let resp = match read_body(&parts, body, &shared.limits).await {
+        Ok(bytes) => {
+            shared
+                .handler
+                .handle(Request::from_parts(parts, bytes), conn)
+                .await
+        }
+        Err(resp) => resp,
+    };
+    if let Some(m) = &shared.metrics {
+        m.record(route, resp.status(), started.elapsed());
+    }
+    resp
+}
+
+/// Reads the whole body within the size and time limits, or answers 413 / 408 / 400.
+async fn read_body(
+    parts: &http::request::Parts,
+    body: Incoming,
+    limits: &ServerLimits,
+) -> Result<Bytes, Response<Body>> {
+    let too_large = || {
+        error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body is larger than {} bytes", limits.max_body),
+        )
+    };
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limits.max_body as u64) {
+        return Err(too_large());
+    }
+    let collected = tokio::time::timeout(
+        limits.body_timeout,
+        Limited::new(body, limits.max_body).collect(),
+    )
+    .await;
+    match collected {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(error_response(
+            StatusCode::BAD_REQUEST,
+            format!("could not read the request body: {e}"),
+        )),
+        Err(_) => Err(error_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body did not arrive in time",
+        )),
+    }
+}
+
+/// Whether the process is ready to serve; flipped by the daemon as its dependencies come up.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Marks ready or not.
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::Release);
+    }
+
+    /// Whether ready.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The operations endpoint of every daemon: `GET /healthz`, `GET /readyz`, `GET /metrics`.
+pub struct OpsHandler {
+    registry: Arc<Registry>,
+    readiness: Readiness,
+}
+
+impl OpsHandler {
+    /// Serves `registry` and reports `readiness`.
+    pub fn new(registry: Arc<Registry>, readiness: Readiness) -> Self {
+        Self {
+            registry,
+            readiness,
+        }
+    }
+}
+
+impl Handler for OpsHandler {
+    async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
+        if req.method() != http::Method::GET {
+            return error_response(StatusCode::METHOD_NOT_ALLOWED, "only GET is served here");
+        }
+        match req.uri().path() {
+            "/healthz" => text_response(StatusCode::OK, "ok\n", "text/plain"),
+            "/readyz" if self.readiness.is_ready() => {
+                text_response(StatusCode::OK, "ready\n", "text/plain")
+            }
+            "/readyz" => {
+                text_response(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", "text/plain")
+            }
+            "/metrics" => match crate::telemetry::encode_metrics(&self.registry) {
+                Ok(text) => text_response(
+                    StatusCode::OK,
+                    text,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+                Err(_) => internal_error(),
+            },
+            _ => error_response(StatusCode::NOT_FOUND, "no such route"),
+        }
+    }
+
+    fn route(&self, req: &http::request::Parts) -> &'static str {
+        match req.uri.path() {
+            "/healthz" => "healthz",
+            "/readyz" => "readyz",
+            "/metrics" => "metrics",
+            _ => "other",
+        }
+    }
+}
+
+fn text_response(
+    status: StatusCode,
+    body: impl Into<Bytes>,
+    content_type: &'static str,
+) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type)
+        .body(Full::new(body.into()))
+        .unwrap_or_else(|_| internal_error())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Echoes the body length and the peer kind.
+    struct Echo;
+
+    impl Handler for Echo {
+        async fn handle(&self, req: Request<Bytes>, conn: Arc<ConnInfo>) -> Response<Body> {
+            let kind = match conn.peer {
+                Peer::Tcp(_) => "tcp".to_owned(),
+                Peer::Unix { uid, pid, .. } => format!("unix uid={uid} pid={}", pid.is_some()),
+            };
+            json_response(
+                StatusCode::OK,
+                &serde_json::json!({"len": req.body().len(), "peer": kind}),
+            )
+        }
+
+        fn route(&self, _req: &http::request::Parts) -> &'static str {
+            "echo"
+        }
+    }
+
+    async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    async fn start(limits: ServerLimits) -> (SocketAddr, Arc<Registry>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut registry = Registry::default();
+        let metrics = HttpMetrics::register(&mut registry);
+        let server = Server::new(Listener::Tcp(listener), Arc::new(Echo))
+            .with_limits(limits)
+            .with_metrics(metrics);
+        tokio::spawn(server.serve(std::future::pending()));
+        (addr, Arc::new(registry))
+    }
+
+    fn small() -> ServerLimits {
+        ServerLimits {
+            max_body: 100,
+            header_timeout: Duration::from_millis(300),
+            body_timeout: Duration::from_millis(300),
+            ..ServerLimits::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_within_the_limit_reach_the_handler() {
+        let (addr, registry) = start(small()).await;
+        let body = "x".repeat(100);
+        let resp = raw_exchange(
+            addr,
+            format!("POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\nconnection: close\r\n\r\n{body}").as_bytes(),
+        )
+        .await;
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        assert!(resp.contains(r#""len":100"#), "{resp}");
+        let metrics = crate::telemetry::encode_metrics(&registry).unwrap();
+        assert!(
+            metrics.contains(r#"http_requests_total{route="echo",status="200"} 1"#),
+            "{metrics}"
+        );
+    }
+
+    #[tokio::test]
+    async fn declared_and_chunked_oversize_bodies_are_413() {
+        let (addr, _) = start(small()).await;
+        let resp = raw_exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 101\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+        assert!(resp.contains(r#""code":413"#), "{resp}");
+        // chunked: 60 + 60 bytes, no content-length
+        let chunk = "x".repeat(60);
+        let req = format!(
+            "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3c\r\n{chunk}\r\n3c\r\n{chunk}\r\n0\r\n\r\n"
+        );
+        let resp = raw_exchange(addr, req.as_bytes()).await;
+        assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    }
+
+    #[tokio::test]
+    async fn slow_bodies_are_408_and_slow_headers_are_dropped() {
+        let (addr, _) = start(small()).await;
+        let resp = raw_exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\nconnection: close\r\n\r\nonly-part",
+        )
+        .await;
+        assert!(resp.starts_with("HTTP/1.1 408"), "{resp}");
+        // headers never finished: the server closes the connection (no response or a 408)
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+        assert!(
+            read.is_ok(),
+            "connection with unfinished headers was kept open"
+        );
+        assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
+    }
+
+    #[tokio::test]
+    async fn garbage_requests_get_no_handler_call() {
+        let (addr, registry) = start(small()).await;
+        let resp = raw_exchange(addr, b"\x16\x03\x01garbage\r\n\r\n").await;
+        assert!(!resp.contains("200"), "{resp}");
+        let metrics = crate::telemetry::encode_metrics(&registry).unwrap();
+        assert!(!metrics.contains("status=\"200\""), "{metrics}");
+    }
+
+    #[tokio::test]
+    async fn unix_socket_reports_peer_credentials() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let server = Server::new(Listener::Unix(listener), Arc::new(Echo));
+        tokio::spawn(server.serve(std::future::pending()));
+        let mut s = tokio::net::UnixStream::connect(&path).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let uid = nix_uid();
+        assert!(out.contains(&format!("unix uid={uid} pid=true")), "{out}");
+    }
+
+    fn nix_uid() -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self").unwrap().uid()
+    }
+
+    #[tokio::test]
+    async fn connection_bound_pauses_accepting() {
+        let limits = ServerLimits {
+            max_connections: 1,
+            ..small()
+        };
+        let (addr, _) = start(limits).await;
+        // hold the only slot with an idle connection that has sent nothing
+        let _held = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // the second connection is accepted by the kernel but served only after the first is
+        // dropped by the header timeout (300 ms)
+        let started = Instant::now();
+        let resp = raw_exchange(
+            addr,
+            b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(150),
+            "served while the bound was reached"
+        );
+    }
+
+    #[tokio::test]
+    async fn ops_endpoints() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut registry = Registry::default();
+        let counter = Counter::<u64>::default();
+        registry.register("widgets", "test counter", counter.clone());
+        counter.inc();
+        let readiness = Readiness::default();
+        let ops = OpsHandler::new(Arc::new(registry), readiness.clone());
+        tokio::spawn(
+            Server::new(Listener::Tcp(listener), Arc::new(ops)).serve(std::future::pending()),
+        );
+        let get = |path: &str| {
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").into_bytes()
+        };
+        assert!(
+            raw_exchange(addr, &get("/healthz"))
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+        assert!(
+            raw_exchange(addr, &get("/readyz"))
+                .await
+                .starts_with("HTTP/1.1 503")
+        );
+        readiness.set(true);
+        assert!(
+            raw_exchange(addr, &get("/readyz"))
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+        let metrics = raw_exchange(addr, &get("/metrics")).await;
+        assert!(metrics.contains("widgets_total 1"), "{metrics}");
+        assert!(
+            raw_exchange(addr, &get("/nope"))
+                .await
+                .starts_with("HTTP/1.1 404")
+        );
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_accepting() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(Server::new(Listener::Tcp(listener), Arc::new(Echo)).serve(
+            async {
+                let _ = rx.await;
+            },
+        ));
+        assert!(
+            raw_exchange(
+                addr,
+                b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            )
+            .await
+            .starts_with("HTTP/1.1 200")
+        );
+        tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[test]
+    fn error_and_retry_after_shapes() {
+        let resp = unavailable_response("pod has no IP yet", Duration::from_millis(1500));
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+        let body: ErrorBody = serde_json::from_slice(&futures_body(resp.into_body())).unwrap();
+        assert_eq!(
+            body,
+            ErrorBody {
+                code: 503,
+                message: "pod has no IP yet".into()
+            }
+        );
+    }
+
+    fn futures_body(body: Body) -> Bytes {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(async { body.collect().await.unwrap().to_bytes() })
+    }
+}

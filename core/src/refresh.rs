@@ -1,0 +1,230 @@
+//! When to refresh a certificate, and how long to wait after a failure.
+//!
+//! Pure functions of their inputs: the clock and the random jitter are parameters, so every edge
+//! case is tested without sleeping (the approach of istio/ztunnel's identity manager).
+
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// When to refresh a certificate: at `fraction` of its lifetime, minus up to `jitter` of the
+/// lifetime at random (so a fleet issued together does not refresh together), and never sooner
+/// than `min_delay` nor later than `max_delay` from now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RefreshPolicy {
+    /// Point of the lifetime at which to refresh, in `(0, 1]`.
+    pub fraction: f64,
+    /// Share of the lifetime subtracted at random, in `[0, fraction)`.
+    pub jitter: f64,
+    /// Shortest wait: protects ZTS from a certificate that is already (nearly) expired.
+    pub min_delay: Duration,
+    /// Longest wait (the SIA's `--refresh-interval`).
+    pub max_delay: Duration,
+}
+
+impl Default for RefreshPolicy {
+    fn default() -> Self {
+        Self {
+            fraction: 0.7,
+            jitter: 0.1,
+            min_delay: Duration::from_secs(10),
+            max_delay: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// A policy setting out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("refresh policy: {0}")]
+pub struct PolicyError(&'static str);
+
+impl RefreshPolicy {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if !(self.fraction > 0.0 && self.fraction <= 1.0) {
+            return Err(PolicyError("fraction must be in (0, 1]"));
+        }
+        if !(self.jitter >= 0.0 && self.jitter < self.fraction) {
+            return Err(PolicyError("jitter must be in [0, fraction)"));
+        }
+        if self.min_delay > self.max_delay {
+            return Err(PolicyError("minimum delay is above the maximum"));
+        }
+        Ok(())
+    }
+
+    /// How long from `now` to wait before refreshing a certificate valid from `not_before` to
+    /// `not_after`. `random` is a uniform sample in `[0, 1)`.
+    pub fn delay(
+        &self,
+        not_before: OffsetDateTime,
+        not_after: OffsetDateTime,
+        now: OffsetDateTime,
+        random: f64,
+    ) -> Duration {
+        if not_after <= not_before || now >= not_after {
+            // expired or nonsensical validity: refresh as soon as allowed
+            return self.min_delay;
+        }
+        let lifetime = (not_after - not_before).as_seconds_f64();
+        let share = self.fraction - self.jitter * random.clamp(0.0, 1.0);
+        let target = not_before + time::Duration::seconds_f64(lifetime * share);
+        let wait = (target - now).as_seconds_f64().max(0.0);
+        Duration::from_secs_f64(wait).clamp(self.min_delay, self.max_delay)
+    }
+}
+
+/// Exponential backoff with full jitter after failures: attempt `n` waits a random time in
+/// `[base·2ⁿ / 2, base·2ⁿ]`, capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Wait after the first failure (before jitter).
+    pub base: Duration,
+    /// Longest wait.
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(500),
+            max: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Backoff {
+    /// The wait after failed attempt number `attempt` (0 for the first failure); `random` is a
+    /// uniform sample in `[0, 1)`.
+    pub fn delay(&self, attempt: u32, random: f64) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.min(31));
+        let full = self.base.saturating_mul(factor).min(self.max);
+        // keep at least half: a retry storm is no better than no backoff
+        full.mul_f64(0.5 + 0.5 * random.clamp(0.0, 1.0))
+    }
+}
+
+/// A uniform sample in `[0, 1)` from the system random generator (0.5 if it fails).
+pub fn random_unit() -> f64 {
+    let mut bytes = [0u8; 8];
+    if aws_lc_rs::rand::fill(&mut bytes).is_err() {
+        return 0.5;
+    }
+    // 53 random bits make every f64 in [0, 1) with that spacing equally likely.
+    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> OffsetDateTime {
+        OffsetDateTime::from_unix_timestamp(1_800_000_000 + secs).unwrap()
+    }
+
+    const HOUR: i64 = 3600;
+
+    #[test]
+    fn refreshes_at_the_fraction_minus_jitter() {
+        let p = RefreshPolicy {
+            fraction: 0.5,
+            jitter: 0.1,
+            min_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(100 * 3600),
+        };
+        // 10 h certificate issued now: between 4 h and 5 h
+        assert_eq!(
+            p.delay(t(0), t(10 * HOUR), t(0), 0.0),
+            Duration::from_secs(5 * 3600)
+        );
+        assert_eq!(
+            p.delay(t(0), t(10 * HOUR), t(0), 1.0),
+            Duration::from_secs(4 * 3600)
+        );
+        // same certificate seen 1 h after issue: an hour less
+        assert_eq!(
+            p.delay(t(0), t(10 * HOUR), t(HOUR), 0.0),
+            Duration::from_secs(4 * 3600)
+        );
+    }
+
+    #[test]
+    fn clamps_to_min_and_max() {
+        let p = RefreshPolicy {
+            min_delay: Duration::from_secs(30),
+            max_delay: Duration::from_secs(HOUR as u64),
+            ..RefreshPolicy::default()
+        };
+        // already past the refresh point, even expired: the minimum
+        assert_eq!(
+            p.delay(t(0), t(HOUR), t(2 * HOUR), 0.5),
+            Duration::from_secs(30)
+        );
+        // a 30-day certificate: the maximum
+        assert_eq!(
+            p.delay(t(0), t(30 * 24 * HOUR), t(0), 0.5),
+            Duration::from_secs(HOUR as u64)
+        );
+        // inverted or zero validity: the minimum, never a panic
+        assert_eq!(p.delay(t(HOUR), t(0), t(0), 0.5), Duration::from_secs(30));
+        assert_eq!(p.delay(t(0), t(0), t(0), 0.5), Duration::from_secs(30));
+        // out-of-range random values are clamped
+        assert_eq!(
+            p.delay(t(0), t(10), t(0), -3.0),
+            p.delay(t(0), t(10), t(0), 0.0)
+        );
+    }
+
+    #[test]
+    fn policy_validation() {
+        RefreshPolicy::default().validate().unwrap();
+        let bad = [
+            RefreshPolicy {
+                fraction: 0.0,
+                ..Default::default()
+            },
+            RefreshPolicy {
+                fraction: 1.5,
+                ..Default::default()
+            },
+            RefreshPolicy {
+                fraction: f64::NAN,
+                ..Default::default()
+            },
+            RefreshPolicy {
+                jitter: 0.7,
+                ..Default::default()
+            },
+            RefreshPolicy {
+                min_delay: Duration::from_secs(10),
+                max_delay: Duration::from_secs(1),
+                ..Default::default()
+            },
+        ];
+        for p in bad {
+            assert!(p.validate().is_err(), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_caps() {
+        let b = Backoff {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(30),
+        };
+        assert_eq!(b.delay(0, 1.0), Duration::from_secs(1));
+        assert_eq!(b.delay(0, 0.0), Duration::from_millis(500));
+        assert_eq!(b.delay(3, 1.0), Duration::from_secs(8));
+        assert_eq!(b.delay(3, 0.0), Duration::from_secs(4));
+        assert_eq!(b.delay(10, 1.0), Duration::from_secs(30));
+        assert_eq!(b.delay(u32::MAX, 1.0), Duration::from_secs(30));
+        assert!(b.delay(2, 0.3) > b.delay(2, 0.2));
+    }
+
+    #[test]
+    fn random_unit_is_in_range_and_varies() {
+        let samples: Vec<f64> = (0..1000).map(|_| random_unit()).collect();
+        assert!(samples.iter().all(|x| (0.0..1.0).contains(x)));
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        assert!((0.4..0.6).contains(&mean), "{mean}");
+    }
+}
