@@ -322,13 +322,37 @@ pub enum ClientIdentity {
     Fixed(Arc<CertifiedKey>),
 }
 
+/// Whether a server demands a client certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// Every client must present a certificate chaining to the client CAs (every daemon here).
+    Required,
+    /// A client may connect without a certificate, but one it presents must chain to the client
+    /// CAs. Only for ZTS stand-ins: real ZTS serves register calls to clients without one.
+    Optional,
+}
+
 /// A server config that requires a client certificate chaining to `client_cas`.
 pub fn server_config(
     identity: Arc<ReloadingIdentity>,
     client_cas: &[CertificateDer<'static>],
 ) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_with(identity, client_cas, ClientAuth::Required)
+}
+
+/// A server config with the given client-certificate policy.
+pub fn server_config_with(
+    identity: Arc<ReloadingIdentity>,
+    client_cas: &[CertificateDer<'static>],
+    client_auth: ClientAuth,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let roots = root_store(client_cas)?;
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
+    let builder = WebPkiClientVerifier::builder_with_provider(roots, provider());
+    let builder = match client_auth {
+        ClientAuth::Required => builder,
+        ClientAuth::Optional => builder.allow_unauthenticated(),
+    };
+    let verifier = builder
         .build()
         .map_err(|e| TlsError::Config(e.to_string()))?;
     let mut config = ServerConfig::builder_with_provider(provider())

@@ -1,1 +1,11 @@
-//! placeholder
+//! `athenz-testbed`: faithful stand-ins for what cannot run on a development machine (Athenz ZTS,
+//! the Kubernetes API, the kubelet) and the test PKI, shared by every crate's tests and by the
+//! local stack. End-to-end scenarios live in `tests/tests/`.
+//!
+//! | module | what |
+//! |---|---|
+//! | [`pki`] | root and intermediate CAs; service certificates for generated keys or CSRs |
+//! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
+
+pub mod openssl;
+pub mod pki;
