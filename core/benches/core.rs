@@ -1,1 +1,237 @@
-fn main() {}
+//! `cargo bench -p athenz-core`: the cryptography and file work every identity costs.
+//!
+//! Key generation, CSR building, ntoken sign/verify, a mutual-TLS handshake on loopback, and the
+//! atomic file-set swap — the numbers STACK.md lists, measured on this code.
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey, build_csr};
+use athenz_core::files::{FileSet, FileSpec};
+use athenz_core::names::{CsrIdentity, PodIdentityInput};
+use athenz_core::ntoken::{NToken, NTokenBuilder, VerifyLimits};
+use athenz_core::subject::PodSubject;
+use athenz_core::tls::{self, ClientIdentity, ReloadingIdentity};
+use athenz_core::volume::{NodeKey, VolumeId};
+use criterion::{Criterion, criterion_group, criterion_main};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+use rustls_pki_types::ServerName;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+use time::OffsetDateTime;
+
+fn pod_identity() -> CsrIdentity {
+    CsrIdentity::for_pod(&PodIdentityInput {
+        domain: "media.sports",
+        service: "web",
+        provider: "k8s.admin.athenz-callback",
+        dns_suffix: "athenz.cloud",
+        instance_id: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c",
+        pod_ip: "10.1.2.3".parse().unwrap(),
+        service_ip: None,
+    })
+    .unwrap()
+}
+
+fn keys(c: &mut Criterion) {
+    let mut g = c.benchmark_group("keygen");
+    g.bench_function("p256", |b| {
+        b.iter(|| PrivateKey::generate(KeyAlgorithm::P256).unwrap())
+    });
+    g.sample_size(20).measurement_time(Duration::from_secs(8));
+    g.bench_function("rsa2048", |b| {
+        b.iter(|| PrivateKey::generate(KeyAlgorithm::Rsa2048).unwrap())
+    });
+    g.finish();
+}
+
+fn csr(c: &mut Criterion) {
+    let identity = pod_identity();
+    let mut g = c.benchmark_group("csr");
+    for alg in [KeyAlgorithm::P256, KeyAlgorithm::Rsa2048] {
+        let key = PrivateKey::generate(alg).unwrap();
+        g.bench_function(alg.to_string(), |b| {
+            b.iter(|| build_csr(black_box(&identity), &key).unwrap())
+        });
+    }
+    g.bench_function("identity_builder", |b| b.iter(pod_identity));
+    g.finish();
+}
+
+fn ntoken(c: &mut Criterion) {
+    let builder = NTokenBuilder {
+        domain: "k8s.admin".into(),
+        service: "athenz-callback".into(),
+        host: None,
+        key_version: "v1".into(),
+        lifetime: time::Duration::hours(1),
+    };
+    let now = OffsetDateTime::now_utc();
+    let mut g = c.benchmark_group("ntoken");
+    for alg in [KeyAlgorithm::P256, KeyAlgorithm::Rsa2048] {
+        let key = PrivateKey::generate(alg).unwrap();
+        let public = PublicKey::from_spki_der(&key.public_key_der()).unwrap();
+        let token = builder.sign(&key, now).unwrap();
+        g.bench_function(format!("sign_{alg}"), |b| {
+            b.iter(|| builder.sign(&key, now).unwrap())
+        });
+        g.bench_function(format!("parse_verify_{alg}"), |b| {
+            b.iter(|| {
+                NToken::parse(black_box(token.expose()))
+                    .unwrap()
+                    .verify(&public, now, VerifyLimits::default())
+                    .unwrap()
+            })
+        });
+    }
+    g.finish();
+}
+
+fn ids(c: &mut Criterion) {
+    let key = NodeKey::from_bytes([7; 32]);
+    let dir = "/var/lib/kubelet/pods/0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c/volumes/athenz~volume-driver/athenz-identity";
+    let uri = "pod:media-sports/web-7d9f?d=media.sports&n=web&i=10.1.2.3&u=0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c";
+    let mut g = c.benchmark_group("ids");
+    g.bench_function("volume_id_hmac", |b| {
+        b.iter(|| VolumeId::for_mount_dir(&key, black_box(dir)))
+    });
+    g.bench_function("subject_parse", |b| {
+        b.iter(|| PodSubject::parse_uri(black_box(uri)).unwrap())
+    });
+    g.finish();
+}
+
+/// A CA, a server pair on disk and a client pair, made with rcgen directly (the test PKI lives in
+/// athenz-testbed, which depends on this crate).
+struct Pki {
+    _dir: tempfile::TempDir,
+    ca_der: Vec<rustls_pki_types::CertificateDer<'static>>,
+    server: Arc<ReloadingIdentity>,
+    client: ClientIdentity,
+}
+
+fn pki() -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::default();
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "Bench Root");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let now = OffsetDateTime::now_utc();
+    ca_params.not_before = now - time::Duration::hours(1);
+    ca_params.not_after = now + time::Duration::days(1);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let leaf = |cn: &str, dns: Vec<String>| {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(dns).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.not_before = now - time::Duration::hours(1);
+        params.not_after = now + time::Duration::days(1);
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (server_cert, server_key) = leaf("k8s.admin.athenz-callback", vec!["localhost".into()]);
+    std::fs::write(dir.path().join("s.pem"), server_cert).unwrap();
+    std::fs::write(dir.path().join("s.key"), server_key).unwrap();
+    let server =
+        ReloadingIdentity::load(dir.path().join("s.pem"), dir.path().join("s.key")).unwrap();
+    let (client_cert, client_key) = leaf("k8s.admin.athenz-zts", Vec::new());
+    let client =
+        ClientIdentity::Fixed(tls::certified_key_from_pem(&client_cert, &client_key).unwrap());
+    Pki {
+        _dir: dir,
+        ca_der: vec![ca_cert.der().clone()],
+        server,
+        client,
+    }
+}
+
+fn handshake(c: &mut Criterion) {
+    athenz_core::install_crypto_provider();
+    let pki = pki();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server_config = tls::server_config(pki.server.clone(), &pki.ca_der).unwrap();
+    let client_config =
+        Arc::new(tls::client_config(&pki.ca_der, Some(pki.client.clone())).unwrap());
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config);
+    rt.spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    black_box(tls::peer_principal(tls.get_ref().1));
+                }
+            });
+        }
+    });
+    let connector = tokio_rustls::TlsConnector::from(client_config);
+    let name = ServerName::try_from("localhost").unwrap();
+    c.bench_function("tls/mutual_handshake_loopback", |b| {
+        b.iter(|| {
+            rt.block_on(async {
+                let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+                connector.connect(name.clone(), tcp).await.unwrap()
+            })
+        })
+    });
+}
+
+fn file_set(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let set = FileSet::new(dir.path().join("out"));
+    let key = vec![b'k'; 250];
+    let cert = vec![b'c'; 1800];
+    let ca = vec![b'a'; 1200];
+    let token = vec![b't'; 400];
+    let files = [
+        FileSpec {
+            name: "service.key.pem",
+            contents: &key,
+            mode: 0o600,
+        },
+        FileSpec {
+            name: "service.cert.pem",
+            contents: &cert,
+            mode: 0o644,
+        },
+        FileSpec {
+            name: "ca.cert.pem",
+            contents: &ca,
+            mode: 0o644,
+        },
+        FileSpec {
+            name: "ntoken",
+            contents: &token,
+            mode: 0o600,
+        },
+    ];
+    c.bench_function("files/swap_4_files_fsync", |b| {
+        b.iter(|| set.write(&files, None).unwrap())
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = keys, csr, ntoken, ids, handshake, file_set
+}
+criterion_main!(benches);

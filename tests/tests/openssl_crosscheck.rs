@@ -1,6 +1,8 @@
 //! What athenz-core produces, judged by openssl: CSRs (signature, subject, every SAN), keys,
 //! certificate chains from the test PKI, and ntoken signatures.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, build_csr};
 use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_core::ntoken::{NToken, NTokenBuilder, ybase64_decode};

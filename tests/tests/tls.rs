@@ -2,6 +2,8 @@
 //! certificate and clients from another CA, hands the handler the right principal, and reloads
 //! its certificate from disk — skipping a mismatched pair.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, json_response};
 use athenz_core::tls::{self, ClientIdentity, ReloadOutcome, ReloadingIdentity, read_certs_file};
 use athenz_testbed::pki::{CertAuthority, CertFiles, LeafSpec};

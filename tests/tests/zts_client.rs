@@ -3,6 +3,8 @@
 //! refresh, and every error path keeping ZTS's code and message. (The faithful development ZTS is
 //! its own issue; this server only answers what each test scripts.)
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, error_response, json_response};
 use athenz_core::secret::Secret;
 use athenz_core::tls::{self, ClientAuth, ClientIdentity, ReloadingIdentity, read_certs_file};
