@@ -488,6 +488,28 @@ async fn read_body(
     }
 }
 
+/// Resolves when the process is asked to stop (SIGTERM, as Kubernetes sends, or SIGINT / Ctrl-C).
+/// Pass it to [`Server::serve`] so in-flight requests drain within the grace period.
+pub async fn termination_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received; draining"),
+                _ = int.recv() => tracing::info!("SIGINT received; draining"),
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            // Without signal handling the daemon can only be killed; say so and wait forever.
+            tracing::error!(error = %e, "cannot install signal handlers");
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// Whether the process is ready to serve; flipped by the daemon as its dependencies come up.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);

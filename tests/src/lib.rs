@@ -4,8 +4,10 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`fixtures`] | the sample pod every test talks about |
 //! | [`pki`] | root and intermediate CAs; service certificates for generated keys or CSRs |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
+pub mod fixtures;
 pub mod openssl;
 pub mod pki;

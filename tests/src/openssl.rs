@@ -75,6 +75,30 @@ pub fn verify(root_pem: &str, intermediates_pem: &str, leaf_pem: &str) -> Result
     }
 }
 
+/// `openssl dgst -sha256 -verify <public key> -signature <sig>` over `data`: checks a SHA-256
+/// RSA or ECDSA signature as any other Athenz implementation would.
+pub fn verify_sha256_signature(
+    public_key_pem: &str,
+    signature: &[u8],
+    data: &[u8],
+) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let public = dir.path().join("pub.pem");
+    let sig = dir.path().join("sig.bin");
+    std::fs::write(&public, public_key_pem).map_err(|e| e.to_string())?;
+    std::fs::write(&sig, signature).map_err(|e| e.to_string())?;
+    let (public, sig) = (path_str(&public), path_str(&sig));
+    let out = run(
+        &["dgst", "-sha256", "-verify", &public, "-signature", &sig],
+        data,
+    )?;
+    if out.contains("Verified OK") {
+        Ok(())
+    } else {
+        Err(out)
+    }
+}
+
 fn path_str(path: &Path) -> String {
     path.to_string_lossy().into_owned()
 }

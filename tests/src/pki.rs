@@ -134,6 +134,14 @@ impl std::fmt::Debug for CertAuthority {
     }
 }
 
+/// Maps an rcgen error to a [`PkiError`] naming what was being issued.
+fn issuing(what: &str) -> impl FnOnce(rcgen::Error) -> PkiError + '_ {
+    move |source| PkiError::Issue {
+        what: what.to_owned(),
+        source,
+    }
+}
+
 fn random_serial() -> SerialNumber {
     let mut bytes = [0u8; 16];
     let _ = aws_lc_rs::rand::fill(&mut bytes);
@@ -164,15 +172,9 @@ fn ca_params(common_name: &str) -> CertificateParams {
 impl CertAuthority {
     /// A new self-signed root with a P-256 key.
     pub fn new_root(common_name: &str) -> Result<Self, PkiError> {
-        let key = KeyPair::generate().map_err(|source| PkiError::Issue {
-            what: common_name.to_owned(),
-            source,
-        })?;
+        let key = KeyPair::generate().map_err(issuing(common_name))?;
         let params = ca_params(common_name);
-        let cert = params.self_signed(&key).map_err(|source| PkiError::Issue {
-            what: common_name.to_owned(),
-            source,
-        })?;
+        let cert = params.self_signed(&key).map_err(issuing(common_name))?;
         let cert_pem = cert.pem();
         Ok(Self {
             issuer: Issuer::new(params, key),
@@ -184,17 +186,11 @@ impl CertAuthority {
 
     /// A new intermediate CA signed by this one.
     pub fn new_intermediate(&self, common_name: &str) -> Result<Self, PkiError> {
-        let key = KeyPair::generate().map_err(|source| PkiError::Issue {
-            what: common_name.to_owned(),
-            source,
-        })?;
+        let key = KeyPair::generate().map_err(issuing(common_name))?;
         let params = ca_params(common_name);
         let cert = params
             .signed_by(&key, &self.issuer)
-            .map_err(|source| PkiError::Issue {
-                what: common_name.to_owned(),
-                source,
-            })?;
+            .map_err(issuing(common_name))?;
         let cert_pem = cert.pem();
         Ok(Self {
             issuer: Issuer::new(params, key),
@@ -233,13 +229,9 @@ impl CertAuthority {
         spec: &LeafSpec,
         public_key_der: &[u8],
     ) -> Result<IssuedCert, PkiError> {
-        let what = || spec.common_name.clone();
-        let public = rcgen::SubjectPublicKeyInfo::from_der(public_key_der).map_err(|source| {
-            PkiError::Issue {
-                what: what(),
-                source,
-            }
-        })?;
+        let what = spec.common_name.as_str();
+        let public =
+            rcgen::SubjectPublicKeyInfo::from_der(public_key_der).map_err(issuing(what))?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, spec.common_name.as_str());
@@ -247,12 +239,7 @@ impl CertAuthority {
             dn.push(DnType::OrganizationalUnitName, ou.as_str());
         }
         params.distinguished_name = dn;
-        let ia5 = |s: &str| {
-            Ia5String::try_from(s).map_err(|source| PkiError::Issue {
-                what: what(),
-                source,
-            })
-        };
+        let ia5 = |s: &str| Ia5String::try_from(s).map_err(issuing(what));
         let mut sans = Vec::new();
         for d in &spec.dns_names {
             sans.push(SanType::DnsName(ia5(d)?));
@@ -283,10 +270,7 @@ impl CertAuthority {
         params.serial_number = Some(serial);
         let cert = params
             .signed_by(&public, &self.issuer)
-            .map_err(|source| PkiError::Issue {
-                what: what(),
-                source,
-            })?;
+            .map_err(issuing(what))?;
         let cert_pem = cert.pem();
         Ok(IssuedCert {
             chain_pem: format!("{cert_pem}{}", self.intermediates_pem),

@@ -4,23 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, build_csr};
-use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_core::ntoken::{NToken, NTokenBuilder, ybase64_decode};
+use athenz_testbed::fixtures::pod_identity;
 use athenz_testbed::openssl;
 use athenz_testbed::pki::{CertAuthority, LeafSpec};
-
-fn pod_identity() -> CsrIdentity {
-    CsrIdentity::for_pod(&PodIdentityInput {
-        domain: "media.sports",
-        service: "web",
-        provider: "k8s.admin.athenz-callback",
-        dns_suffix: "athenz.cloud",
-        instance_id: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c",
-        pod_ip: "10.1.2.3".parse().unwrap(),
-        service_ip: Some("fd00::10".parse().unwrap()),
-    })
-    .unwrap()
-}
 
 /// The line after `X509v3 Subject Alternative Name:` in openssl's text output.
 fn san_line(text: &str) -> String {
@@ -143,39 +130,10 @@ fn openssl_verifies_ntoken_signatures() {
         let parsed = NToken::parse(token.expose()).unwrap();
         let sig = ybase64_decode(token.expose().split(";s=").nth(1).unwrap()).unwrap();
 
-        let dir = tempfile::tempdir().unwrap();
-        let public = dir.path().join("pub.pem");
-        let signature = dir.path().join("sig.bin");
-        std::fs::write(&public, key.key_pair().public_key_pem()).unwrap();
-        std::fs::write(&signature, &sig).unwrap();
-        let out = openssl::run(
-            &[
-                "dgst",
-                "-sha256",
-                "-verify",
-                public.to_str().unwrap(),
-                "-signature",
-                signature.to_str().unwrap(),
-            ],
-            parsed.signed_text().as_bytes(),
-        )
-        .unwrap();
-        assert!(out.contains("Verified OK"), "{out}");
+        let public = key.key_pair().public_key_pem();
+        openssl::verify_sha256_signature(&public, &sig, parsed.signed_text().as_bytes()).unwrap();
         // and a different text does not verify
         let tampered = format!("{}x", parsed.signed_text());
-        assert!(
-            openssl::run(
-                &[
-                    "dgst",
-                    "-sha256",
-                    "-verify",
-                    public.to_str().unwrap(),
-                    "-signature",
-                    signature.to_str().unwrap(),
-                ],
-                tampered.as_bytes(),
-            )
-            .is_err()
-        );
+        assert!(openssl::verify_sha256_signature(&public, &sig, tampered.as_bytes()).is_err());
     }
 }
