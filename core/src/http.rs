@@ -702,6 +702,21 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn idle_keep_alive_connections_are_closed() {
+        let (addr, _) = start(small()).await;
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        // keep-alive: the server now waits for the next request, but not forever (300 ms limit)
+        let rest = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+        assert!(rest.is_ok(), "idle keep-alive connection was never closed");
+    }
+
+    #[tokio::test]
     async fn garbage_requests_get_no_handler_call() {
         let (addr, registry) = start(small()).await;
         let resp = raw_exchange(addr, b"\x16\x03\x01garbage\r\n\r\n").await;

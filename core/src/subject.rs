@@ -284,6 +284,50 @@ mod tests {
     }
 
     #[test]
+    fn round_trip_is_exact_over_many_subjects() {
+        let namespaces = ["a", "kube-system", "x-y--z", &"n".repeat(63)];
+        let names = [
+            "p",
+            "web-7d9f.abc",
+            &format!("{}.{}", "a".repeat(63), "b".repeat(63)),
+        ];
+        let domains = ["a", "k8s.admin.kube-system", "x.y-z", "_u.V-9"];
+        let services = ["s", "_web-", &"S".repeat(63)];
+        let ips = [
+            "10.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "fd00::10",
+            "2001:db8::8a2e:370:7334",
+        ];
+        let mut checked = 0;
+        for ns in namespaces {
+            for name in names {
+                for domain in domains {
+                    for service in services {
+                        for ip in ips {
+                            let s = PodSubject::new(
+                                ns.into(),
+                                name.into(),
+                                "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
+                                domain.into(),
+                                service.into(),
+                                ip,
+                            )
+                            .unwrap();
+                            let uri = s.to_uri();
+                            assert_eq!(PodSubject::parse_uri(&uri).unwrap(), s, "{uri}");
+                            assert_eq!(PodSubject::parse_uri(&uri).unwrap().to_uri(), uri);
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 4 * 3 * 4 * 3 * 5);
+    }
+
+    #[test]
     fn keys_in_any_order_and_needless_escapes_are_accepted() {
         let uri = "pod:media%2Dsports/web-7d9f?u=0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c&i=10.1.2.3&n=w%65b&d=media.sports";
         assert_eq!(PodSubject::parse_uri(uri).unwrap(), subject());
