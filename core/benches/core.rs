@@ -66,6 +66,7 @@ fn ntoken(c: &mut Criterion) {
         service: "athenz-callback".into(),
         host: None,
         key_version: "v1".into(),
+        key_service: None,
         lifetime: time::Duration::hours(1),
     };
     let now = OffsetDateTime::now_utc();

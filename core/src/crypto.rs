@@ -449,6 +449,11 @@ impl PublicKey {
         self.kind
     }
 
+    /// Whether `other` is the same public key.
+    pub fn same_key(&self, other: &PublicKey) -> bool {
+        self.kind == other.kind && self.bits == other.bits
+    }
+
     /// Verifies a SHA-256 signature made by [`PrivateKey::sign_sha256`].
     pub fn verify_sha256(&self, msg: &[u8], signature: &[u8]) -> bool {
         use aws_lc_rs::signature::{

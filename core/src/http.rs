@@ -136,6 +136,8 @@ pub struct ConnInfo {
     pub peer: Peer,
     /// The client certificate's principal (CN), on TLS connections.
     pub principal: Option<String>,
+    /// The client's leaf certificate (DER), on TLS connections where it presented one.
+    pub peer_certificate: Option<rustls_pki_types::CertificateDer<'static>>,
 }
 
 /// A request handler: takes the whole request, answers a response.
@@ -316,14 +318,23 @@ impl<H: Handler> Server<H> {
                         };
                         let session = tls_stream.get_ref().1;
                         let principal = crate::tls::peer_principal(session);
+                        let peer_certificate = session
+                            .peer_certificates()
+                            .and_then(|chain| chain.first())
+                            .map(|c| c.clone().into_owned());
                         let h2 = session.alpn_protocol() == Some(b"h2");
-                        let conn = ConnInfo { peer, principal };
+                        let conn = ConnInfo {
+                            peer,
+                            principal,
+                            peer_certificate,
+                        };
                         serve_connection(tls_stream, h2, conn, shared, watcher).await;
                     }
                     (Stream::Tcp(tcp), None) => {
                         let conn = ConnInfo {
                             peer,
                             principal: None,
+                            peer_certificate: None,
                         };
                         serve_connection(tcp, false, conn, shared, watcher).await;
                     }
@@ -331,6 +342,7 @@ impl<H: Handler> Server<H> {
                         let conn = ConnInfo {
                             peer,
                             principal: None,
+                            peer_certificate: None,
                         };
                         serve_connection(unix, false, conn, shared, watcher).await;
                     }

@@ -14,11 +14,13 @@
 //! | [`zts`] | ZTS wire types and client |
 //! | [`refresh`] | when to refresh a certificate and how to back off |
 //! | [`agent_api`] | wire types of the node agent's socket API |
+//! | [`client`] | helpers for outgoing HTTP calls |
 //! | [`http`] | the small HTTP server layer every daemon uses |
 //! | [`telemetry`] | logging and metrics setup |
 //! | [`secret`] | a wrapper that keeps secrets out of logs |
 
 pub mod agent_api;
+pub mod client;
 pub mod crypto;
 pub mod files;
 pub mod http;

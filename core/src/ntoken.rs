@@ -269,6 +269,8 @@ pub struct NTokenBuilder {
     pub host: Option<String>,
     /// Version of the signing key as registered in Athenz (`k`).
     pub key_version: String,
+    /// Service whose key signed it (`z`), when not the principal's own (ZTS signs with `z=zts`).
+    pub key_service: Option<String>,
     /// How long the token is valid.
     pub lifetime: Duration,
 }
@@ -297,8 +299,15 @@ impl NTokenBuilder {
             .as_deref()
             .map(|h| format!(";h={h}"))
             .unwrap_or_default();
+        let key_service = match &self.key_service {
+            Some(z) => {
+                names::validate_simple_name("key service", z)?;
+                format!(";z={z}")
+            }
+            None => String::new(),
+        };
         let unsigned = format!(
-            "v=S1;d={};n={}{host};a={};t={issued};e={expires};k={}",
+            "v=S1;d={};n={}{host};a={};t={issued};e={expires};k={}{key_service}",
             self.domain,
             self.service,
             crate::volume::hex(&salt),
@@ -358,8 +367,29 @@ mod tests {
             service: "athenz-callback".into(),
             host: Some("node-1.example".into()),
             key_version: "v1".into(),
+            key_service: None,
             lifetime: Duration::hours(1),
         }
+    }
+
+    #[test]
+    fn key_service_field() {
+        let (key, public) = keypair(KeyAlgorithm::P256);
+        let b = NTokenBuilder {
+            key_service: Some("zts".into()),
+            ..builder()
+        };
+        let token = NToken::parse(b.sign(&key, now()).unwrap().expose()).unwrap();
+        assert_eq!(token.key_service.as_deref(), Some("zts"));
+        assert!(token.signed_text().ends_with(";k=v1;z=zts"));
+        token
+            .verify(&public, now(), VerifyLimits::default())
+            .unwrap();
+        let bad = NTokenBuilder {
+            key_service: Some("a;b".into()),
+            ..builder()
+        };
+        assert!(bad.sign(&key, now()).is_err());
     }
 
     fn keypair(alg: KeyAlgorithm) -> (PrivateKey, PublicKey) {

@@ -374,13 +374,100 @@ pub fn client_config(
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_root_certificates(roots);
-    Ok(match identity {
+    Ok(with_identity(builder, identity))
+}
+
+/// A client config like [`client_config`] that also refuses, during the handshake, a server whose
+/// certificate CN is not `expected_principal` — before any request byte (such as an attestation
+/// token) is sent. Hostname and chain are verified as usual.
+pub fn client_config_expecting(
+    cas: &[CertificateDer<'static>],
+    identity: Option<ClientIdentity>,
+    expected_principal: &str,
+) -> Result<ClientConfig, TlsError> {
+    let roots = root_store(cas)?;
+    let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let verifier = Arc::new(ExpectedPrincipalVerifier {
+        inner,
+        expected: expected_principal.to_owned(),
+    });
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier);
+    Ok(with_identity(builder, identity))
+}
+
+fn with_identity(
+    builder: rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>,
+    identity: Option<ClientIdentity>,
+) -> ClientConfig {
+    match identity {
         None => builder.with_no_client_auth(),
         Some(ClientIdentity::Reloading(r)) => builder.with_client_cert_resolver(r),
         Some(ClientIdentity::Fixed(k)) => {
             builder.with_client_cert_resolver(Arc::new(FixedClientCert(k)))
         }
-    })
+    }
+}
+
+/// Verifies the server as WebPKI does (chain to the roots, name, validity), then requires its
+/// certificate CN to be one principal.
+#[derive(Debug)]
+struct ExpectedPrincipalVerifier {
+    inner: Arc<rustls::client::WebPkiServerVerifier>,
+    expected: String,
+}
+
+impl rustls::client::danger::ServerCertVerifier for ExpectedPrincipalVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &rustls_pki_types::ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        let verified = self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )?;
+        match principal_of(end_entity) {
+            Some(cn) if cn == self.expected => Ok(verified),
+            other => Err(rustls::Error::General(format!(
+                "server certificate principal {other:?} is not the expected {:?}",
+                self.expected
+            ))),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
 }
 
 /// The principal (subject CN) of a certificate, if it has one.

@@ -4,6 +4,7 @@
 //! when empty; unknown fields are accepted on input, so a newer ZTS does not break us. The same
 //! types are used by the client here, the callback (InstanceConfirmation) and the dev ZTS.
 
+use crate::client::{ReadError, error_chain, read_limited};
 use crate::http::ErrorBody;
 use crate::names::{self, NameError};
 use crate::secret::Secret;
@@ -363,43 +364,21 @@ async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, ZtsErro
         .map_err(|e| ZtsError::Unreachable(error_chain(&e)))
 }
 
-/// The error and its causes on one line (reqwest's top-level message alone says little).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
-
-async fn read_body_limited(mut resp: reqwest::Response) -> Result<Vec<u8>, ZtsError> {
-    let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| ZtsError::Unreachable(error_chain(&e)))?
-    {
-        if body.len() + chunk.len() > MAX_RESPONSE_LEN {
-            return Err(ZtsError::BadResponse {
-                context: "response",
-                reason: format!("larger than {MAX_RESPONSE_LEN} bytes"),
-            });
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
-}
-
 async fn read_json<T: DeserializeOwned>(
     resp: reqwest::Response,
     expected: u16,
     context: &'static str,
 ) -> Result<T, ZtsError> {
     let status = resp.status().as_u16();
-    let body = read_body_limited(resp).await?;
+    let body = read_limited(resp, MAX_RESPONSE_LEN)
+        .await
+        .map_err(|e| match e {
+            ReadError::TooLarge(_) => ZtsError::BadResponse {
+                context,
+                reason: e.to_string(),
+            },
+            ReadError::Transport(t) => ZtsError::Unreachable(t),
+        })?;
     if status != expected {
         return Err(match serde_json::from_slice::<ErrorBody>(&body) {
             Ok(err) => ZtsError::Rejected {

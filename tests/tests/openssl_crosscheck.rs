@@ -123,6 +123,7 @@ fn openssl_verifies_ntoken_signatures() {
             service: "athenz-callback".into(),
             host: None,
             key_version: "v1".into(),
+            key_service: None,
             lifetime: time::Duration::hours(1),
         }
         .sign(&key, time::OffsetDateTime::now_utc())

@@ -1,0 +1,58 @@
+//! Helpers for outgoing HTTP calls made with reqwest (ZTS, providers, the jwt-service).
+
+use thiserror::Error;
+
+/// Why a response body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ReadError {
+    /// The body is larger than allowed.
+    #[error("response is larger than {0} bytes")]
+    TooLarge(usize),
+    /// The connection failed while reading.
+    #[error("reading the response: {0}")]
+    Transport(String),
+}
+
+/// Reads a whole response body, refusing more than `max` bytes (never trusting Content-Length).
+pub async fn read_limited(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, ReadError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| ReadError::Transport(error_chain(&e)))?
+    {
+        if body.len() + chunk.len() > max {
+            return Err(ReadError::TooLarge(max));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// An error and its causes on one line; reqwest's top-level message alone ("error sending
+/// request") does not say what failed.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn chain_includes_causes() {
+        let e = Outer(std::io::Error::other("inner cause"));
+        assert_eq!(error_chain(&e), "outer: inner cause");
+    }
+}

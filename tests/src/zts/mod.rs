@@ -1,0 +1,366 @@
+//! The development ZTS: a faithful stand-in for Athenz ZTS on the routes this system uses
+//! (DESIGN.md 4.5), with the provider call of 4.4.
+//!
+//! Start it in-process with [`DevZts::start`] (ephemeral loopback port; get its URL and CA), or as
+//! a standalone server with [`run_standalone`] (what `athenz-devstack zts` will expose). It owns a
+//! small PKI — a root and an intermediate that signs everything — and exposes the intermediate so
+//! tests can mint certificates ZTS and its clients trust.
+
+pub mod csr_rules;
+pub mod instances;
+pub mod provider_client;
+pub mod registry;
+pub mod server;
+
+use crate::pki::{CertAuthority, LeafSpec, PkiError};
+use athenz_core::crypto::{KeyAlgorithm, PrivateKey, pem_certificates};
+use athenz_core::http::{HttpMetrics, Listener, Server, ServerLimits};
+use athenz_core::tls::{self, ClientAuth, ClientIdentity, ReloadingIdentity, TlsError};
+use instances::{InstanceKey, InstanceRecord, InstanceStore};
+use provider_client::ProviderClients;
+use registry::{ProviderEntry, Registry, RegistryError, ServiceEntry};
+use serde::{Deserialize, Serialize};
+use server::{RouteSettings, ZtsHandler, ZtsState};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use thiserror::Error;
+
+/// Why the dev ZTS could not start.
+#[derive(Debug, Error)]
+pub enum DevZtsError {
+    /// The registry is invalid.
+    #[error("dev ZTS registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// The PKI could not be made.
+    #[error("dev ZTS PKI: {0}")]
+    Pki(#[from] PkiError),
+    /// TLS setup failed.
+    #[error("dev ZTS TLS: {0}")]
+    Tls(#[from] TlsError),
+    /// A file or socket operation failed.
+    #[error("dev ZTS {action}: {source}")]
+    Io {
+        /// What was being done.
+        action: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The config file is invalid.
+    #[error("dev ZTS config {path}: {reason}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> DevZtsError {
+    let action = action.into();
+    move |source| DevZtsError::Io { action, source }
+}
+
+/// Configuration of the dev ZTS (JSON, camelCase, for the standalone server).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct DevZtsConfig {
+    /// Where to listen; port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Services and their public keys by version.
+    pub services: Vec<ServiceEntry>,
+    /// Instance providers.
+    pub providers: Vec<ProviderEntry>,
+    /// Longest certificate issued, minutes (Athenz's default is 30 days).
+    pub max_cert_lifetime_minutes: u32,
+    /// Lifetime of ntokens handed to instances, seconds.
+    pub token_lifetime_secs: u32,
+    /// DNS suffixes allowed in key-based (control-plane) CSRs.
+    pub service_dns_suffixes: Vec<String>,
+    /// Time allowed for a provider call, milliseconds.
+    pub provider_timeout_ms: u64,
+    /// ZTS's own principal: its server certificate CN and what providers see as the client.
+    pub principal: String,
+    /// Extra CA certificates (PEM) whose clients may present certificates to ZTS.
+    pub extra_client_cas: Vec<String>,
+    /// Extra CA certificates (PEM) that may sign provider server certificates.
+    pub extra_provider_cas: Vec<String>,
+}
+
+impl Default for DevZtsConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            services: Vec::new(),
+            providers: Vec::new(),
+            max_cert_lifetime_minutes: 30 * 24 * 60,
+            token_lifetime_secs: 2 * 3600,
+            service_dns_suffixes: vec!["athenz.cloud".into()],
+            provider_timeout_ms: 5_000,
+            principal: "sys.auth.zts".into(),
+            extra_client_cas: Vec::new(),
+            extra_provider_cas: Vec::new(),
+        }
+    }
+}
+
+impl DevZtsConfig {
+    /// Reads a JSON config file.
+    pub fn from_file(path: &Path) -> Result<Self, DevZtsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| DevZtsError::Config {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        serde_json::from_str(&text).map_err(|e| DevZtsError::Config {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+}
+
+/// The root plus extra CA certificates, parsed.
+fn ca_list(
+    root_pem: &str,
+    extra: &[String],
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, DevZtsError> {
+    let mut cas = Vec::new();
+    for pem in std::iter::once(root_pem).chain(extra.iter().map(String::as_str)) {
+        cas.extend(pem_certificates(pem).map_err(|e| TlsError::BadPem(e.to_string()))?);
+    }
+    Ok(cas)
+}
+
+/// A running dev ZTS.
+pub struct DevZts {
+    url: String,
+    addr: SocketAddr,
+    root_pem: String,
+    state: Arc<ZtsState>,
+    files: PathBuf,
+    _tempdir: Option<tempfile::TempDir>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl DevZts {
+    /// Starts a dev ZTS with its files in a private temporary directory.
+    pub async fn start(config: DevZtsConfig) -> Result<Self, DevZtsError> {
+        let dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
+        let path = dir.path().to_owned();
+        let mut zts = Self::start_in(config, &path).await?;
+        zts._tempdir = Some(dir);
+        Ok(zts)
+    }
+
+    /// Starts a dev ZTS keeping its files (`ca.pem`, its own certificate) in `dir`.
+    pub async fn start_in(config: DevZtsConfig, dir: &Path) -> Result<Self, DevZtsError> {
+        athenz_core::install_crypto_provider();
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+        let registry = Registry::new(&config.services, &config.providers)?;
+        let root = CertAuthority::new_root("Athenz Dev ZTS Root")?;
+        let signer = root.new_intermediate("Athenz Dev ZTS Intermediate")?;
+        let root_pem = root.root_pem().to_owned();
+
+        let key = PrivateKey::generate(KeyAlgorithm::P256).map_err(PkiError::from)?;
+        let own = signer.issue_for_key(
+            &LeafSpec {
+                ip_addresses: vec![[127, 0, 0, 1].into()],
+                ..LeafSpec::service(&config.principal, &["localhost"])
+            },
+            &key.public_key_der(),
+        )?;
+        let cert_path = dir.join("zts.cert.pem");
+        let key_path = dir.join("zts.key.pem");
+        crate::pki::write_file(&cert_path, own.chain_pem.as_bytes(), 0o644)?;
+        crate::pki::write_file(
+            &key_path,
+            key.to_pkcs8_pem()
+                .map_err(PkiError::from)?
+                .expose()
+                .as_bytes(),
+            0o600,
+        )?;
+        crate::pki::write_file(&dir.join("ca.pem"), root_pem.as_bytes(), 0o644)?;
+        let identity = ReloadingIdentity::load(&cert_path, &key_path)?;
+
+        // ZTS trusts its own signer as well as the root, so an instance may present its leaf alone
+        // (as real ZTS does with its configured signer chain).
+        let mut client_extra = vec![signer.cert_pem().to_owned()];
+        client_extra.extend(config.extra_client_cas.iter().cloned());
+        let client_cas = ca_list(&root_pem, &client_extra)?;
+        let provider_cas = ca_list(&root_pem, &config.extra_provider_cas)?;
+        let server_config =
+            tls::server_config_with(identity.clone(), &client_cas, ClientAuth::Optional)?;
+
+        let state = Arc::new(ZtsState {
+            principal: config.principal.clone(),
+            registry: RwLock::new(registry),
+            instances: InstanceStore::default(),
+            ca_bundle: format!("{}{}", signer.intermediates_pem(), root_pem),
+            signer,
+            token_key: PrivateKey::generate(KeyAlgorithm::P256).map_err(PkiError::from)?,
+            providers: ProviderClients::new(
+                provider_cas,
+                ClientIdentity::Reloading(identity),
+                std::time::Duration::from_millis(config.provider_timeout_ms),
+            ),
+            settings: RouteSettings {
+                max_cert_lifetime_minutes: config.max_cert_lifetime_minutes,
+                token_lifetime: time::Duration::seconds(i64::from(config.token_lifetime_secs)),
+                service_dns_suffixes: config.service_dns_suffixes.clone(),
+                ntoken_skew: time::Duration::seconds(60),
+            },
+        });
+
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(io(format!("binding {}", config.listen)))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("reading the bound address"))?;
+        let mut metrics_registry = prometheus_client::registry::Registry::with_prefix("dev_zts");
+        let metrics = HttpMetrics::register(&mut metrics_registry);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let server = Server::new(
+            Listener::Tcp(listener),
+            Arc::new(ZtsHandler::new(state.clone())),
+        )
+        .with_tls(server_config)
+        .with_limits(ServerLimits {
+            max_connections: 4096,
+            ..ServerLimits::default()
+        })
+        .with_metrics(metrics);
+        let task = tokio::spawn(server.serve(async {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            url: format!("https://127.0.0.1:{}/zts/v1", addr.port()),
+            addr,
+            root_pem,
+            state,
+            files: dir.to_owned(),
+            _tempdir: None,
+            shutdown: Some(tx),
+            task: Some(task),
+        })
+    }
+
+    /// Base URL, ending in `/zts/v1`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The root CA (PEM) that verifies ZTS and everything it issues.
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// Path of `ca.pem` (the root).
+    pub fn ca_path(&self) -> PathBuf {
+        self.files.join("ca.pem")
+    }
+
+    /// The CA bundle ZTS returns with certificates (intermediate then root).
+    pub fn ca_bundle(&self) -> &str {
+        &self.state.ca_bundle
+    }
+
+    /// The intermediate that signs everything: mint provider, client and service certificates
+    /// trusted by ZTS with it.
+    pub fn ca(&self) -> &CertAuthority {
+        &self.state.signer
+    }
+
+    /// ZTS's own principal.
+    pub fn principal(&self) -> &str {
+        &self.state.principal
+    }
+
+    /// Registers (or replaces) a service public key.
+    pub fn add_service_key(
+        &self,
+        service: &str,
+        version: &str,
+        pem: &str,
+    ) -> Result<(), RegistryError> {
+        self.state
+            .registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add_service_key(service, version, pem)
+    }
+
+    /// Registers (or replaces) a provider.
+    pub fn add_provider(&self, provider: ProviderEntry) -> Result<(), RegistryError> {
+        self.state
+            .registry
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .add_provider(provider)
+    }
+
+    /// What ZTS remembers of an instance.
+    pub fn instance(&self, key: &InstanceKey) -> Option<InstanceRecord> {
+        self.state.instances.get(key)
+    }
+
+    /// Stops accepting and waits for in-flight requests.
+    pub async fn stop(mut self) {
+        self.stop_inner().await;
+    }
+
+    async fn stop_inner(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for DevZts {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// What a standalone dev ZTS writes to `<state-dir>/zts.json` for scripts: where it is and the CA
+/// that verifies it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StandaloneInfo {
+    /// Base URL ending in `/zts/v1`.
+    pub url: String,
+    /// Path of the root CA.
+    pub ca: PathBuf,
+}
+
+/// Runs a dev ZTS until `shutdown` completes, with its files and `zts.json` in `state_dir`.
+pub async fn run_standalone(
+    config: DevZtsConfig,
+    state_dir: &Path,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), DevZtsError> {
+    let zts = DevZts::start_in(config, state_dir).await?;
+    let info = StandaloneInfo {
+        url: zts.url().to_owned(),
+        ca: zts.ca_path(),
+    };
+    let json = serde_json::to_vec_pretty(&info).map_err(|e| DevZtsError::Config {
+        path: state_dir.join("zts.json"),
+        reason: e.to_string(),
+    })?;
+    crate::pki::write_file(&state_dir.join("zts.json"), &json, 0o644)?;
+    tracing::info!(url = %info.url, ca = %info.ca.display(), "dev ZTS ready");
+    shutdown.await;
+    zts.stop().await;
+    Ok(())
+}
