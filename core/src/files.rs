@@ -14,7 +14,6 @@
 //! the new one, never a mix. A reader that opens the top-level names one by one always sees complete
 //! files, but may pair files of two consecutive sets if a swap falls between its opens.
 
-use crate::volume::hex;
 use std::fs::File;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -300,10 +299,7 @@ fn symlink_with_owner(target: &Path, link: &Path, owner: Option<Owner>) -> Resul
 }
 
 fn random_hex() -> String {
-    let mut bytes = [0u8; 4];
-    // A failed RNG leaves zeros; names are then still unique by time and created exclusively.
-    let _ = aws_lc_rs::rand::fill(&mut bytes);
-    hex(&bytes)
+    crate::random::hex_name::<4>()
 }
 
 /// `..<UTC date and time>.<nanoseconds>.<random>`: sortable, unique, and hidden like Kubernetes'.

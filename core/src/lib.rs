@@ -12,6 +12,7 @@
 //! | [`files`] | atomic replacement of a set of files (`..data` symlink swap) |
 //! | [`tls`] | rustls configs with client-principal checks and hot reload |
 //! | [`zts`] | ZTS wire types and client |
+//! | [`random`] | randomness from the OS |
 //! | [`refresh`] | when to refresh a certificate and how to back off |
 //! | [`agent_api`] | wire types of the node agent's socket API |
 //! | [`client`] | helpers for outgoing HTTP calls |
@@ -26,6 +27,7 @@ pub mod files;
 pub mod http;
 pub mod names;
 pub mod ntoken;
+pub mod random;
 pub mod refresh;
 pub mod secret;
 pub mod subject;

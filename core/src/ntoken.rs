@@ -291,7 +291,7 @@ impl NTokenBuilder {
             });
         }
         let mut salt = [0u8; 8];
-        aws_lc_rs::rand::fill(&mut salt).map_err(|_| NTokenError::Signing(CryptoError::Signing))?;
+        crate::random::fill(&mut salt).map_err(|_| NTokenError::Signing(CryptoError::Signing))?;
         let issued = now.unix_timestamp();
         let expires = issued + self.lifetime.whole_seconds();
         let host = self

@@ -103,14 +103,9 @@ impl Backoff {
     }
 }
 
-/// A uniform sample in `[0, 1)` from the system random generator (0.5 if it fails).
+/// A uniform sample in `[0, 1)` for jitter (0.5 if the generator fails).
 pub fn random_unit() -> f64 {
-    let mut bytes = [0u8; 8];
-    if aws_lc_rs::rand::fill(&mut bytes).is_err() {
-        return 0.5;
-    }
-    // 53 random bits make every f64 in [0, 1) with that spacing equally likely.
-    (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
+    crate::random::unit()
 }
 
 #[cfg(test)]

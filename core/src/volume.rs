@@ -229,13 +229,14 @@ impl VolumesDir {
             Err(e) => return Err(e),
         }
         let mut bytes = [0u8; NODE_KEY_LEN];
-        aws_lc_rs::rand::fill(&mut bytes).map_err(|_| VolumeError::Invalid {
+        crate::random::fill(&mut bytes).map_err(|e| VolumeError::Invalid {
             path: path.clone(),
-            reason: "the system random generator failed".into(),
+            reason: e.to_string(),
         })?;
-        let tmp = self
-            .root
-            .join(format!("{NODE_KEY_FILE}.tmp-{}", hex(&random_bytes::<8>())));
+        let tmp = self.root.join(format!(
+            "{NODE_KEY_FILE}.tmp-{}",
+            crate::random::hex_name::<8>()
+        ));
         let written = (|| {
             let mut file = OpenOptions::new()
                 .write(true)
@@ -281,14 +282,6 @@ fn env_path(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var)
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from(default), PathBuf::from)
-}
-
-fn random_bytes<const N: usize>() -> [u8; N] {
-    let mut bytes = [0u8; N];
-    // Failure of the system RNG leaves zeros; used only for temporary names, which are then
-    // created with O_EXCL, so a collision is an error, not a hazard.
-    let _ = aws_lc_rs::rand::fill(&mut bytes);
-    bytes
 }
 
 fn read_node_key(path: &Path) -> Result<NodeKey, VolumeError> {
@@ -429,11 +422,29 @@ pub fn write_json_file<T: Serialize>(path: &Path, value: &T, mode: u32) -> Resul
     write_file_atomic(path, &json, mode)
 }
 
+/// Creates `path` (which must not exist) with `mode` and writes `bytes`, without fsync. For files
+/// in a directory nobody reads until its creator says it is complete (the driver's fresh volume
+/// dir): atomic replacement and durability buy nothing there, and the fsyncs cost about a
+/// millisecond on every pod start.
+pub fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
+    let result = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc_o_nofollow())
+            .open(path)?;
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)
+    })();
+    result.map_err(io_err("writing", path))
+}
+
 /// Writes `bytes` to `path` atomically: a reader sees the old content or the new, never a part.
 pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp-{}", hex(&random_bytes::<8>())));
+    let tmp = dir.join(format!(".{name}.tmp-{}", crate::random::hex_name::<8>()));
     let result = (|| {
         let mut file = OpenOptions::new()
             .write(true)

@@ -14,7 +14,7 @@
 
 use crate::mountinfo::MountTable;
 use crate::options::MountOptions;
-use athenz_core::volume::{VolumeData, VolumeId, VolumePaths, VolumesDir, write_file_atomic, write_json_file};
+use athenz_core::volume::{VolumeData, VolumeId, VolumePaths, VolumesDir, write_new_file};
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use std::fs;
@@ -42,7 +42,7 @@ fn errno_step(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> StepError {
 
 /// What to undo if a later step fails.
 enum Undo {
-    RemoveTree(PathBuf),
+    RemoveVolume(VolumePaths),
     Unmount(PathBuf),
 }
 
@@ -72,8 +72,8 @@ impl Drop for Rollback {
                 Undo::Unmount(path) => {
                     let _ = unmount_all(&path);
                 }
-                Undo::RemoveTree(path) => {
-                    let _ = remove_volume_tree(&path);
+                Undo::RemoveVolume(paths) => {
+                    let _ = remove_volume_dir(&paths);
                 }
             }
         }
@@ -98,11 +98,38 @@ fn complete(table: &MountTable, dir: &Path, paths: &VolumePaths, opts: &MountOpt
         && data.is_some_and(|d| d.pod_uid == opts.pod_uid)
 }
 
+/// The steps of a mount after which a failure must roll back; named so that tests can make each
+/// one fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Step {
+    Dirs,
+    BindAgent,
+    BindPod,
+    RemountPod,
+    RemountConnect,
+}
+
+fn checkpoint(step: Step, fail_at: Option<Step>) -> Result<(), StepError> {
+    if fail_at == Some(step) {
+        return Err(StepError(format!("injected failure after {step:?}")));
+    }
+    Ok(())
+}
+
 /// Mounts the identity volume for `opts` onto `dir` (`dir_text` exactly as kubelet passed it).
 pub fn mount_volume(
     host: &HostDirs,
     dir_text: &str,
     opts: &MountOptions,
+) -> Result<VolumeId, StepError> {
+    mount_volume_failing(host, dir_text, opts, None)
+}
+
+pub(crate) fn mount_volume_failing(
+    host: &HostDirs,
+    dir_text: &str,
+    opts: &MountOptions,
+    fail_at: Option<Step>,
 ) -> Result<VolumeId, StepError> {
     let dir = Path::new(dir_text);
     let agent_meta =
@@ -120,12 +147,16 @@ pub fn mount_volume(
     let id = VolumeId::for_mount_dir(&key, dir_text);
     let paths = host.volumes.volume(&id);
 
-    let table = MountTable::read().map_err(step("reading /proc/self/mountinfo"))?;
-    if complete(&table, dir, &paths, opts) {
-        return Ok(id);
-    }
-    // Partly there (an interrupted mount, or a stacked one): clear it and start over.
-    if table.is_mounted(dir) || paths.dir.exists() {
+    // Fast path: nothing of ours is there (no volume dir, no `id` in the mount dir), so this is a
+    // fresh mount and the mount table — hundreds of lines on a busy node, read in milliseconds —
+    // need not be consulted.
+    let ours_present = paths.dir.exists() || fs::symlink_metadata(dir.join("id")).is_ok();
+    if ours_present {
+        let table = MountTable::read().map_err(step("reading /proc/self/mountinfo"))?;
+        if complete(&table, dir, &paths, opts) {
+            return Ok(id);
+        }
+        // Partly there (an interrupted mount, or a stacked one): clear it and start over.
         unmount_volume(host, dir_text)?;
     }
 
@@ -134,7 +165,7 @@ pub fn mount_volume(
         .mode(0o700)
         .create(&paths.dir)
         .map_err(step(format!("creating {}", paths.dir.display())))?;
-    rollback.push(Undo::RemoveTree(paths.dir.clone()));
+    rollback.push(Undo::RemoveVolume(paths.clone()));
 
     let data = VolumeData {
         namespace: opts.namespace.clone(),
@@ -145,7 +176,11 @@ pub fn mount_volume(
         read_write: opts.read_write,
         created_at: time::OffsetDateTime::now_utc(),
     };
-    write_json_file(&paths.data_json, &data, 0o600).map_err(|e| StepError(e.to_string()))?;
+    let json = serde_json::to_vec_pretty(&data).map_err(|e| StepError(e.to_string()))?;
+    // The volume dir is new and nobody reads it before this mount reports success, so the files
+    // are written directly: no temporary names, no fsync (an interrupted mount is cleared by the
+    // next one, which finds it incomplete).
+    write_new_file(&paths.data_json, &json, 0o600).map_err(|e| StepError(e.to_string()))?;
     for d in [&paths.mount, &paths.connect] {
         fs::DirBuilder::new()
             .mode(0o755)
@@ -155,17 +190,22 @@ pub fn mount_volume(
         fs::set_permissions(d, fs::Permissions::from_mode(0o755))
             .map_err(step(format!("setting the mode of {}", d.display())))?;
     }
-    write_file_atomic(&paths.id_file, format!("{id}\n").as_bytes(), 0o444)
+    write_new_file(&paths.id_file, format!("{id}\n").as_bytes(), 0o444)
         .map_err(|e| StepError(e.to_string()))?;
+    checkpoint(Step::Dirs, fail_at)?;
 
     bind(&host.agent, &paths.connect, false)?;
     rollback.push(Undo::Unmount(paths.connect.clone()));
+    checkpoint(Step::BindAgent, fail_at)?;
     bind(&paths.mount, dir, true)?;
     let pod_connect = dir.join("connect");
     rollback.push(Undo::Unmount(dir.to_owned()));
     rollback.push(Undo::Unmount(pod_connect.clone()));
+    checkpoint(Step::BindPod, fail_at)?;
     remount_read_only(dir)?;
+    checkpoint(Step::RemountPod, fail_at)?;
     remount_read_only(&pod_connect)?;
+    checkpoint(Step::RemountConnect, fail_at)?;
     rollback.commit();
     Ok(id)
 }
@@ -219,25 +259,47 @@ fn unmount_all(path: &Path) -> Result<(), StepError> {
     )))
 }
 
-/// Removes a volume directory tree: refuses while anything is mounted below it, removes a symlink
-/// as a link (never its target), and never descends through symlinks.
-fn remove_volume_tree(path: &Path) -> Result<(), StepError> {
-    let table = MountTable::read().map_err(step("reading /proc/self/mountinfo"))?;
-    if let Some(busy) = table.under(path).next() {
-        return Err(StepError(format!(
-            "not removing {}: {} is still mounted",
-            path.display(),
-            busy.display()
-        )));
-    }
-    match fs::symlink_metadata(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(step(format!("inspecting {}", path.display()))(e)),
-        Ok(meta) if meta.file_type().is_symlink() || !meta.is_dir() => {
-            fs::remove_file(path).map_err(step(format!("removing {}", path.display())))
+/// Removes a volume directory without ever deleting through a mount: plain files in
+/// `volumes/<id>` and `mount/` are unlinked (unlink never follows a symlink), and the directories
+/// are removed with `rmdir`, which fails with EBUSY on a mount point and ENOTEMPTY on anything
+/// unexpected — so if the agent dir is somehow still bound onto `connect`, its contents survive and
+/// the unmount reports why. A symlink in place of `volumes/<id>` is removed as a link.
+fn remove_volume_dir(paths: &VolumePaths) -> Result<(), StepError> {
+    match fs::symlink_metadata(&paths.dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(step(format!("inspecting {}", paths.dir.display()))(e)),
+        Ok(meta) if !meta.is_dir() => {
+            return fs::remove_file(&paths.dir)
+                .map_err(step(format!("removing {}", paths.dir.display())));
         }
-        // std's remove_dir_all does not follow symlinks inside the tree
-        Ok(_) => fs::remove_dir_all(path).map_err(step(format!("removing {}", path.display()))),
+        Ok(_) => {}
+    }
+    if fs::symlink_metadata(&paths.mount).is_ok_and(|m| m.is_dir()) {
+        unlink_plain_files(&paths.mount)?;
+        rmdir_if_present(&paths.connect)?;
+        rmdir_if_present(&paths.mount)?;
+    }
+    unlink_plain_files(&paths.dir)?;
+    rmdir_if_present(&paths.dir)
+}
+
+fn unlink_plain_files(dir: &Path) -> Result<(), StepError> {
+    let entries = fs::read_dir(dir).map_err(step(format!("listing {}", dir.display())))?;
+    for entry in entries {
+        let entry = entry.map_err(step(format!("listing {}", dir.display())))?;
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir {
+            let path = entry.path();
+            fs::remove_file(&path).map_err(step(format!("removing {}", path.display())))?;
+        }
+    }
+    Ok(())
+}
+
+fn rmdir_if_present(dir: &Path) -> Result<(), StepError> {
+    match fs::remove_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other.map_err(step(format!("removing {}", dir.display()))),
     }
 }
 
@@ -254,6 +316,103 @@ pub fn unmount_volume(host: &HostDirs, dir_text: &str) -> Result<VolumeId, StepE
     unmount_all(&dir.join("connect"))?;
     unmount_all(dir)?;
     unmount_all(&paths.connect)?;
-    remove_volume_tree(&paths.dir)?;
+    remove_volume_dir(&paths)?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> MountOptions {
+        MountOptions {
+            namespace: "media-sports".into(),
+            pod_name: "web".into(),
+            pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
+            service_account: "web".into(),
+            read_write: false,
+        }
+    }
+
+    /// A failure after any step leaves no mount and no directory (real mounts: needs root).
+    #[test]
+    fn every_step_rolls_back() {
+        let is_root = fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false);
+        assert!(
+            is_root,
+            "this test makes real bind mounts and must run as root (CI does)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let host = HostDirs {
+            volumes: VolumesDir::new(root.join("volumes")),
+            agent: root.join("agent"),
+        };
+        fs::create_dir(&host.agent).unwrap();
+        host.volumes.ensure().unwrap();
+        let dir = root.join("pod");
+        fs::create_dir(&dir).unwrap();
+        let dir_text = dir.to_str().unwrap();
+        let volume_dirs = || {
+            fs::read_dir(host.volumes.root())
+                .unwrap()
+                .filter(|e| {
+                    !e.as_ref()
+                        .unwrap()
+                        .file_name()
+                        .to_string_lossy()
+                        .starts_with('.')
+                })
+                .count()
+        };
+        for step in [
+            Step::Dirs,
+            Step::BindAgent,
+            Step::BindPod,
+            Step::RemountPod,
+            Step::RemountConnect,
+        ] {
+            let err = mount_volume_failing(&host, dir_text, &opts(), Some(step)).unwrap_err();
+            assert!(err.0.contains("injected"), "{err}");
+            let table = MountTable::read().unwrap();
+            assert_eq!(table.under(&root).count(), 0, "{step:?} left mounts");
+            assert_eq!(volume_dirs(), 0, "{step:?} left a volume dir");
+        }
+        mount_volume(&host, dir_text, &opts()).unwrap();
+        assert_eq!(MountTable::read().unwrap().under(&root).count(), 3);
+        unmount_volume(&host, dir_text).unwrap();
+        assert_eq!(MountTable::read().unwrap().under(&root).count(), 0);
+        assert_eq!(volume_dirs(), 0);
+    }
+
+    /// Removal never deletes through a mount: with the agent dir still bound onto `connect`,
+    /// removal fails and the agent's files survive.
+    #[test]
+    fn removal_never_deletes_through_a_mount() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let volumes = VolumesDir::new(root.join("volumes"));
+        volumes.ensure().unwrap();
+        let agent = root.join("agent");
+        fs::create_dir(&agent).unwrap();
+        fs::write(agent.join("agent.sock"), b"precious").unwrap();
+        let id = VolumeId::parse(&"a".repeat(64)).unwrap();
+        let paths = volumes.volume(&id);
+        fs::create_dir_all(&paths.connect).unwrap();
+        fs::write(&paths.data_json, b"{}").unwrap();
+        bind(&agent, &paths.connect, false).unwrap();
+        let err = remove_volume_dir(&paths).unwrap_err();
+        assert!(err.0.contains("connect"), "{err}");
+        assert_eq!(fs::read(agent.join("agent.sock")).unwrap(), b"precious");
+        unmount_all(&paths.connect).unwrap();
+        remove_volume_dir(&paths).unwrap();
+        assert!(!paths.dir.exists());
+        assert_eq!(fs::read(agent.join("agent.sock")).unwrap(), b"precious");
+        // a symlink in place of the volume dir is removed as a link, its target untouched
+        std::os::unix::fs::symlink(&agent, &paths.dir).unwrap();
+        remove_volume_dir(&paths).unwrap();
+        assert!(agent.join("agent.sock").exists());
+    }
 }

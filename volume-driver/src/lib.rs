@@ -28,6 +28,29 @@ pub fn host_dirs_from_env() -> HostDirs {
     }
 }
 
+/// Prints `reply` as the one line kubelet reads and exits with its code.
+pub fn print_and_exit(reply: &Reply) -> ! {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(reply.to_line().as_bytes());
+    let _ = out.flush();
+    std::process::exit(reply.exit_code());
+}
+
+/// Makes a panic print a Failure object (and nothing on stderr) and exit 1, so kubelet always
+/// gets exactly one JSON object.
+pub fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let what = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown".to_owned());
+        print_and_exit(&Reply::failure(format!("internal error: {what}")));
+    }));
+}
+
 /// Runs one driver command. `args` are the arguments after the program name.
 pub fn run(args: &[OsString], host: &HostDirs) -> Reply {
     let args: Vec<&str> = match args.iter().map(|a| a.to_str()).collect::<Option<Vec<_>>>() {
@@ -94,4 +117,44 @@ fn unmount(host: &HostDirs, dir: &str) -> Result<(), String> {
     driver::unmount_volume(host, dir)
         .map(|_| ())
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHILD: &str = "ATHENZ_DRIVER_PANIC_CHILD";
+
+    /// Runs in a child process (see below): installs the hook and panics.
+    #[test]
+    fn panic_child() {
+        if std::env::var_os(CHILD).is_some() {
+            install_panic_hook();
+            panic!("boom");
+        }
+    }
+
+    #[test]
+    fn a_panic_prints_one_failure_object_and_nothing_on_stderr() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "tests::panic_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        // the test harness prints its own progress first, on the same line
+        assert_eq!(stdout.matches("{\"status\"").count(), 1, "{stdout}");
+        assert!(
+            stdout.ends_with("{\"status\":\"Failure\",\"message\":\"internal error: boom\"}\n"),
+            "{stdout}"
+        );
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
 }

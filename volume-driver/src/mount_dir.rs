@@ -16,7 +16,9 @@ pub fn check_form(dir: &str) -> Result<(), String> {
         return Err(format!("mount dir is longer than {MAX_DIR_LEN} bytes"));
     }
     if !dir.starts_with('/') || dir == "/" {
-        return Err(format!("mount dir {quoted} must be an absolute path below /"));
+        return Err(format!(
+            "mount dir {quoted} must be an absolute path below /"
+        ));
     }
     if dir.contains('\0') {
         return Err(format!("mount dir {quoted} contains NUL"));
@@ -104,20 +106,42 @@ mod tests {
 
         let link = root.join("link");
         std::os::unix::fs::symlink(&pod, &link).unwrap();
-        assert!(check_on_disk(&link, &volumes, &agent).unwrap_err().contains("symlink"));
+        assert!(
+            check_on_disk(&link, &volumes, &agent)
+                .unwrap_err()
+                .contains("symlink")
+        );
         let via_link = link.join("sub");
         fs::create_dir(pod.join("sub")).unwrap();
-        assert!(check_on_disk(&via_link, &volumes, &agent)
-            .unwrap_err()
-            .contains("through a symlink"));
+        assert!(
+            check_on_disk(&via_link, &volumes, &agent)
+                .unwrap_err()
+                .contains("through a symlink")
+        );
         let file = root.join("file");
         fs::write(&file, b"x").unwrap();
-        assert!(check_on_disk(&file, &volumes, &agent).unwrap_err().contains("not a directory"));
+        assert!(
+            check_on_disk(&file, &volumes, &agent)
+                .unwrap_err()
+                .contains("not a directory")
+        );
         assert!(check_on_disk(&root.join("missing"), &volumes, &agent).is_err());
         let inside = volumes.join("x");
         fs::create_dir(&inside).unwrap();
-        assert!(check_on_disk(&inside, &volumes, &agent).unwrap_err().contains("overlaps"));
-        assert!(check_on_disk(&root, &volumes, &agent).unwrap_err().contains("overlaps"));
-        assert!(check_on_disk(&agent, &volumes, &agent).unwrap_err().contains("overlaps"));
+        assert!(
+            check_on_disk(&inside, &volumes, &agent)
+                .unwrap_err()
+                .contains("overlaps")
+        );
+        assert!(
+            check_on_disk(&root, &volumes, &agent)
+                .unwrap_err()
+                .contains("overlaps")
+        );
+        assert!(
+            check_on_disk(&agent, &volumes, &agent)
+                .unwrap_err()
+                .contains("overlaps")
+        );
     }
 }

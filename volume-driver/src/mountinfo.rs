@@ -13,7 +13,9 @@ pub struct MountTable {
 impl MountTable {
     /// Reads `/proc/self/mountinfo`.
     pub fn read() -> io::Result<Self> {
-        Ok(Self::parse(&std::fs::read_to_string("/proc/self/mountinfo")?))
+        Ok(Self::parse(&std::fs::read_to_string(
+            "/proc/self/mountinfo",
+        )?))
     }
 
     /// Parses mountinfo text; lines that do not have a mount-point field are skipped.

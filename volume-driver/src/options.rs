@@ -130,7 +130,10 @@ mod tests {
             ("\"x\"".into(), "JSON object"),
             (KUBELET.replace(r#""web-7d9f""#, "7"), "must be a string"),
             (KUBELET.replace(r#""web-7d9f""#, "null"), "must be a string"),
-            (KUBELET.replace("kubernetes.io/pod.uid", "x"), "pod.uid\" is missing"),
+            (
+                KUBELET.replace("kubernetes.io/pod.uid", "x"),
+                "pod.uid\" is missing",
+            ),
             (
                 KUBELET.replace(r#""media-sports""#, r#""""#),
                 "pod.namespace\" is missing",
