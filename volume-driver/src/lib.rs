@@ -114,6 +114,17 @@ fn mount(host: &HostDirs, dir: &str, options: &str) -> Result<(), String> {
 
 fn unmount(host: &HostDirs, dir: &str) -> Result<(), String> {
     mount_dir::check_form(dir)?;
+    // A dir that still exists must be the real path: unmounting `<dir>/connect` through a
+    // symlinked component would unmount something else.
+    if let Ok(canonical) = std::fs::canonicalize(dir)
+        && canonical != Path::new(dir)
+    {
+        return Err(format!(
+            "mount dir {} is reached through a symlink (it is really {})",
+            athenz_core::names::Quoted::new(dir),
+            canonical.display()
+        ));
+    }
     driver::unmount_volume(host, dir)
         .map(|_| ())
         .map_err(|e| e.to_string())

@@ -443,6 +443,7 @@ fn hostile_input_is_refused_and_leaves_nothing() {
     }
     assert_failure(&node.run(&["mount", d, &good, &big]), "got 3");
     assert_failure(&node.run(&["unmount", "rel"]), "absolute");
+    assert_failure(&node.run(&["unmount", link.to_str().unwrap()]), "symlink");
 
     // 1 MiB arguments, in-process (exec cannot carry them)
     let mib = "y".repeat(1 << 20);
