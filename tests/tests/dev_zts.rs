@@ -640,26 +640,21 @@ async fn key_based_refresh_rejections() {
     assert_eq!(status, 401);
     assert!(message.contains("expired"), "{message}");
 
-    // tampered token: service name changed after signing
-    let tampered = ntoken(&key, "v1", now, hour)
+    // tampered token: expiry extended by a second after signing
+    let token = ntoken(&key, "v1", now, hour);
+    let expires = athenz_core::ntoken::NToken::parse(token.expose())
+        .unwrap()
+        .expires;
+    let tampered = token
         .expose()
-        .replace("n=athenz-jwt-service", "n=athenz-jwt-servicf");
-    let err = s
-        .client
-        .refresh_with_ntoken(
-            "k8s.admin",
-            "athenz-jwt-servicf",
-            &InstanceRefreshRequest {
-                csr: service_csr(&key),
-                ..good_request.clone()
-            },
-            &Secret::new(tampered),
-            PRINCIPAL_AUTH_HEADER,
-        )
-        .await
-        .unwrap_err();
-    let (status, _) = rejected(err);
+        .replace(&format!(";e={expires}"), &format!(";e={}", expires + 1));
+    let (status, message) = rejected(
+        call(good_request.clone(), Secret::new(tampered))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(status, 401);
+    assert!(message.contains("signature"), "{message}");
 
     // a token signed by another key under the registered version
     let other = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
@@ -701,14 +696,19 @@ async fn key_based_refresh_rejections() {
     assert_eq!(rejected(err).0, 401);
 }
 
+/// A plain HTTPS client (no client certificate) trusting only `ca_pem`.
+fn https_client(ca_pem: &[u8]) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(ca_pem).unwrap();
+    reqwest::Client::builder()
+        .tls_certs_only([ca])
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn status_and_unknown_routes() {
     let s = stack(allow()).await;
-    let ca = reqwest::Certificate::from_pem(s.zts.root_pem().as_bytes()).unwrap();
-    let http = reqwest::Client::builder()
-        .tls_certs_only([ca])
-        .build()
-        .unwrap();
+    let http = https_client(s.zts.root_pem().as_bytes());
     let status = http
         .get(format!("{}/status", s.zts.url()))
         .send()
@@ -745,11 +745,7 @@ async fn status_and_unknown_routes() {
 #[tokio::test]
 async fn oversized_bodies_are_413() {
     let s = stack(allow()).await;
-    let ca = reqwest::Certificate::from_pem(s.zts.root_pem().as_bytes()).unwrap();
-    let http = reqwest::Client::builder()
-        .tls_certs_only([ca])
-        .build()
-        .unwrap();
+    let http = https_client(s.zts.root_pem().as_bytes());
     let resp = http
         .post(format!("{}/instance", s.zts.url()))
         .body(vec![b'{'; 70 * 1024])
@@ -795,11 +791,7 @@ async fn standalone_server_writes_its_address_and_stops() {
     }
     let info: StandaloneInfo = serde_json::from_slice(&std::fs::read(&info_path).unwrap()).unwrap();
     assert!(info.url.ends_with("/zts/v1"), "{}", info.url);
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&info.ca).unwrap()).unwrap();
-    let http = reqwest::Client::builder()
-        .tls_certs_only([ca])
-        .build()
-        .unwrap();
+    let http = https_client(&std::fs::read(&info.ca).unwrap());
     let status = http
         .get(format!("{}/status", info.url))
         .send()
