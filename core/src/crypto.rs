@@ -243,6 +243,8 @@ pub struct CertInfo {
     pub not_after: OffsetDateTime,
     /// Issuer distinguished name, RFC 4514 text.
     pub issuer: String,
+    /// Subject distinguished name, RFC 4514 text.
+    pub subject: String,
     /// Whether the certificate is a CA (basicConstraints cA).
     pub is_ca: bool,
     /// Public key as DER SubjectPublicKeyInfo.
@@ -272,6 +274,7 @@ impl CertInfo {
             not_before: validity.not_before.to_datetime(),
             not_after: validity.not_after.to_datetime(),
             issuer: cert.issuer().to_string(),
+            subject: cert.subject().to_string(),
             is_ca: cert.is_ca(),
             public_key_der: cert.public_key().raw.to_vec(),
         })
@@ -284,6 +287,11 @@ impl CertInfo {
             .first()
             .ok_or_else(|| CryptoError::BadCertificate("no certificate in the PEM".into()))?;
         Self::from_der(leaf)
+    }
+
+    /// Whether the certificate names itself as its issuer (a root).
+    pub fn is_self_issued(&self) -> bool {
+        self.subject == self.issuer
     }
 
     /// Whether the certificate is valid at `now`.
@@ -318,6 +326,19 @@ pub fn pem_certificates(pem: &str) -> Result<Vec<CertificateDer<'static>>, Crypt
         ));
     }
     Ok(certs)
+}
+
+/// A DER certificate as PEM (`CERTIFICATE`, 64-column base64).
+pub fn der_to_pem(der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(chunk));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
 }
 
 /// Whether `key` is the private half of `cert`'s public key.
@@ -638,8 +659,22 @@ mod tests {
         assert!(!info.serial_hex.is_empty());
         assert!(!info.serial_hex.starts_with('0'), "{}", info.serial_hex);
         assert!(info.issuer.contains("media.sports.web"), "{}", info.issuer);
+        assert!(info.is_self_issued(), "{} / {}", info.subject, info.issuer);
         assert!(key_matches_cert(&key, &info));
         assert!(!key_matches_cert(&other, &info));
+    }
+
+    #[test]
+    fn der_to_pem_round_trips() {
+        let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
+        let pem = self_signed(&key, &pod_identity());
+        let der = pem_certificates(&pem).unwrap().remove(0);
+        let back = der_to_pem(&der);
+        assert_eq!(pem_certificates(&back).unwrap()[0], der);
+        assert!(
+            back.lines()
+                .all(|l| l.len() <= 64 || l.starts_with("-----"))
+        );
     }
 
     #[test]

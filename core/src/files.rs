@@ -277,6 +277,79 @@ impl FileSet {
     }
 }
 
+/// File name of the private key in a credential set.
+pub const KEY_FILE: &str = "service.key.pem";
+/// File name of the certificate (leaf then chain) in a credential set.
+pub const CERT_FILE: &str = "service.cert.pem";
+/// File name of the CA bundle in a credential set.
+pub const CA_FILE: &str = "ca.cert.pem";
+/// File name of the ntoken in a credential set.
+pub const NTOKEN_FILE: &str = "ntoken";
+
+/// The credentials an SIA writes (DESIGN.md 4.6).
+#[derive(Debug, Clone, Copy)]
+pub struct Credentials<'a> {
+    /// Private key PEM; `None` when the key lives elsewhere (control-plane SIA).
+    pub key_pem: Option<&'a crate::secret::Secret>,
+    /// Leaf certificate followed by the chain, PEM.
+    pub cert_pem: &'a str,
+    /// CA certificates, PEM.
+    pub ca_pem: &'a str,
+    /// ntoken.
+    pub ntoken: &'a crate::secret::Secret,
+}
+
+/// Writes `creds` into `set` as one atomic set: `service.key.pem` and `ntoken` 0600 (0640 and
+/// group-owned when `group` is given, so a non-root app in that group can read them),
+/// `service.cert.pem` and `ca.cert.pem` 0644.
+pub fn write_credentials(
+    set: &FileSet,
+    creds: &Credentials<'_>,
+    group: Option<u32>,
+) -> Result<(), FilesError> {
+    let secret_mode = if group.is_some() { 0o640 } else { 0o600 };
+    let mut files = Vec::with_capacity(4);
+    if let Some(key) = creds.key_pem {
+        files.push(FileSpec {
+            name: KEY_FILE,
+            contents: key.expose().as_bytes(),
+            mode: secret_mode,
+        });
+    }
+    files.push(FileSpec {
+        name: CERT_FILE,
+        contents: creds.cert_pem.as_bytes(),
+        mode: 0o644,
+    });
+    files.push(FileSpec {
+        name: CA_FILE,
+        contents: creds.ca_pem.as_bytes(),
+        mode: 0o644,
+    });
+    files.push(FileSpec {
+        name: NTOKEN_FILE,
+        contents: creds.ntoken.expose().as_bytes(),
+        mode: secret_mode,
+    });
+    let owner = group.map(|gid| Owner {
+        uid: None,
+        gid: Some(gid),
+    });
+    set.write(&files, owner)
+}
+
+/// Resolves `--group`: a numeric gid, or a group name looked up in the system's group database.
+pub fn resolve_group(group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!("group {group:?} does not exist")),
+        Err(e) => Err(format!("looking up group {group:?}: {}", e.desc())),
+    }
+}
+
 /// fsyncs a directory so renames and links in it survive a crash.
 pub fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
@@ -446,6 +519,49 @@ mod tests {
         assert_eq!(meta.gid(), gid);
         let link = fs::symlink_metadata(tmp.path().join("service.key.pem")).unwrap();
         assert_eq!(link.gid(), gid);
+    }
+
+    #[test]
+    fn credential_modes_with_and_without_group() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = FileSet::new(tmp.path());
+        let key = crate::secret::Secret::new("KEY");
+        let token = crate::secret::Secret::new("TOKEN");
+        let creds = Credentials {
+            key_pem: Some(&key),
+            cert_pem: "CERT",
+            ca_pem: "CA",
+            ntoken: &token,
+        };
+        let mode = |name: &str| fs::metadata(tmp.path().join(name)).unwrap().mode() & 0o777;
+        write_credentials(&set, &creds, None).unwrap();
+        assert_eq!(
+            [
+                mode(KEY_FILE),
+                mode(CERT_FILE),
+                mode(CA_FILE),
+                mode(NTOKEN_FILE)
+            ],
+            [0o600, 0o644, 0o644, 0o600]
+        );
+        let gid = fs::metadata(tmp.path()).unwrap().gid();
+        write_credentials(&set, &creds, Some(gid)).unwrap();
+        assert_eq!([mode(KEY_FILE), mode(NTOKEN_FILE)], [0o640, 0o640]);
+        let without_key = Credentials {
+            key_pem: None,
+            ..creds
+        };
+        write_credentials(&set, &without_key, None).unwrap();
+        assert!(!tmp.path().join(KEY_FILE).exists());
+        assert_eq!(fs::read(tmp.path().join(CERT_FILE)).unwrap(), b"CERT");
+    }
+
+    #[test]
+    fn groups_resolve_by_number_or_name() {
+        assert_eq!(resolve_group("4242").unwrap(), 4242);
+        assert_eq!(resolve_group("root").unwrap(), 0);
+        let err = resolve_group("no-such-group-xyz").unwrap_err();
+        assert!(err.contains("does not exist"), "{err}");
     }
 
     /// The atomicity check: 500 replacements against a reader loop that never sees a mix.

