@@ -416,3 +416,47 @@ async fn refresh_rewrites_the_ntoken_before_it_expires_and_survives_zts_outages(
         .unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_reissues_the_certificate() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+    let (key_dir, public) = f.key_dir(name, args, "v1");
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let out = f.out_dir("reissue");
+    // a refresh interval of 2 s caps the wait whatever the certificate's lifetime
+    let mut child = f
+        .command("refresh", &key_dir, &out)
+        .env("REFRESH_INTERVAL", "2s")
+        .spawn()
+        .unwrap();
+    eventually("the first set", Duration::from_secs(10), || {
+        out.join("ntoken").exists()
+    })
+    .await;
+    let first = CertInfo::from_pem(&read(&out, "service.cert.pem")).unwrap();
+    eventually("a new certificate", Duration::from_secs(15), || {
+        std::fs::read_to_string(out.join("service.cert.pem"))
+            .ok()
+            .and_then(|pem| CertInfo::from_pem(&pem).ok())
+            .is_some_and(|c| c.serial_hex != first.serial_hex)
+    })
+    .await;
+    let second = read(&out, "service.cert.pem");
+    openssl::verify(
+        &read(&out, "ca.cert.pem"),
+        "",
+        &athenz_core::crypto::der_to_pem(&pem_certificates(&second).unwrap()[0]),
+    )
+    .unwrap();
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

@@ -63,13 +63,17 @@ impl RefreshPolicy {
     ) -> Duration {
         if not_after <= not_before || now >= not_after {
             // expired or nonsensical validity: refresh as soon as allowed
-            return self.min_delay;
+            return self.min_delay.min(self.max_delay);
         }
         let lifetime = (not_after - not_before).as_seconds_f64();
         let share = self.fraction - self.jitter * random.clamp(0.0, 1.0);
         let target = not_before + time::Duration::seconds_f64(lifetime * share);
         let wait = (target - now).as_seconds_f64().max(0.0);
-        Duration::from_secs_f64(wait).clamp(self.min_delay, self.max_delay)
+        // max-then-min rather than clamp: a minimum configured above the maximum must not panic;
+        // the maximum (the operator's "at the latest") wins.
+        Duration::from_secs_f64(wait)
+            .max(self.min_delay)
+            .min(self.max_delay)
     }
 }
 
@@ -191,6 +195,20 @@ mod tests {
         assert_eq!(
             p.delay(t(0), t(10), t(0), -3.0),
             p.delay(t(0), t(10), t(0), 0.0)
+        );
+    }
+
+    #[test]
+    fn a_minimum_above_the_maximum_does_not_panic() {
+        let p = RefreshPolicy {
+            min_delay: Duration::from_secs(10),
+            max_delay: Duration::from_secs(2),
+            ..RefreshPolicy::default()
+        };
+        assert_eq!(p.delay(t(0), t(HOUR), t(0), 0.5), Duration::from_secs(2));
+        assert_eq!(
+            p.delay(t(0), t(HOUR), t(2 * HOUR), 0.5),
+            Duration::from_secs(2)
         );
     }
 
