@@ -4,6 +4,7 @@
 //!
 //! | module | concern |
 //! |---|---|
+//! | [`identity_jwt`] | identity JWT claims and the jwt-service wire types |
 //! | [`names`] | Athenz and Kubernetes name rules, namespace ↔ domain mapping, the pod CSR identity |
 //! | [`subject`] | the attested pod subject and its `pod:` URI form |
 //! | [`volume`] | the identity-volume layout shared by the flex driver and the agent |
@@ -16,6 +17,7 @@
 //! | [`refresh`] | when to refresh a certificate and how to back off |
 //! | [`agent_api`] | wire types of the node agent's socket API |
 //! | [`client`] | helpers for outgoing HTTP calls |
+//! | [`daemon`] | settings and start-up shared by every TLS daemon |
 //! | [`http`] | the small HTTP server layer every daemon uses |
 //! | [`telemetry`] | logging and metrics setup |
 //! | [`secret`] | a wrapper that keeps secrets out of logs |
@@ -23,8 +25,10 @@
 pub mod agent_api;
 pub mod client;
 pub mod crypto;
+pub mod daemon;
 pub mod files;
 pub mod http;
+pub mod identity_jwt;
 pub mod names;
 pub mod ntoken;
 pub mod random;

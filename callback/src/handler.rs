@@ -1,0 +1,218 @@
+//! `POST <base>/instance` and `POST <base>/refresh`: run every check in order; allow = 200 with
+//! the confirmation echoed plus `certExpiryTime`; deny = 403 naming the check; malformed = 400;
+//! Kubernetes API unavailable = 503.
+
+use crate::checks::{self, Deny, Policy};
+use crate::keys::PublicKeys;
+use crate::pods::Cluster;
+use crate::replay::ReplayCache;
+use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};
+use athenz_core::tls::PrincipalAllowList;
+use athenz_core::zts::{InstanceConfirmation, attr};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// Labels of the decision counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `instance` or `refresh`.
+    pub route: &'static str,
+    /// `allow`, `deny`, `malformed`, `unavailable`.
+    pub outcome: &'static str,
+    /// The check that decided (`none` when allowed).
+    pub check: &'static str,
+}
+
+/// What the callback counts.
+#[derive(Clone, Debug, Default)]
+pub struct CallbackMetrics {
+    decisions: Family<DecisionLabels, Counter>,
+    replay_entries: Gauge,
+}
+
+impl CallbackMetrics {
+    /// Registers the metrics.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "decisions",
+            "Confirmations decided, by route, outcome and check",
+            m.decisions.clone(),
+        );
+        registry.register(
+            "replay_cache_entries",
+            "Token ids held by the replay cache",
+            m.replay_entries.clone(),
+        );
+        m
+    }
+
+    fn record(&self, route: &'static str, outcome: &'static str, check: &'static str) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                route,
+                outcome,
+                check,
+            })
+            .inc();
+    }
+}
+
+/// The handler.
+pub struct CallbackHandler {
+    /// Path prefix, e.g. `/` or `/callback`.
+    pub base_path: String,
+    /// ZTS principals allowed to call.
+    pub allowed: PrincipalAllowList,
+    /// Check settings.
+    pub policy: Policy,
+    /// JWT public keys.
+    pub keys: Arc<PublicKeys>,
+    /// Seen token ids.
+    pub replay: ReplayCache,
+    /// The Kubernetes API.
+    pub cluster: Cluster,
+    /// `certExpiryTime` granted, minutes.
+    pub cert_expiry_minutes: u32,
+    /// Metrics.
+    pub metrics: CallbackMetrics,
+}
+
+enum Refusal {
+    Deny(Deny),
+    Unavailable(String),
+}
+
+impl From<Deny> for Refusal {
+    fn from(d: Deny) -> Self {
+        Self::Deny(d)
+    }
+}
+
+impl CallbackHandler {
+    fn route_of(&self, path: &str) -> Option<&'static str> {
+        let rest = path.strip_prefix(self.base_path.trim_end_matches('/'))?;
+        match rest {
+            "/instance" => Some("instance"),
+            "/refresh" => Some("refresh"),
+            _ => None,
+        }
+    }
+
+    /// Runs every check on `c`.
+    async fn confirm(&self, c: &InstanceConfirmation) -> Result<(), Refusal> {
+        let p = &self.policy;
+        checks::check_provider(p, c)?;
+        let claims = checks::check_token_signature(p, &self.keys, c.attestation_data.expose())?;
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let exp = checks::check_exp(p, &claims, now)?;
+        checks::check_iat_nbf(p, &claims, now)?;
+        checks::check_aud(p, &claims)?;
+        checks::check_iss(p, &claims)?;
+        checks::check_jti(&self.replay, &claims, exp, now)?;
+        let subject = checks::check_subject(&claims)?;
+        checks::check_domain_service(&subject, c)?;
+        checks::check_instance_id(&subject, c)?;
+        checks::check_namespace(p, &subject)?;
+        let pod = self
+            .cluster
+            .pod(&subject.namespace, &subject.name)
+            .await
+            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        checks::check_pod(&subject, pod.as_ref())?;
+        // The service's cluster IP is entitled only if the Service exists; ask only when asked for.
+        let service_ip: Option<IpAddr> = if checks::extra_san_ips(&subject, c)?.is_empty() {
+            None
+        } else {
+            self.cluster
+                .service(&subject.namespace, &subject.service)
+                .await
+                .map_err(|e| Refusal::Unavailable(e.to_string()))?
+                .and_then(|s| s.spec)
+                .and_then(|spec| spec.cluster_ip)
+                .and_then(|ip| ip.parse().ok())
+        };
+        checks::check_sans(p, &subject, service_ip, c)?;
+        Ok(())
+    }
+}
+
+impl Handler for CallbackHandler {
+    async fn handle(&self, req: Request<Bytes>, conn: Arc<ConnInfo>) -> Response<Body> {
+        let Some(route) = self.route_of(req.uri().path()) else {
+            return error_response(StatusCode::NOT_FOUND, "no such route");
+        };
+        if req.method() != Method::POST {
+            return error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        }
+        let principal = conn.principal.as_deref().unwrap_or("");
+        if !self.allowed.allows(principal) {
+            tracing::warn!(%principal, peer = ?conn.peer, "refused a caller that is not an allowed ZTS");
+            self.metrics.record(route, "deny", "caller");
+            return error_response(
+                StatusCode::FORBIDDEN,
+                format!("principal {principal:?} is not an allowed ZTS"),
+            );
+        }
+        let confirmation: InstanceConfirmation = match serde_json::from_slice(req.body()) {
+            Ok(c) => c,
+            Err(e) => {
+                self.metrics.record(route, "malformed", "body");
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid InstanceConfirmation: {e}"),
+                );
+            }
+        };
+        let outcome = self.confirm(&confirmation).await;
+        self.metrics
+            .replay_entries
+            .set(i64::try_from(self.replay.len()).unwrap_or(i64::MAX));
+        match outcome {
+            Ok(()) => {
+                self.metrics.record(route, "allow", "none");
+                tracing::info!(
+                    route,
+                    domain = %confirmation.domain,
+                    service = %confirmation.service,
+                    instance = ?confirmation.attributes.get(attr::INSTANCE_ID),
+                    "confirmed"
+                );
+                let mut echo = confirmation;
+                echo.attributes.insert(
+                    attr::CERT_EXPIRY_TIME.to_owned(),
+                    self.cert_expiry_minutes.to_string(),
+                );
+                json_response(StatusCode::OK, &echo)
+            }
+            Err(Refusal::Deny(d)) => {
+                self.metrics.record(route, "deny", d.check);
+                tracing::info!(
+                    route,
+                    check = d.check,
+                    reason = %d.message,
+                    domain = %confirmation.domain,
+                    service = %confirmation.service,
+                    "denied"
+                );
+                error_response(StatusCode::FORBIDDEN, d.to_string())
+            }
+            Err(Refusal::Unavailable(e)) => {
+                self.metrics.record(route, "unavailable", "kubernetes_api");
+                tracing::warn!(route, error = %e, "cannot decide: the Kubernetes API is unavailable");
+                error_response(StatusCode::SERVICE_UNAVAILABLE, e)
+            }
+        }
+    }
+
+    fn route(&self, req: &http::request::Parts) -> &'static str {
+        self.route_of(req.uri.path()).unwrap_or("other")
+    }
+}

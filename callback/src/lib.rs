@@ -1,0 +1,218 @@
+//! `athenz-callback`: the Athenz instance-provider endpoint (DESIGN.md 4.4). ZTS asks it, over
+//! mutual TLS, whether a launch or refresh is genuine; it verifies the identity JWT the node's
+//! jwt-service signed, reads the pod from the Kubernetes API, and checks every requested name.
+
+pub mod checks;
+pub mod handler;
+pub mod keys;
+pub mod pods;
+pub mod replay;
+
+use athenz_core::daemon::{OpsArgs, Shutdown, StartError, TlsServerArgs};
+use athenz_core::http::{HttpMetrics, Readiness};
+use athenz_core::names::DomainMapper;
+use clap::Parser;
+use jsonwebtoken::Algorithm;
+use prometheus_client::metrics::histogram::Histogram;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Command line of `athenz-callback`; every flag has an environment fallback.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "athenz-callback",
+    version,
+    about = "Athenz provider callback: confirms pod identities for ZTS"
+)]
+pub struct Config {
+    /// The TLS server (`--allowed-principals` are the ZTS principals).
+    #[command(flatten)]
+    pub tls: TlsServerArgs,
+    /// Operations endpoint and logging.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// Path prefix of /instance and /refresh (the provider endpoint's path).
+    #[arg(long, env = "BASE_PATH", default_value = "/")]
+    pub base_path: String,
+    /// Our provider name, e.g. k8s.admin.athenz-callback.
+    #[arg(long, env = "PROVIDER")]
+    pub provider: String,
+    /// Directory of JWT public keys `v<N>.pem`.
+    #[arg(long, env = "JWT_PUBLIC_KEYS_DIR")]
+    pub public_keys_dir: PathBuf,
+    /// How often the public keys are re-read.
+    #[arg(long, env = "KEYS_RELOAD_INTERVAL", default_value = "5s", value_parser = athenz_core::refresh::parse_duration)]
+    pub keys_reload_interval: Duration,
+    /// JWT algorithms accepted (ES256, RS256; none and HMAC can never be enabled).
+    #[arg(
+        long,
+        env = "JWT_ALGORITHMS",
+        value_delimiter = ',',
+        default_value = "ES256,RS256"
+    )]
+    pub algorithms: Vec<String>,
+    /// Expected `aud`.
+    #[arg(long, env = "JWT_AUDIENCE", default_value = athenz_core::identity_jwt::DEFAULT_AUDIENCE)]
+    pub audience: String,
+    /// Expected `iss` (empty: not checked).
+    #[arg(long, env = "JWT_ISSUER", default_value = athenz_core::identity_jwt::DEFAULT_ISSUER)]
+    pub issuer: String,
+    /// Allowed clock skew.
+    #[arg(long, env = "CLOCK_SKEW", default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
+    pub clock_skew: Duration,
+    /// Most token ids remembered for replay detection.
+    #[arg(long, env = "REPLAY_CACHE_SIZE", default_value_t = 200_000)]
+    pub replay_cache_size: usize,
+    /// Certificate lifetime granted (certExpiryTime), minutes.
+    #[arg(long, env = "CERT_EXPIRY_MINUTES", default_value_t = 1440)]
+    pub cert_expiry_minutes: u32,
+    /// DNS suffix of pod SANs.
+    #[arg(long, env = "DNS_SUFFIX")]
+    pub dns_suffix: String,
+    /// Athenz domain of system namespaces.
+    #[arg(long, env = "ADMIN_DOMAIN")]
+    pub admin_domain: String,
+    /// System namespaces besides kube-*, comma-separated.
+    #[arg(long, env = "SYSTEM_NAMESPACES", value_delimiter = ',')]
+    pub system_namespaces: Vec<String>,
+    /// Kubernetes API URL (plain, no auth; for the local stack). Without it: in-cluster config or kubeconfig.
+    #[arg(long, env = "KUBE_API_URL")]
+    pub kube_api_url: Option<String>,
+    /// Time allowed for one Kubernetes API call.
+    #[arg(long, env = "KUBE_API_TIMEOUT", default_value = "5s", value_parser = athenz_core::refresh::parse_duration)]
+    pub kube_api_timeout: Duration,
+}
+
+/// Where a started callback listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The API.
+    pub api: std::net::SocketAddr,
+    /// /healthz, /readyz, /metrics.
+    pub ops: std::net::SocketAddr,
+}
+
+fn algorithms(names: &[String]) -> Result<Vec<Algorithm>, StartError> {
+    let setting = "--algorithms (JWT_ALGORITHMS)";
+    let mut algs = Vec::new();
+    for name in names {
+        let alg = match name.trim() {
+            "ES256" => Algorithm::ES256,
+            "RS256" => Algorithm::RS256,
+            other => {
+                return Err(StartError::new(
+                    setting,
+                    format!("{other:?} is not allowed: use ES256 and/or RS256"),
+                ));
+            }
+        };
+        algs.push(alg);
+    }
+    if algs.is_empty() {
+        return Err(StartError::new(setting, "no algorithm"));
+    }
+    Ok(algs)
+}
+
+/// Starts the callback; it runs until `shutdown` is triggered.
+pub async fn start(
+    config: Config,
+    shutdown: Shutdown,
+) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
+    athenz_core::names::validate_provider("provider", &config.provider)
+        .map_err(|e| StartError::new("--provider (PROVIDER)", e))?;
+    athenz_core::names::validate_dns_name("dns suffix", &config.dns_suffix)
+        .map_err(|e| StartError::new("--dns-suffix (DNS_SUFFIX)", e))?;
+    if !config.base_path.starts_with('/') {
+        return Err(StartError::new(
+            "--base-path (BASE_PATH)",
+            "must start with /",
+        ));
+    }
+    let mapper = DomainMapper::new(
+        &config.admin_domain,
+        config
+            .system_namespaces
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned(),
+    )
+    .map_err(|e| StartError::new("--admin-domain/--system-namespaces", e))?;
+    let keys = Arc::new(
+        keys::PublicKeys::load(&config.public_keys_dir)
+            .map_err(|e| StartError::new("--public-keys-dir (JWT_PUBLIC_KEYS_DIR)", e))?,
+    );
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_callback");
+    let api_latency = Histogram::new([
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ]);
+    registry.register(
+        "kube_api_duration_seconds",
+        "Kubernetes API call latency",
+        api_latency.clone(),
+    );
+    let cluster = pods::Cluster::connect(
+        config.kube_api_url.as_deref(),
+        config.kube_api_timeout,
+        api_latency,
+    )
+    .await
+    .map_err(|e| StartError::new("--kube-api-url (KUBE_API_URL)", e))?;
+    let setup = config.tls.load().await?;
+    let ops_listener = config.ops.bind().await?;
+    let bound = Bound {
+        api: setup
+            .local_addr()
+            .map_err(|e| StartError::new("--listen (LISTEN)", e))?,
+        ops: ops_listener
+            .local_addr()
+            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
+    };
+    let http_metrics = HttpMetrics::register(&mut registry);
+    let handler = Arc::new(handler::CallbackHandler {
+        base_path: config.base_path.clone(),
+        allowed: setup.allowed.clone(),
+        policy: checks::Policy {
+            provider: config.provider.clone(),
+            algorithms: algorithms(&config.algorithms)?,
+            audience: config.audience.clone(),
+            issuer: (!config.issuer.is_empty()).then(|| config.issuer.clone()),
+            skew_secs: i64::try_from(config.clock_skew.as_secs()).unwrap_or(60),
+            mapper,
+            dns_suffix: config.dns_suffix.clone(),
+        },
+        keys: keys.clone(),
+        replay: replay::ReplayCache::new(config.replay_cache_size),
+        cluster: cluster.clone(),
+        cert_expiry_minutes: config.cert_expiry_minutes,
+        metrics: handler::CallbackMetrics::register(&mut registry),
+    });
+    let readiness = Readiness::default();
+    let registry = Arc::new(registry);
+    tracing::info!(api = %bound.api, ops = %bound.ops, kids = ?keys.kids(), "callback listening");
+    let task = tokio::spawn(async move {
+        let key_watcher = keys.spawn_watcher(config.keys_reload_interval);
+        // readiness follows whether the Kubernetes API answers
+        let probe = {
+            let readiness = readiness.clone();
+            tokio::spawn(async move {
+                loop {
+                    readiness.set(cluster.reachable().await);
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                }
+            })
+        };
+        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
+            ops_listener,
+            registry,
+            readiness,
+            shutdown.wait(),
+        ));
+        setup.serve(handler, http_metrics, shutdown.wait()).await;
+        key_watcher.abort();
+        probe.abort();
+        let _ = ops.await;
+    });
+    Ok((bound, task))
+}

@@ -1,0 +1,239 @@
+//! What every TLS daemon shares (DESIGN.md 4.8): the settings of its server certificate, client
+//! CA, allow-list and operations address (clap argument groups, each flag with an environment
+//! fallback), and starting the TLS server and the ops server from them.
+
+use crate::http::{Handler, HttpMetrics, Listener, OpsHandler, Readiness, Server, ServerLimits};
+use crate::tls::{self, PrincipalAllowList, ReloadingIdentity, TlsError};
+use clap::Args;
+use prometheus_client::registry::Registry;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+
+/// Settings of a mutual-TLS server.
+#[derive(Debug, Clone, Args)]
+pub struct TlsServerArgs {
+    /// Address the API listens on.
+    #[arg(long, env = "LISTEN", default_value = "0.0.0.0:4443")]
+    pub listen: SocketAddr,
+    /// Server certificate (PEM, leaf then chain); reloaded when it changes.
+    #[arg(long, env = "TLS_CERT_FILE")]
+    pub tls_cert: PathBuf,
+    /// Server private key (PEM); reloaded with the certificate.
+    #[arg(long, env = "TLS_KEY_FILE")]
+    pub tls_key: PathBuf,
+    /// CA bundle that client certificates must chain to.
+    #[arg(long, env = "CLIENT_CA_FILE")]
+    pub client_ca: PathBuf,
+    /// Client principals served: exact names and `prefix.*` patterns, comma-separated.
+    #[arg(
+        long,
+        env = "ALLOWED_PRINCIPALS",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub allowed_principals: Vec<String>,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, env = "TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = crate::refresh::parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Most connections served at once.
+    #[arg(long, env = "MAX_CONNECTIONS", default_value_t = 1024)]
+    pub max_connections: usize,
+}
+
+/// Settings of the operations endpoint.
+#[derive(Debug, Clone, Args)]
+pub struct OpsArgs {
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "OPS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub ops_listen: SocketAddr,
+    /// Log format: human or json.
+    #[arg(long, env = "LOG_FORMAT", default_value = "human")]
+    pub log_format: crate::telemetry::LogFormat,
+}
+
+/// A start-up failure naming the setting.
+#[derive(Debug, Error)]
+#[error("setting {setting}: {reason}")]
+pub struct StartError {
+    /// The flag and its environment variable.
+    pub setting: &'static str,
+    /// Why.
+    pub reason: String,
+}
+
+impl StartError {
+    /// An error for `setting`.
+    pub fn new(setting: &'static str, reason: impl ToString) -> Self {
+        Self {
+            setting,
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// A loaded TLS server setup.
+pub struct TlsServerSetup {
+    /// The listener, bound.
+    pub listener: tokio::net::TcpListener,
+    /// The server config (client certificate required).
+    pub config: Arc<rustls::ServerConfig>,
+    /// The server identity (reloaded in the background once [`Self::watch`] runs).
+    pub identity: Arc<ReloadingIdentity>,
+    /// Who may call.
+    pub allowed: PrincipalAllowList,
+    /// Limits.
+    pub limits: ServerLimits,
+    reload_interval: Duration,
+}
+
+impl TlsServerArgs {
+    /// Loads the certificate, key and client CA, parses the allow-list and binds the listener.
+    pub async fn load(&self) -> Result<TlsServerSetup, StartError> {
+        let identity = ReloadingIdentity::load(&self.tls_cert, &self.tls_key)
+            .map_err(|e| StartError::new("--tls-cert/--tls-key (TLS_CERT_FILE/TLS_KEY_FILE)", e))?;
+        let cas = tls::read_certs_file(&self.client_ca)
+            .map_err(|e| StartError::new("--client-ca (CLIENT_CA_FILE)", e))?;
+        let config = tls::server_config(identity.clone(), &cas)
+            .map_err(|e: TlsError| StartError::new("--client-ca (CLIENT_CA_FILE)", e))?;
+        let allowed = PrincipalAllowList::new(&self.allowed_principals)
+            .map_err(|e| StartError::new("--allowed-principals (ALLOWED_PRINCIPALS)", e))?;
+        if allowed.is_empty() {
+            return Err(StartError::new(
+                "--allowed-principals (ALLOWED_PRINCIPALS)",
+                "no principal is allowed",
+            ));
+        }
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .map_err(|e| StartError::new("--listen (LISTEN)", format!("{}: {e}", self.listen)))?;
+        Ok(TlsServerSetup {
+            listener,
+            config,
+            identity,
+            allowed,
+            limits: ServerLimits {
+                max_connections: self.max_connections,
+                ..ServerLimits::default()
+            },
+            reload_interval: self.tls_reload_interval,
+        })
+    }
+}
+
+impl TlsServerSetup {
+    /// The bound address.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Starts reloading the certificate in the background.
+    pub fn watch(&self) -> tokio::task::JoinHandle<()> {
+        self.identity.spawn_watcher(self.reload_interval)
+    }
+
+    /// Serves `handler` until `shutdown`, recording request metrics in `metrics`.
+    pub async fn serve<H: Handler>(
+        self,
+        handler: Arc<H>,
+        metrics: HttpMetrics,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        let _watcher = self.watch();
+        Server::new(Listener::Tcp(self.listener), handler)
+            .with_tls(self.config)
+            .with_limits(self.limits)
+            .with_metrics(metrics)
+            .serve(shutdown)
+            .await;
+    }
+}
+
+impl OpsArgs {
+    /// Binds the ops address.
+    pub async fn bind(&self) -> Result<tokio::net::TcpListener, StartError> {
+        tokio::net::TcpListener::bind(self.ops_listen)
+            .await
+            .map_err(|e| {
+                StartError::new(
+                    "--ops-listen (OPS_LISTEN)",
+                    format!("{}: {e}", self.ops_listen),
+                )
+            })
+    }
+}
+
+/// Serves /healthz, /readyz and /metrics on `listener` until `shutdown`.
+pub async fn serve_ops(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()>,
+) {
+    Server::new(
+        Listener::Tcp(listener),
+        Arc::new(OpsHandler::new(registry, readiness)),
+    )
+    .with_limits(ServerLimits {
+        max_connections: 64,
+        ..ServerLimits::default()
+    })
+    .serve(shutdown)
+    .await;
+}
+
+/// A shutdown signal that many tasks can wait on: resolves for every waiter once triggered.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    tx: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Shutdown {
+    /// A new, untriggered signal.
+    pub fn new() -> Self {
+        Self {
+            tx: Arc::new(tokio::sync::watch::channel(false).0),
+        }
+    }
+
+    /// Triggers it.
+    pub fn trigger(&self) {
+        self.tx.send_replace(true);
+    }
+
+    /// Resolves once triggered.
+    pub fn wait(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.tx.subscribe();
+        async move {
+            let _ = rx.wait_for(|stopped| *stopped).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn shutdown_reaches_every_waiter() {
+        let s = Shutdown::new();
+        let a = tokio::spawn(s.wait());
+        let b = tokio::spawn(s.wait());
+        s.trigger();
+        a.await.unwrap();
+        b.await.unwrap();
+        // waiting after the trigger resolves at once
+        tokio::time::timeout(Duration::from_secs(1), s.wait())
+            .await
+            .unwrap();
+    }
+}

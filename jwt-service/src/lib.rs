@@ -1,0 +1,103 @@
+//! `athenz-jwt-service`: signs the pod subjects that node agents attest into short-lived identity
+//! JWTs (DESIGN.md 4.3). Mutual TLS only; callers must be on the allow-list (node agents). The
+//! callback later verifies these JWTs with the matching public keys.
+
+pub mod keys;
+pub mod service;
+pub mod signer;
+
+use athenz_core::daemon::{OpsArgs, Shutdown, StartError, TlsServerArgs};
+use athenz_core::http::{HttpMetrics, Readiness};
+use clap::Parser;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Command line of `athenz-jwt-service`; every flag has an environment fallback.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "athenz-jwt-service",
+    version,
+    about = "Signs attested pod subjects into identity JWTs"
+)]
+pub struct Config {
+    /// The TLS server.
+    #[command(flatten)]
+    pub tls: TlsServerArgs,
+    /// Operations endpoint and logging.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+    /// Directory of signing keys `v<N>.pem` (EC P-256 → ES256, RSA → RS256); the highest N signs.
+    #[arg(long, env = "SIGNING_KEYS_DIR")]
+    pub keys_dir: PathBuf,
+    /// How often the key directory is re-read.
+    #[arg(long, env = "KEYS_RELOAD_INTERVAL", default_value = "10s", value_parser = athenz_core::refresh::parse_duration)]
+    pub keys_reload_interval: Duration,
+    /// `iss` of the JWTs.
+    #[arg(long, env = "JWT_ISSUER", default_value = athenz_core::identity_jwt::DEFAULT_ISSUER)]
+    pub issuer: String,
+    /// `aud` of the JWTs.
+    #[arg(long, env = "JWT_AUDIENCE", default_value = athenz_core::identity_jwt::DEFAULT_AUDIENCE)]
+    pub audience: String,
+    /// JWT lifetime.
+    #[arg(long, env = "JWT_LIFETIME", default_value = "5m", value_parser = athenz_core::refresh::parse_duration)]
+    pub lifetime: Duration,
+}
+
+/// Where a started service listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The API.
+    pub api: std::net::SocketAddr,
+    /// /healthz, /readyz, /metrics.
+    pub ops: std::net::SocketAddr,
+}
+
+/// Starts the service; it runs until `shutdown` is triggered. Returns where it listens and the
+/// task to await.
+pub async fn start(
+    config: Config,
+    shutdown: Shutdown,
+) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
+    let keys = Arc::new(
+        keys::KeyDir::load(&config.keys_dir)
+            .map_err(|e| StartError::new("--keys-dir (SIGNING_KEYS_DIR)", e))?,
+    );
+    let setup = config.tls.load().await?;
+    let ops_listener = config.ops.bind().await?;
+    let bound = Bound {
+        api: setup
+            .local_addr()
+            .map_err(|e| StartError::new("--listen (LISTEN)", e))?,
+        ops: ops_listener
+            .local_addr()
+            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
+    };
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_jwt_service");
+    let http_metrics = HttpMetrics::register(&mut registry);
+    let handler = Arc::new(service::JwtHandler {
+        keys: keys.clone(),
+        allowed: setup.allowed.clone(),
+        issuer: config.issuer.clone(),
+        audience: config.audience.clone(),
+        lifetime: config.lifetime,
+        metrics: service::JwtMetrics::register(&mut registry),
+    });
+    let readiness = Readiness::default();
+    readiness.set(true);
+    let registry = Arc::new(registry);
+    tracing::info!(api = %bound.api, ops = %bound.ops, kid = %keys.active().kid, "jwt-service listening");
+    let task = tokio::spawn(async move {
+        let watcher = keys.spawn_watcher(config.keys_reload_interval);
+        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
+            ops_listener,
+            registry,
+            readiness,
+            shutdown.wait(),
+        ));
+        setup.serve(handler, http_metrics, shutdown.wait()).await;
+        watcher.abort();
+        let _ = ops.await;
+    });
+    Ok((bound, task))
+}

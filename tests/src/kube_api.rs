@@ -1,0 +1,344 @@
+//! A Kubernetes API stand-in: real Kubernetes JSON (k8s-openapi types) served over plain HTTP on
+//! loopback from an in-memory store that tests mutate.
+//!
+//! Serves what this system's clients call: `GET /api/v1/namespaces/{ns}/pods/{name}`,
+//! `GET /api/v1/namespaces/{ns}/services/{name}`, pod lists (`/api/v1/pods`, optionally with
+//! `fieldSelector=spec.nodeName=<node>`, and `/api/v1/namespaces/{ns}/pods`), `GET /version` and
+//! `GET /readyz`. Anything else is a 404 with a Kubernetes `Status` object, as the real server
+//! answers.
+
+use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, json_response};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Service, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+#[derive(Default)]
+struct Store {
+    pods: BTreeMap<(String, String), Pod>,
+    services: BTreeMap<(String, String), Service>,
+}
+
+/// The store, shared by the server and the test that mutates it.
+#[derive(Clone, Default)]
+pub struct Cluster {
+    store: Arc<RwLock<Store>>,
+}
+
+fn key_of(meta: &ObjectMeta) -> (String, String) {
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+impl Cluster {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Store> {
+        self.store
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Store> {
+        self.store
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Creates or replaces a pod.
+    pub fn put_pod(&self, pod: Pod) {
+        self.write().pods.insert(key_of(&pod.metadata), pod);
+    }
+
+    /// Changes a pod in place; returns false if there is no such pod.
+    pub fn update_pod(&self, namespace: &str, name: &str, change: impl FnOnce(&mut Pod)) -> bool {
+        match self
+            .write()
+            .pods
+            .get_mut(&(namespace.to_owned(), name.to_owned()))
+        {
+            Some(pod) => {
+                change(pod);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Deletes a pod.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.write()
+            .pods
+            .remove(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Creates or replaces a service.
+    pub fn put_service(&self, service: Service) {
+        self.write()
+            .services
+            .insert(key_of(&service.metadata), service);
+    }
+
+    /// Deletes a service.
+    pub fn delete_service(&self, namespace: &str, name: &str) -> Option<Service> {
+        self.write()
+            .services
+            .remove(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// A pod by namespace and name.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Pod> {
+        self.read()
+            .pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Every pod, optionally only those on `node`.
+    pub fn pods(&self, namespace: Option<&str>, node: Option<&str>) -> Vec<Pod> {
+        self.read()
+            .pods
+            .values()
+            .filter(|p| namespace.is_none_or(|ns| p.metadata.namespace.as_deref() == Some(ns)))
+            .filter(|p| {
+                node.is_none_or(|n| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(n))
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// A running pod, as the API server reports it.
+pub fn running_pod(
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    service_account: &str,
+    ip: &str,
+    node: &str,
+) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            uid: Some(uid.to_owned()),
+            creation_timestamp: Some(Time(now_timestamp())),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            service_account_name: Some(service_account.to_owned()),
+            node_name: Some(node.to_owned()),
+            containers: Vec::new(),
+            ..PodSpec::default()
+        }),
+        status: Some(PodStatus {
+            phase: Some("Running".to_owned()),
+            pod_ip: (!ip.is_empty()).then(|| ip.to_owned()),
+            pod_ips: (!ip.is_empty())
+                .then(|| vec![k8s_openapi::api::core::v1::PodIP { ip: ip.to_owned() }]),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+/// A ClusterIP service.
+pub fn cluster_ip_service(namespace: &str, name: &str, cluster_ip: &str) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            cluster_ip: Some(cluster_ip.to_owned()),
+            cluster_ips: Some(vec![cluster_ip.to_owned()]),
+            type_: Some("ClusterIP".to_owned()),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The Kubernetes `Status` object of an error.
+fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
+    json_response(
+        code,
+        &serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": message,
+            "reason": reason,
+            "code": code.as_u16(),
+        }),
+    )
+}
+
+fn not_found(kind: &str, name: &str) -> Response<Body> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{kind} \"{name}\" not found"),
+    )
+}
+
+fn list<T: serde::Serialize>(kind: &str, items: Vec<T>) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "kind": kind,
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": "1"},
+            "items": items,
+        }),
+    )
+}
+
+struct ApiHandler {
+    cluster: Cluster,
+}
+
+impl Handler for ApiHandler {
+    async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
+        if req.method() != Method::GET {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                format!("{} is not served by this stand-in", req.method()),
+            );
+        }
+        let node = req.uri().query().and_then(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .find(|(k, _)| *k == "fieldSelector")
+                .and_then(|(_, v)| {
+                    let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy();
+                    v.strip_prefix("spec.nodeName=").map(str::to_owned)
+                })
+        });
+        let path = req.uri().path();
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match segments.as_slice() {
+            ["version"] => json_response(
+                StatusCode::OK,
+                &serde_json::json!({
+                    "major": "1", "minor": "33", "gitVersion": "v1.33.0-athenz-testbed",
+                    "gitCommit": "", "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z",
+                    "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"
+                }),
+            ),
+            ["readyz"] | ["healthz"] | ["livez"] => json_response(StatusCode::OK, &"ok"),
+            ["api", "v1", "pods"] => list("PodList", self.cluster.pods(None, node.as_deref())),
+            ["api", "v1", "namespaces", ns, "pods"] => {
+                list("PodList", self.cluster.pods(Some(ns), node.as_deref()))
+            }
+            ["api", "v1", "namespaces", ns, "pods", name] => match self.cluster.pod(ns, name) {
+                Some(pod) => json_response(StatusCode::OK, &with_kind(pod, "Pod")),
+                None => not_found("pods", name),
+            },
+            ["api", "v1", "namespaces", ns, "services", name] => {
+                let service = self
+                    .cluster
+                    .read()
+                    .services
+                    .get(&((*ns).to_owned(), (*name).to_owned()))
+                    .cloned();
+                match service {
+                    Some(s) => json_response(StatusCode::OK, &with_kind(s, "Service")),
+                    None => not_found("services", name),
+                }
+            }
+            _ => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                "the server could not find the requested resource".into(),
+            ),
+        }
+    }
+}
+
+/// Adds `kind` and `apiVersion`, as the API server does on every object.
+fn with_kind<T: serde::Serialize>(object: T, kind: &str) -> serde_json::Value {
+    let mut value = serde_json::to_value(object).unwrap_or_default();
+    if let Some(map) = value.as_object_mut() {
+        map.insert("kind".into(), kind.into());
+        map.insert("apiVersion".into(), "v1".into());
+    }
+    value
+}
+
+/// A running stand-in.
+pub struct KubeApi {
+    cluster: Cluster,
+    addr: SocketAddr,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl KubeApi {
+    /// Starts on an ephemeral loopback port.
+    pub async fn start() -> std::io::Result<Self> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// Starts on `addr`.
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
+        let cluster = Cluster::default();
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(
+            Server::new(
+                Listener::Tcp(listener),
+                Arc::new(ApiHandler {
+                    cluster: cluster.clone(),
+                }),
+            )
+            .serve(async {
+                let _ = rx.await;
+            }),
+        );
+        Ok(Self {
+            cluster,
+            addr,
+            shutdown: Some(tx),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The store.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Stops serving (the port then refuses connections).
+    pub fn stop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Marks a pod as being deleted, as the API server does when deletion starts.
+pub fn mark_terminating(pod: &mut Pod) {
+    pod.metadata.deletion_timestamp = Some(Time(now_timestamp()));
+}
+
+fn now_timestamp() -> k8s_openapi::jiff::Timestamp {
+    let secs = time::OffsetDateTime::now_utc().unix_timestamp();
+    k8s_openapi::jiff::Timestamp::from_second(secs)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+}
