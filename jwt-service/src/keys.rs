@@ -19,12 +19,15 @@ pub struct ActiveKey {
     pub signer: JwtSigner,
 }
 
+/// Which file a key was loaded from: (version, mtime, length).
+type Origin = (u64, Option<SystemTime>, u64);
+
 /// Watches a key directory.
 pub struct KeyDir {
     dir: PathBuf,
     active: RwLock<Arc<ActiveKey>>,
     /// (version, mtime, len) of the file the active key came from.
-    loaded_from: RwLock<(u64, Option<SystemTime>, u64)>,
+    loaded_from: RwLock<Origin>,
 }
 
 /// The version in a file name `v<N>.pem`, if it is one.
@@ -45,7 +48,7 @@ fn candidates(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
             version_of(name.to_str()?).map(|v| (v, e.path()))
         })
         .collect();
-    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.sort_by_key(|entry| std::cmp::Reverse(entry.0));
     Ok(found)
 }
 
@@ -55,7 +58,7 @@ fn stamp(path: &Path) -> (Option<SystemTime>, u64) {
         .unwrap_or((None, 0))
 }
 
-fn load_best(dir: &Path) -> Result<(ActiveKey, (u64, Option<SystemTime>, u64)), String> {
+fn load_best(dir: &Path) -> Result<(ActiveKey, Origin), String> {
     let files = candidates(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
     let mut problems = Vec::new();
     for (version, path) in files {

@@ -82,9 +82,10 @@ async fn start() -> Fixture {
         )
         .unwrap();
     let shutdown = Shutdown::new();
-    let (bound, _task) = athenz_jwt_service::start(config(dir.path(), &keys, &files), shutdown.clone())
-        .await
-        .unwrap();
+    let (bound, _task) =
+        athenz_jwt_service::start(config(dir.path(), &keys, &files), shutdown.clone())
+            .await
+            .unwrap();
     Fixture {
         url: format!("https://127.0.0.1:{}/v1/jwt", bound.api.port()),
         _dir: dir,
@@ -137,8 +138,12 @@ async fn get_jwt(c: &reqwest::Client, url: &str) -> String {
 
 fn decode_part(jwt: &str, i: usize) -> serde_json::Value {
     let part = jwt.split('.').nth(i).unwrap();
-    serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(part).unwrap())
-        .unwrap()
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(part)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 /// Verifies with PyJWT, an implementation that shares no code with ours.
@@ -185,7 +190,10 @@ async fn allowed_agents_get_a_jwt_of_the_contract_shape() {
     for cn in ["k8s.admin.athenz-agent", "k8s.nodes.node-1"] {
         let jwt = get_jwt(&client(&f.ca, Some(cn)), &f.url).await;
         let header = decode_part(&jwt, 0);
-        assert_eq!(header, serde_json::json!({"alg": "ES256", "typ": "JWT", "kid": "v1"}));
+        assert_eq!(
+            header,
+            serde_json::json!({"alg": "ES256", "typ": "JWT", "kid": "v1"})
+        );
         let claims = pyjwt_verify(&jwt, &public_of(&key_pem), "ES256");
         assert_eq!(claims["iss"], "athenz-k8s-identity/jwt-service");
         assert_eq!(claims["aud"], "k8s-athenz-identity");
@@ -225,13 +233,28 @@ async fn callers_that_are_not_allowed_are_refused() {
         .unwrap();
     assert_eq!(resp.status(), 403);
     let body: serde_json::Value = resp.json().await.unwrap();
-    assert!(body["message"].as_str().unwrap().contains("k8s.admin.stranger"));
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("k8s.admin.stranger")
+    );
     // no client certificate, and one from another CA: no TLS session at all
-    assert!(client(&f.ca, None).post(&f.url).json(&subject_json()).send().await.is_err());
+    assert!(
+        client(&f.ca, None)
+            .post(&f.url)
+            .json(&subject_json())
+            .send()
+            .await
+            .is_err()
+    );
     let other = CertAuthority::new_root("Other").unwrap();
     let roots = athenz_core::crypto::pem_certificates(f.ca.root_pem()).unwrap();
     let foreign = other
-        .issue(&LeafSpec::service("k8s.admin.athenz-agent", &[]), KeyAlgorithm::P256)
+        .issue(
+            &LeafSpec::service("k8s.admin.athenz-agent", &[]),
+            KeyAlgorithm::P256,
+        )
         .unwrap();
     let c = reqwest::Client::builder()
         .tls_backend_preconfigured(
@@ -271,7 +294,13 @@ async fn malformed_oversized_and_invalid_requests() {
     assert!(message(resp.json().await.unwrap()).contains("invalid uid"));
     let mut bad = subject_json();
     bad["extra"] = 1.into();
-    assert_eq!(post(serde_json::to_vec(&bad).unwrap()).await.unwrap().status(), 400);
+    assert_eq!(
+        post(serde_json::to_vec(&bad).unwrap())
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
     let resp = c.get(&f.url).send().await.unwrap();
     assert_eq!(resp.status(), 405);
 }
@@ -316,5 +345,8 @@ async fn refuses_to_start_without_a_usable_key() {
         .err()
         .unwrap();
     let text = err.to_string();
-    assert!(text.contains("--keys-dir (SIGNING_KEYS_DIR)") && text.contains("v1.pem"), "{text}");
+    assert!(
+        text.contains("--keys-dir (SIGNING_KEYS_DIR)") && text.contains("v1.pem"),
+        "{text}"
+    );
 }

@@ -37,3 +37,18 @@ pub fn pod_identity() -> CsrIdentity {
     })
     .unwrap_or_else(|e| unreachable!("the sample identity is valid: {e}"))
 }
+
+/// The sample pod's certificate identity without the service IP SAN (its Service does not exist
+/// unless a test creates it).
+pub fn pod_identity_without_service_ip() -> CsrIdentity {
+    CsrIdentity::for_pod(&PodIdentityInput {
+        domain: DOMAIN,
+        service: SERVICE,
+        provider: PROVIDER,
+        dns_suffix: DNS_SUFFIX,
+        instance_id: POD_UID,
+        pod_ip: POD_IP,
+        service_ip: None,
+    })
+    .unwrap_or_else(|e| unreachable!("the sample identity is valid: {e}"))
+}

@@ -1,0 +1,776 @@
+//! The callback over real mutual TLS against the Kubernetes API stand-in: for every check a request
+//! where only that check fails, forged tokens, malformed confirmations, refused callers, and the full
+//! round trip dev ZTS → callback with a JWT from the real jwt-service.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_callback::Config;
+use athenz_core::crypto::{KeyAlgorithm, PrivateKey, build_csr, pem_certificates};
+use athenz_core::daemon::Shutdown;
+use athenz_core::identity_jwt::IdentityClaims;
+use athenz_core::secret::Secret;
+use athenz_core::tls::{self, ClientIdentity};
+use athenz_core::zts::{
+    InstanceConfirmation, InstanceRegisterInformation, ZtsClient, ZtsClientConfig,
+};
+use athenz_jwt_service::signer::JwtSigner;
+use athenz_testbed::fixtures::{self, DOMAIN, NAMESPACE, POD_NAME, POD_UID, PROVIDER, SERVICE};
+use athenz_testbed::kube_api::{KubeApi, cluster_ip_service, mark_terminating, running_pod};
+use athenz_testbed::pki::LeafSpec;
+use athenz_testbed::zts::registry::ProviderEntry;
+use athenz_testbed::zts::{DevZts, DevZtsConfig};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use clap::Parser;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+struct Fixture {
+    zts: DevZts,
+    kube: KubeApi,
+    ec: JwtSigner,
+    rsa: JwtSigner,
+    endpoint: String,
+    shutdown: Shutdown,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+fn key_pem(alg: KeyAlgorithm) -> String {
+    PrivateKey::generate(alg)
+        .unwrap()
+        .to_pkcs8_pem()
+        .unwrap()
+        .expose()
+        .to_owned()
+}
+
+async fn start() -> Fixture {
+    athenz_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let zts = DevZts::start(DevZtsConfig::default()).await.unwrap();
+    let kube = KubeApi::start().await.unwrap();
+    kube.cluster().put_pod(running_pod(
+        NAMESPACE,
+        POD_NAME,
+        POD_UID,
+        SERVICE,
+        &fixtures::POD_IP.to_string(),
+        "node-1",
+    ));
+    let ec = JwtSigner::from_pem(key_pem(KeyAlgorithm::P256).as_bytes()).unwrap();
+    let rsa = JwtSigner::from_pem(key_pem(KeyAlgorithm::Rsa2048).as_bytes()).unwrap();
+    let keys = dir.path().join("public");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::write(keys.join("v1.pem"), ec.public_key_pem().unwrap()).unwrap();
+    std::fs::write(keys.join("v2.pem"), rsa.public_key_pem().unwrap()).unwrap();
+    // the callback's server certificate: CN = the provider, from the PKI ZTS trusts
+    let files = zts
+        .ca()
+        .write_service_cert(
+            dir.path(),
+            "callback",
+            &LeafSpec {
+                ip_addresses: vec![[127, 0, 0, 1].into()],
+                ..LeafSpec::service(PROVIDER, &["localhost"])
+            },
+        )
+        .unwrap();
+    let config = Config::try_parse_from([
+        "athenz-callback",
+        "--listen=127.0.0.1:0",
+        "--ops-listen=127.0.0.1:0",
+        &format!("--tls-cert={}", files.cert.display()),
+        &format!("--tls-key={}", files.key.display()),
+        &format!("--client-ca={}", zts.ca_path().display()),
+        "--allowed-principals=sys.auth.zts",
+        "--base-path=/callback",
+        &format!("--provider={PROVIDER}"),
+        &format!("--public-keys-dir={}", keys.display()),
+        "--keys-reload-interval=1s",
+        &format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
+        &format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
+        &format!("--kube-api-url={}", kube.url()),
+        "--cert-expiry-minutes=90",
+    ])
+    .unwrap();
+    let shutdown = Shutdown::new();
+    let (bound, _task) = athenz_callback::start(config, shutdown.clone())
+        .await
+        .unwrap();
+    let endpoint = format!("https://127.0.0.1:{}/callback", bound.api.port());
+    zts.add_provider(ProviderEntry {
+        name: PROVIDER.into(),
+        endpoint: endpoint.clone(),
+        dns_suffixes: vec![fixtures::DNS_SUFFIX.into()],
+        launch: vec!["*".into()],
+    })
+    .unwrap();
+    Fixture {
+        zts,
+        kube,
+        ec,
+        rsa,
+        endpoint,
+        shutdown,
+        _dir: dir,
+    }
+}
+
+impl Fixture {
+    /// A client with a certificate for `cn` from the ZTS PKI.
+    fn client(&self, cn: Option<&str>) -> reqwest::Client {
+        let roots = pem_certificates(self.zts.root_pem()).unwrap();
+        let identity = cn.map(|cn| {
+            let issued = self
+                .zts
+                .ca()
+                .issue(&LeafSpec::service(cn, &[]), KeyAlgorithm::P256)
+                .unwrap();
+            ClientIdentity::Fixed(
+                tls::certified_key_from_pem(&issued.chain_pem, issued.key_pem.expose()).unwrap(),
+            )
+        });
+        reqwest::Client::builder()
+            .tls_backend_preconfigured(tls::client_config(&roots, identity).unwrap())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    }
+
+    async fn post(&self, route: &str, body: &str) -> (u16, serde_json::Value) {
+        let resp = self
+            .client(Some("sys.auth.zts"))
+            .post(format!("{}/{route}", self.endpoint))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
+    async fn confirm(&self, c: &InstanceConfirmation) -> (u16, serde_json::Value) {
+        self.post("instance", &serde_json::to_string(c).unwrap())
+            .await
+    }
+}
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+fn claims() -> IdentityClaims {
+    let t = now();
+    IdentityClaims {
+        iss: "athenz-k8s-identity/jwt-service".into(),
+        aud: "k8s-athenz-identity".into(),
+        sub: format!(
+            "pod:{NAMESPACE}/{POD_NAME}?d={DOMAIN}&n={SERVICE}&i={}&u={POD_UID}",
+            fixtures::POD_IP
+        ),
+        iat: t,
+        nbf: t,
+        exp: t + 300,
+        jti: athenz_core::random::hex_name::<16>(),
+    }
+}
+
+fn confirmation(jwt: String) -> InstanceConfirmation {
+    let identity =
+        athenz_core::names::CsrIdentity::for_pod(&athenz_core::names::PodIdentityInput {
+            domain: DOMAIN,
+            service: SERVICE,
+            provider: PROVIDER,
+            dns_suffix: fixtures::DNS_SUFFIX,
+            instance_id: POD_UID,
+            pod_ip: fixtures::POD_IP,
+            service_ip: None,
+        })
+        .unwrap();
+    let mut attributes = BTreeMap::new();
+    attributes.insert("instanceId".to_owned(), POD_UID.to_owned());
+    attributes.insert("clientIP".to_owned(), "10.9.9.9".to_owned());
+    attributes.insert("sanDNS".to_owned(), identity.dns_names.join(","));
+    attributes.insert("sanIP".to_owned(), fixtures::POD_IP.to_string());
+    attributes.insert("sanURI".to_owned(), identity.uris.join(","));
+    InstanceConfirmation {
+        provider: PROVIDER.into(),
+        domain: DOMAIN.into(),
+        service: SERVICE.into(),
+        attestation_data: Secret::new(jwt),
+        attributes,
+    }
+}
+
+fn es256(f: &Fixture, c: &IdentityClaims) -> String {
+    f.ec.sign("v1", c).unwrap()
+}
+
+/// A JWT with any JSON claims (for missing-claim cases).
+fn es256_raw(f: &Fixture, c: &serde_json::Value) -> String {
+    f.ec.sign("v1", c).unwrap()
+}
+
+fn assert_denied(result: (u16, serde_json::Value), check: &str) {
+    let (status, body) = result;
+    assert_eq!(status, 403, "{check}: {body}");
+    assert_eq!(body["code"], 403);
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(&format!("{check}: ")),
+        "{check}: {message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_genuine_pod_is_confirmed_and_echoed() {
+    let f = start().await;
+    let c = confirmation(es256(&f, &claims()));
+    let (status, body) = f.confirm(&c).await;
+    assert_eq!(status, 200, "{body}");
+    let mut expected = serde_json::to_value(&c).unwrap();
+    expected["attributes"]["certExpiryTime"] = "90".into();
+    assert_eq!(
+        body, expected,
+        "every attribute echoed unchanged, plus certExpiryTime"
+    );
+    // RS256 with the RSA key works too, on /refresh
+    let c = confirmation(f.rsa.sign("v2", &claims()).unwrap());
+    let (status, _) = f.post("refresh", &serde_json::to_string(&c).unwrap()).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_check_fails_alone() {
+    let f = start().await;
+    let cases: Vec<(&str, InstanceConfirmation)> = vec![
+        ("provider", {
+            let mut c = confirmation(es256(&f, &claims()));
+            c.provider = "k8s.admin.other-provider".into();
+            c
+        }),
+        (
+            "exp",
+            confirmation(es256_raw(&f, &{
+                let mut v = serde_json::to_value(claims()).unwrap();
+                v.as_object_mut().unwrap().remove("exp");
+                v
+            })),
+        ),
+        (
+            "exp",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    exp: now() - 120,
+                    ..claims()
+                },
+            )),
+        ),
+        (
+            "iat_nbf",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    iat: now() + 600,
+                    ..claims()
+                },
+            )),
+        ),
+        (
+            "iat_nbf",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    nbf: now() + 600,
+                    ..claims()
+                },
+            )),
+        ),
+        (
+            "aud",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    aud: "someone-else".into(),
+                    ..claims()
+                },
+            )),
+        ),
+        (
+            "aud",
+            confirmation(es256_raw(&f, &{
+                let mut v = serde_json::to_value(claims()).unwrap();
+                v.as_object_mut().unwrap().remove("aud");
+                v
+            })),
+        ),
+        (
+            "iss",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    iss: "elsewhere".into(),
+                    ..claims()
+                },
+            )),
+        ),
+        (
+            "jti",
+            confirmation(es256_raw(&f, &{
+                let mut v = serde_json::to_value(claims()).unwrap();
+                v.as_object_mut().unwrap().remove("jti");
+                v
+            })),
+        ),
+        (
+            "subject",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    sub: "pod:../x".into(),
+                    ..claims()
+                },
+            )),
+        ),
+        ("domain_service", {
+            let mut c = confirmation(es256(&f, &claims()));
+            c.service = "db".into();
+            c
+        }),
+        ("instance_id", {
+            let mut c = confirmation(es256(&f, &claims()));
+            c.attributes.insert(
+                "instanceId".into(),
+                "11111111-2222-4333-8444-555555555555".into(),
+            );
+            c
+        }),
+        ("namespace", {
+            // a subject whose domain is not what its namespace maps to
+            let sub = format!(
+                "pod:other-ns/{POD_NAME}?d={DOMAIN}&n={SERVICE}&i={}&u={POD_UID}",
+                fixtures::POD_IP
+            );
+            confirmation(es256(&f, &IdentityClaims { sub, ..claims() }))
+        }),
+        ("san_dns", {
+            let mut c = confirmation(es256(&f, &claims()));
+            c.attributes.insert(
+                "sanDNS".into(),
+                "web.media-sports.athenz.cloud,admin.evil.example".into(),
+            );
+            c
+        }),
+        ("san_ip", {
+            // a cluster IP while the Service does not exist
+            let mut c = confirmation(es256(&f, &claims()));
+            c.attributes
+                .insert("sanIP".into(), format!("{},10.96.0.10", fixtures::POD_IP));
+            c
+        }),
+        ("san_uri", {
+            let mut c = confirmation(es256(&f, &claims()));
+            c.attributes
+                .insert("sanURI".into(), "spiffe://k8s.admin/sa/root".into());
+            c
+        }),
+    ];
+    for (check, c) in cases {
+        assert_denied(f.confirm(&c).await, check);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_checks_fail_alone() {
+    let f = start().await;
+    let cluster = f.kube.cluster().clone();
+    let reset = || {
+        cluster.put_pod(running_pod(
+            NAMESPACE,
+            POD_NAME,
+            POD_UID,
+            SERVICE,
+            &fixtures::POD_IP.to_string(),
+            "node-1",
+        ));
+    };
+    type Breakage<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Breakage)> = vec![
+        (
+            "pod_exists",
+            Box::new(|| {
+                cluster.delete_pod(NAMESPACE, POD_NAME);
+            }),
+        ),
+        (
+            "pod_uid",
+            Box::new(|| {
+                cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+                    p.metadata.uid = Some("99999999-2222-4333-8444-555555555555".into())
+                });
+            }),
+        ),
+        (
+            "pod_terminating",
+            Box::new(|| {
+                cluster.update_pod(NAMESPACE, POD_NAME, mark_terminating);
+            }),
+        ),
+        (
+            "pod_phase",
+            Box::new(|| {
+                cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+                    p.status.as_mut().unwrap().phase = Some("Succeeded".into())
+                });
+            }),
+        ),
+        (
+            "service_account",
+            Box::new(|| {
+                cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+                    p.spec.as_mut().unwrap().service_account_name = Some("db".into())
+                });
+            }),
+        ),
+        (
+            "pod_ip",
+            Box::new(|| {
+                cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+                    let s = p.status.as_mut().unwrap();
+                    s.pod_ip = Some("10.1.2.99".into());
+                    s.pod_ips = None;
+                });
+            }),
+        ),
+    ];
+    for (check, break_it) in cases {
+        reset();
+        break_it();
+        assert_denied(f.confirm(&confirmation(es256(&f, &claims()))).await, check);
+    }
+    // and a pending pod is fine
+    reset();
+    cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+        p.status.as_mut().unwrap().phase = Some("Pending".into())
+    });
+    assert_eq!(f.confirm(&confirmation(es256(&f, &claims()))).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_ip_counts_only_when_the_service_exists() {
+    let f = start().await;
+    let with_service_ip = || {
+        let mut c = confirmation(es256(&f, &claims()));
+        c.attributes
+            .insert("sanIP".into(), format!("{},10.96.0.10", fixtures::POD_IP));
+        c
+    };
+    assert_denied(f.confirm(&with_service_ip()).await, "san_ip");
+    f.kube
+        .cluster()
+        .put_service(cluster_ip_service(NAMESPACE, SERVICE, "10.96.0.10"));
+    assert_eq!(f.confirm(&with_service_ip()).await.0, 200);
+    f.kube
+        .cluster()
+        .put_service(cluster_ip_service(NAMESPACE, SERVICE, "10.96.0.11"));
+    assert_denied(f.confirm(&with_service_ip()).await, "san_ip");
+}
+
+fn forge(header: serde_json::Value, claims: &IdentityClaims, signature: &[u8]) -> String {
+    format!(
+        "{}.{}.{}",
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(&header).unwrap()),
+        URL_SAFE_NO_PAD.encode(serde_json::to_vec(claims).unwrap()),
+        URL_SAFE_NO_PAD.encode(signature)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_tokens_are_denied() {
+    let f = start().await;
+    let c = claims();
+    let public_pem = f.ec.public_key_pem().unwrap();
+    // alg none, with and without a signature
+    let none = forge(
+        serde_json::json!({"alg": "none", "typ": "JWT", "kid": "v1"}),
+        &c,
+        b"",
+    );
+    assert_denied(f.confirm(&confirmation(none)).await, "algorithm");
+    // HS256 signed with the public key bytes as the HMAC secret
+    let hs = jsonwebtoken::encode(
+        &jsonwebtoken::Header {
+            kid: Some("v1".into()),
+            ..jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256)
+        },
+        &c,
+        &jsonwebtoken::EncodingKey::from_secret(public_pem.as_bytes()),
+    )
+    .unwrap();
+    assert_denied(f.confirm(&confirmation(hs)).await, "algorithm");
+    // RS256 token naming the EC key, and ES256 token naming the RSA key
+    assert_denied(
+        f.confirm(&confirmation(f.rsa.sign("v1", &claims()).unwrap()))
+            .await,
+        "algorithm",
+    );
+    assert_denied(
+        f.confirm(&confirmation(f.ec.sign("v2", &claims()).unwrap()))
+            .await,
+        "algorithm",
+    );
+    // unknown kid, and no kid
+    assert_denied(
+        f.confirm(&confirmation(f.ec.sign("v9", &claims()).unwrap()))
+            .await,
+        "kid",
+    );
+    let no_kid = {
+        let t = f.ec.sign("v1", &claims()).unwrap();
+        let sig = t.split('.').nth(2).unwrap().to_owned();
+        format!(
+            "{}.{}.{sig}",
+            URL_SAFE_NO_PAD.encode(br#"{"alg":"ES256","typ":"JWT"}"#),
+            t.split('.').nth(1).unwrap()
+        )
+    };
+    assert_denied(f.confirm(&confirmation(no_kid)).await, "kid");
+    // tampered payload: another pod's subject under the original signature
+    let genuine = f.ec.sign("v1", &claims()).unwrap();
+    let mut parts: Vec<String> = genuine.split('.').map(str::to_owned).collect();
+    let other = IdentityClaims {
+        sub: format!(
+            "pod:{NAMESPACE}/admin?d={DOMAIN}&n={SERVICE}&i={}&u={POD_UID}",
+            fixtures::POD_IP
+        ),
+        ..claims()
+    };
+    parts[1] = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&other).unwrap());
+    assert_denied(f.confirm(&confirmation(parts.join("."))).await, "signature");
+    // garbage
+    assert_denied(f.confirm(&confirmation("a.b.c".into())).await, "algorithm");
+    assert_denied(f.confirm(&confirmation(String::new())).await, "algorithm");
+    // replay: the same token twice
+    let once = es256(&f, &claims());
+    assert_eq!(f.confirm(&confirmation(once.clone())).await.0, 200);
+    assert_denied(f.confirm(&confirmation(once)).await, "jti");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_confirmations_and_refused_callers() {
+    let f = start().await;
+    for body in [
+        "",
+        "{",
+        "[]",
+        r#"{"provider":1}"#,
+        r#"{"provider":"p","domain":"d","service":"s"}"#,
+        r#"{"provider":"p","domain":"d","service":"s","attestationData":"x","attributes":{"a":1}}"#,
+    ] {
+        let (status, body_json) = f.post("instance", body).await;
+        assert_eq!(status, 400, "{body}: {body_json}");
+        assert_eq!(body_json["code"], 400);
+    }
+    let c = serde_json::to_string(&confirmation(es256(&f, &claims()))).unwrap();
+    // an allowed CA but not a ZTS principal
+    let resp = f
+        .client(Some("k8s.admin.athenz-agent"))
+        .post(format!("{}/instance", f.endpoint))
+        .body(c.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    // no client certificate: no session
+    assert!(
+        f.client(None)
+            .post(format!("{}/instance", f.endpoint))
+            .body(c.clone())
+            .send()
+            .await
+            .is_err()
+    );
+    // unknown route
+    let resp = f
+        .client(Some("sys.auth.zts"))
+        .post(format!("{}/other", f.endpoint))
+        .body(c)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_keys_are_reloaded() {
+    let f = start().await;
+    let v3 = JwtSigner::from_pem(key_pem(KeyAlgorithm::P256).as_bytes()).unwrap();
+    assert_denied(
+        f.confirm(&confirmation(v3.sign("v3", &claims()).unwrap()))
+            .await,
+        "kid",
+    );
+    std::fs::write(
+        f._dir.path().join("public/v3.pem"),
+        v3.public_key_pem().unwrap(),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = f
+            .confirm(&confirmation(v3.sign("v3", &claims()).unwrap()))
+            .await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "v3 was never picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // and a removed version stops verifying
+    std::fs::remove_file(f._dir.path().join("public/v1.pem")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, body) = f.confirm(&confirmation(es256(&f, &claims()))).await;
+        if status == 403 && body["message"].as_str().unwrap().starts_with("kid: ") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "v1 was never dropped");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
+    let f = start().await;
+    // the real jwt-service, signing with a new key v4 whose public half the callback is given
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    let signing_pem = key_pem(KeyAlgorithm::P256);
+    std::fs::write(keys.join("v4.pem"), &signing_pem).unwrap();
+    std::fs::write(
+        f._dir.path().join("public/v4.pem"),
+        JwtSigner::from_pem(signing_pem.as_bytes())
+            .unwrap()
+            .public_key_pem()
+            .unwrap(),
+    )
+    .unwrap();
+    let files = f
+        .zts
+        .ca()
+        .write_service_cert(
+            dir.path(),
+            "jwt",
+            &LeafSpec {
+                ip_addresses: vec![[127, 0, 0, 1].into()],
+                ..LeafSpec::service("k8s.admin.athenz-jwt-service", &[])
+            },
+        )
+        .unwrap();
+    let jwt_config = athenz_jwt_service::Config::try_parse_from([
+        "athenz-jwt-service",
+        "--listen=127.0.0.1:0",
+        "--ops-listen=127.0.0.1:0",
+        &format!("--tls-cert={}", files.cert.display()),
+        &format!("--tls-key={}", files.key.display()),
+        &format!("--client-ca={}", f.zts.ca_path().display()),
+        "--allowed-principals=k8s.nodes.*",
+        &format!("--keys-dir={}", keys.display()),
+    ])
+    .unwrap();
+    let (jwt_bound, _) = athenz_jwt_service::start(jwt_config, f.shutdown.clone())
+        .await
+        .unwrap();
+    // let the callback pick up v4
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    // the agent's part: get a JWT as node-1, then register with ZTS
+    let jwt: serde_json::Value = f
+        .client(Some("k8s.nodes.node-1"))
+        .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
+        .json(&serde_json::json!({"subject": {
+            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
+            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
+    let zts = ZtsClient::new(ZtsClientConfig {
+        url: f.zts.url().into(),
+        ca_certs: pem_certificates(f.zts.root_pem()).unwrap(),
+        timeout: Duration::from_secs(10),
+        connect_timeout: Duration::from_secs(5),
+    })
+    .unwrap();
+    let info = InstanceRegisterInformation {
+        provider: PROVIDER.into(),
+        domain: DOMAIN.into(),
+        service: SERVICE.into(),
+        attestation_data: Secret::new(jwt["jwt"].as_str().unwrap()),
+        csr: build_csr(&fixtures::pod_identity_without_service_ip(), &key).unwrap(),
+        token: Some(true),
+        ..Default::default()
+    };
+    let registered = zts.register(&info).await.unwrap();
+    let cert = athenz_core::crypto::CertInfo::from_pem(
+        registered.identity.x509_certificate.as_deref().unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cert.common_name, "media.sports.web");
+    // the callback's certExpiryTime (90 minutes) was honoured
+    assert_eq!((cert.not_after - cert.not_before).whole_minutes() - 1, 90);
+    // the same JWT cannot be used again
+    let err = zts.register(&info).await.unwrap_err();
+    assert!(err.to_string().contains("jti"), "{err}");
+    // a deleted pod is refused
+    f.kube.cluster().delete_pod(NAMESPACE, POD_NAME);
+    let fresh: serde_json::Value = f
+        .client(Some("k8s.nodes.node-1"))
+        .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
+        .json(&serde_json::json!({"subject": {
+            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
+            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let err = zts
+        .register(&InstanceRegisterInformation {
+            attestation_data: Secret::new(fresh["jwt"].as_str().unwrap()),
+            ..info
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(403));
+    assert!(err.to_string().contains("pod_exists"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_kubernetes_api_is_503_not_a_verdict() {
+    let mut f = start().await;
+    f.kube.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, body) = f.confirm(&confirmation(es256(&f, &claims()))).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("Kubernetes API"),
+        "{body}"
+    );
+}
