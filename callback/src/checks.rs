@@ -47,6 +47,8 @@ pub struct Policy {
     pub issuer: Option<String>,
     /// Allowed clock skew, seconds.
     pub skew_secs: i64,
+    /// Longest a token may still be valid, seconds: bounds how long its jti must be remembered.
+    pub max_lifetime_secs: i64,
     /// Namespace ↔ domain rules.
     pub mapper: DomainMapper,
     /// DNS suffix of pod SANs.
@@ -136,6 +138,15 @@ pub fn check_exp(policy: &Policy, claims: &ReceivedClaims, now: i64) -> Result<i
         .ok_or_else(|| deny("exp", "the JWT has no exp"))?;
     if exp + policy.skew_secs < now {
         return Err(deny("exp", format!("the JWT expired at {exp} (now {now})")));
+    }
+    if exp > now + policy.max_lifetime_secs + policy.skew_secs {
+        return Err(deny(
+            "exp",
+            format!(
+                "the JWT is valid until {exp}, more than {}s from now",
+                policy.max_lifetime_secs
+            ),
+        ));
     }
     Ok(exp)
 }

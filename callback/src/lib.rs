@@ -61,6 +61,9 @@ pub struct Config {
     /// Allowed clock skew.
     #[arg(long, env = "CLOCK_SKEW", default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
     pub clock_skew: Duration,
+    /// Longest remaining validity a JWT may have (its jti is remembered that long).
+    #[arg(long, env = "MAX_TOKEN_LIFETIME", default_value = "1h", value_parser = athenz_core::refresh::parse_duration)]
+    pub max_token_lifetime: Duration,
     /// Most token ids remembered for replay detection.
     #[arg(long, env = "REPLAY_CACHE_SIZE", default_value_t = 200_000)]
     pub replay_cache_size: usize,
@@ -179,6 +182,7 @@ pub async fn start(
             audience: config.audience.clone(),
             issuer: (!config.issuer.is_empty()).then(|| config.issuer.clone()),
             skew_secs: i64::try_from(config.clock_skew.as_secs()).unwrap_or(60),
+            max_lifetime_secs: i64::try_from(config.max_token_lifetime.as_secs()).unwrap_or(3600),
             mapper,
             dns_suffix: config.dns_suffix.clone(),
         },

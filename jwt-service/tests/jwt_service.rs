@@ -350,3 +350,73 @@ async fn refuses_to_start_without_a_usable_key() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn ops_endpoints_report_health_and_metrics() {
+    athenz_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::write(keys.join("v1.pem"), ec_key_pem()).unwrap();
+    let ca = CertAuthority::new_root("Root").unwrap();
+    let files = ca
+        .write_service_cert(
+            dir.path(),
+            "jwt",
+            &LeafSpec {
+                ip_addresses: vec![[127, 0, 0, 1].into()],
+                ..LeafSpec::service("k8s.admin.jwt", &[])
+            },
+        )
+        .unwrap();
+    let shutdown = Shutdown::new();
+    let (bound, task) =
+        athenz_jwt_service::start(config(dir.path(), &keys, &files), shutdown.clone())
+            .await
+            .unwrap();
+    let url = format!("https://127.0.0.1:{}/v1/jwt", bound.api.port());
+    get_jwt(&client(&ca, Some("k8s.nodes.n1")), &url).await;
+    let ops = format!("http://{}", bound.ops);
+    let plain = reqwest::Client::new();
+    assert_eq!(
+        plain
+            .get(format!("{ops}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        plain
+            .get(format!("{ops}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let metrics = plain
+        .get(format!("{ops}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"athenz_jwt_service_jwts_issued_total{alg="ES256"} 1"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"athenz_jwt_service_http_requests_total{route="jwt",status="200"} 1"#),
+        "{metrics}"
+    );
+    // SIGTERM-style shutdown drains and stops both listeners
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(plain.get(format!("{ops}/healthz")).send().await.is_err());
+}
