@@ -364,6 +364,21 @@ pub fn server_config_with(
     Ok(Arc::new(config))
 }
 
+/// A server config that asks for no client certificate. Only for the admission webhook, which the
+/// Kubernetes API server calls without one unless it is given a kubeconfig for that webhook; every
+/// other server here requires client certificates.
+pub fn server_config_without_client_auth(
+    identity: Arc<ReloadingIdentity>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(identity);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// A client config trusting only `cas`, presenting `identity` if given.
 pub fn client_config(
     cas: &[CertificateDer<'static>],

@@ -1,0 +1,235 @@
+//! `athenz-initializer`: the mutating admission webhook (DESIGN.md 4.7) that adds the identity
+//! volume, the credentials volume and the SIA containers to pods as they are created. It sits on
+//! the pod-creation path of the whole cluster, so it never patches a pod that did not ask for it,
+//! and injecting twice changes nothing.
+
+pub mod mutate;
+pub mod review;
+pub mod template;
+
+use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
+use athenz_core::http::{
+    Body, ConnInfo, Handler, HttpMetrics, Listener, Readiness, Server, ServerLimits,
+    error_response, json_response,
+};
+use athenz_core::tls::{self, PrincipalAllowList, ReloadingIdentity};
+use bytes::Bytes;
+use clap::Parser;
+use http::{Method, Request, Response, StatusCode};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest review accepted: a pod object may be ~1.5 MiB in etcd; reviews above 2 MiB are refused.
+pub const MAX_REVIEW: usize = 2 * 1024 * 1024;
+
+/// Command line of `athenz-initializer`; every flag has an environment fallback.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "athenz-initializer",
+    version,
+    about = "Admission webhook adding Athenz identity to pods"
+)]
+pub struct Config {
+    /// Address of the webhook (HTTPS).
+    #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Server certificate (PEM), reloaded when it changes.
+    #[arg(long, env = "TLS_CERT_FILE")]
+    pub tls_cert: PathBuf,
+    /// Server key (PEM).
+    #[arg(long, env = "TLS_KEY_FILE")]
+    pub tls_key: PathBuf,
+    /// CA of the client certificate the API server presents. The API server presents one only when
+    /// its AdmissionConfiguration gives it a kubeconfig for this webhook; set this (with
+    /// --allowed-principals) when it does, and the webhook then refuses every other caller.
+    #[arg(long, env = "CLIENT_CA_FILE")]
+    pub client_ca: Option<PathBuf>,
+    /// Client principals allowed when --client-ca is set, comma-separated.
+    #[arg(long, env = "ALLOWED_PRINCIPALS", value_delimiter = ',')]
+    pub allowed_principals: Vec<String>,
+    /// The injection template (YAML).
+    #[arg(long, env = "TEMPLATE_FILE")]
+    pub template: PathBuf,
+    /// Namespaces never injected, comma-separated.
+    #[arg(
+        long,
+        env = "SKIP_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system,kube-public,kube-node-lease,athenz-system"
+    )]
+    pub skip_namespaces: Vec<String>,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, env = "TLS_RELOAD_INTERVAL", default_value = "10s", value_parser = athenz_core::refresh::parse_duration)]
+    pub tls_reload_interval: Duration,
+    /// Operations endpoint and logging.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// Labels of the review counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReviewLabels {
+    /// `injected`, `refused`, `malformed` or the skip reason.
+    pub outcome: &'static str,
+}
+
+/// The webhook handler.
+pub struct WebhookHandler {
+    /// What to inject.
+    pub template: template::Template,
+    /// Namespaces left alone.
+    pub skip_namespaces: BTreeSet<String>,
+    /// Who may call, when client certificates are required.
+    pub allowed: Option<PrincipalAllowList>,
+    /// Reviews by outcome.
+    pub reviews: Family<ReviewLabels, Counter>,
+}
+
+impl Handler for WebhookHandler {
+    async fn handle(&self, req: Request<Bytes>, conn: Arc<ConnInfo>) -> Response<Body> {
+        if req.uri().path() != "/mutate" {
+            return error_response(StatusCode::NOT_FOUND, "no such route");
+        }
+        if req.method() != Method::POST {
+            return error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        }
+        if let Some(allowed) = &self.allowed {
+            let principal = conn.principal.as_deref().unwrap_or("");
+            if !allowed.allows(principal) {
+                tracing::warn!(%principal, "refused a caller that is not allowed");
+                return error_response(
+                    StatusCode::FORBIDDEN,
+                    format!("principal {principal:?} may not call"),
+                );
+            }
+        }
+        match review::review(&self.template, &self.skip_namespaces, req.body()) {
+            Ok((answer, outcome)) => {
+                self.reviews
+                    .get_or_create(&ReviewLabels {
+                        outcome: outcome.label(),
+                    })
+                    .inc();
+                json_response(StatusCode::OK, &answer)
+            }
+            Err(bad) => {
+                self.reviews
+                    .get_or_create(&ReviewLabels {
+                        outcome: "malformed",
+                    })
+                    .inc();
+                error_response(StatusCode::BAD_REQUEST, bad.to_string())
+            }
+        }
+    }
+
+    fn route(&self, req: &http::request::Parts) -> &'static str {
+        if req.uri.path() == "/mutate" {
+            "mutate"
+        } else {
+            "other"
+        }
+    }
+}
+
+/// Where a started webhook listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The webhook.
+    pub api: SocketAddr,
+    /// /healthz, /readyz, /metrics.
+    pub ops: SocketAddr,
+}
+
+/// Starts the webhook; it runs until `shutdown` is triggered.
+pub async fn start(
+    config: Config,
+    shutdown: Shutdown,
+) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
+    let template = template::Template::from_file(&config.template)
+        .map_err(|e| StartError::new("--template (TEMPLATE_FILE)", e))?;
+    let identity = ReloadingIdentity::load(&config.tls_cert, &config.tls_key)
+        .map_err(|e| StartError::new("--tls-cert/--tls-key (TLS_CERT_FILE/TLS_KEY_FILE)", e))?;
+    let (server_config, allowed) = match &config.client_ca {
+        Some(ca) => {
+            let cas = tls::read_certs_file(ca)
+                .map_err(|e| StartError::new("--client-ca (CLIENT_CA_FILE)", e))?;
+            let allowed = PrincipalAllowList::new(&config.allowed_principals)
+                .map_err(|e| StartError::new("--allowed-principals (ALLOWED_PRINCIPALS)", e))?;
+            if allowed.is_empty() {
+                return Err(StartError::new(
+                    "--allowed-principals (ALLOWED_PRINCIPALS)",
+                    "required with --client-ca",
+                ));
+            }
+            (
+                tls::server_config(identity.clone(), &cas)
+                    .map_err(|e| StartError::new("--client-ca (CLIENT_CA_FILE)", e))?,
+                Some(allowed),
+            )
+        }
+        None => (
+            tls::server_config_without_client_auth(identity.clone())
+                .map_err(|e| StartError::new("--tls-cert (TLS_CERT_FILE)", e))?,
+            None,
+        ),
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| StartError::new("--listen (LISTEN)", format!("{}: {e}", config.listen)))?;
+    let ops_listener = config.ops.bind().await?;
+    let bound = Bound {
+        api: listener
+            .local_addr()
+            .map_err(|e| StartError::new("--listen (LISTEN)", e))?,
+        ops: ops_listener
+            .local_addr()
+            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
+    };
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_initializer");
+    let http_metrics = HttpMetrics::register(&mut registry);
+    let reviews = Family::<ReviewLabels, Counter>::default();
+    registry.register("reviews", "Admission reviews, by outcome", reviews.clone());
+    let handler = Arc::new(WebhookHandler {
+        template,
+        skip_namespaces: config
+            .skip_namespaces
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect(),
+        allowed,
+        reviews,
+    });
+    let readiness = Readiness::default();
+    readiness.set(true);
+    let registry = Arc::new(registry);
+    tracing::info!(api = %bound.api, ops = %bound.ops, "initializer listening");
+    let task = tokio::spawn(async move {
+        let watcher = identity.spawn_watcher(config.tls_reload_interval);
+        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
+            ops_listener,
+            registry,
+            readiness,
+            shutdown.wait(),
+        ));
+        Server::new(Listener::Tcp(listener), handler)
+            .with_tls(server_config)
+            .with_limits(ServerLimits {
+                max_body: MAX_REVIEW,
+                ..ServerLimits::default()
+            })
+            .with_metrics(http_metrics)
+            .serve(shutdown.wait())
+            .await;
+        watcher.abort();
+        let _ = ops.await;
+    });
+    Ok((bound, task))
+}

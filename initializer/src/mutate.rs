@@ -1,0 +1,272 @@
+//! The mutation itself: given a pod, the pod with the identity volume, the credentials volume, the
+//! SIA init container, the SIA refresher and the credentials mount in every app container.
+//! Pure functions of (template, pod), so every case is tested without a server.
+
+use crate::template::Template;
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, FlexVolumeSource, ObjectFieldSelector,
+    Pod, Volume, VolumeMount,
+};
+
+/// Name of the flex volume (DESIGN.md 4.7).
+pub const IDENTITY_VOLUME: &str = "athenz-identity";
+/// Name of the memory-backed credentials volume.
+pub const CREDENTIALS_VOLUME: &str = "athenz-credentials";
+/// The flex driver.
+pub const DRIVER: &str = "athenz/volume-driver";
+/// Name of the init container.
+pub const INIT_CONTAINER: &str = "athenz-sia-init";
+/// Name of the refresher.
+pub const REFRESH_CONTAINER: &str = "athenz-sia-refresh";
+/// Opt-out annotation.
+pub const OPT_OUT_ANNOTATION: &str = "athenz.io/identity";
+
+/// Why a pod is left alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// Annotated `athenz.io/identity: "false"`.
+    OptedOut,
+    /// Already carries the identity volume.
+    AlreadyInjected,
+}
+
+/// A pod that cannot be injected (the API server would reject the result).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Conflict(pub String);
+
+/// Decides whether `pod` is skipped.
+pub fn skip_reason(pod: &Pod) -> Option<Skip> {
+    let opted_out = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(OPT_OUT_ANNOTATION))
+        .is_some_and(|v| v == "false");
+    if opted_out {
+        return Some(Skip::OptedOut);
+    }
+    let injected = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|vols| vols.iter().any(|v| v.name == IDENTITY_VOLUME));
+    injected.then_some(Skip::AlreadyInjected)
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                api_version: None,
+            }),
+            ..EnvVarSource::default()
+        }),
+        value: None,
+    }
+}
+
+fn value_env(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        value_from: None,
+    }
+}
+
+fn sia_container(t: &Template, name: &str, verb: &str) -> Container {
+    let mut env = vec![
+        value_env("ID_FILE", &format!("{}/id", t.identity_mount_path)),
+        value_env(
+            "ENDPOINT",
+            &format!("{}/connect/agent.sock", t.identity_mount_path),
+        ),
+        value_env("OUT_DIR", &t.credentials_mount_path),
+    ];
+    if let Some(group) = &t.group {
+        env.push(value_env("GROUP", group));
+    }
+    if t.downward_api {
+        env.push(field_env("POD_NAMESPACE", "metadata.namespace"));
+        env.push(field_env("POD_NAME", "metadata.name"));
+        env.push(field_env("POD_UID", "metadata.uid"));
+    }
+    env.extend(t.env.iter().cloned());
+    let mut args = t.command[1..].to_vec();
+    args.push(verb.to_owned());
+    Container {
+        name: name.to_owned(),
+        image: Some(t.image.clone()),
+        image_pull_policy: t.image_pull_policy.clone(),
+        command: Some(vec![t.command[0].clone()]),
+        args: Some(args),
+        env: Some(env),
+        resources: t.resources.clone(),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: IDENTITY_VOLUME.to_owned(),
+                mount_path: t.identity_mount_path.clone(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: CREDENTIALS_VOLUME.to_owned(),
+                mount_path: t.credentials_mount_path.clone(),
+                ..VolumeMount::default()
+            },
+        ]),
+        ..Container::default()
+    }
+}
+
+/// The pod with everything injected, or why that is impossible.
+pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
+    let mut pod = pod.clone();
+    let spec = pod
+        .spec
+        .as_mut()
+        .ok_or_else(|| Conflict("the pod has no spec".into()))?;
+
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    if let Some(v) = volumes.iter().find(|v| v.name == CREDENTIALS_VOLUME) {
+        return Err(Conflict(format!(
+            "the pod already has a volume named {:?}",
+            v.name
+        )));
+    }
+    volumes.push(Volume {
+        name: IDENTITY_VOLUME.to_owned(),
+        flex_volume: Some(FlexVolumeSource {
+            driver: DRIVER.to_owned(),
+            read_only: Some(true),
+            ..FlexVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+    volumes.push(Volume {
+        name: CREDENTIALS_VOLUME.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".to_owned()),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    });
+
+    let taken: Vec<String> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .map(|c| c.name.clone())
+        .collect();
+    for ours in [INIT_CONTAINER, REFRESH_CONTAINER] {
+        if taken.iter().any(|n| n == ours) {
+            return Err(Conflict(format!(
+                "the pod already has a container named {ours:?}"
+            )));
+        }
+    }
+
+    // Every app container reads the credentials, read-only.
+    for c in &mut spec.containers {
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        if mounts
+            .iter()
+            .any(|m| m.mount_path == t.credentials_mount_path)
+        {
+            return Err(Conflict(format!(
+                "container {:?} already mounts something at {}",
+                c.name, t.credentials_mount_path
+            )));
+        }
+        mounts.push(VolumeMount {
+            name: CREDENTIALS_VOLUME.to_owned(),
+            mount_path: t.credentials_mount_path.clone(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+
+    // The init container runs first, so every later init container and app finds the files; a
+    // native refresher starts right after it and keeps running beside the app.
+    let mut init = vec![sia_container(t, INIT_CONTAINER, "init")];
+    let mut refresher = sia_container(t, REFRESH_CONTAINER, "refresh");
+    if t.native_sidecar {
+        refresher.restart_policy = Some("Always".to_owned());
+        init.push(refresher);
+    } else {
+        spec.containers.push(refresher);
+    }
+    let existing = spec.init_containers.take().unwrap_or_default();
+    init.extend(existing);
+    spec.init_containers = Some(init);
+    Ok(pod)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn template(native: bool) -> Template {
+        Template::from_yaml(&format!(
+            "image: registry.example/athenz-sia:1.0\nnativeSidecar: {native}\n"
+        ))
+        .unwrap()
+    }
+
+    fn pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "media-sports"},
+            "spec": {"containers": [{"name": "app", "image": "nginx"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn native_and_classic_sidecars() {
+        let native = inject(&template(true), &pod()).unwrap();
+        let spec = native.spec.unwrap();
+        let inits = spec.init_containers.unwrap();
+        assert_eq!(inits.len(), 2);
+        assert_eq!(inits[1].restart_policy.as_deref(), Some("Always"));
+        assert_eq!(spec.containers.len(), 1);
+
+        let classic = inject(&template(false), &pod()).unwrap();
+        let spec = classic.spec.unwrap();
+        assert_eq!(spec.init_containers.unwrap().len(), 1);
+        assert_eq!(spec.containers.len(), 2);
+        assert_eq!(spec.containers[1].name, REFRESH_CONTAINER);
+        assert_eq!(
+            spec.containers[1].args.as_deref(),
+            Some(&["refresh".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn skips_and_conflicts() {
+        let injected = inject(&template(true), &pod()).unwrap();
+        assert_eq!(skip_reason(&injected), Some(Skip::AlreadyInjected));
+        let mut opted = pod();
+        opted.metadata.annotations =
+            Some([(OPT_OUT_ANNOTATION.to_owned(), "false".to_owned())].into());
+        assert_eq!(skip_reason(&opted), Some(Skip::OptedOut));
+        assert_eq!(skip_reason(&pod()), None);
+
+        let mut clash: Pod = pod();
+        clash.spec.as_mut().unwrap().containers[0].volume_mounts = Some(vec![VolumeMount {
+            name: "x".into(),
+            mount_path: "/var/run/athenz".into(),
+            ..VolumeMount::default()
+        }]);
+        assert!(
+            inject(&template(true), &clash)
+                .unwrap_err()
+                .0
+                .contains("already mounts")
+        );
+        let mut named = pod();
+        named.spec.as_mut().unwrap().containers[0].name = INIT_CONTAINER.into();
+        assert!(inject(&template(true), &named).is_err());
+    }
+}

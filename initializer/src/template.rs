@@ -1,0 +1,161 @@
+//! The injection template (YAML, from a ConfigMap): what to add to pods. Validated at start with
+//! errors naming the field, so a bad ConfigMap stops the webhook instead of breaking pods.
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use serde::Deserialize;
+use std::path::Path;
+use thiserror::Error;
+
+/// The template.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Template {
+    /// Image with `athenz-sia`.
+    pub image: String,
+    /// Pull policy of that image.
+    #[serde(default)]
+    pub image_pull_policy: Option<String>,
+    /// Command that runs the SIA (its first argument is then `init` or `refresh`).
+    #[serde(default = "default_command")]
+    pub command: Vec<String>,
+    /// Where the flex volume (id + agent socket) is mounted in the SIA containers.
+    #[serde(default = "default_identity_path")]
+    pub identity_mount_path: String,
+    /// Where the credential files are mounted, in the SIA (read-write) and every app container
+    /// (read-only).
+    #[serde(default = "default_credentials_path")]
+    pub credentials_mount_path: String,
+    /// Run the refresher as a native sidecar (an init container with `restartPolicy: Always`,
+    /// Kubernetes 1.29+) instead of a classic sidecar container.
+    #[serde(default)]
+    pub native_sidecar: bool,
+    /// Give the SIA containers the pod's namespace, name and uid (POD_NAMESPACE, POD_NAME,
+    /// POD_UID) through the downward API.
+    #[serde(default = "yes")]
+    pub downward_api: bool,
+    /// Group (name or gid) the SIA gives read access to the key and ntoken.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Resources of the SIA containers.
+    #[serde(default)]
+    pub resources: Option<ResourceRequirements>,
+    /// Extra environment for the SIA containers.
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+}
+
+fn default_command() -> Vec<String> {
+    vec!["athenz-sia".into()]
+}
+fn default_identity_path() -> String {
+    "/var/athenz/identity".into()
+}
+fn default_credentials_path() -> String {
+    "/var/run/athenz".into()
+}
+fn yes() -> bool {
+    true
+}
+
+/// A template that cannot be used; names the field.
+#[derive(Debug, Error)]
+pub enum TemplateError {
+    /// The file could not be read.
+    #[error("template {path}: {reason}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// A field is invalid.
+    #[error("template field {field}: {reason}")]
+    Field {
+        /// The field.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn field(field: &'static str, reason: impl Into<String>) -> TemplateError {
+    TemplateError::Field {
+        field,
+        reason: reason.into(),
+    }
+}
+
+impl Template {
+    /// Parses and validates YAML.
+    pub fn from_yaml(text: &str) -> Result<Self, TemplateError> {
+        let template: Template = serde_saphyr::from_str(text).map_err(|e| TemplateError::Read {
+            path: "(yaml)".into(),
+            reason: e.to_string(),
+        })?;
+        template.validate()?;
+        Ok(template)
+    }
+
+    /// Reads and validates a YAML file.
+    pub fn from_file(path: &Path) -> Result<Self, TemplateError> {
+        let text = std::fs::read_to_string(path).map_err(|e| TemplateError::Read {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        Self::from_yaml(&text).map_err(|e| match e {
+            TemplateError::Read { reason, .. } => TemplateError::Read {
+                path: path.display().to_string(),
+                reason,
+            },
+            other => other,
+        })
+    }
+
+    fn validate(&self) -> Result<(), TemplateError> {
+        if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
+            return Err(field("image", "must be an image reference"));
+        }
+        if let Some(policy) = &self.image_pull_policy
+            && !["Always", "IfNotPresent", "Never"].contains(&policy.as_str())
+        {
+            return Err(field(
+                "imagePullPolicy",
+                "must be Always, IfNotPresent or Never",
+            ));
+        }
+        if self.command.is_empty() || self.command.iter().any(|c| c.is_empty()) {
+            return Err(field("command", "must name the SIA program"));
+        }
+        for (name, path) in [
+            ("identityMountPath", &self.identity_mount_path),
+            ("credentialsMountPath", &self.credentials_mount_path),
+        ] {
+            let normal = path.starts_with('/')
+                && path.len() > 1
+                && !path.ends_with('/')
+                && !path
+                    .split('/')
+                    .skip(1)
+                    .any(|c| c.is_empty() || c == "." || c == "..");
+            if !normal {
+                return Err(field(
+                    name,
+                    format!("{path:?} must be an absolute, normalised path"),
+                ));
+            }
+        }
+        let (a, b) = (&self.identity_mount_path, &self.credentials_mount_path);
+        if a == b || a.starts_with(&format!("{b}/")) || b.starts_with(&format!("{a}/")) {
+            return Err(field(
+                "credentialsMountPath",
+                "must not overlap identityMountPath",
+            ));
+        }
+        if let Some(group) = &self.group
+            && group.trim().is_empty()
+        {
+            return Err(field("group", "must not be empty"));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,498 @@
+//! The webhook over real TLS with AdmissionReviews shaped exactly as the API server sends them:
+//! the returned patch, applied with json-patch to the original object, adds exactly the identity
+//! pieces and changes nothing else; skips, refusals and malformed reviews.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_core::daemon::Shutdown;
+use athenz_initializer::Config;
+use athenz_testbed::pki::{CertAuthority, LeafSpec};
+use base64::Engine;
+use clap::Parser;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// A pod as the ReplicaSet controller creates it, in a review as the API server sends it
+/// (shape from the Kubernetes "Dynamic Admission Control" documentation).
+fn review(uid: &str, operation: &str, namespace: &str, object: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "",
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "uid": "a7e0b5c2-1111-4222-8333-444455556666",
+                "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]
+            },
+            "object": object,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+fn pod_object(namespace: &str) -> Value {
+    json!({
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "generateName": "web-7d9f-",
+            "namespace": namespace,
+            "labels": {"app": "web", "pod-template-hash": "7d9f"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f",
+                "uid": "5d3f0a7e-1111-4222-8333-444455556666", "controller": true, "blockOwnerDeletion": true}]
+        },
+        "spec": {
+            "volumes": [{"name": "kube-api-access-abcde", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}], "defaultMode": 420}}],
+            "initContainers": [{"name": "migrate", "image": "migrate:1", "resources": {},
+                "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent"}],
+            "containers": [
+                {"name": "web", "image": "nginx:1.27", "ports": [{"containerPort": 80, "protocol": "TCP"}],
+                 "resources": {}, "volumeMounts": [{"name": "kube-api-access-abcde", "readOnly": true,
+                 "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                 "imagePullPolicy": "IfNotPresent"},
+                {"name": "log-shipper", "image": "fluent-bit:3", "resources": {},
+                 "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+                 "imagePullPolicy": "IfNotPresent"}
+            ],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "web",
+            "serviceAccount": "web",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                "effect": "NoExecute", "tolerationSeconds": 300}],
+            "priority": 0,
+            "enableServiceLinks": true,
+            "preemptionPolicy": "PreemptLowerPriority"
+        },
+        "status": {}
+    })
+}
+
+const TEMPLATE: &str = r#"
+image: registry.example/athenz-k8s-identity:1.0
+imagePullPolicy: IfNotPresent
+command: [athenz-sia]
+nativeSidecar: NATIVE
+group: "1001"
+resources:
+  requests: {cpu: 10m, memory: 16Mi}
+  limits: {memory: 32Mi}
+"#;
+
+struct Webhook {
+    url: String,
+    ca: CertAuthority,
+    shutdown: Shutdown,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Webhook {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+    }
+}
+
+async fn start(native: bool) -> Webhook {
+    athenz_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("template.yaml");
+    std::fs::write(&template, TEMPLATE.replace("NATIVE", &native.to_string())).unwrap();
+    let ca = CertAuthority::new_root("Webhook Root").unwrap();
+    let files = ca
+        .write_service_cert(
+            dir.path(),
+            "webhook",
+            &LeafSpec {
+                ip_addresses: vec![[127, 0, 0, 1].into()],
+                ..LeafSpec::service("athenz-initializer.athenz-system.svc", &[])
+            },
+        )
+        .unwrap();
+    let config = Config::try_parse_from([
+        "athenz-initializer",
+        "--listen=127.0.0.1:0",
+        "--ops-listen=127.0.0.1:0",
+        &format!("--tls-cert={}", files.cert.display()),
+        &format!("--tls-key={}", files.key.display()),
+        &format!("--template={}", template.display()),
+    ])
+    .unwrap();
+    let shutdown = Shutdown::new();
+    let (bound, _) = athenz_initializer::start(config, shutdown.clone())
+        .await
+        .unwrap();
+    Webhook {
+        url: format!("https://127.0.0.1:{}/mutate", bound.api.port()),
+        ca,
+        shutdown,
+        _dir: dir,
+    }
+}
+
+impl Webhook {
+    async fn post(&self, body: Vec<u8>) -> (u16, Value) {
+        let ca = reqwest::Certificate::from_pem(self.ca.root_pem().as_bytes()).unwrap();
+        let client = reqwest::Client::builder()
+            .tls_certs_only([ca])
+            .build()
+            .unwrap();
+        let resp = client.post(&self.url).body(body).send().await.unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn review(&self, review: &Value) -> Value {
+        let (status, body) = self.post(serde_json::to_vec(review).unwrap()).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(body["kind"], "AdmissionReview");
+        assert_eq!(body["response"]["uid"], review["request"]["uid"]);
+        body["response"].clone()
+    }
+}
+
+fn apply(response: &Value, object: &Value) -> Value {
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response["patchType"], "JSONPatch");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+    let mut patched = object.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    patched
+}
+
+fn assert_no_patch(response: &Value) {
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("patch").is_none(), "{response}");
+    assert!(response.get("patchType").is_none(), "{response}");
+}
+
+#[tokio::test]
+async fn injects_exactly_the_identity_and_nothing_else() {
+    let w = start(true).await;
+    let original = pod_object("media-sports");
+    let response = w
+        .review(&review(
+            "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "CREATE",
+            "media-sports",
+            original.clone(),
+        ))
+        .await;
+    let patched = apply(&response, &original);
+    // the result is a valid Pod
+    let pod: Pod = serde_json::from_value(patched.clone()).unwrap();
+    let spec = pod.spec.as_ref().unwrap();
+
+    let volumes = spec.volumes.as_ref().unwrap();
+    assert_eq!(volumes.len(), 3);
+    let flex = volumes[1].flex_volume.as_ref().unwrap();
+    assert_eq!(
+        (
+            volumes[1].name.as_str(),
+            flex.driver.as_str(),
+            flex.read_only
+        ),
+        ("athenz-identity", "athenz/volume-driver", Some(true))
+    );
+    assert_eq!(volumes[2].name, "athenz-credentials");
+    assert_eq!(
+        volumes[2].empty_dir.as_ref().unwrap().medium.as_deref(),
+        Some("Memory")
+    );
+
+    let inits = spec.init_containers.as_ref().unwrap();
+    let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["athenz-sia-init", "athenz-sia-refresh", "migrate"]);
+    assert_eq!(inits[0].args.as_deref(), Some(&["init".to_owned()][..]));
+    assert_eq!(inits[1].args.as_deref(), Some(&["refresh".to_owned()][..]));
+    assert_eq!(inits[1].restart_policy.as_deref(), Some("Always"));
+    assert_eq!(inits[0].restart_policy, None);
+    let env: Vec<(String, Option<String>, Option<String>)> = inits[0]
+        .env
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e.name.clone(),
+                e.value.clone(),
+                e.value_from
+                    .as_ref()
+                    .and_then(|v| v.field_ref.as_ref())
+                    .map(|f| f.field_path.clone()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env,
+        [
+            (
+                "ID_FILE".into(),
+                Some("/var/athenz/identity/id".into()),
+                None
+            ),
+            (
+                "ENDPOINT".into(),
+                Some("/var/athenz/identity/connect/agent.sock".into()),
+                None
+            ),
+            ("OUT_DIR".into(), Some("/var/run/athenz".into()), None),
+            ("GROUP".into(), Some("1001".into()), None),
+            (
+                "POD_NAMESPACE".into(),
+                None,
+                Some("metadata.namespace".into())
+            ),
+            ("POD_NAME".into(), None, Some("metadata.name".into())),
+            ("POD_UID".into(), None, Some("metadata.uid".into())),
+        ]
+    );
+    let sia_mounts = inits[0].volume_mounts.as_ref().unwrap();
+    assert_eq!(sia_mounts[0].mount_path, "/var/athenz/identity");
+    assert_eq!(sia_mounts[0].read_only, Some(true));
+    assert_eq!(sia_mounts[1].mount_path, "/var/run/athenz");
+    assert_eq!(sia_mounts[1].read_only, None);
+    for c in &spec.containers {
+        let last = c.volume_mounts.as_ref().unwrap().last().unwrap();
+        assert_eq!(
+            (last.name.as_str(), last.mount_path.as_str(), last.read_only),
+            ("athenz-credentials", "/var/run/athenz", Some(true)),
+            "{}",
+            c.name
+        );
+    }
+
+    // nothing else changed: strip exactly the additions and get the original back, byte for byte
+    let mut stripped = patched.clone();
+    let spec = stripped["spec"].as_object_mut().unwrap();
+    spec.get_mut("volumes")
+        .unwrap()
+        .as_array_mut()
+        .unwrap()
+        .truncate(1);
+    spec.get_mut("initContainers")
+        .unwrap()
+        .as_array_mut()
+        .unwrap()
+        .drain(0..2);
+    let containers = spec.get_mut("containers").unwrap().as_array_mut().unwrap();
+    let web_mounts = containers[0]["volumeMounts"].as_array_mut().unwrap();
+    web_mounts.pop();
+    containers[1]
+        .as_object_mut()
+        .unwrap()
+        .remove("volumeMounts");
+    assert_eq!(stripped, original);
+
+    // a second pass over the injected pod changes nothing
+    let second = w
+        .review(&review("uid-2", "CREATE", "media-sports", patched))
+        .await;
+    assert_no_patch(&second);
+}
+
+#[tokio::test]
+async fn classic_sidecar_is_a_container() {
+    let w = start(false).await;
+    let original = pod_object("media-sports");
+    let patched = apply(
+        &w.review(&review("uid-c", "CREATE", "media-sports", original.clone()))
+            .await,
+        &original,
+    );
+    let pod: Pod = serde_json::from_value(patched).unwrap();
+    let spec = pod.spec.unwrap();
+    let inits: Vec<String> = spec
+        .init_containers
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(inits, ["athenz-sia-init", "migrate"]);
+    let containers: Vec<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
+    assert_eq!(containers, ["web", "log-shipper", "athenz-sia-refresh"]);
+    // the refresher does not mount the credentials read-only: it writes them
+    let refresher = &spec.containers[2];
+    assert!(
+        refresher
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|m| m.read_only != Some(true) || m.name == "athenz-identity")
+    );
+}
+
+#[tokio::test]
+async fn pods_that_did_not_ask_are_left_alone() {
+    let w = start(true).await;
+    let mut opted_out = pod_object("media-sports");
+    opted_out["metadata"]["annotations"] = json!({"athenz.io/identity": "false"});
+    assert_no_patch(
+        &w.review(&review("u1", "CREATE", "media-sports", opted_out))
+            .await,
+    );
+    assert_no_patch(
+        &w.review(&review(
+            "u2",
+            "CREATE",
+            "kube-system",
+            pod_object("kube-system"),
+        ))
+        .await,
+    );
+    assert_no_patch(
+        &w.review(&review(
+            "u3",
+            "UPDATE",
+            "media-sports",
+            pod_object("media-sports"),
+        ))
+        .await,
+    );
+    let mut deployment = review(
+        "u4",
+        "CREATE",
+        "media-sports",
+        json!({"kind": "Deployment"}),
+    );
+    deployment["request"]["kind"] = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+    assert_no_patch(&w.review(&deployment).await);
+    // "true" or any other value is not an opt-out
+    let mut opted_in = pod_object("media-sports");
+    opted_in["metadata"]["annotations"] = json!({"athenz.io/identity": "true"});
+    let response = w
+        .review(&review("u5", "CREATE", "media-sports", opted_in))
+        .await;
+    assert_eq!(response["patchType"], "JSONPatch");
+}
+
+#[tokio::test]
+async fn a_pod_that_cannot_be_patched_is_refused_with_a_reason() {
+    let w = start(true).await;
+    let mut clash = pod_object("media-sports");
+    clash["spec"]["containers"][0]["volumeMounts"] =
+        json!([{"name": "x", "mountPath": "/var/run/athenz"}]);
+    let response = w
+        .review(&review("u6", "CREATE", "media-sports", clash))
+        .await;
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("already mounts something at /var/run/athenz"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn malformed_reviews_are_400_and_huge_ones_413() {
+    let w = start(true).await;
+    let good = review("u7", "CREATE", "media-sports", pod_object("media-sports"));
+    let mut wrong_version = good.clone();
+    wrong_version["apiVersion"] = "admission.k8s.io/v1beta1".into();
+    let mut no_uid = good.clone();
+    no_uid["request"].as_object_mut().unwrap().remove("uid");
+    let mut empty_uid = good.clone();
+    empty_uid["request"]["uid"] = "".into();
+    let mut not_a_pod = good.clone();
+    not_a_pod["request"]["object"] = json!({"spec": {"containers": "nope"}});
+    for (body, needle) in [
+        (b"{".to_vec(), "not an AdmissionReview"),
+        (
+            serde_json::to_vec(&wrong_version).unwrap(),
+            "admission.k8s.io/v1",
+        ),
+        (serde_json::to_vec(&no_uid).unwrap(), "uid"),
+        (serde_json::to_vec(&empty_uid).unwrap(), "no uid"),
+        (serde_json::to_vec(&not_a_pod).unwrap(), "not a Pod"),
+        (b"[]".to_vec(), "not an AdmissionReview"),
+    ] {
+        let (status, body) = w.post(body).await;
+        assert_eq!(status, 400, "{needle}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains(needle),
+            "{needle}: {body}"
+        );
+    }
+    let mut huge = good.clone();
+    huge["request"]["object"]["metadata"]["annotations"] =
+        json!({"big": "x".repeat(3 * 1024 * 1024)});
+    let (status, body) = w.post(serde_json::to_vec(&huge).unwrap()).await;
+    assert_eq!(status, 413, "{body}");
+}
+
+#[tokio::test]
+async fn tls_is_required_and_templates_are_checked_at_start() {
+    let w = start(true).await;
+    let plain = w.url.replace("https://", "http://");
+    let result = reqwest::Client::new()
+        .post(&plain)
+        .timeout(Duration::from_secs(5))
+        .body("{}")
+        .send()
+        .await;
+    assert!(
+        result.is_err() || !result.unwrap().status().is_success(),
+        "plain HTTP was served"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let files =
+        w.ca.write_service_cert(dir.path(), "wh", &LeafSpec::service("wh", &[]))
+            .unwrap();
+    for (yaml, needle) in [
+        ("image: x\nunknownField: 1\n", "unknown field"),
+        ("image: ''\n", "template field image"),
+        (
+            "image: x\ncredentialsMountPath: relative/path\n",
+            "template field credentialsMountPath",
+        ),
+        (
+            "image: x\nidentityMountPath: /a\ncredentialsMountPath: /a/b\n",
+            "credentialsMountPath",
+        ),
+        ("image: x\nimagePullPolicy: Sometimes\n", "imagePullPolicy"),
+        ("image: [1, 2\n", "template"),
+    ] {
+        let template = dir.path().join("t.yaml");
+        std::fs::write(&template, yaml).unwrap();
+        let config = Config::try_parse_from([
+            "athenz-initializer",
+            "--listen=127.0.0.1:0",
+            "--ops-listen=127.0.0.1:0",
+            &format!("--tls-cert={}", files.cert.display()),
+            &format!("--tls-key={}", files.key.display()),
+            &format!("--template={}", template.display()),
+        ])
+        .unwrap();
+        let err = athenz_initializer::start(config, Shutdown::new())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("--template (TEMPLATE_FILE)") && err.contains(needle),
+            "{needle}: {err}"
+        );
+    }
+}
