@@ -496,3 +496,22 @@ async fn tls_is_required_and_templates_are_checked_at_start() {
         );
     }
 }
+
+/// The template shipped in deploy/ is valid.
+#[test]
+fn the_deployed_template_is_valid() {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/initializer/template.yaml"
+    ))
+    .unwrap();
+    let data = manifest.split("template.yaml: |\n").nth(1).unwrap();
+    let yaml: String = data
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let template = athenz_initializer::template::Template::from_yaml(&yaml).unwrap();
+    assert!(template.native_sidecar);
+    assert_eq!(template.credentials_mount_path, "/var/run/athenz");
+}
