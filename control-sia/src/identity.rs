@@ -136,7 +136,10 @@ impl ControlSia {
                 ca_pem: &issued.ca_pem,
                 ntoken,
             },
-            self.loaded.gid,
+            self.loaded.gid.map(|gid| athenz_core::files::Owner {
+                uid: None,
+                gid: Some(gid),
+            }),
         )?;
         Ok(())
     }

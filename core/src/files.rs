@@ -299,15 +299,19 @@ pub struct Credentials<'a> {
     pub ntoken: &'a crate::secret::Secret,
 }
 
-/// Writes `creds` into `set` as one atomic set: `service.key.pem` and `ntoken` 0600 (0640 and
-/// group-owned when `group` is given, so a non-root app in that group can read them),
-/// `service.cert.pem` and `ca.cert.pem` 0644.
+/// Writes `creds` into `set` as one atomic set: `service.key.pem` and `ntoken` 0600 (0640 when a
+/// group is given, so a non-root app in that group can read them), `service.cert.pem` and
+/// `ca.cert.pem` 0644; everything owned by `owner` when given.
 pub fn write_credentials(
     set: &FileSet,
     creds: &Credentials<'_>,
-    group: Option<u32>,
+    owner: Option<Owner>,
 ) -> Result<(), FilesError> {
-    let secret_mode = if group.is_some() { 0o640 } else { 0o600 };
+    let secret_mode = if owner.is_some_and(|o| o.gid.is_some()) {
+        0o640
+    } else {
+        0o600
+    };
     let mut files = Vec::with_capacity(4);
     if let Some(key) = creds.key_pem {
         files.push(FileSpec {
@@ -330,10 +334,6 @@ pub fn write_credentials(
         name: NTOKEN_FILE,
         contents: creds.ntoken.expose().as_bytes(),
         mode: secret_mode,
-    });
-    let owner = group.map(|gid| Owner {
-        uid: None,
-        gid: Some(gid),
     });
     set.write(&files, owner)
 }
@@ -545,7 +545,11 @@ mod tests {
             [0o600, 0o644, 0o644, 0o600]
         );
         let gid = fs::metadata(tmp.path()).unwrap().gid();
-        write_credentials(&set, &creds, Some(gid)).unwrap();
+        let owner = Owner {
+            uid: None,
+            gid: Some(gid),
+        };
+        write_credentials(&set, &creds, Some(owner)).unwrap();
         assert_eq!([mode(KEY_FILE), mode(NTOKEN_FILE)], [0o640, 0o640]);
         let without_key = Credentials {
             key_pem: None,

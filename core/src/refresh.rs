@@ -107,8 +107,8 @@ impl Backoff {
     }
 }
 
-/// Parses a duration setting: a number with a unit `s`, `m`, `h` or `d` (`90s`, `30m`, `24h`,
-/// `7d`), or a bare number of seconds. Zero is refused: every wait here must be positive.
+/// Parses a duration setting: a number with a unit `ms`, `s`, `m`, `h` or `d` (`500ms`, `90s`,
+/// `30m`, `24h`, `7d`), or a bare number of seconds. Zero is refused: every wait here must be positive.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
@@ -118,6 +118,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let n: u64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration like 90s, 30m, 24h or 7d"))?;
+    if unit == "ms" {
+        if n == 0 {
+            return Err(format!("{text:?} must be longer than zero"));
+        }
+        return Ok(Duration::from_millis(n));
+    }
     let secs = match unit {
         "s" => Some(n),
         "m" => n.checked_mul(60),
@@ -265,6 +271,8 @@ mod tests {
         assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86_400));
         assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
         assert_eq!(parse_duration("15").unwrap(), Duration::from_secs(15));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("0ms").is_err());
         for bad in [
             "",
             "h",

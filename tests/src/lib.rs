@@ -7,12 +7,14 @@
 //! | [`fixtures`] | the sample pod every test talks about |
 //! | [`pki`] | root and intermediate CAs; service certificates for generated keys or CSRs |
 //! | [`kube_api`] | the Kubernetes API stand-in |
+//! | [`kubelet`] | the kubelet stand-in (`GET /pods`) |
 //! | [`zts`] | the development ZTS |
 //! | [`provider_stub`] | a scripted instance provider that records what ZTS sent it |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
 pub mod fixtures;
 pub mod kube_api;
+pub mod kubelet;
 pub mod openssl;
 pub mod pki;
 pub mod provider_stub;

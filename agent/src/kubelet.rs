@@ -1,0 +1,120 @@
+//! The node's pods, from the kubelet's `GET /pods`: one cached list per node, refreshed by one
+//! caller at a time (others wait for that answer instead of asking again), and a bounded wait for a
+//! pod the kubelet has not listed yet.
+
+use athenz_core::client::{error_chain, read_limited};
+use k8s_openapi::api::core::v1::Pod;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// Largest pod list read (a node of 110 pods lists in well under 4 MiB).
+const MAX_POD_LIST: usize = 16 * 1024 * 1024;
+/// Least time between two refreshes forced by a missing pod.
+const MIN_FORCED_REFRESH: Duration = Duration::from_millis(200);
+
+/// The kubelet could not be asked.
+#[derive(Debug, thiserror::Error)]
+#[error("kubelet: {0}")]
+pub struct KubeletError(pub String);
+
+#[derive(serde::Deserialize)]
+struct PodList {
+    items: Vec<Pod>,
+}
+
+/// The cached pod list of this node.
+pub struct PodCache {
+    client: reqwest::Client,
+    url: String,
+    token: Option<String>,
+    ttl: Duration,
+    cached: Mutex<Option<(Instant, Arc<Vec<Pod>>)>>,
+}
+
+impl PodCache {
+    /// A cache of `<kubelet_url>/pods`, fresh for `ttl`.
+    pub fn new(
+        client: reqwest::Client,
+        kubelet_url: &str,
+        token: Option<String>,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            client,
+            url: format!("{}/pods", kubelet_url.trim_end_matches('/')),
+            token,
+            ttl,
+            cached: Mutex::new(None),
+        }
+    }
+
+    async fn fetch(&self) -> Result<Vec<Pod>, KubeletError> {
+        let mut req = self.client.get(&self.url);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| KubeletError(error_chain(&e)))?;
+        let status = resp.status();
+        let body = read_limited(resp, MAX_POD_LIST)
+            .await
+            .map_err(|e| KubeletError(e.to_string()))?;
+        if !status.is_success() {
+            return Err(KubeletError(format!("GET /pods answered {status}")));
+        }
+        serde_json::from_slice::<PodList>(&body)
+            .map(|l| l.items)
+            .map_err(|e| KubeletError(format!("unreadable pod list: {e}")))
+    }
+
+    /// The pod list, at most `max_age` old. One caller refreshes; concurrent callers wait for it.
+    pub async fn pods(&self, max_age: Duration) -> Result<Arc<Vec<Pod>>, KubeletError> {
+        let mut cached = self.cached.lock().await;
+        if let Some((at, pods)) = cached.as_ref()
+            && at.elapsed() <= max_age
+        {
+            return Ok(Arc::clone(pods));
+        }
+        let pods = Arc::new(self.fetch().await?);
+        *cached = Some((Instant::now(), Arc::clone(&pods)));
+        Ok(pods)
+    }
+
+    /// Pods held now (for the cache-size metric).
+    pub async fn cached_pods(&self) -> usize {
+        self.cached
+            .lock()
+            .await
+            .as_ref()
+            .map_or(0, |(_, p)| p.len())
+    }
+
+    /// Finds the pod `namespace/name`, waiting up to `wait` for the kubelet to list it.
+    pub async fn find(
+        &self,
+        namespace: &str,
+        name: &str,
+        wait: Duration,
+    ) -> Result<Option<Pod>, KubeletError> {
+        let deadline = Instant::now() + wait;
+        let mut max_age = self.ttl;
+        loop {
+            let pods = self.pods(max_age).await?;
+            let found = pods.iter().find(|p| {
+                p.metadata.namespace.as_deref() == Some(namespace)
+                    && p.metadata.name.as_deref() == Some(name)
+            });
+            if let Some(pod) = found {
+                return Ok(Some(pod.clone()));
+            }
+            if Instant::now() + MIN_FORCED_REFRESH > deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(MIN_FORCED_REFRESH).await;
+            max_age = MIN_FORCED_REFRESH;
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! `athenz-identity-agent`: the node daemon (DESIGN.md 4.2). Pods reach it through the socket the
+//! flex driver binds into their volume; for each volume it finds the pod in the kubelet's list,
+//! gets an identity JWT from the jwt-service, makes a key and CSR, and registers or refreshes the
+//! instance with ZTS.
+
+pub mod install;
+pub mod kubelet;
+pub mod service;
+
+use athenz_core::crypto::KeyAlgorithm;
+use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
+use athenz_core::http::{HttpMetrics, Listener, Readiness, Server, ServerLimits};
+use athenz_core::names::DomainMapper;
+use athenz_core::tls::{self, ClientIdentity, ReloadingIdentity};
+use athenz_core::volume::{AGENT_SOCKET_NAME, VolumesDir};
+use athenz_core::zts::{ZtsClient, ZtsClientConfig};
+use clap::Parser;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Command line of `athenz-identity-agent`; every flag has an environment fallback.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "athenz-identity-agent",
+    version,
+    about = "Node agent issuing Athenz identities to pods"
+)]
+pub struct Config {
+    /// Directory of the socket (bound into every pod by the flex driver).
+    #[arg(long, env = "ATHENZ_AGENT_DIR", default_value = athenz_core::volume::DEFAULT_AGENT_DIR)]
+    pub agent_dir: PathBuf,
+    /// Directory of the volumes the flex driver makes.
+    #[arg(long, env = "ATHENZ_VOLUMES_DIR", default_value = athenz_core::volume::DEFAULT_VOLUMES_DIR)]
+    pub volumes_dir: PathBuf,
+    /// Kubelet base URL: https://<node>:10250 (with --kubelet-ca and a token or the node certificate) or the read-only http://127.0.0.1:10255.
+    #[arg(long, env = "KUBELET_URL")]
+    pub kubelet_url: String,
+    /// CA bundle of the kubelet's serving certificate (https).
+    #[arg(long, env = "KUBELET_CA_FILE")]
+    pub kubelet_ca: Option<PathBuf>,
+    /// Bearer token file for the kubelet (e.g. the service-account token).
+    #[arg(long, env = "KUBELET_TOKEN_FILE")]
+    pub kubelet_token: Option<PathBuf>,
+    /// How long the kubelet's pod list is reused.
+    #[arg(long, env = "KUBELET_CACHE_TTL", default_value = "1s", value_parser = athenz_core::refresh::parse_duration)]
+    pub kubelet_cache_ttl: Duration,
+    /// How long to wait for the kubelet to list a pod it has not listed yet.
+    #[arg(long, env = "POD_WAIT", default_value = "5s", value_parser = athenz_core::refresh::parse_duration)]
+    pub pod_wait: Duration,
+    /// jwt-service base URL (https).
+    #[arg(long, env = "JWT_SERVICE_URL")]
+    pub jwt_service_url: String,
+    /// The node's certificate (PEM; its client identity to the jwt-service), reloaded when it changes.
+    #[arg(long, env = "NODE_CERT_FILE")]
+    pub node_cert: PathBuf,
+    /// The node's key.
+    #[arg(long, env = "NODE_KEY_FILE")]
+    pub node_key: PathBuf,
+    /// CA bundle verifying the jwt-service.
+    #[arg(long, env = "JWT_SERVICE_CA_FILE")]
+    pub jwt_service_ca: PathBuf,
+    /// ZTS base URL ending in /zts/v1.
+    #[arg(long, env = "ZTS_URL")]
+    pub zts_url: String,
+    /// CA bundle verifying ZTS.
+    #[arg(long, env = "ZTS_CA_FILE")]
+    pub zts_ca: PathBuf,
+    /// Our provider name.
+    #[arg(long, env = "PROVIDER")]
+    pub provider: String,
+    /// SAN DNS suffix.
+    #[arg(long, env = "DNS_SUFFIX")]
+    pub dns_suffix: String,
+    /// Athenz domain of system namespaces.
+    #[arg(long, env = "ADMIN_DOMAIN")]
+    pub admin_domain: String,
+    /// System namespaces besides kube-*, comma-separated.
+    #[arg(long, env = "SYSTEM_NAMESPACES", value_delimiter = ',')]
+    pub system_namespaces: Vec<String>,
+    /// Cluster DNS domain; when set, `<service>.<namespace>.svc.<domain>` is looked up for a service IP SAN.
+    #[arg(long, env = "CLUSTER_DOMAIN")]
+    pub cluster_domain: Option<String>,
+    /// Key type for pods: p256 or rsa2048.
+    #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
+    pub key_algorithm: KeyAlgorithm,
+    /// Most ZTS calls in flight.
+    #[arg(long, env = "MAX_ZTS_CALLS", default_value_t = 8)]
+    pub max_zts_calls: usize,
+    /// Time allowed for one upstream call (kubelet, jwt-service, ZTS).
+    #[arg(long, env = "UPSTREAM_TIMEOUT", default_value = "10s", value_parser = athenz_core::refresh::parse_duration)]
+    pub upstream_timeout: Duration,
+    /// Driver binary to install into the flex plugin dir at start.
+    #[arg(long, env = "DRIVER_SOURCE")]
+    pub driver_source: Option<PathBuf>,
+    /// Kubelet's flex volume plugin dir.
+    #[arg(
+        long,
+        env = "FLEX_PLUGIN_DIR",
+        default_value = "/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
+    )]
+    pub flex_plugin_dir: PathBuf,
+    /// Operations endpoint and logging.
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+fn read_cas(
+    path: &std::path::Path,
+    setting: &'static str,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, StartError> {
+    tls::read_certs_file(path).map_err(|e| StartError::new(setting, e))
+}
+
+/// Where a started agent listens.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// The socket.
+    pub socket: PathBuf,
+    /// /healthz, /readyz, /metrics.
+    pub ops: std::net::SocketAddr,
+}
+
+/// Starts the agent; it serves until `shutdown` is triggered, then removes its socket.
+pub async fn start(
+    config: Config,
+    shutdown: Shutdown,
+) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
+    let mapper = DomainMapper::new(
+        &config.admin_domain,
+        config
+            .system_namespaces
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned(),
+    )
+    .map_err(|e| StartError::new("--admin-domain/--system-namespaces", e))?;
+    athenz_core::names::validate_provider("provider", &config.provider)
+        .map_err(|e| StartError::new("--provider (PROVIDER)", e))?;
+    athenz_core::names::validate_dns_name("dns suffix", &config.dns_suffix)
+        .map_err(|e| StartError::new("--dns-suffix (DNS_SUFFIX)", e))?;
+    let node = ReloadingIdentity::load(&config.node_cert, &config.node_key)
+        .map_err(|e| StartError::new("--node-cert/--node-key (NODE_CERT_FILE/NODE_KEY_FILE)", e))?;
+    let jwt_tls = tls::client_config(
+        &read_cas(
+            &config.jwt_service_ca,
+            "--jwt-service-ca (JWT_SERVICE_CA_FILE)",
+        )?,
+        Some(ClientIdentity::Reloading(node.clone())),
+    )
+    .map_err(|e| StartError::new("--jwt-service-ca (JWT_SERVICE_CA_FILE)", e))?;
+    let jwt_client = reqwest::Client::builder()
+        .tls_backend_preconfigured(jwt_tls)
+        .timeout(config.upstream_timeout)
+        .build()
+        .map_err(|e| StartError::new("--jwt-service-url (JWT_SERVICE_URL)", e))?;
+    let zts = ZtsClient::new(ZtsClientConfig {
+        url: config.zts_url.clone(),
+        ca_certs: read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
+        timeout: config.upstream_timeout,
+        connect_timeout: config.upstream_timeout.min(Duration::from_secs(5)),
+    })
+    .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
+    let kubelet_client = {
+        let mut b = reqwest::Client::builder().timeout(config.upstream_timeout);
+        if let Some(ca) = &config.kubelet_ca {
+            let cas = read_cas(ca, "--kubelet-ca (KUBELET_CA_FILE)")?;
+            let tls = tls::client_config(&cas, Some(ClientIdentity::Reloading(node.clone())))
+                .map_err(|e| StartError::new("--kubelet-ca (KUBELET_CA_FILE)", e))?;
+            b = b.tls_backend_preconfigured(tls);
+        }
+        b.build()
+            .map_err(|e| StartError::new("--kubelet-url (KUBELET_URL)", e))?
+    };
+    let token = match &config.kubelet_token {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| {
+                    StartError::new(
+                        "--kubelet-token (KUBELET_TOKEN_FILE)",
+                        format!("{}: {e}", path.display()),
+                    )
+                })?
+                .trim()
+                .to_owned(),
+        ),
+        None => None,
+    };
+    if let Some(source) = &config.driver_source {
+        match install::install_driver(source, &config.flex_plugin_dir) {
+            Ok(true) => {
+                tracing::info!(dir = %config.flex_plugin_dir.display(), "installed the volume driver")
+            }
+            Ok(false) => {}
+            Err(e) => return Err(StartError::new("--driver-source/--flex-plugin-dir", e)),
+        }
+    }
+    let volumes = VolumesDir::new(&config.volumes_dir);
+    volumes
+        .ensure()
+        .map_err(|e| StartError::new("--volumes-dir (ATHENZ_VOLUMES_DIR)", e))?;
+
+    // The socket: a stale one from a crashed run is removed; pods of any uid may connect.
+    std::fs::create_dir_all(&config.agent_dir)
+        .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
+    let socket = config.agent_dir.join(AGENT_SOCKET_NAME);
+    match std::fs::remove_file(&socket) {
+        Ok(()) => tracing::info!(socket = %socket.display(), "removed a stale socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(StartError::new(
+                "--agent-dir (ATHENZ_AGENT_DIR)",
+                format!("{}: {e}", socket.display()),
+            ));
+        }
+    }
+    let listener = tokio::net::UnixListener::bind(&socket).map_err(|e| {
+        StartError::new(
+            "--agent-dir (ATHENZ_AGENT_DIR)",
+            format!("{}: {e}", socket.display()),
+        )
+    })?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
+        .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
+    let ops_listener = config.ops.bind().await?;
+    let bound = Bound {
+        socket: socket.clone(),
+        ops: ops_listener
+            .local_addr()
+            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
+    };
+
+    let agent = Arc::new(service::Agent {
+        volumes,
+        pods: kubelet::PodCache::new(
+            kubelet_client,
+            &config.kubelet_url,
+            token,
+            config.kubelet_cache_ttl,
+        ),
+        pod_wait: config.pod_wait,
+        mapper,
+        provider: config.provider.clone(),
+        dns_suffix: config.dns_suffix.clone(),
+        cluster_domain: config.cluster_domain.clone(),
+        key_algorithm: config.key_algorithm,
+        jwt_client,
+        jwt_url: service::jwt_url(&config.jwt_service_url),
+        zts,
+        zts_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
+        locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+    });
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
+    let http_metrics = HttpMetrics::register(&mut registry);
+    let readiness = Readiness::default();
+    readiness.set(true);
+    let registry = Arc::new(registry);
+    tracing::info!(socket = %socket.display(), ops = %bound.ops, "agent listening");
+    let task = tokio::spawn(async move {
+        let watcher = node.spawn_watcher(Duration::from_secs(10));
+        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
+            ops_listener,
+            registry,
+            readiness,
+            shutdown.wait(),
+        ));
+        Server::new(
+            Listener::Unix(listener),
+            Arc::new(service::AgentHandler { agent }),
+        )
+        .with_limits(ServerLimits::default())
+        .with_metrics(http_metrics)
+        .serve(shutdown.wait())
+        .await;
+        watcher.abort();
+        let _ = std::fs::remove_file(&socket);
+        let _ = ops.await;
+    });
+    Ok((bound, task))
+}

@@ -1,0 +1,510 @@
+//! The agent's socket API (DESIGN.md 4.2): `POST /v1/init/{id}`, `POST /v1/refresh/{id}`,
+//! `GET /healthz`. Every id is parsed before any file is touched; calls for one id are serialised;
+//! ZTS calls across ids are bounded.
+
+use crate::kubelet::PodCache;
+use athenz_core::agent_api::{AgentRoute, IdentityResponse, RefreshRequest};
+use athenz_core::crypto::{
+    CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert, pem_certificates,
+};
+use athenz_core::http::{
+    Body, ConnInfo, Handler, Peer, error_response, json_response, unavailable_response,
+};
+use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
+use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
+use athenz_core::secret::Secret;
+use athenz_core::subject::PodSubject;
+use athenz_core::tls::{self, ClientIdentity};
+use athenz_core::volume::{
+    VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumesDir, read_json_file,
+    write_json_file,
+};
+use athenz_core::zts::{
+    InstanceIdentity, InstanceRef, InstanceRefreshInformation, InstanceRegisterInformation,
+    ZtsClient, ZtsError,
+};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, Semaphore};
+
+/// How long a client is told to wait before retrying a transient failure.
+const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// Inits of one volume within this time of a successful one get that answer instead of a new
+/// registration: concurrent callers (an init container retried by kubelet while the first call is
+/// still running) see one consistent identity, and ZTS sees one register.
+const COALESCE: Duration = Duration::from_secs(5);
+
+/// A failed call: status and message.
+#[derive(Debug)]
+pub struct Failure {
+    status: StatusCode,
+    message: String,
+}
+
+fn fail(status: StatusCode, message: impl Into<String>) -> Failure {
+    Failure {
+        status,
+        message: message.into(),
+    }
+}
+
+impl Failure {
+    fn into_response(self) -> Response<Body> {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            unavailable_response(self.message, RETRY_AFTER)
+        } else {
+            error_response(self.status, self.message)
+        }
+    }
+}
+
+fn zts_failure(e: ZtsError) -> Failure {
+    match &e {
+        ZtsError::Rejected {
+            status: 403,
+            message,
+            ..
+        } => fail(StatusCode::FORBIDDEN, format!("ZTS refused: {message}")),
+        _ if e.is_transient() => fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        _ => fail(StatusCode::BAD_GATEWAY, e.to_string()),
+    }
+}
+
+/// What the agent needs to issue identities.
+pub struct Agent {
+    /// Volumes on this node.
+    pub volumes: VolumesDir,
+    /// The node's pods.
+    pub pods: PodCache,
+    /// How long to wait for the kubelet to list a pod.
+    pub pod_wait: Duration,
+    /// Namespace ↔ domain.
+    pub mapper: DomainMapper,
+    /// Our provider.
+    pub provider: String,
+    /// SAN DNS suffix.
+    pub dns_suffix: String,
+    /// `<cluster-domain>` for the optional service IP lookup (`None`: no lookup).
+    pub cluster_domain: Option<String>,
+    /// Key type for pods.
+    pub key_algorithm: KeyAlgorithm,
+    /// The jwt-service client (mutual TLS with the node's certificate).
+    pub jwt_client: reqwest::Client,
+    /// `https://.../v1/jwt`.
+    pub jwt_url: String,
+    /// ZTS.
+    pub zts: ZtsClient,
+    /// Bound on concurrent ZTS calls.
+    pub zts_slots: Semaphore,
+    /// One lock per volume id, holding its latest init answer for [`COALESCE`].
+    pub locks: Mutex<HashMap<VolumeId, Arc<Mutex<RecentInit>>>>,
+}
+
+/// The latest init answer of a volume, kept for [`COALESCE`].
+#[derive(Default)]
+pub struct RecentInit(Option<(std::time::Instant, IdentityResponse)>);
+
+impl Agent {
+    async fn lock_for(&self, id: &VolumeId) -> Arc<Mutex<RecentInit>> {
+        let mut locks = self.locks.lock().await;
+        // forget locks nobody holds once their answer is stale, so the map does not grow with
+        // every pod ever seen (and keys do not stay in memory)
+        locks.retain(|_, l| {
+            Arc::strong_count(l) > 1
+                || l.try_lock()
+                    .is_ok_and(|r| r.0.as_ref().is_some_and(|(at, _)| at.elapsed() < COALESCE))
+        });
+        Arc::clone(locks.entry(id.clone()).or_default())
+    }
+
+    fn volume(&self, id: &VolumeId) -> Result<(VolumePaths, VolumeData), Failure> {
+        let paths = self.volumes.volume(id);
+        let data: VolumeData = match read_json_file(&paths.data_json) {
+            Ok(d) => d,
+            Err(VolumeError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                return Err(fail(StatusCode::NOT_FOUND, format!("unknown volume {id}")));
+            }
+            Err(e) => return Err(fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        };
+        data.validate().map_err(|e| {
+            fail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("volume {id}: {e}"),
+            )
+        })?;
+        Ok((paths, data))
+    }
+
+    /// The pod of a volume, checked: on this node, same uid, has an IP.
+    async fn pod_subject(
+        &self,
+        data: &VolumeData,
+    ) -> Result<(PodSubject, Option<IpAddr>), Failure> {
+        let pod: Pod = self
+            .pods
+            .find(&data.namespace, &data.pod_name, self.pod_wait)
+            .await
+            .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?
+            .ok_or_else(|| {
+                fail(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "pod {}/{} is not on this node",
+                        data.namespace, data.pod_name
+                    ),
+                )
+            })?;
+        if pod.metadata.uid.as_deref() != Some(data.pod_uid.as_str()) {
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "pod {}/{} is not the pod this volume was mounted for",
+                    data.namespace, data.pod_name
+                ),
+            ));
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Err(fail(StatusCode::FORBIDDEN, "the pod is being deleted"));
+        }
+        let ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .filter(|ip| !ip.is_empty())
+            .ok_or_else(|| fail(StatusCode::SERVICE_UNAVAILABLE, "the pod has no IP yet"))?;
+        let domain = self
+            .mapper
+            .namespace_to_domain(&data.namespace)
+            .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
+        let account = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .unwrap_or_else(|| "default".into());
+        let subject = PodSubject::new(
+            data.namespace.clone(),
+            data.pod_name.clone(),
+            data.pod_uid.clone(),
+            domain,
+            account,
+            ip,
+        )
+        .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
+        let service_ip = self.service_ip(&subject).await;
+        Ok((subject, service_ip))
+    }
+
+    /// `<service>.<namespace>.svc.<cluster-domain>` in DNS, when that option is on.
+    async fn service_ip(&self, subject: &PodSubject) -> Option<IpAddr> {
+        let domain = self.cluster_domain.as_ref()?;
+        let name = format!("{}.{}.svc.{domain}:0", subject.service, subject.namespace);
+        let lookup =
+            tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(name)).await;
+        lookup.ok()?.ok()?.next().map(|a| a.ip())
+    }
+
+    async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
+        let resp = self
+            .jwt_client
+            .post(&self.jwt_url)
+            .json(&JwtRequest {
+                subject: subject.clone(),
+            })
+            .send()
+            .await
+            .map_err(|e| {
+                fail(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("jwt-service: {}", athenz_core::client::error_chain(&e)),
+                )
+            })?;
+        let status = resp.status();
+        let body = athenz_core::client::read_limited(resp, 64 * 1024)
+            .await
+            .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, format!("jwt-service: {e}")))?;
+        if !status.is_success() {
+            let why = String::from_utf8_lossy(&body).into_owned();
+            return Err(fail(
+                if status.is_server_error() {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::BAD_GATEWAY
+                },
+                format!("jwt-service answered {status}: {why}"),
+            ));
+        }
+        serde_json::from_slice::<JwtResponse>(&body)
+            .map(|r| r.jwt)
+            .map_err(|e| {
+                fail(
+                    StatusCode::BAD_GATEWAY,
+                    format!("jwt-service answered: {e}"),
+                )
+            })
+    }
+
+    fn csr(
+        &self,
+        subject: &PodSubject,
+        service_ip: Option<IpAddr>,
+    ) -> Result<(PrivateKey, String), Failure> {
+        let identity = CsrIdentity::for_pod(&PodIdentityInput {
+            domain: &subject.domain,
+            service: &subject.service,
+            provider: &self.provider,
+            dns_suffix: &self.dns_suffix,
+            instance_id: &subject.uid,
+            pod_ip: subject.ip,
+            service_ip,
+        })
+        .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
+        let key = PrivateKey::generate(self.key_algorithm)
+            .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let csr = build_csr(&identity, &key)
+            .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        Ok((key, csr))
+    }
+
+    /// Builds the answer and saves the state.
+    fn finish(
+        &self,
+        paths: &VolumePaths,
+        subject: &PodSubject,
+        key: &PrivateKey,
+        identity: &InstanceIdentity,
+        fallback_ntoken: Option<Secret>,
+    ) -> Result<IdentityResponse, Failure> {
+        let leaf = identity
+            .x509_certificate
+            .as_deref()
+            .ok_or_else(|| fail(StatusCode::BAD_GATEWAY, "ZTS sent no certificate"))?;
+        let info = CertInfo::from_pem(leaf)
+            .map_err(|e| fail(StatusCode::BAD_GATEWAY, format!("ZTS's certificate: {e}")))?;
+        if !key_matches_cert(key, &info) {
+            return Err(fail(
+                StatusCode::BAD_GATEWAY,
+                "ZTS's certificate is not for the key sent",
+            ));
+        }
+        let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
+        // certPEM: the leaf, then the chain (the bundle's certificates that are not roots)
+        let mut cert_pem = format!("{}\n", leaf.trim_end());
+        if let Ok(bundle) = pem_certificates(&signer) {
+            for der in bundle {
+                if CertInfo::from_der(&der).is_ok_and(|c| !c.is_self_issued()) {
+                    cert_pem.push_str(&athenz_core::crypto::der_to_pem(&der));
+                }
+            }
+        }
+        let state = VolumeState {
+            provider: self.provider.clone(),
+            instance_id: subject.uid.clone(),
+            domain: subject.domain.clone(),
+            service: subject.service.clone(),
+            pod_uid: subject.uid.clone(),
+            cert_serial: info.serial_hex.clone(),
+            cert_expiry: info.not_after,
+            updated_at: time::OffsetDateTime::now_utc(),
+        };
+        write_json_file(&paths.state_json, &state, 0o600)
+            .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        Ok(IdentityResponse {
+            key_pem: key
+                .to_pkcs8_pem()
+                .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
+            cert_pem,
+            ca_cert_pem: signer,
+            ntoken: identity
+                .service_token
+                .clone()
+                .or(fallback_ntoken)
+                .unwrap_or_default(),
+            expires_at: info
+                .not_after
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        })
+    }
+
+    /// `POST /v1/init/{id}`.
+    pub async fn init(&self, id: &VolumeId) -> Result<IdentityResponse, Failure> {
+        let lock = self.lock_for(id).await;
+        let mut recent = lock.lock().await;
+        let (paths, data) = self.volume(id)?;
+        if let Some((at, answer)) = &recent.0
+            && at.elapsed() < COALESCE
+        {
+            return Ok(answer.clone());
+        }
+        if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
+            && state.pod_uid != data.pod_uid
+        {
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                "this volume was initialised for another pod",
+            ));
+        }
+        let (subject, service_ip) = self.pod_subject(&data).await?;
+        let jwt = self.jwt(&subject).await?;
+        let (key, csr) = self.csr(&subject, service_ip)?;
+        let _slot = self
+            .zts_slots
+            .acquire()
+            .await
+            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let registered = self
+            .zts
+            .register(&InstanceRegisterInformation {
+                provider: self.provider.clone(),
+                domain: subject.domain.clone(),
+                service: subject.service.clone(),
+                attestation_data: jwt,
+                csr,
+                token: Some(true),
+                ..Default::default()
+            })
+            .await
+            .map_err(zts_failure)?;
+        let answer = self.finish(&paths, &subject, &key, &registered.identity, None)?;
+        recent.0 = Some((std::time::Instant::now(), answer.clone()));
+        Ok(answer)
+    }
+
+    /// `POST /v1/refresh/{id}`.
+    pub async fn refresh(&self, id: &VolumeId, body: &[u8]) -> Result<IdentityResponse, Failure> {
+        let request: RefreshRequest = serde_json::from_slice(body).map_err(|e| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                format!("invalid refresh request: {e}"),
+            )
+        })?;
+        let lock = self.lock_for(id).await;
+        let mut recent = lock.lock().await;
+        // a refresh supersedes any coalesced init answer
+        recent.0 = None;
+        let (paths, data) = self.volume(id)?;
+        let state: VolumeState = read_json_file(&paths.state_json).map_err(|_| {
+            fail(
+                StatusCode::NOT_FOUND,
+                format!("volume {id} has not been initialised"),
+            )
+        })?;
+        // the presented pair must be this volume's identity, before anything leaves the node
+        let info = CertInfo::from_pem(&request.cert_pem)
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let key = PrivateKey::from_pem(request.key_pem.expose())
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        if !key_matches_cert(&key, &info) {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                "the key does not belong to the certificate",
+            ));
+        }
+        let principal = athenz_core::names::principal(&state.domain, &state.service);
+        let instance_uri = athenz_core::names::instance_id_uri(&state.provider, &state.instance_id);
+        if info.common_name != principal || !info.uris.contains(&instance_uri) {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                "the certificate is not this volume's identity",
+            ));
+        }
+        let (subject, service_ip) = self.pod_subject(&data).await?;
+        if subject.uid != state.pod_uid {
+            return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
+        }
+        let jwt = self.jwt(&subject).await?;
+        let (new_key, csr) = self.csr(&subject, service_ip)?;
+        let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let _slot = self
+            .zts_slots
+            .acquire()
+            .await
+            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let identity = self
+            .zts
+            .refresh_instance(
+                &InstanceRef {
+                    provider: &state.provider,
+                    domain: &state.domain,
+                    service: &state.service,
+                    instance_id: &state.instance_id,
+                },
+                &InstanceRefreshInformation {
+                    attestation_data: Some(jwt),
+                    csr: Some(csr),
+                    token: Some(true),
+                    ..Default::default()
+                },
+                ClientIdentity::Fixed(presented),
+            )
+            .await
+            .map_err(zts_failure)?;
+        self.finish(&paths, &subject, &new_key, &identity, None)
+    }
+}
+
+/// The socket handler.
+pub struct AgentHandler {
+    /// The agent.
+    pub agent: Arc<Agent>,
+}
+
+impl Handler for AgentHandler {
+    async fn handle(&self, req: Request<Bytes>, conn: Arc<ConnInfo>) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        if path == "/healthz" {
+            return json_response(StatusCode::OK, &"ok");
+        }
+        let route = match AgentRoute::parse(&path) {
+            None => return error_response(StatusCode::NOT_FOUND, "no such route"),
+            Some(Err(e)) => return error_response(StatusCode::BAD_REQUEST, e.to_string()),
+            Some(Ok(r)) => r,
+        };
+        if req.method() != Method::POST {
+            return error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        }
+        let (pid, uid) = match conn.peer {
+            Peer::Unix { pid, uid, .. } => (pid, Some(uid)),
+            Peer::Tcp(_) => (None, None),
+        };
+        let (verb, result) = match &route {
+            AgentRoute::Init(id) => ("init", self.agent.init(id).await),
+            AgentRoute::Refresh(id) => ("refresh", self.agent.refresh(id, req.body()).await),
+        };
+        let id = match &route {
+            AgentRoute::Init(id) | AgentRoute::Refresh(id) => id.to_string(),
+        };
+        match result {
+            Ok(answer) => {
+                tracing::info!(verb, %id, ?pid, ?uid, expires = %answer.expires_at, "identity issued");
+                json_response(StatusCode::OK, &answer)
+            }
+            Err(failure) => {
+                tracing::info!(verb, %id, ?pid, ?uid, status = %failure.status, reason = %failure.message, "refused");
+                failure.into_response()
+            }
+        }
+    }
+
+    fn route(&self, req: &http::request::Parts) -> &'static str {
+        match AgentRoute::parse(req.uri.path()) {
+            Some(Ok(AgentRoute::Init(_))) => "init",
+            Some(Ok(AgentRoute::Refresh(_))) => "refresh",
+            _ if req.uri.path() == "/healthz" => "healthz",
+            _ => "other",
+        }
+    }
+}
+
+/// The jwt-service URL for a base URL.
+pub fn jwt_url(base: &str) -> String {
+    format!("{}{JWT_PATH}", base.trim_end_matches('/'))
+}

@@ -1,0 +1,170 @@
+//! `cargo bench -p athenz-sia`: the node path with every component.
+//!
+//! - init latency through the agent (agent → kubelet → jwt-service → key + CSR → ZTS → callback →
+//!   Kubernetes API → certificate), P-256 and RSA-2048, p50 and p99;
+//! - the agent's memory as its own process after 110 volumes are initialised (VmRSS and VmHWM);
+//! - `athenz-sia refresh`'s memory as a process (VmRSS and VmHWM).
+//!
+//! The agent process is this benchmark binary re-executed with `--agent-role` (it carries the
+//! agent library), so the figures are those of the agent alone.
+
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stdout
+)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use athenz_sia::client::AgentClient;
+use clap::Parser;
+use std::time::{Duration, Instant};
+
+const SIA: &str = env!("CARGO_BIN_EXE_athenz-sia");
+
+fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap())
+        })
+        .unwrap()
+}
+
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+fn agent_role() {
+    let args: Vec<String> = std::env::args().skip(2).collect();
+    let config = athenz_identity_agent::Config::try_parse_from(
+        std::iter::once("athenz-identity-agent".to_owned()).chain(args),
+    )
+    .unwrap();
+    athenz_core::install_crypto_provider();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (_, task) = athenz_identity_agent::start(config, athenz_core::daemon::Shutdown::new())
+            .await
+            .unwrap();
+        let _ = task.await;
+    });
+}
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--agent-role") {
+        agent_role();
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        println!("node path: agent + kubelet + jwt-service + dev ZTS + callback + API stand-in, all on this machine");
+        for (alg, n) in [("p256", 300usize), ("rsa2048", 60)] {
+            let node = common::node(alg).await;
+            let ids: Vec<_> = (0..n)
+                .map(|i| common::pod_with_volume(&node, &format!("pod-{i}"), &common::uid(i), &format!("10.{}.{}.{}", 1 + i / 65_000, (i / 250) % 250, 1 + i % 250)))
+                .collect();
+            // warm up connections
+            AgentClient::new(node.socket.clone(), ids[0].clone(), Duration::from_secs(30)).init().await.unwrap();
+            let mut lat = Vec::new();
+            for id in &ids[1..] {
+                let c = AgentClient::new(node.socket.clone(), id.clone(), Duration::from_secs(30));
+                let t = Instant::now();
+                c.init().await.unwrap();
+                lat.push(t.elapsed());
+            }
+            lat.sort();
+            println!(
+                "  init {alg:<8} p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms ({} sequential inits)",
+                pct(&lat, 0.5),
+                pct(&lat, 0.9),
+                pct(&lat, 0.99),
+                lat.len()
+            );
+        }
+
+        // the agent as its own process, 110 volumes
+        let node = common::node("p256").await;
+        let dir = tempfile::tempdir().unwrap();
+        let agent_dir = dir.path().join("agent");
+        let volumes_dir = dir.path().join("volumes");
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .arg("--agent-role")
+            .arg(format!("--agent-dir={}", agent_dir.display()))
+            .arg(format!("--volumes-dir={}", volumes_dir.display()))
+            .args(&node.agent_args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let socket = agent_dir.join("agent.sock");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !socket.exists() {
+            assert!(Instant::now() < deadline, "the agent process did not start");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let idle = status_kib(child.id(), "VmRSS:");
+        let volumes = athenz_core::volume::VolumesDir::new(&volumes_dir);
+        for i in 0..110 {
+            let uid = common::uid(10_000 + i);
+            let name = format!("p-{i}");
+            node.kube.cluster().put_pod(athenz_testbed::kube_api::running_pod(
+                athenz_testbed::fixtures::NAMESPACE,
+                &name,
+                &uid,
+                athenz_testbed::fixtures::SERVICE,
+                &format!("10.9.{}.{}", i / 200, 1 + i % 200),
+                common::NODE,
+            ));
+            let id = common::volume_in(&volumes, &name, &uid);
+            AgentClient::new(socket.clone(), id, Duration::from_secs(30)).init().await.unwrap();
+        }
+        println!(
+            "  agent process: VmRSS {:.1} MiB idle, {:.1} MiB after 110 inits (peak VmHWM {:.1} MiB)",
+            idle as f64 / 1024.0,
+            status_kib(child.id(), "VmRSS:") as f64 / 1024.0,
+            status_kib(child.id(), "VmHWM:") as f64 / 1024.0
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+
+        // athenz-sia refresh as a process
+        let id = common::pod_with_volume(&node, "sia-pod", &common::uid(50_000), "10.8.0.1");
+        let out = node.dir.path().join("sia-out");
+        let paths = node.volumes.volume(&id);
+        let env = |cmd: &mut std::process::Command| {
+            cmd.env("ID_FILE", &paths.id_file)
+                .env("ENDPOINT", &node.socket)
+                .env("OUT_DIR", &out)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+        };
+        let mut init = std::process::Command::new(SIA);
+        init.arg("init");
+        env(&mut init);
+        assert!(tokio::task::spawn_blocking(move || init.status().unwrap()).await.unwrap().success());
+        let mut refresh = std::process::Command::new(SIA);
+        refresh.arg("refresh").env("REFRESH_INTERVAL", "1s");
+        env(&mut refresh);
+        let mut child = refresh.spawn().unwrap();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        println!(
+            "  athenz-sia refresh process: VmRSS {:.1} MiB, peak VmHWM {:.1} MiB (after ~3 refreshes)",
+            status_kib(child.id(), "VmRSS:") as f64 / 1024.0,
+            status_kib(child.id(), "VmHWM:") as f64 / 1024.0
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    });
+}

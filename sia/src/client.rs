@@ -1,0 +1,117 @@
+//! The agent's socket API from the pod's side (hyperlocal over the Unix socket).
+
+use athenz_core::agent_api::{IdentityResponse, RefreshRequest, init_path, refresh_path};
+use athenz_core::http::ErrorBody;
+use athenz_core::volume::VolumeId;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyperlocal::{UnixClientExt, UnixConnector};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Largest answer read from the agent.
+const MAX_ANSWER: usize = 256 * 1024;
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The agent answered with an error.
+    #[error("agent refused ({code}): {message}")]
+    Refused {
+        /// HTTP status.
+        code: u16,
+        /// Its message.
+        message: String,
+        /// Its Retry-After, seconds.
+        retry_after: Option<u64>,
+    },
+    /// No answer.
+    #[error("agent unreachable: {0}")]
+    Unreachable(String),
+    /// An answer that is not the API's.
+    #[error("agent answered something unreadable: {0}")]
+    BadAnswer(String),
+}
+
+impl AgentError {
+    /// Whether trying again may work: 503, or no answer (the agent may be restarting).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Refused { code: 503, .. } | Self::Unreachable(_))
+    }
+}
+
+/// A client of one volume's identity.
+pub struct AgentClient {
+    socket: PathBuf,
+    id: VolumeId,
+    timeout: Duration,
+    client: Client<UnixConnector, Full<Bytes>>,
+}
+
+impl AgentClient {
+    /// A client for volume `id` through `socket`.
+    pub fn new(socket: PathBuf, id: VolumeId, timeout: Duration) -> Self {
+        Self {
+            socket,
+            id,
+            timeout,
+            client: Client::unix(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Vec<u8>) -> Result<IdentityResponse, AgentError> {
+        let uri: hyper::Uri = hyperlocal::Uri::new(&self.socket, path).into();
+        let req = http::Request::post(uri)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| AgentError::BadAnswer(e.to_string()))?;
+        let call = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| AgentError::Unreachable(athenz_core::client::error_chain(&e)))?;
+            let status = resp.status().as_u16();
+            let retry_after = resp
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            let body = Limited::new(resp.into_body(), MAX_ANSWER)
+                .collect()
+                .await
+                .map_err(|e| AgentError::Unreachable(e.to_string()))?
+                .to_bytes();
+            Ok::<_, AgentError>((status, retry_after, body))
+        };
+        let (status, retry_after, body) =
+            tokio::time::timeout(self.timeout, call)
+                .await
+                .map_err(|_| {
+                    AgentError::Unreachable(format!("no answer within {:?}", self.timeout))
+                })??;
+        if status != 200 {
+            let message = serde_json::from_slice::<ErrorBody>(&body)
+                .map(|e| e.message)
+                .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+            return Err(AgentError::Refused {
+                code: status,
+                message,
+                retry_after,
+            });
+        }
+        serde_json::from_slice(&body).map_err(|e| AgentError::BadAnswer(e.to_string()))
+    }
+
+    /// `POST /v1/init/{id}`.
+    pub async fn init(&self) -> Result<IdentityResponse, AgentError> {
+        self.post(&init_path(&self.id), b"{}".to_vec()).await
+    }
+
+    /// `POST /v1/refresh/{id}` with the current pair.
+    pub async fn refresh(&self, current: &RefreshRequest) -> Result<IdentityResponse, AgentError> {
+        let body = serde_json::to_vec(current).map_err(|e| AgentError::BadAnswer(e.to_string()))?;
+        self.post(&refresh_path(&self.id), body).await
+    }
+}

@@ -1,0 +1,166 @@
+//! `init` and `refresh`.
+
+use crate::Settings;
+use crate::client::{AgentClient, AgentError};
+use athenz_core::agent_api::{IdentityResponse, RefreshRequest};
+use athenz_core::crypto::CertInfo;
+use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
+use athenz_core::refresh::{Backoff, RefreshPolicy, random_unit};
+use athenz_core::secret::Secret;
+use athenz_core::volume::VolumeId;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// A configured SIA.
+pub struct Sia {
+    settings: Settings,
+    client: AgentClient,
+    set: FileSet,
+    owner: Option<Owner>,
+}
+
+impl Sia {
+    /// Reads the volume id and resolves the owner; errors name the setting.
+    pub fn load(settings: Settings) -> Result<Self, String> {
+        let raw = std::fs::read_to_string(&settings.id_file)
+            .map_err(|e| format!("--id-file (ID_FILE) {}: {e}", settings.id_file.display()))?;
+        let id = VolumeId::parse(raw.trim()).map_err(|e| format!("--id-file (ID_FILE): {e}"))?;
+        let gid = match &settings.group {
+            Some(g) => Some(
+                athenz_core::files::resolve_group(g)
+                    .map_err(|e| format!("--group (GROUP): {e}"))?,
+            ),
+            None => None,
+        };
+        let owner = (gid.is_some() || settings.owner_uid.is_some()).then_some(Owner {
+            uid: settings.owner_uid,
+            gid,
+        });
+        Ok(Self {
+            client: AgentClient::new(settings.endpoint.clone(), id, settings.request_timeout),
+            set: FileSet::new(&settings.out_dir),
+            owner,
+            settings,
+        })
+    }
+
+    fn write(&self, answer: &IdentityResponse) -> Result<(), String> {
+        write_credentials(
+            &self.set,
+            &Credentials {
+                key_pem: Some(&answer.key_pem),
+                cert_pem: &answer.cert_pem,
+                ca_pem: &answer.ca_cert_pem,
+                ntoken: &answer.ntoken,
+            },
+            self.owner,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// Gets the identity and writes it, retrying transient failures until `--init-timeout`.
+    pub async fn init(&self) -> Result<(), String> {
+        let deadline = Instant::now() + self.settings.init_timeout;
+        let backoff = Backoff {
+            base: Duration::from_millis(250),
+            max: Duration::from_secs(10),
+        };
+        let mut attempt = 0;
+        loop {
+            match self.client.init().await {
+                Ok(answer) => {
+                    self.write(&answer)?;
+                    tracing::info!(expires = %answer.expires_at, out_dir = %self.settings.out_dir.display(), "identity written");
+                    return Ok(());
+                }
+                Err(e) if e.is_transient() => {
+                    let mut wait = backoff.delay(attempt, random_unit());
+                    if let AgentError::Refused {
+                        retry_after: Some(s),
+                        ..
+                    } = &e
+                    {
+                        wait = wait.max(Duration::from_secs(*s).min(backoff.max));
+                    }
+                    if Instant::now() + wait >= deadline {
+                        return Err(format!(
+                            "gave up after {:?}: {e}",
+                            self.settings.init_timeout
+                        ));
+                    }
+                    tracing::info!(error = %e, retry_in = ?wait, "not ready yet; retrying");
+                    tokio::time::sleep(wait).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    fn current(&self) -> Result<(RefreshRequest, CertInfo), String> {
+        let files = self
+            .set
+            .read(&[KEY_FILE, CERT_FILE])
+            .map_err(|e| format!("no current identity to refresh: {e}"))?;
+        let key = String::from_utf8(files[0].clone())
+            .map_err(|_| "the key file is not PEM".to_string())?;
+        let cert = String::from_utf8(files[1].clone())
+            .map_err(|_| "the certificate file is not PEM".to_string())?;
+        let info = CertInfo::from_pem(&cert).map_err(|e| e.to_string())?;
+        Ok((
+            RefreshRequest {
+                key_pem: Secret::new(key),
+                cert_pem: cert,
+            },
+            info,
+        ))
+    }
+
+    /// Refreshes before expiry until `shutdown`; keeps the old files when a refresh fails.
+    pub async fn refresh(&self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+        let policy = RefreshPolicy {
+            max_delay: self.settings.refresh_interval,
+            min_delay: Duration::from_secs(1).min(self.settings.refresh_interval),
+            ..RefreshPolicy::default()
+        };
+        let backoff = Backoff::default();
+        tokio::pin!(shutdown);
+        let (_, mut info) = self.current()?;
+        let mut wait = policy.delay(
+            info.not_before,
+            info.not_after,
+            time::OffsetDateTime::now_utc(),
+            random_unit(),
+        );
+        let mut failures = 0u32;
+        loop {
+            tracing::debug!(?wait, "next refresh");
+            tokio::select! {
+                _ = &mut shutdown => return Ok(()),
+                _ = tokio::time::sleep(wait) => {}
+            }
+            let outcome = match self.current() {
+                Ok((pair, _)) => self.client.refresh(&pair).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match outcome.and_then(|answer| self.write(&answer).map(|()| answer)) {
+                Ok(answer) => {
+                    tracing::info!(expires = %answer.expires_at, "identity refreshed");
+                    failures = 0;
+                    info = CertInfo::from_pem(&answer.cert_pem).map_err(|e| e.to_string())?;
+                    wait = policy.delay(
+                        info.not_before,
+                        info.not_after,
+                        time::OffsetDateTime::now_utc(),
+                        random_unit(),
+                    );
+                }
+                Err(e) => {
+                    wait = backoff.delay(failures, random_unit());
+                    failures = failures.saturating_add(1);
+                    tracing::warn!(error = %e, retry_in = ?wait, "refresh failed; keeping the current files");
+                }
+            }
+        }
+    }
+}

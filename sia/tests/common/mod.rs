@@ -1,0 +1,335 @@
+//! A whole node on loopback for the node-path tests and benchmarks: the dev ZTS (behind a proxy
+//! the test can cut), the Kubernetes API and kubelet stand-ins, the real jwt-service and callback
+//! over mutual TLS, and the real agent on its Unix socket. Volumes are made with athenz-core's
+//! layout, as the flex driver makes them (the driver's own tests cover the mounts).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_core::daemon::Shutdown;
+use athenz_core::volume::{VolumeData, VolumeId, VolumesDir, write_json_file};
+use athenz_testbed::fixtures::{self, PROVIDER};
+use athenz_testbed::kube_api::{KubeApi, running_pod};
+use athenz_testbed::kubelet::Kubelet;
+use athenz_testbed::pki::LeafSpec;
+use athenz_testbed::zts::registry::ProviderEntry;
+use athenz_testbed::zts::{DevZts, DevZtsConfig};
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub const NODE: &str = "node-1";
+
+/// A TCP proxy in front of ZTS that can be cut (connections refused) and restored.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub down: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    pub async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let down = Arc::new(AtomicBool::new(false));
+        let flag = down.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                if flag.load(Ordering::SeqCst) {
+                    drop(inbound);
+                    continue;
+                }
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { addr, down }
+    }
+}
+
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub zts: DevZts,
+    pub zts_proxy: Proxy,
+    pub kube: KubeApi,
+    pub kubelet: Kubelet,
+    pub volumes: VolumesDir,
+    pub socket: PathBuf,
+    pub jwt_ops: SocketAddr,
+    pub callback_ops: SocketAddr,
+    pub agent_ops: SocketAddr,
+    pub public_keys: PathBuf,
+    pub shutdown: Shutdown,
+    pub jwt_shutdown: Shutdown,
+    pub agent_config: athenz_identity_agent::Config,
+    /// The agent's arguments other than its directories (to start more agents).
+    pub agent_args: Vec<String>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.shutdown.trigger();
+        self.jwt_shutdown.trigger();
+    }
+}
+
+/// Everything up and wired; `key_algorithm` is the agent's `--key-algorithm`.
+pub async fn node(key_algorithm: &str) -> Node {
+    athenz_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let zts = DevZts::start(DevZtsConfig::default()).await.unwrap();
+    let zts_proxy = Proxy::start(zts.addr()).await;
+    let kube = KubeApi::start().await.unwrap();
+    let kubelet = Kubelet::start(kube.cluster().clone(), NODE).await.unwrap();
+    let shutdown = Shutdown::new();
+    let jwt_shutdown = Shutdown::new();
+    let ca = zts.ca_path();
+    let cert = |name: &str, cn: &str| {
+        zts.ca()
+            .write_service_cert(
+                d,
+                name,
+                &LeafSpec {
+                    ip_addresses: vec![[127, 0, 0, 1].into()],
+                    ..LeafSpec::service(cn, &["localhost"])
+                },
+            )
+            .unwrap()
+    };
+
+    // jwt-service
+    let keys = d.join("jwt-keys");
+    std::fs::create_dir(&keys).unwrap();
+    let signing =
+        athenz_core::crypto::PrivateKey::generate(athenz_core::crypto::KeyAlgorithm::P256).unwrap();
+    std::fs::write(
+        keys.join("v1.pem"),
+        signing.to_pkcs8_pem().unwrap().expose(),
+    )
+    .unwrap();
+    let public_keys = d.join("jwt-public");
+    std::fs::create_dir(&public_keys).unwrap();
+    std::fs::write(
+        public_keys.join("v1.pem"),
+        signing.key_pair().public_key_pem(),
+    )
+    .unwrap();
+    let jwt_files = cert("jwt", "k8s.admin.athenz-jwt-service");
+    let (jwt, _) = athenz_jwt_service::start(
+        athenz_jwt_service::Config::try_parse_from([
+            "athenz-jwt-service",
+            "--listen=127.0.0.1:0",
+            "--ops-listen=127.0.0.1:0",
+            &format!("--tls-cert={}", jwt_files.cert.display()),
+            &format!("--tls-key={}", jwt_files.key.display()),
+            &format!("--client-ca={}", ca.display()),
+            "--allowed-principals=k8s.nodes.*",
+            &format!("--keys-dir={}", keys.display()),
+        ])
+        .unwrap(),
+        jwt_shutdown.clone(),
+    )
+    .await
+    .unwrap();
+
+    // callback
+    let cb_files = cert("callback", PROVIDER);
+    let (callback, _) = athenz_callback::start(
+        athenz_callback::Config::try_parse_from([
+            "athenz-callback",
+            "--listen=127.0.0.1:0",
+            "--ops-listen=127.0.0.1:0",
+            &format!("--tls-cert={}", cb_files.cert.display()),
+            &format!("--tls-key={}", cb_files.key.display()),
+            &format!("--client-ca={}", ca.display()),
+            "--allowed-principals=sys.auth.zts",
+            &format!("--provider={PROVIDER}"),
+            &format!("--public-keys-dir={}", public_keys.display()),
+            "--keys-reload-interval=1s",
+            &format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
+            &format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
+            &format!("--kube-api-url={}", kube.url()),
+            "--replay-cache-size=1000000",
+        ])
+        .unwrap(),
+        shutdown.clone(),
+    )
+    .await
+    .unwrap();
+    zts.add_provider(ProviderEntry {
+        name: PROVIDER.into(),
+        endpoint: format!("https://127.0.0.1:{}", callback.api.port()),
+        dns_suffixes: vec![fixtures::DNS_SUFFIX.into()],
+        launch: vec!["*".into()],
+    })
+    .unwrap();
+
+    // agent
+    let node_files = cert("node", &format!("k8s.nodes.{NODE}"));
+    let agent_dir = d.join("agent");
+    let volumes_dir = d.join("volumes");
+    let agent_args = vec![
+        format!("--kubelet-url={}", kubelet.url()),
+        "--pod-wait=3s".to_owned(),
+        format!("--jwt-service-url=https://127.0.0.1:{}", jwt.api.port()),
+        format!("--node-cert={}", node_files.cert.display()),
+        format!("--node-key={}", node_files.key.display()),
+        format!("--jwt-service-ca={}", ca.display()),
+        format!(
+            "--zts-url=https://127.0.0.1:{}/zts/v1",
+            zts_proxy.addr.port()
+        ),
+        format!("--zts-ca={}", ca.display()),
+        format!("--provider={PROVIDER}"),
+        format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
+        format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
+        format!("--key-algorithm={key_algorithm}"),
+        "--ops-listen=127.0.0.1:0".to_owned(),
+        "--upstream-timeout=5s".to_owned(),
+    ];
+    let agent_config = athenz_identity_agent::Config::try_parse_from(
+        [
+            "athenz-identity-agent".to_owned(),
+            format!("--agent-dir={}", agent_dir.display()),
+            format!("--volumes-dir={}", volumes_dir.display()),
+        ]
+        .into_iter()
+        .chain(agent_args.iter().cloned()),
+    )
+    .unwrap();
+    let (agent, _) = athenz_identity_agent::start(agent_config.clone(), shutdown.clone())
+        .await
+        .unwrap();
+    Node {
+        volumes: VolumesDir::new(&volumes_dir),
+        socket: agent.socket.clone(),
+        jwt_ops: jwt.ops,
+        callback_ops: callback.ops,
+        agent_ops: agent.ops,
+        public_keys,
+        zts,
+        zts_proxy,
+        kube,
+        kubelet,
+        dir,
+        shutdown,
+        jwt_shutdown,
+        agent_config,
+        agent_args,
+    }
+}
+
+/// A running pod on this node and its volume, as the driver would make it; returns the volume id.
+pub fn pod_with_volume(node: &Node, name: &str, uid: &str, ip: &str) -> VolumeId {
+    node.kube.cluster().put_pod(running_pod(
+        fixtures::NAMESPACE,
+        name,
+        uid,
+        fixtures::SERVICE,
+        ip,
+        NODE,
+    ));
+    volume_for(node, name, uid)
+}
+
+/// A volume for pod `name`/`uid` (the pod itself is not created).
+pub fn volume_for(node: &Node, name: &str, uid: &str) -> VolumeId {
+    volume_in(&node.volumes, name, uid)
+}
+
+/// A volume for pod `name`/`uid` in `volumes`, as the driver makes it.
+pub fn volume_in(volumes: &VolumesDir, name: &str, uid: &str) -> VolumeId {
+    let key = volumes.load_or_create_node_key().unwrap();
+    let mount_dir =
+        format!("/var/lib/kubelet/pods/{uid}/volumes/athenz~volume-driver/athenz-identity");
+    let id = VolumeId::for_mount_dir(&key, &mount_dir);
+    let paths = volumes.volume(&id);
+    std::fs::create_dir_all(&paths.mount).unwrap();
+    std::fs::write(&paths.id_file, format!("{id}\n")).unwrap();
+    write_json_file(
+        &paths.data_json,
+        &VolumeData {
+            namespace: fixtures::NAMESPACE.into(),
+            pod_name: name.into(),
+            pod_uid: uid.into(),
+            service_account: fixtures::SERVICE.into(),
+            mount_dir,
+            read_write: false,
+            created_at: time::OffsetDateTime::now_utc(),
+        },
+        0o600,
+    )
+    .unwrap();
+    id
+}
+
+/// A uid for pod number `n`.
+pub fn uid(n: usize) -> String {
+    format!("0b6e4c1e-8f57-4d5e-9a51-{n:012x}")
+}
+
+/// A metric's value from a /metrics page (0 when absent).
+pub async fn metric(ops: SocketAddr, line_start: &str) -> f64 {
+    let text = reqwest::get(format!("http://{ops}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(line_start)
+                .and_then(|rest| rest.trim().parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// ZTS registers confirmed so far (the callback's allow count on /instance).
+pub async fn registers(node: &Node) -> f64 {
+    metric(
+        node.callback_ops,
+        r#"athenz_callback_decisions_total{route="instance",outcome="allow",check="none"}"#,
+    )
+    .await
+}
+
+/// Confirmations of refreshes so far.
+pub async fn refreshes(node: &Node) -> f64 {
+    metric(
+        node.callback_ops,
+        r#"athenz_callback_decisions_total{route="refresh",outcome="allow",check="none"}"#,
+    )
+    .await
+}
+
+/// JWTs signed so far.
+pub async fn jwts(node: &Node) -> f64 {
+    metric(
+        node.jwt_ops,
+        r#"athenz_jwt_service_jwts_issued_total{alg="ES256"}"#,
+    )
+    .await
+}
+
+/// A raw HTTP/1.1 exchange on the agent socket (for requests a client library would not send).
+pub async fn raw(socket: &std::path::Path, request: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}

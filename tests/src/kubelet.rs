@@ -1,0 +1,151 @@
+//! A kubelet stand-in: `GET /pods` returns a real PodList JSON of one node's pods, read from the
+//! same in-memory store as the API stand-in. Tests can make it slow, make it fail, or hide a pod for
+//! a while (as a kubelet that has not synced it yet).
+
+use crate::kube_api::Cluster;
+use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, error_response, json_response};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Behaviour switches tests flip.
+#[derive(Default)]
+pub struct KubeletControls {
+    delay_ms: AtomicU64,
+    failing: AtomicBool,
+    hidden: Mutex<BTreeSet<(String, String)>>,
+    requests: AtomicUsize,
+}
+
+impl KubeletControls {
+    /// Answers after `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms.store(
+            u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            Ordering::SeqCst,
+        );
+    }
+    /// Answers 500 while set.
+    pub fn set_failing(&self, failing: bool) {
+        self.failing.store(failing, Ordering::SeqCst);
+    }
+    /// Leaves a pod out of the list until [`Self::show`].
+    pub fn hide(&self, namespace: &str, name: &str) {
+        self.hidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert((namespace.to_owned(), name.to_owned()));
+    }
+    /// Lists a hidden pod again.
+    pub fn show(&self, namespace: &str, name: &str) {
+        self.hidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&(namespace.to_owned(), name.to_owned()));
+    }
+    /// `GET /pods` calls served so far.
+    pub fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+struct KubeletHandler {
+    cluster: Cluster,
+    node: String,
+    controls: Arc<KubeletControls>,
+}
+
+impl Handler for KubeletHandler {
+    async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
+        if req.uri().path() != "/pods" {
+            return error_response(StatusCode::NOT_FOUND, "no such route");
+        }
+        self.controls.requests.fetch_add(1, Ordering::SeqCst);
+        let delay = self.controls.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if self.controls.failing.load(Ordering::SeqCst) {
+            return error_response(StatusCode::INTERNAL_SERVER_ERROR, "kubelet is unwell");
+        }
+        let hidden = self
+            .controls
+            .hidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let pods: Vec<_> = self
+            .cluster
+            .pods(None, Some(&self.node))
+            .into_iter()
+            .filter(|p| {
+                !hidden.contains(&(
+                    p.metadata.namespace.clone().unwrap_or_default(),
+                    p.metadata.name.clone().unwrap_or_default(),
+                ))
+            })
+            .collect();
+        json_response(
+            StatusCode::OK,
+            &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
+        )
+    }
+}
+
+/// A running kubelet stand-in.
+pub struct Kubelet {
+    addr: SocketAddr,
+    controls: Arc<KubeletControls>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Kubelet {
+    /// Serves the pods of `node` from `cluster` on an ephemeral loopback port (plain HTTP, like
+    /// the read-only port).
+    pub async fn start(cluster: Cluster, node: &str) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let controls = Arc::new(KubeletControls::default());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(
+            Server::new(
+                Listener::Tcp(listener),
+                Arc::new(KubeletHandler {
+                    cluster,
+                    node: node.to_owned(),
+                    controls: controls.clone(),
+                }),
+            )
+            .serve(async {
+                let _ = rx.await;
+            }),
+        );
+        Ok(Self {
+            addr,
+            controls,
+            shutdown: Some(tx),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The switches.
+    pub fn controls(&self) -> &KubeletControls {
+        &self.controls
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
