@@ -498,3 +498,73 @@ async fn sia_refresh_without_files_or_id_says_why() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--id-file (ID_FILE)"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sia_refresh_timing_follows_the_certificate_lifetime() {
+    // one-minute certificates, not backdated: the refresh is due at 70 % of the lifetime, minus
+    // up to 10 % jitter — between 36 s and 42 s after issue
+    let node = node_with(
+        "p256",
+        athenz_testbed::zts::DevZtsConfig {
+            max_cert_lifetime_minutes: 1,
+            cert_backdate_secs: 0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let id = pod_with_volume(&node, "web-14", &uid(14), "10.1.2.14");
+    let out = node.dir.path().join("out14");
+    let output = sia(&node, "init", &id, &out, &[])
+        .await
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let first = CertInfo::from_pem(&read(&out, CERT_FILE)).unwrap();
+    assert_eq!((first.not_after - first.not_before).whole_seconds(), 60);
+    let _child = sia(&node, "refresh", &id, &out, &[]).await.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(70);
+    let refreshed_at = loop {
+        let now = time::OffsetDateTime::now_utc();
+        if CertInfo::from_pem(&read(&out, CERT_FILE))
+            .is_ok_and(|c| c.serial_hex != first.serial_hex)
+        {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the certificate was never refreshed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let after = (refreshed_at - first.not_before).whole_seconds();
+    assert!(
+        (34..=46).contains(&after),
+        "refreshed {after} s into a 60 s certificate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_initialised_for_another_pod_is_refused() {
+    let node = node("p256").await;
+    let id = pod_with_volume(&node, "web-15", &uid(15), "10.1.2.15");
+    client(&node, &id).init().await.unwrap();
+    // the same volume now claims another pod (uid)
+    let paths = node.volumes.volume(&id);
+    let mut data: athenz_core::volume::VolumeData = read_json_file(&paths.data_json).unwrap();
+    data.pod_uid = uid(16);
+    athenz_core::volume::write_json_file(&paths.data_json, &data, 0o600).unwrap();
+    node.kube
+        .cluster()
+        .update_pod(fixtures::NAMESPACE, "web-15", |p| {
+            p.metadata.uid = Some(uid(16))
+        });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let (code, message) = refused(client(&node, &id).init().await.unwrap_err());
+    assert_eq!(code, 403, "{message}");
+    assert!(message.contains("another pod"), "{message}");
+}

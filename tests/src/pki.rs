@@ -53,8 +53,10 @@ pub struct LeafSpec {
     pub ip_addresses: Vec<IpAddr>,
     /// URI SANs.
     pub uris: Vec<String>,
-    /// Lifetime from now (backdated by one minute for clock skew).
+    /// Lifetime from now.
     pub validity: Duration,
+    /// How far `notBefore` is set in the past, for clock skew (one minute by default).
+    pub backdate: Duration,
 }
 
 impl LeafSpec {
@@ -67,6 +69,7 @@ impl LeafSpec {
             ip_addresses: Vec::new(),
             uris: Vec::new(),
             validity: Duration::days(1),
+            backdate: Duration::minutes(1),
         }
     }
 
@@ -79,6 +82,7 @@ impl LeafSpec {
             ip_addresses: identity.ip_addresses.clone(),
             uris: identity.uris.clone(),
             validity,
+            backdate: Duration::minutes(1),
         }
     }
 
@@ -91,6 +95,7 @@ impl LeafSpec {
             ip_addresses: csr.ip_addresses.clone(),
             uris: csr.uris.clone(),
             validity,
+            backdate: Duration::minutes(1),
         }
     }
 }
@@ -261,7 +266,7 @@ impl CertAuthority {
             ExtendedKeyUsagePurpose::ClientAuth,
         ];
         let now = OffsetDateTime::now_utc();
-        params.not_before = now - Duration::minutes(1);
+        params.not_before = now - spec.backdate;
         params.not_after = now + spec.validity;
         let serial = random_serial();
         let serial_hex = athenz_core::volume::hex(serial.as_ref())

@@ -81,10 +81,15 @@ impl Drop for Node {
 
 /// Everything up and wired; `key_algorithm` is the agent's `--key-algorithm`.
 pub async fn node(key_algorithm: &str) -> Node {
+    node_with(key_algorithm, DevZtsConfig::default()).await
+}
+
+/// [`node`] with a dev ZTS configured by `zts_config`.
+pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
     athenz_core::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let zts = DevZts::start(DevZtsConfig::default()).await.unwrap();
+    let zts = DevZts::start(zts_config).await.unwrap();
     let zts_proxy = Proxy::start(zts.addr()).await;
     let kube = KubeApi::start().await.unwrap();
     let kubelet = Kubelet::start(kube.cluster().clone(), NODE).await.unwrap();

@@ -73,6 +73,8 @@ pub struct DevZtsConfig {
     pub providers: Vec<ProviderEntry>,
     /// Longest certificate issued, minutes (Athenz's default is 30 days).
     pub max_cert_lifetime_minutes: u32,
+    /// How far certificates are backdated (notBefore in the past), seconds.
+    pub cert_backdate_secs: u32,
     /// Lifetime of ntokens handed to instances, seconds.
     pub token_lifetime_secs: u32,
     /// DNS suffixes allowed in key-based (control-plane) CSRs.
@@ -94,6 +96,7 @@ impl Default for DevZtsConfig {
             services: Vec::new(),
             providers: Vec::new(),
             max_cert_lifetime_minutes: 30 * 24 * 60,
+            cert_backdate_secs: 60,
             token_lifetime_secs: 2 * 3600,
             service_dns_suffixes: vec!["athenz.cloud".into()],
             provider_timeout_ms: 5_000,
@@ -206,6 +209,7 @@ impl DevZts {
             ),
             settings: RouteSettings {
                 max_cert_lifetime_minutes: config.max_cert_lifetime_minutes,
+                backdate: time::Duration::seconds(i64::from(config.cert_backdate_secs)),
                 token_lifetime: time::Duration::seconds(i64::from(config.token_lifetime_secs)),
                 service_dns_suffixes: config.service_dns_suffixes.clone(),
                 ntoken_skew: time::Duration::seconds(60),

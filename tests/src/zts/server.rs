@@ -36,6 +36,8 @@ use time::{Duration, OffsetDateTime};
 pub struct RouteSettings {
     /// Longest certificate issued, minutes.
     pub max_cert_lifetime_minutes: u32,
+    /// How far certificates are backdated.
+    pub backdate: Duration,
     /// Lifetime of issued ntokens.
     pub token_lifetime: Duration,
     /// DNS suffixes allowed in key-based (control-plane) CSRs.
@@ -211,7 +213,13 @@ impl ZtsHandler {
     fn issue(&self, csr: &CsrInfo, lifetime: Duration) -> Result<IssuedCert, Refusal> {
         self.state
             .signer
-            .issue_for_key(&LeafSpec::from_csr(csr, lifetime), &csr.public_key_der)
+            .issue_for_key(
+                &LeafSpec {
+                    backdate: self.state.settings.backdate,
+                    ..LeafSpec::from_csr(csr, lifetime)
+                },
+                &csr.public_key_der,
+            )
             .map_err(|e| {
                 Refusal(
                     StatusCode::INTERNAL_SERVER_ERROR,
