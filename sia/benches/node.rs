@@ -150,18 +150,23 @@ fn main() {
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null());
         };
-        let mut init = std::process::Command::new(SIA);
+        // SIA_BIN measures another build of the SIA (e.g. the static one the image ships)
+        let sia_bin = std::env::var("SIA_BIN").unwrap_or_else(|_| SIA.to_owned());
+        println!("  (SIA binary: {sia_bin})");
+        let mut init = std::process::Command::new(&sia_bin);
         init.arg("init");
         env(&mut init);
         assert!(tokio::task::spawn_blocking(move || init.status().unwrap()).await.unwrap().success());
-        let mut refresh = std::process::Command::new(SIA);
+        let mut refresh = std::process::Command::new(&sia_bin);
         refresh.arg("refresh").env("REFRESH_INTERVAL", "1s");
         env(&mut refresh);
         let mut child = refresh.spawn().unwrap();
         tokio::time::sleep(Duration::from_secs(4)).await;
         println!(
-            "  athenz-sia refresh process: VmRSS {:.1} MiB, peak VmHWM {:.1} MiB (after ~3 refreshes)",
+            "  athenz-sia refresh process: VmRSS {:.1} MiB (anonymous {:.1} MiB, file-backed {:.1} MiB), peak VmHWM {:.1} MiB (after ~3 refreshes)",
             status_kib(child.id(), "VmRSS:") as f64 / 1024.0,
+            status_kib(child.id(), "RssAnon:") as f64 / 1024.0,
+            status_kib(child.id(), "RssFile:") as f64 / 1024.0,
             status_kib(child.id(), "VmHWM:") as f64 / 1024.0
         );
         let _ = child.kill();

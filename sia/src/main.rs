@@ -4,7 +4,8 @@ use athenz_sia::{Cli, Command, run::Sia};
 use clap::Parser;
 
 fn main() {
-    athenz_core::install_crypto_provider();
+    // No TLS here (the agent is reached over a Unix socket), so no crypto provider is installed:
+    // it would only add memory to a process that runs in every pod.
     let cli = Cli::parse();
     let (settings, refresh) = match cli.command {
         Command::Init(s) => (s, false),
