@@ -185,6 +185,38 @@ pub async fn serve_ops(
     .await;
 }
 
+/// The `main` of every daemon: installs the crypto provider and logging, starts the daemon on a
+/// multi-threaded runtime, runs until SIGTERM or SIGINT, then drains it. A start-up error is logged
+/// and ends the process with exit code 2 (a usage error: it names the setting).
+pub fn run_until_terminated<S, Fut, B>(
+    log_format: crate::telemetry::LogFormat,
+    start: S,
+) -> std::io::Result<()>
+where
+    S: FnOnce(Shutdown) -> Fut,
+    Fut: Future<Output = Result<(B, tokio::task::JoinHandle<()>), StartError>>,
+{
+    crate::install_crypto_provider();
+    let _ = crate::telemetry::init_logging(log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let shutdown = Shutdown::new();
+        let (_, task) = match start(shutdown.clone()).await {
+            Ok(started) => started,
+            Err(e) => {
+                tracing::error!("{e}");
+                std::process::exit(2);
+            }
+        };
+        crate::http::termination_signal().await;
+        shutdown.trigger();
+        let _ = task.await;
+        Ok(())
+    })
+}
+
 /// A shutdown signal that many tasks can wait on: resolves for every waiter once triggered.
 #[derive(Debug, Clone)]
 pub struct Shutdown {
