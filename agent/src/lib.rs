@@ -231,7 +231,9 @@ pub async fn start(
             .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
     };
 
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
     let agent = Arc::new(service::Agent {
+        metrics: service::AgentMetrics::register(&mut registry),
         volumes,
         pods: kubelet::PodCache::new(
             kubelet_client,
@@ -251,7 +253,6 @@ pub async fn start(
         zts_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
-    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
     let http_metrics = HttpMetrics::register(&mut registry);
     let readiness = Readiness::default();
     readiness.set(true);

@@ -75,8 +75,65 @@ fn zts_failure(e: ZtsError) -> Failure {
     }
 }
 
+/// Labels of the upstream latency histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct UpstreamLabels {
+    /// `kubelet`, `jwt_service`, `zts_register` or `zts_refresh`.
+    pub upstream: &'static str,
+}
+
+/// The agent's own metrics (request counts and latencies come from the HTTP layer).
+#[derive(Clone, Debug)]
+pub struct AgentMetrics {
+    upstream: prometheus_client::metrics::family::Family<
+        UpstreamLabels,
+        prometheus_client::metrics::histogram::Histogram,
+    >,
+    cached_pods: prometheus_client::metrics::gauge::Gauge,
+    cert_expiry: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl AgentMetrics {
+    /// Registers the metrics.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self {
+            upstream: prometheus_client::metrics::family::Family::new_with_constructor(|| {
+                prometheus_client::metrics::histogram::Histogram::new([
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ])
+            }),
+            cached_pods: Default::default(),
+            cert_expiry: Default::default(),
+        };
+        registry.register(
+            "upstream_duration_seconds",
+            "Upstream call latency",
+            m.upstream.clone(),
+        );
+        registry.register(
+            "kubelet_cached_pods",
+            "Pods in the cached kubelet list",
+            m.cached_pods.clone(),
+        );
+        registry.register(
+            "last_certificate_expiry_seconds",
+            "Expiry (Unix time) of the last certificate issued",
+            m.cert_expiry.clone(),
+        );
+        m
+    }
+
+    fn observe(&self, upstream: &'static str, started: std::time::Instant) {
+        self.upstream
+            .get_or_create(&UpstreamLabels { upstream })
+            .observe(started.elapsed().as_secs_f64());
+    }
+}
+
 /// What the agent needs to issue identities.
 pub struct Agent {
+    /// Metrics.
+    pub metrics: AgentMetrics,
     /// Volumes on this node.
     pub volumes: VolumesDir,
     /// The node's pods.
@@ -147,10 +204,16 @@ impl Agent {
         &self,
         data: &VolumeData,
     ) -> Result<(PodSubject, Option<IpAddr>), Failure> {
-        let pod: Pod = self
+        let started = std::time::Instant::now();
+        let found = self
             .pods
             .find(&data.namespace, &data.pod_name, self.pod_wait)
-            .await
+            .await;
+        self.metrics.observe("kubelet", started);
+        self.metrics
+            .cached_pods
+            .set(i64::try_from(self.pods.cached_pods().await).unwrap_or(i64::MAX));
+        let pod: Pod = found
             .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?
             .ok_or_else(|| {
                 fail(
@@ -211,6 +274,13 @@ impl Agent {
     }
 
     async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
+        let started = std::time::Instant::now();
+        let result = self.jwt_call(subject).await;
+        self.metrics.observe("jwt_service", started);
+        result
+    }
+
+    async fn jwt_call(&self, subject: &PodSubject) -> Result<Secret, Failure> {
         let resp = self
             .jwt_client
             .post(&self.jwt_url)
@@ -313,6 +383,9 @@ impl Agent {
             cert_expiry: info.not_after,
             updated_at: time::OffsetDateTime::now_utc(),
         };
+        self.metrics
+            .cert_expiry
+            .set(info.not_after.unix_timestamp());
         write_json_file(&paths.state_json, &state, 0o600)
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         Ok(IdentityResponse {
@@ -359,6 +432,7 @@ impl Agent {
             .acquire()
             .await
             .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let started = std::time::Instant::now();
         let registered = self
             .zts
             .register(&InstanceRegisterInformation {
@@ -370,8 +444,9 @@ impl Agent {
                 token: Some(true),
                 ..Default::default()
             })
-            .await
-            .map_err(zts_failure)?;
+            .await;
+        self.metrics.observe("zts_register", started);
+        let registered = registered.map_err(zts_failure)?;
         let answer = self.finish(&paths, &subject, &key, &registered.identity, None)?;
         recent.0 = Some((std::time::Instant::now(), answer.clone()));
         Ok(answer)
@@ -428,6 +503,7 @@ impl Agent {
             .acquire()
             .await
             .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let started = std::time::Instant::now();
         let identity = self
             .zts
             .refresh_instance(
@@ -445,8 +521,9 @@ impl Agent {
                 },
                 ClientIdentity::Fixed(presented),
             )
-            .await
-            .map_err(zts_failure)?;
+            .await;
+        self.metrics.observe("zts_refresh", started);
+        let identity = identity.map_err(zts_failure)?;
         self.finish(&paths, &subject, &new_key, &identity, None)
     }
 }

@@ -134,6 +134,27 @@ async fn sia_init_writes_a_verified_identity() {
     let state: VolumeState = read_json_file(&node.volumes.volume(&id).state_json).unwrap();
     assert_eq!(state.cert_serial, info.serial_hex);
     assert_eq!(state.pod_uid, uid(1));
+    // the agent's metrics saw each upstream once and the request
+    for upstream in ["kubelet", "jwt_service", "zts_register"] {
+        let count = metric(
+            node.agent_ops,
+            &format!(r#"athenz_agent_upstream_duration_seconds_count{{upstream="{upstream}"}}"#),
+        )
+        .await;
+        assert_eq!(count, 1.0, "{upstream}");
+    }
+    assert_eq!(
+        metric(
+            node.agent_ops,
+            r#"athenz_agent_http_requests_total{route="init",status="200"}"#
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric(node.agent_ops, "athenz_agent_kubelet_cached_pods").await,
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
