@@ -10,7 +10,6 @@ pub mod service;
 use athenz_core::crypto::KeyAlgorithm;
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
 use athenz_core::http::{HttpMetrics, Listener, Readiness, Server, ServerLimits};
-use athenz_core::names::DomainMapper;
 use athenz_core::tls::{self, ClientIdentity, ReloadingIdentity};
 use athenz_core::volume::{AGENT_SOCKET_NAME, VolumesDir};
 use athenz_core::zts::{ZtsClient, ZtsClientConfig};
@@ -67,18 +66,9 @@ pub struct Config {
     /// CA bundle verifying ZTS.
     #[arg(long, env = "ZTS_CA_FILE")]
     pub zts_ca: PathBuf,
-    /// Our provider name.
-    #[arg(long, env = "PROVIDER")]
-    pub provider: String,
-    /// SAN DNS suffix.
-    #[arg(long, env = "DNS_SUFFIX")]
-    pub dns_suffix: String,
-    /// Athenz domain of system namespaces.
-    #[arg(long, env = "ADMIN_DOMAIN")]
-    pub admin_domain: String,
-    /// System namespaces besides kube-*, comma-separated.
-    #[arg(long, env = "SYSTEM_NAMESPACES", value_delimiter = ',')]
-    pub system_namespaces: Vec<String>,
+    /// Provider, DNS suffix and namespace mapping (shared with the callback).
+    #[command(flatten)]
+    pub identity: athenz_core::daemon::PodIdentityArgs,
     /// Cluster DNS domain; when set, `<service>.<namespace>.svc.<domain>` is looked up for a service IP SAN.
     #[arg(long, env = "CLUSTER_DOMAIN")]
     pub cluster_domain: Option<String>,
@@ -127,19 +117,7 @@ pub async fn start(
     config: Config,
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
-    let mapper = DomainMapper::new(
-        &config.admin_domain,
-        config
-            .system_namespaces
-            .iter()
-            .filter(|s| !s.is_empty())
-            .cloned(),
-    )
-    .map_err(|e| StartError::new("--admin-domain/--system-namespaces", e))?;
-    athenz_core::names::validate_provider("provider", &config.provider)
-        .map_err(|e| StartError::new("--provider (PROVIDER)", e))?;
-    athenz_core::names::validate_dns_name("dns suffix", &config.dns_suffix)
-        .map_err(|e| StartError::new("--dns-suffix (DNS_SUFFIX)", e))?;
+    let mapper = config.identity.mapper()?;
     let node = ReloadingIdentity::load(&config.node_cert, &config.node_key)
         .map_err(|e| StartError::new("--node-cert/--node-key (NODE_CERT_FILE/NODE_KEY_FILE)", e))?;
     let jwt_tls = tls::client_config(
@@ -243,8 +221,8 @@ pub async fn start(
         ),
         pod_wait: config.pod_wait,
         mapper,
-        provider: config.provider.clone(),
-        dns_suffix: config.dns_suffix.clone(),
+        provider: config.identity.provider.clone(),
+        dns_suffix: config.identity.dns_suffix.clone(),
         cluster_domain: config.cluster_domain.clone(),
         key_algorithm: config.key_algorithm,
         jwt_client,

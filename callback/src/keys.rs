@@ -130,13 +130,6 @@ impl PublicKeys {
         interval: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                this.reload();
-            }
-        })
+        athenz_core::daemon::every(interval, move || this.reload())
     }
 }

@@ -10,7 +10,6 @@ pub mod replay;
 
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError, TlsServerArgs};
 use athenz_core::http::{HttpMetrics, Readiness};
-use athenz_core::names::DomainMapper;
 use clap::Parser;
 use jsonwebtoken::Algorithm;
 use prometheus_client::metrics::histogram::Histogram;
@@ -35,9 +34,9 @@ pub struct Config {
     /// Path prefix of /instance and /refresh (the provider endpoint's path).
     #[arg(long, env = "BASE_PATH", default_value = "/")]
     pub base_path: String,
-    /// Our provider name, e.g. k8s.admin.athenz-callback.
-    #[arg(long, env = "PROVIDER")]
-    pub provider: String,
+    /// Provider, DNS suffix and namespace mapping (shared with the agent).
+    #[command(flatten)]
+    pub identity: athenz_core::daemon::PodIdentityArgs,
     /// Directory of JWT public keys `v<N>.pem`.
     #[arg(long, env = "JWT_PUBLIC_KEYS_DIR")]
     pub public_keys_dir: PathBuf,
@@ -70,15 +69,6 @@ pub struct Config {
     /// Certificate lifetime granted (certExpiryTime), minutes.
     #[arg(long, env = "CERT_EXPIRY_MINUTES", default_value_t = 1440)]
     pub cert_expiry_minutes: u32,
-    /// DNS suffix of pod SANs.
-    #[arg(long, env = "DNS_SUFFIX")]
-    pub dns_suffix: String,
-    /// Athenz domain of system namespaces.
-    #[arg(long, env = "ADMIN_DOMAIN")]
-    pub admin_domain: String,
-    /// System namespaces besides kube-*, comma-separated.
-    #[arg(long, env = "SYSTEM_NAMESPACES", value_delimiter = ',')]
-    pub system_namespaces: Vec<String>,
     /// Kubernetes API URL (plain, no auth; for the local stack). Without it: in-cluster config or kubeconfig.
     #[arg(long, env = "KUBE_API_URL")]
     pub kube_api_url: Option<String>,
@@ -123,25 +113,13 @@ pub async fn start(
     config: Config,
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
-    athenz_core::names::validate_provider("provider", &config.provider)
-        .map_err(|e| StartError::new("--provider (PROVIDER)", e))?;
-    athenz_core::names::validate_dns_name("dns suffix", &config.dns_suffix)
-        .map_err(|e| StartError::new("--dns-suffix (DNS_SUFFIX)", e))?;
     if !config.base_path.starts_with('/') {
         return Err(StartError::new(
             "--base-path (BASE_PATH)",
             "must start with /",
         ));
     }
-    let mapper = DomainMapper::new(
-        &config.admin_domain,
-        config
-            .system_namespaces
-            .iter()
-            .filter(|s| !s.is_empty())
-            .cloned(),
-    )
-    .map_err(|e| StartError::new("--admin-domain/--system-namespaces", e))?;
+    let mapper = config.identity.mapper()?;
     let keys = Arc::new(
         keys::PublicKeys::load(&config.public_keys_dir)
             .map_err(|e| StartError::new("--public-keys-dir (JWT_PUBLIC_KEYS_DIR)", e))?,
@@ -177,14 +155,14 @@ pub async fn start(
         base_path: config.base_path.clone(),
         allowed: setup.allowed.clone(),
         policy: checks::Policy {
-            provider: config.provider.clone(),
+            provider: config.identity.provider.clone(),
             algorithms: algorithms(&config.algorithms)?,
             audience: config.audience.clone(),
             issuer: (!config.issuer.is_empty()).then(|| config.issuer.clone()),
             skew_secs: i64::try_from(config.clock_skew.as_secs()).unwrap_or(60),
             max_lifetime_secs: i64::try_from(config.max_token_lifetime.as_secs()).unwrap_or(3600),
             mapper,
-            dns_suffix: config.dns_suffix.clone(),
+            dns_suffix: config.identity.dns_suffix.clone(),
         },
         keys: keys.clone(),
         replay: replay::ReplayCache::new(config.replay_cache_size),

@@ -55,6 +55,47 @@ pub struct OpsArgs {
     pub log_format: crate::telemetry::LogFormat,
 }
 
+/// The identity rules the agent and the callback must share: what one issues for, the other
+/// checks against.
+#[derive(Debug, Clone, Args)]
+pub struct PodIdentityArgs {
+    /// Our provider name, e.g. k8s.admin.athenz-callback.
+    #[arg(long, env = "PROVIDER")]
+    pub provider: String,
+    /// DNS suffix of pod SANs.
+    #[arg(long, env = "DNS_SUFFIX")]
+    pub dns_suffix: String,
+    /// Athenz domain of system namespaces.
+    #[arg(long, env = "ADMIN_DOMAIN")]
+    pub admin_domain: String,
+    /// System namespaces besides kube-*, comma-separated.
+    #[arg(long, env = "SYSTEM_NAMESPACES", value_delimiter = ',')]
+    pub system_namespaces: Vec<String>,
+}
+
+impl PodIdentityArgs {
+    /// Validates the settings and builds the namespace ↔ domain mapper.
+    pub fn mapper(&self) -> Result<crate::names::DomainMapper, StartError> {
+        crate::names::validate_provider("provider", &self.provider)
+            .map_err(|e| StartError::new("--provider (PROVIDER)", e))?;
+        crate::names::validate_dns_name("dns suffix", &self.dns_suffix)
+            .map_err(|e| StartError::new("--dns-suffix (DNS_SUFFIX)", e))?;
+        crate::names::DomainMapper::new(
+            &self.admin_domain,
+            self.system_namespaces
+                .iter()
+                .filter(|s| !s.is_empty())
+                .cloned(),
+        )
+        .map_err(|e| {
+            StartError::new(
+                "--admin-domain/--system-namespaces (ADMIN_DOMAIN/SYSTEM_NAMESPACES)",
+                e,
+            )
+        })
+    }
+}
+
 /// A start-up failure naming the setting.
 #[derive(Debug, Error)]
 #[error("setting {setting}: {reason}")]
@@ -214,6 +255,22 @@ where
         shutdown.trigger();
         let _ = task.await;
         Ok(())
+    })
+}
+
+/// Runs `tick` every `interval` on a background task, first at once (missed ticks are delayed,
+/// never bunched). Every reloader here — TLS pairs, signing keys, public keys — runs on this.
+pub fn every(
+    interval: Duration,
+    mut tick: impl FnMut() + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut timer = tokio::time::interval(interval);
+        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            timer.tick().await;
+            tick();
+        }
     })
 }
 

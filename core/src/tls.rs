@@ -251,24 +251,17 @@ impl ReloadingIdentity {
     /// Checks the files every `interval` from a background task, logging what happened.
     pub fn spawn_watcher(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match this.reload() {
-                    ReloadOutcome::Unchanged => {}
-                    ReloadOutcome::Reloaded => tracing::info!(
-                        cert = %this.cert_path.display(),
-                        "reloaded TLS certificate and key"
-                    ),
-                    ReloadOutcome::Skipped(e) => tracing::warn!(
-                        cert = %this.cert_path.display(),
-                        error = %e,
-                        "TLS files changed but are not usable yet; still serving the previous pair"
-                    ),
-                }
-            }
+        crate::daemon::every(interval, move || match this.reload() {
+            ReloadOutcome::Unchanged => {}
+            ReloadOutcome::Reloaded => tracing::info!(
+                cert = %this.cert_path.display(),
+                "reloaded TLS certificate and key"
+            ),
+            ReloadOutcome::Skipped(e) => tracing::warn!(
+                cert = %this.cert_path.display(),
+                error = %e,
+                "TLS files changed but are not usable yet; still serving the previous pair"
+            ),
         })
     }
 

@@ -153,14 +153,9 @@ impl KeyDir {
         interval: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                if let Some(kid) = this.reload() {
-                    tracing::info!(%kid, "now signing with a new key version");
-                }
+        athenz_core::daemon::every(interval, move || {
+            if let Some(kid) = this.reload() {
+                tracing::info!(%kid, "now signing with a new key version");
             }
         })
     }
