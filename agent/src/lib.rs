@@ -72,6 +72,11 @@ pub struct Config {
     /// Cluster DNS domain; when set, `<service>.<namespace>.svc.<domain>` is looked up for a service IP SAN.
     #[arg(long, env = "CLUSTER_DOMAIN")]
     pub cluster_domain: Option<String>,
+    /// DNS server for that lookup (`ip:port`, e.g. the cluster DNS service `10.96.0.10:53`; the agent
+    /// runs with the host network, whose resolver does not know cluster names). Without it: the
+    /// system resolver.
+    #[arg(long, env = "DNS_RESOLVER")]
+    pub dns_resolver: Option<std::net::SocketAddr>,
     /// Key type for pods: p256 or rsa2048.
     #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
     pub key_algorithm: KeyAlgorithm,
@@ -223,7 +228,10 @@ pub async fn start(
         mapper,
         provider: config.identity.provider.clone(),
         dns_suffix: config.identity.dns_suffix.clone(),
-        cluster_domain: config.cluster_domain.clone(),
+        service_dns: config
+            .cluster_domain
+            .clone()
+            .map(|domain| service::ServiceDns::new(domain, config.dns_resolver)),
         key_algorithm: config.key_algorithm,
         jwt_client,
         jwt_url: service::jwt_url(&config.jwt_service_url),

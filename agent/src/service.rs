@@ -78,7 +78,7 @@ fn zts_failure(e: ZtsError) -> Failure {
 /// Labels of the upstream latency histogram.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct UpstreamLabels {
-    /// `kubelet`, `jwt_service`, `zts_register` or `zts_refresh`.
+    /// `kubelet`, `dns`, `jwt_service`, `zts_register` or `zts_refresh`.
     pub upstream: &'static str,
 }
 
@@ -130,6 +130,63 @@ impl AgentMetrics {
     }
 }
 
+/// Looks up a pod's Kubernetes service in DNS.
+pub struct ServiceDns {
+    cluster_domain: String,
+    resolver: Option<hickory_resolver::TokioResolver>,
+}
+
+impl ServiceDns {
+    /// Looks names up under `cluster_domain`, through `server` or the system resolver.
+    pub fn new(cluster_domain: String, server: Option<std::net::SocketAddr>) -> Self {
+        use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
+        let resolver = server.map(|addr| {
+            let config = ResolverConfig::from_parts(
+                None,
+                Vec::new(),
+                NameServerConfigGroup::from_ips_clear(&[addr.ip()], addr.port(), true),
+            );
+            let mut builder = hickory_resolver::TokioResolver::builder_with_config(
+                config,
+                hickory_resolver::name_server::TokioConnectionProvider::default(),
+            );
+            builder.options_mut().timeout = Duration::from_secs(2);
+            builder.options_mut().attempts = 1;
+            // no answer cache: a Service deleted since the last lookup must not put its old IP
+            // in a CSR the callback would then refuse; one query per init is cheap
+            builder.options_mut().cache_size = 0;
+            builder.build()
+        });
+        Self {
+            cluster_domain,
+            resolver,
+        }
+    }
+
+    /// The first address of `<service>.<namespace>.svc.<cluster-domain>`, within 2 s.
+    pub async fn lookup(&self, service: &str, namespace: &str) -> Option<IpAddr> {
+        let name = format!("{service}.{namespace}.svc.{}", self.cluster_domain);
+        match &self.resolver {
+            Some(resolver) => {
+                let lookup = tokio::time::timeout(
+                    Duration::from_secs(3),
+                    resolver.lookup_ip(format!("{name}.")),
+                )
+                .await;
+                lookup.ok()?.ok()?.iter().next()
+            }
+            None => {
+                let lookup = tokio::time::timeout(
+                    Duration::from_secs(2),
+                    tokio::net::lookup_host(format!("{name}:0")),
+                )
+                .await;
+                lookup.ok()?.ok()?.next().map(|a| a.ip())
+            }
+        }
+    }
+}
+
 /// What the agent needs to issue identities.
 pub struct Agent {
     /// Metrics.
@@ -146,8 +203,8 @@ pub struct Agent {
     pub provider: String,
     /// SAN DNS suffix.
     pub dns_suffix: String,
-    /// `<cluster-domain>` for the optional service IP lookup (`None`: no lookup).
-    pub cluster_domain: Option<String>,
+    /// The optional service IP lookup (`None`: no lookup).
+    pub service_dns: Option<ServiceDns>,
     /// Key type for pods.
     pub key_algorithm: KeyAlgorithm,
     /// The jwt-service client (mutual TLS with the node's certificate).
@@ -264,13 +321,14 @@ impl Agent {
         Ok((subject, service_ip))
     }
 
-    /// `<service>.<namespace>.svc.<cluster-domain>` in DNS, when that option is on.
+    /// `<service>.<namespace>.svc.<cluster-domain>` in DNS, when that option is on. A failed
+    /// lookup only leaves the SAN out: the pod still gets its identity.
     async fn service_ip(&self, subject: &PodSubject) -> Option<IpAddr> {
-        let domain = self.cluster_domain.as_ref()?;
-        let name = format!("{}.{}.svc.{domain}:0", subject.service, subject.namespace);
-        let lookup =
-            tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host(name)).await;
-        lookup.ok()?.ok()?.next().map(|a| a.ip())
+        let dns = self.service_dns.as_ref()?;
+        let started = std::time::Instant::now();
+        let ip = dns.lookup(&subject.service, &subject.namespace).await;
+        self.metrics.observe("dns", started);
+        ip
     }
 
     async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {

@@ -589,3 +589,72 @@ async fn a_volume_initialised_for_another_pod_is_refused() {
     assert_eq!(code, 403, "{message}");
     assert!(message.contains("another pod"), "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_ip_san_comes_from_the_configured_dns_server() {
+    let node = node("p256").await;
+    let dns = athenz_testbed::dns::Dns::start().await.unwrap();
+    let service_ip: std::net::IpAddr = "10.96.0.10".parse().unwrap();
+    dns.set(
+        &format!(
+            "{}.{}.svc.cluster.local",
+            fixtures::SERVICE,
+            fixtures::NAMESPACE
+        ),
+        &[service_ip],
+    );
+    // a second agent on this node with the lookup turned on
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = node.agent_config.clone();
+    config.agent_dir = dir.path().join("agent");
+    config.cluster_domain = Some("cluster.local".into());
+    config.dns_resolver = Some(dns.addr());
+    let shutdown = athenz_core::daemon::Shutdown::new();
+    let (bound, _) = athenz_identity_agent::start(config, shutdown.clone())
+        .await
+        .unwrap();
+    let via =
+        |id: &VolumeId| AgentClient::new(bound.socket.clone(), id.clone(), Duration::from_secs(30));
+
+    // the Service exists: the SAN is issued
+    node.kube
+        .cluster()
+        .put_service(athenz_testbed::kube_api::cluster_ip_service(
+            fixtures::NAMESPACE,
+            fixtures::SERVICE,
+            "10.96.0.10",
+        ));
+    let id = pod_with_volume(&node, "web-20", &uid(20), "10.1.2.20");
+    let answer = via(&id).init().await.unwrap();
+    let cert = CertInfo::from_pem(&answer.cert_pem).unwrap();
+    assert_eq!(
+        cert.ip_addresses,
+        ["10.1.2.20".parse::<std::net::IpAddr>().unwrap(), service_ip]
+    );
+
+    // DNS says so but the Service is gone: the callback refuses the SAN
+    node.kube
+        .cluster()
+        .delete_service(fixtures::NAMESPACE, fixtures::SERVICE);
+    let id = pod_with_volume(&node, "web-21", &uid(21), "10.1.2.21");
+    let (code, message) = refused(via(&id).init().await.unwrap_err());
+    assert_eq!(code, 403, "{message}");
+    assert!(message.contains("san_ip"), "{message}");
+
+    // no DNS record: the pod gets its identity without the SAN
+    dns.set(
+        &format!(
+            "{}.{}.svc.cluster.local",
+            fixtures::SERVICE,
+            fixtures::NAMESPACE
+        ),
+        &[],
+    );
+    let id = pod_with_volume(&node, "web-22", &uid(22), "10.1.2.22");
+    let cert = CertInfo::from_pem(&via(&id).init().await.unwrap().cert_pem).unwrap();
+    assert_eq!(
+        cert.ip_addresses,
+        ["10.1.2.22".parse::<std::net::IpAddr>().unwrap()]
+    );
+    shutdown.trigger();
+}

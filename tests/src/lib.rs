@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`dns`] | a DNS stand-in answering A/AAAA from a table |
 //! | [`fixtures`] | the sample pod every test talks about |
 //! | [`pki`] | root and intermediate CAs; service certificates for generated keys or CSRs |
 //! | [`kube_api`] | the Kubernetes API stand-in |
@@ -12,6 +13,7 @@
 //! | [`provider_stub`] | a scripted instance provider that records what ZTS sent it |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
+pub mod dns;
 pub mod fixtures;
 pub mod kube_api;
 pub mod kubelet;
