@@ -4,9 +4,7 @@
 
 use crate::kubelet::PodCache;
 use athenz_core::agent_api::{AgentRoute, IdentityResponse, RefreshRequest};
-use athenz_core::crypto::{
-    CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert, pem_certificates,
-};
+use athenz_core::crypto::{CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert};
 use athenz_core::http::{
     Body, ConnInfo, Handler, Peer, error_response, json_response, unavailable_response,
 };
@@ -422,15 +420,9 @@ impl Agent {
             ));
         }
         let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
-        // certPEM: the leaf, then the chain (the bundle's certificates that are not roots)
-        let mut cert_pem = format!("{}\n", leaf.trim_end());
-        if let Ok(bundle) = pem_certificates(&signer) {
-            for der in bundle {
-                if CertInfo::from_der(&der).is_ok_and(|c| !c.is_self_issued()) {
-                    cert_pem.push_str(&athenz_core::crypto::der_to_pem(&der));
-                }
-            }
-        }
+        // certPEM: the leaf, then the chain; an unreadable bundle still leaves the leaf usable
+        let cert_pem = athenz_core::crypto::leaf_with_chain(leaf, &signer)
+            .unwrap_or_else(|_| format!("{}\n", leaf.trim_end()));
         let state = VolumeState {
             provider: self.provider.clone(),
             instance_id: subject.uid.clone(),

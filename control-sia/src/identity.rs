@@ -2,7 +2,7 @@
 //! and write the certificate, CA bundle and a fresh ntoken as one atomic set.
 
 use crate::config::Loaded;
-use athenz_core::crypto::{CertInfo, build_csr, pem_certificates};
+use athenz_core::crypto::{CertInfo, build_csr};
 use athenz_core::files::{CA_FILE, CERT_FILE, Credentials, FileSet, FilesError, write_credentials};
 use athenz_core::names::CsrIdentity;
 use athenz_core::ntoken::{NTokenBuilder, NTokenError};
@@ -120,7 +120,8 @@ impl ControlSia {
         }
         let ca_pem = identity.ca_cert_bundle.unwrap_or_default();
         Ok(Issued {
-            cert_chain_pem: leaf_and_chain(&identity.certificate, &ca_pem)?,
+            cert_chain_pem: athenz_core::crypto::leaf_with_chain(&identity.certificate, &ca_pem)
+                .map_err(|e| IdentityError::Crypto(format!("ZTS's CA bundle: {e}")))?,
             ca_pem,
             info,
         })
@@ -158,23 +159,4 @@ impl ControlSia {
             info,
         })
     }
-}
-
-/// The leaf followed by the non-root certificates of the CA bundle (the chain a server sends).
-fn leaf_and_chain(leaf_pem: &str, bundle_pem: &str) -> Result<String, IdentityError> {
-    let mut out = leaf_pem.trim_end().to_owned();
-    out.push('\n');
-    if bundle_pem.trim().is_empty() {
-        return Ok(out);
-    }
-    let certs = pem_certificates(bundle_pem)
-        .map_err(|e| IdentityError::Crypto(format!("ZTS's CA bundle: {e}")))?;
-    for der in certs {
-        let info = CertInfo::from_der(&der)
-            .map_err(|e| IdentityError::Crypto(format!("ZTS's CA bundle: {e}")))?;
-        if !info.is_self_issued() {
-            out.push_str(&athenz_core::crypto::der_to_pem(&der));
-        }
-    }
-    Ok(out)
 }

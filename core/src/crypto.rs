@@ -341,6 +341,21 @@ pub fn der_to_pem(der: &[u8]) -> String {
     out
 }
 
+/// The leaf followed by the certificates of `bundle_pem` that are not roots: the chain a TLS peer
+/// sends (roots belong in trust stores, not chains). An empty bundle gives the leaf alone.
+pub fn leaf_with_chain(leaf_pem: &str, bundle_pem: &str) -> Result<String, CryptoError> {
+    let mut out = format!("{}\n", leaf_pem.trim_end());
+    if bundle_pem.trim().is_empty() {
+        return Ok(out);
+    }
+    for der in pem_certificates(bundle_pem)? {
+        if !CertInfo::from_der(&der)?.is_self_issued() {
+            out.push_str(&der_to_pem(&der));
+        }
+    }
+    Ok(out)
+}
+
 /// Whether `key` is the private half of `cert`'s public key.
 pub fn key_matches_cert(key: &PrivateKey, cert: &CertInfo) -> bool {
     key.public_key_der() == cert.public_key_der
@@ -675,6 +690,17 @@ mod tests {
             back.lines()
                 .all(|l| l.len() <= 64 || l.starts_with("-----"))
         );
+    }
+
+    #[test]
+    fn leaf_with_chain_drops_roots() {
+        let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
+        let root = self_signed(&key, &pod_identity());
+        let leaf = "-----BEGIN CERTIFICATE-----\nleaf\n-----END CERTIFICATE-----";
+        assert_eq!(leaf_with_chain(leaf, "").unwrap(), format!("{leaf}\n"));
+        // a self-issued certificate in the bundle is a root: left out
+        assert_eq!(leaf_with_chain(leaf, &root).unwrap(), format!("{leaf}\n"));
+        assert!(leaf_with_chain(leaf, "garbage").is_err());
     }
 
     #[test]
