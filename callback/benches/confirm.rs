@@ -190,7 +190,7 @@ fn main() {
         (started.elapsed(), all)
     });
     latencies.sort();
-    let at = |p: f64| latencies[((latencies.len() - 1) as f64 * p).round() as usize];
+    let at = |p: f64| athenz_testbed::stats::percentile(&latencies, p);
     println!(
         "athenz-callback: confirmations over mTLS keep-alive, callback + API stand-in on one core"
     );

@@ -151,7 +151,7 @@ fn main() {
         (started.elapsed(), all)
     });
     lat.sort();
-    let at = |p: f64| lat[((lat.len() - 1) as f64 * p).round() as usize];
+    let at = |p: f64| athenz_testbed::stats::percentile(&lat, p);
     println!(
         "  over HTTPS      {:.0} reviews/s on one core, p50 {:.2} ms, p99 {:.2} ms ({} at concurrency 16)",
         lat.len() as f64 / elapsed.as_secs_f64(),

@@ -19,6 +19,7 @@
 mod common;
 
 use athenz_sia::client::AgentClient;
+use athenz_testbed::stats::percentile;
 use clap::Parser;
 use std::time::{Duration, Instant};
 
@@ -33,10 +34,6 @@ fn status_kib(pid: u32, field: &str) -> u64 {
                 .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap())
         })
         .unwrap()
-}
-
-fn pct(sorted: &[Duration], p: f64) -> f64 {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
 fn agent_role() {
@@ -87,9 +84,9 @@ fn main() {
             lat.sort();
             println!(
                 "  init {alg:<8} p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms ({} sequential inits)",
-                pct(&lat, 0.5),
-                pct(&lat, 0.9),
-                pct(&lat, 0.99),
+                percentile(&lat, 0.5).as_secs_f64() * 1e3,
+                percentile(&lat, 0.9).as_secs_f64() * 1e3,
+                percentile(&lat, 0.99).as_secs_f64() * 1e3,
                 lat.len()
             );
         }

@@ -20,6 +20,7 @@ use athenz_core::zts::{InstanceRegisterInformation, ZtsClient, ZtsClientConfig};
 use athenz_testbed::fixtures::{DNS_SUFFIX, DOMAIN, POD_IP, PROVIDER, SERVICE};
 use athenz_testbed::pki::LeafSpec;
 use athenz_testbed::provider_stub::{Decision, ProviderStub};
+use athenz_testbed::stats::percentile;
 use athenz_testbed::zts::registry::ProviderEntry;
 use athenz_testbed::zts::{DevZts, DevZtsConfig};
 use std::sync::Arc;
@@ -49,11 +50,6 @@ fn csr_for(i: usize) -> String {
         &PrivateKey::generate(KeyAlgorithm::P256).unwrap(),
     )
     .unwrap()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[idx.min(sorted.len() - 1)]
 }
 
 fn main() {

@@ -11,6 +11,7 @@
 //! | [`kubelet`] | the kubelet stand-in (`GET /pods`) |
 //! | [`zts`] | the development ZTS |
 //! | [`provider_stub`] | a scripted instance provider that records what ZTS sent it |
+//! | [`stats`] | latency percentiles for benchmarks |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
 pub mod dns;
@@ -20,4 +21,5 @@ pub mod kubelet;
 pub mod openssl;
 pub mod pki;
 pub mod provider_stub;
+pub mod stats;
 pub mod zts;

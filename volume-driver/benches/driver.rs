@@ -35,7 +35,7 @@ fn run(volumes: &Path, agent: &Path, args: &[&str]) -> Duration {
 
 fn report(what: &str, mut times: Vec<Duration>) {
     times.sort();
-    let at = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    let at = |p: f64| athenz_testbed::stats::percentile(&times, p);
     println!(
         "  {what:<9} median {:.2} ms, p90 {:.2} ms, p99 {:.2} ms ({} runs)",
         at(0.5).as_secs_f64() * 1e3,
