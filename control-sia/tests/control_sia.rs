@@ -405,15 +405,9 @@ async fn refresh_rewrites_the_ntoken_before_it_expires_and_survives_zts_outages(
     assert_eq!(read(&out, "service.cert.pem"), first_cert);
 
     // SIGTERM: exit 0
-    let pid = child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+    let status = athenz_testbed::process::terminate(&mut child, Duration::from_secs(10))
         .await
-        .unwrap()
-        .unwrap();
+        .expect("no exit after SIGTERM");
     assert_eq!(status.code(), Some(0));
 }
 
@@ -449,14 +443,8 @@ async fn refresh_reissues_the_certificate() {
         &athenz_core::crypto::der_to_pem(&pem_certificates(&second).unwrap()[0]),
     )
     .unwrap();
-    let pid = child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+    let status = athenz_testbed::process::terminate(&mut child, Duration::from_secs(10))
         .await
-        .unwrap()
-        .unwrap();
+        .expect("no exit after SIGTERM");
     assert_eq!(status.code(), Some(0));
 }

@@ -487,15 +487,9 @@ async fn sia_refresh_keeps_a_consistent_set_and_stops_on_sigterm() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_ne!(read(&out, CERT_FILE), first);
-    let pid = child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+    let status = athenz_testbed::process::terminate(&mut child, Duration::from_secs(10))
         .await
-        .unwrap()
-        .unwrap();
+        .expect("no exit after SIGTERM");
     assert_eq!(status.code(), Some(0));
 }
 

@@ -11,6 +11,7 @@
 //! | [`kubelet`] | the kubelet stand-in (`GET /pods`) |
 //! | [`zts`] | the development ZTS |
 //! | [`provider_stub`] | a scripted instance provider that records what ZTS sent it |
+//! | [`process`] | SIGTERM and a bounded wait for real processes |
 //! | [`stats`] | latency percentiles for benchmarks |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
@@ -20,6 +21,7 @@ pub mod kube_api;
 pub mod kubelet;
 pub mod openssl;
 pub mod pki;
+pub mod process;
 pub mod provider_stub;
 pub mod stats;
 pub mod zts;
