@@ -1,11 +1,5 @@
 //! `athenz-callback`: see the library docs and `--help`.
 
-use clap::Parser;
-
 fn main() -> std::io::Result<()> {
-    let config = athenz_callback::Config::parse();
-    let log_format = config.ops.log_format;
-    athenz_core::daemon::run_until_terminated(log_format, |shutdown| {
-        athenz_callback::start(config, shutdown)
-    })
+    athenz_callback::main_with_args(std::env::args_os())
 }

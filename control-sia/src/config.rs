@@ -56,6 +56,15 @@ pub struct Settings {
     /// DNS suffix of the certificate's SAN `<service>.<domain-with-dashes>.<suffix>`.
     #[arg(long, env = "DNS_SUFFIX")]
     pub dns_suffix: String,
+    /// More DNS SANs, for the names clients reach this service by (e.g. its Kubernetes Service,
+    /// `athenz-initializer.athenz-system.svc`, which kube-apiserver verifies). Comma-separated.
+    /// ZTS decides whether they are allowed (its configured DNS suffixes).
+    #[arg(long = "dns-name", env = "DNS_NAMES", value_delimiter = ',')]
+    pub dns_names: Vec<String>,
+    /// IP SANs (e.g. 127.0.0.1 for a service reached on loopback). Comma-separated. ZTS accepts
+    /// only the address it sees the request come from.
+    #[arg(long = "ip-address", env = "IP_ADDRESSES", value_delimiter = ',')]
+    pub ip_addresses: Vec<std::net::IpAddr>,
     /// Header carrying the ntoken to ZTS.
     #[arg(long, env = "AUTH_HEADER", default_value = PRINCIPAL_AUTH_HEADER)]
     pub auth_header: String,
@@ -158,6 +167,10 @@ impl Settings {
             .map_err(|e| bad("--service (SERVICE)", e.to_string()))?;
         names::validate_dns_name("dns suffix", &self.dns_suffix)
             .map_err(|e| bad("--dns-suffix (DNS_SUFFIX)", e.to_string()))?;
+        for name in &self.dns_names {
+            names::validate_dns_name("dns name", name)
+                .map_err(|e| bad("--dns-name (DNS_NAMES)", e.to_string()))?;
+        }
         if !self.zts_url.starts_with("https://") {
             return Err(bad(
                 "--zts-url (ZTS_URL)",

@@ -58,8 +58,10 @@ impl ControlSia {
     /// Prepares the ZTS client and the CSR identity.
     pub fn new(loaded: Loaded) -> Result<Self, IdentityError> {
         let s = &loaded.settings;
-        let identity = CsrIdentity::for_service(&s.domain, &s.service, &s.dns_suffix)
+        let mut identity = CsrIdentity::for_service(&s.domain, &s.service, &s.dns_suffix)
             .map_err(|e| IdentityError::Crypto(e.to_string()))?;
+        identity.dns_names.extend(s.dns_names.iter().cloned());
+        identity.ip_addresses.extend(s.ip_addresses.iter().copied());
         let zts = ZtsClient::new(ZtsClientConfig {
             url: s.zts_url.clone(),
             ca_certs: loaded.zts_cas.clone(),

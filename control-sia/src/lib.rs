@@ -12,3 +12,54 @@ pub mod run;
 
 pub use config::{Cli, Command, Settings};
 pub use identity::ControlSia;
+
+/// The `athenz-control-sia` command: parses `args` (the program name first), runs `init` or
+/// `refresh` and says how it ended: 0 done (or SIGTERM during refresh), 1 failed, 2 bad settings.
+/// `main` runs it, and so does `athenz-devstack` when it re-executes itself under this name.
+pub fn main_with_args(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> std::process::ExitCode {
+    use clap::Parser;
+    use std::process::ExitCode;
+    athenz_core::install_crypto_provider();
+    let cli = Cli::parse_from(args);
+    let (settings, refresh) = match cli.command {
+        Command::Init(s) => (s, false),
+        Command::Refresh(s) => (s, true),
+    };
+    let _ = athenz_core::telemetry::init_logging(settings.log_format);
+    let loaded = match settings.load() {
+        Ok(l) => l,
+        Err(e) => {
+            // a configuration error: exit 2 like any usage error
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let sia = ControlSia::new(loaded)?;
+        if refresh {
+            run::refresh(&sia, athenz_core::http::termination_signal()).await;
+            Ok(())
+        } else {
+            run::init(&sia).await
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

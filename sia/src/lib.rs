@@ -69,3 +69,50 @@ pub struct Settings {
     #[arg(long, env = "LOG_FORMAT", default_value = "human")]
     pub log_format: LogFormat,
 }
+
+/// The `athenz-sia` command: parses `args` (the program name first), runs `init` or `refresh`
+/// and says how it ended: 0 done (or SIGTERM during refresh), 1 failed, 2 bad settings. `main`
+/// runs it, and so does `athenz-devstack` when it re-executes itself under this name.
+pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    // No TLS here (the agent is reached over a Unix socket), so no crypto provider is installed:
+    // it would only add memory to a process that runs in every pod.
+    let cli = Cli::parse_from(args);
+    let (settings, refresh) = match cli.command {
+        Command::Init(s) => (s, false),
+        Command::Refresh(s) => (s, true),
+    };
+    let _ = athenz_core::telemetry::init_logging(settings.log_format);
+    let sia = match run::Sia::load(settings) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    // A single-threaded runtime: the SIA runs in every pod and must stay small.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        if refresh {
+            sia.refresh(athenz_core::http::termination_signal()).await
+        } else {
+            sia.init().await
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -4,8 +4,14 @@
 //! Serves what this system's clients call: `GET /api/v1/namespaces/{ns}/pods/{name}`,
 //! `GET /api/v1/namespaces/{ns}/services/{name}`, pod lists (`/api/v1/pods`, optionally with
 //! `fieldSelector=spec.nodeName=<node>`, and `/api/v1/namespaces/{ns}/pods`), `GET /version` and
-//! `GET /readyz`. Anything else is a 404 with a Kubernetes `Status` object, as the real server
-//! answers.
+//! `GET /readyz`. Writes, so that curl or a test can drive it as a client drives the API server
+//! (see [`writes`]): pod and service create (`POST .../pods`, `POST .../services`), replace (`PUT`),
+//! JSON merge patch (`PATCH`, on the object or its `/status`), and delete (`DELETE`: a pod is first
+//! marked terminating, then removed by a delete with `gracePeriodSeconds=0`, as kubelet does once
+//! its containers stopped). Anything else is a 404 or 405 with a Kubernetes `Status` object, as the
+//! real server answers.
+
+mod writes;
 
 use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, json_response};
 use bytes::Bytes;
@@ -205,6 +211,9 @@ struct ApiHandler {
 impl Handler for ApiHandler {
     async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
         if req.method() != Method::GET {
+            if let Some(response) = writes::handle(&self.cluster, &req) {
+                return response;
+            }
             return status(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",

@@ -51,6 +51,14 @@ pub fn install_panic_hook() {
     }));
 }
 
+/// The `athenz-volume-driver` command: `args` are the arguments after the program name. Prints
+/// exactly one reply (a panic included) and exits with its code. `main` runs it, and so does
+/// `athenz-devstack` when it re-executes itself under this name.
+pub fn main_with_args(args: &[OsString]) -> ! {
+    install_panic_hook();
+    print_and_exit(&run(args, &host_dirs_from_env()))
+}
+
 /// Runs one driver command. `args` are the arguments after the program name.
 pub fn run(args: &[OsString], host: &HostDirs) -> Reply {
     let args: Vec<&str> = match args.iter().map(|a| a.to_str()).collect::<Option<Vec<_>>>() {

@@ -112,7 +112,7 @@ impl Handler for ZtsHandler {
             )),
             (&Method::POST, ["instance"]) => self.register(&req, &conn).await,
             (&Method::POST, ["instance", domain, service, "refresh"]) => {
-                self.refresh_with_key(&req, domain, service)
+                self.refresh_with_key(&req, &conn, domain, service)
             }
             (&Method::POST, ["instance", provider, domain, service, instance_id]) => {
                 self.refresh_instance(&req, &conn, provider, domain, service, instance_id)
@@ -443,7 +443,13 @@ impl ZtsHandler {
         Ok(json_response(StatusCode::OK, &identity))
     }
 
-    fn refresh_with_key(&self, req: &Request<Bytes>, domain: &str, service: &str) -> Outcome {
+    fn refresh_with_key(
+        &self,
+        req: &Request<Bytes>,
+        conn: &ConnInfo,
+        domain: &str,
+        service: &str,
+    ) -> Outcome {
         const CALLER: &str = "postInstanceRefreshRequest";
         names::validate_domain("domain", domain)
             .and_then(|()| names::validate_service("service", service))
@@ -507,6 +513,18 @@ impl ZtsHandler {
         .map_err(|why| {
             Refusal::bad_request(format!("{CALLER}: unable to validate cert request: {why}"))
         })?;
+        // As ZTS does: an IP SAN must be the address the request comes from.
+        let caller_ip = client_ip(conn);
+        if let Some(ip) = csr
+            .ip_addresses
+            .iter()
+            .find(|ip| ip.to_string() != caller_ip)
+        {
+            return Err(Refusal::bad_request(format!(
+                "{CALLER}: unable to validate cert request: IP address {ip} is not the \
+                 client's address {caller_ip:?}"
+            )));
+        }
         let mut minutes = i64::from(self.state.settings.max_cert_lifetime_minutes);
         if let Some(r) = request.expiry_time.filter(|r| *r > 0) {
             minutes = minutes.min(i64::from(r));
