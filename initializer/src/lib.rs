@@ -237,9 +237,7 @@ pub async fn start(
 /// The `athenz-initializer` command: parses `args` (the program name first; a bad setting exits 2 with
 /// clap's message) and serves until SIGTERM. `main` runs it, and so does `athenz-devstack` when it
 /// re-executes itself under this name.
-pub fn main_with_args(
-    args: impl IntoIterator<Item = std::ffi::OsString>,
-) -> std::io::Result<()> {
+pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Result<()> {
     let config = <Config as clap::Parser>::parse_from(args);
     let log_format = config.ops.log_format;
     athenz_core::daemon::run_until_terminated(log_format, |shutdown| start(config, shutdown))

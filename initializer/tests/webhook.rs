@@ -502,7 +502,7 @@ async fn tls_is_required_and_templates_are_checked_at_start() {
 fn the_deployed_template_is_valid() {
     let manifest = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/initializer/template.yaml"
+        "/../deploy/base/initializer-template.yaml"
     ))
     .unwrap();
     let data = manifest.split("template.yaml: |\n").nth(1).unwrap();

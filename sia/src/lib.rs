@@ -73,7 +73,9 @@ pub struct Settings {
 /// The `athenz-sia` command: parses `args` (the program name first), runs `init` or `refresh`
 /// and says how it ended: 0 done (or SIGTERM during refresh), 1 failed, 2 bad settings. `main`
 /// runs it, and so does `athenz-devstack` when it re-executes itself under this name.
-pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::process::ExitCode {
+pub fn main_with_args(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> std::process::ExitCode {
     use std::process::ExitCode;
     // No TLS here (the agent is reached over a Unix socket), so no crypto provider is installed:
     // it would only add memory to a process that runs in every pod.

@@ -1,0 +1,345 @@
+//! `athenz-devstack bench`: the full path for N pods — kubelet's driver exec, `athenz-sia init`,
+//! the agent, jwt-service, ZTS, callback and API — at a given concurrency and key type. Reports
+//! mount→files-written latency, throughput, CPU and peak memory per process, and the cost of the
+//! cryptography no implementation can avoid, measured in the same run, as a ratio.
+
+use crate::kube::{KubeClient, NewPod};
+use crate::node;
+use crate::procs::Usage;
+use crate::stack::{Stack, StackOptions};
+use anyhow::{Context, bail};
+use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey};
+use athenz_testbed::stats::percentile;
+use nix::sys::resource::{UsageWho, getrusage};
+use serde::Serialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Pods.
+    pub pods: usize,
+    /// Pods in flight at once.
+    pub concurrency: usize,
+    /// p256 or rsa2048.
+    pub key: String,
+}
+
+/// One process's share of the run.
+#[derive(Debug, Serialize)]
+pub struct ProcessReport {
+    /// Component.
+    pub name: String,
+    /// CPU seconds during the run.
+    pub cpu_seconds: f64,
+    /// Peak resident set since it started, MiB.
+    pub peak_rss_mib: f64,
+}
+
+/// The unavoidable cryptography of one identity, each step's cost on this machine now.
+#[derive(Debug, Serialize)]
+pub struct CryptoFloor {
+    /// Steps and their microseconds.
+    pub steps: Vec<(String, f64)>,
+    /// Their sum, milliseconds.
+    pub total_ms: f64,
+}
+
+/// The results.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    /// Pods.
+    pub pods: usize,
+    /// Concurrency.
+    pub concurrency: usize,
+    /// Key type.
+    pub key: String,
+    /// Mount → files written, ms.
+    pub latency_ms: Latency,
+    /// From the first mount to the last files written, seconds.
+    pub wall_seconds: f64,
+    /// Identities per second.
+    pub throughput_per_second: f64,
+    /// Long-running processes.
+    pub processes: Vec<ProcessReport>,
+    /// Driver and SIA processes, all of them together (CPU) and the largest (peak RSS).
+    pub short_lived: ProcessReport,
+    /// All CPU of the run per identity, ms.
+    pub cpu_per_identity_ms: f64,
+    /// The unavoidable part.
+    pub crypto_floor: CryptoFloor,
+    /// cpu_per_identity / crypto floor.
+    pub cpu_to_floor_ratio: f64,
+}
+
+/// Percentiles.
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 90th.
+    pub p90: f64,
+    /// 99th.
+    pub p99: f64,
+    /// Slowest.
+    pub max: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Children reaped so far: CPU seconds and the largest peak RSS (KiB).
+fn children_usage() -> (f64, u64) {
+    match getrusage(UsageWho::RUSAGE_CHILDREN) {
+        Ok(u) => {
+            let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
+            (
+                secs(u.user_time()) + secs(u.system_time()),
+                u64::try_from(u.max_rss()).unwrap_or(0),
+            )
+        }
+        Err(_) => (0.0, 0),
+    }
+}
+
+/// Runs the benchmark in `state_dir`.
+pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<BenchReport> {
+    if options.pods == 0 || options.concurrency == 0 {
+        bail!("--pods and --concurrency must be at least 1");
+    }
+    let algorithm = match options.key.as_str() {
+        "p256" => KeyAlgorithm::P256,
+        "rsa2048" => KeyAlgorithm::Rsa2048,
+        other => bail!("--key {other:?}: must be p256 or rsa2048"),
+    };
+    let stack = Stack::start(&StackOptions {
+        state_dir: state_dir.to_owned(),
+        key_algorithm: options.key.clone(),
+    })
+    .await?;
+    let result = measure(&stack, options, algorithm).await;
+    stack.stop().await;
+    result
+}
+
+async fn measure(
+    stack: &Stack,
+    options: &BenchOptions,
+    algorithm: KeyAlgorithm,
+) -> anyhow::Result<BenchReport> {
+    let info = Arc::new(stack.info.clone());
+    let kube = KubeClient::new(&info.kube_api.url)?;
+    let kubelet_root = stack.state_dir.join("kubelet");
+    let mut pods = Vec::new();
+    for n in 0..options.pods {
+        let pod = NewPod {
+            namespace: if n % 2 == 0 {
+                "media-sports"
+            } else {
+                "finance-ledger"
+            }
+            .into(),
+            name: format!("bench-{n}"),
+            service_account: "web".into(),
+            ip: format!("10.2.{}.{}", n / 250, n % 250 + 1),
+        };
+        let uid = kube.create_running_pod(&pod, &info.node_name).await?;
+        pods.push((pod, uid));
+    }
+
+    let before: Vec<(String, Usage)> = stack.usage();
+    let (children_cpu_before, _) = children_usage();
+    let started = Instant::now();
+    let semaphore = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (pod, uid) in pods {
+        let permit = semaphore.clone().acquire_owned().await?;
+        let info = info.clone();
+        let root = kubelet_root.clone();
+        tasks.spawn(async move {
+            let _permit = permit;
+            let t0 = Instant::now();
+            let volume = node::mount(&info, &root, &pod, &uid).await?;
+            node::sia_init(&info, &volume).await?;
+            anyhow::Ok((t0.elapsed(), volume))
+        });
+    }
+    let mut latencies = Vec::new();
+    let mut volumes = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (latency, volume) = joined.context("a pod's task")??;
+        latencies.push(latency);
+        volumes.push(volume);
+    }
+    let wall = started.elapsed();
+    let (children_cpu_after, children_peak_kib) = children_usage();
+    let after = stack.usage();
+
+    // Unmount outside the measurement.
+    for volume in &volumes {
+        node::unmount(&info, volume).await?;
+    }
+
+    latencies.sort();
+    let mut processes = Vec::new();
+    let mut total_cpu = 0.0;
+    for ((name, a), (_, b)) in after.iter().zip(before.iter()) {
+        let cpu = (a.cpu_seconds - b.cpu_seconds).max(0.0);
+        total_cpu += cpu;
+        processes.push(ProcessReport {
+            name: name.clone(),
+            cpu_seconds: cpu,
+            peak_rss_mib: a.peak_rss_kib as f64 / 1024.0,
+        });
+    }
+    let children_cpu = (children_cpu_after - children_cpu_before).max(0.0);
+    total_cpu += children_cpu;
+    let floor = crypto_floor(algorithm)?;
+    let cpu_per_identity_ms = total_cpu * 1e3 / options.pods as f64;
+    Ok(BenchReport {
+        pods: options.pods,
+        concurrency: options.concurrency,
+        key: options.key.clone(),
+        latency_ms: Latency {
+            p50: ms(percentile(&latencies, 0.5)),
+            p90: ms(percentile(&latencies, 0.9)),
+            p99: ms(percentile(&latencies, 0.99)),
+            max: latencies.last().map_or(0.0, |d| ms(*d)),
+        },
+        wall_seconds: wall.as_secs_f64(),
+        throughput_per_second: options.pods as f64 / wall.as_secs_f64(),
+        processes,
+        short_lived: ProcessReport {
+            name: format!("driver + sia ({} processes)", options.pods * 2),
+            cpu_seconds: children_cpu,
+            peak_rss_mib: children_peak_kib as f64 / 1024.0,
+        },
+        cpu_per_identity_ms,
+        cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
+        crypto_floor: floor,
+    })
+}
+
+/// Mean microseconds of `op` over `n` runs.
+fn time_us(n: u32, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    for _ in 0..n {
+        op()?;
+    }
+    Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(n))
+}
+
+/// The cryptography one identity needs, whoever implements it: the pod's key pair and CSR
+/// signature (agent), the identity JWT's signature (jwt-service, ES256) and its verification
+/// (callback), the CSR's verification, the certificate's and the ntoken's signatures (ZTS, P-256).
+pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
+    let message = [7u8; 256];
+    let p256 = PrivateKey::generate(KeyAlgorithm::P256)?;
+    let p256_public = PublicKey::from_spki_der(&p256.public_key_der())?;
+    let p256_signature = p256.sign_sha256(&message)?;
+    let pod_key = PrivateKey::generate(algorithm)?;
+    let pod_public = PublicKey::from_spki_der(&pod_key.public_key_der())?;
+    let pod_signature = pod_key.sign_sha256(&message)?;
+    let keygen_runs = if algorithm == KeyAlgorithm::P256 {
+        500
+    } else {
+        30
+    };
+    let check = |ok: bool| {
+        if ok {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!("a signature did not verify"))
+        }
+    };
+    let steps = vec![
+        (
+            "pod key generation".to_owned(),
+            time_us(keygen_runs, || {
+                PrivateKey::generate(algorithm)?;
+                Ok(())
+            })?,
+        ),
+        (
+            "CSR signature (pod key)".to_owned(),
+            time_us(200, || {
+                pod_key.sign_sha256(&message)?;
+                Ok(())
+            })?,
+        ),
+        (
+            "JWT signature (ES256)".to_owned(),
+            time_us(500, || {
+                p256.sign_sha256(&message)?;
+                Ok(())
+            })?,
+        ),
+        (
+            "JWT verification (ES256)".to_owned(),
+            time_us(500, || {
+                check(p256_public.verify_sha256(&message, &p256_signature))
+            })?,
+        ),
+        (
+            "CSR verification".to_owned(),
+            time_us(200, || {
+                check(pod_public.verify_sha256(&message, &pod_signature))
+            })?,
+        ),
+        (
+            "certificate signature (CA, P-256)".to_owned(),
+            time_us(500, || {
+                p256.sign_sha256(&message)?;
+                Ok(())
+            })?,
+        ),
+        (
+            "ntoken signature (P-256)".to_owned(),
+            time_us(500, || {
+                p256.sign_sha256(&message)?;
+                Ok(())
+            })?,
+        ),
+    ];
+    let total_ms = steps.iter().map(|(_, us)| us).sum::<f64>() / 1e3;
+    Ok(CryptoFloor { steps, total_ms })
+}
+
+/// The report as a person reads it.
+pub fn print_human(report: &BenchReport) {
+    let l = &report.latency_ms;
+    println!(
+        "{} pods, concurrency {}, {} keys",
+        report.pods, report.concurrency, report.key
+    );
+    println!(
+        "latency mount -> files written: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        l.p50, l.p90, l.p99, l.max
+    );
+    println!(
+        "all {} identities in {:.3} s: {:.0} identities/s",
+        report.pods, report.wall_seconds, report.throughput_per_second
+    );
+    println!("{:<34} {:>12} {:>14}", "process", "CPU s", "peak RSS MiB");
+    for p in report
+        .processes
+        .iter()
+        .chain(std::iter::once(&report.short_lived))
+    {
+        println!(
+            "{:<34} {:>12.3} {:>14.1}",
+            p.name, p.cpu_seconds, p.peak_rss_mib
+        );
+    }
+    println!("unavoidable cryptography per identity:");
+    for (step, us) in &report.crypto_floor.steps {
+        println!("  {step:<36} {us:>9.1} us");
+    }
+    println!(
+        "CPU per identity {:.2} ms; crypto floor {:.3} ms; ratio {:.1}x",
+        report.cpu_per_identity_ms, report.crypto_floor.total_ms, report.cpu_to_floor_ratio
+    );
+}

@@ -1,0 +1,158 @@
+//! The Kubernetes side of the stack: the process serving the API and kubelet stand-ins (one
+//! process, since the kubelet reads the API's pods), and the client calls the devstack makes as
+//! a user and as the kubelet would (create a pod, report it running, delete it).
+
+use anyhow::{Context, bail};
+use athenz_testbed::kube_api::KubeApi;
+use athenz_testbed::kubelet::Kubelet;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+/// What the stand-in process writes to `<state>/kube.json` once both servers listen.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeInfo {
+    /// The API stand-in, `http://127.0.0.1:<port>`.
+    pub api: String,
+    /// The kubelet stand-in, `http://127.0.0.1:<port>`.
+    pub kubelet: String,
+}
+
+/// Runs the API and kubelet stand-ins until SIGTERM (the hidden `kube-standins` command).
+pub async fn run_standins(
+    state_dir: &Path,
+    api_listen: SocketAddr,
+    node: &str,
+) -> anyhow::Result<()> {
+    let api = KubeApi::start_on(api_listen)
+        .await
+        .with_context(|| format!("starting the Kubernetes API stand-in on {api_listen}"))?;
+    let kubelet = Kubelet::start(api.cluster().clone(), node)
+        .await
+        .context("starting the kubelet stand-in")?;
+    let info = KubeInfo {
+        api: api.url(),
+        kubelet: kubelet.url(),
+    };
+    crate::stack::write_json_atomically(&state_dir.join("kube.json"), &info)?;
+    athenz_core::http::termination_signal().await;
+    Ok(())
+}
+
+/// A pod to create.
+#[derive(Debug, Clone)]
+pub struct NewPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Service account (the Athenz service).
+    pub service_account: String,
+    /// The IP kubelet reports for it.
+    pub ip: String,
+}
+
+/// The API calls of a user and of the kubelet.
+#[derive(Clone)]
+pub struct KubeClient {
+    http: reqwest::Client,
+    api: String,
+}
+
+impl KubeClient {
+    /// A client of the API stand-in at `api`.
+    pub fn new(api: &str) -> anyhow::Result<Self> {
+        Ok(Self {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .context("building an HTTP client")?,
+            api: api.to_owned(),
+        })
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder, what: &str) -> anyhow::Result<Pod> {
+        let response = request
+            .send()
+            .await
+            .with_context(|| format!("{what}: the API did not answer"))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .with_context(|| format!("{what}: reading"))?;
+        if !status.is_success() {
+            bail!("{what}: {status}: {}", String::from_utf8_lossy(&body));
+        }
+        serde_json::from_slice(&body).with_context(|| format!("{what}: the answer is not a Pod"))
+    }
+
+    /// Creates the pod on `node` (as a user would, through the scheduler's binding) and reports
+    /// it running with its IP (as kubelet does through the status subresource); returns its uid.
+    pub async fn create_running_pod(&self, pod: &NewPod, node: &str) -> anyhow::Result<String> {
+        let object = Pod {
+            metadata: ObjectMeta {
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                service_account_name: Some(pod.service_account.clone()),
+                node_name: Some(node.to_owned()),
+                containers: vec![Container {
+                    name: "app".into(),
+                    image: Some("registry.example/app:1".into()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            status: None,
+        };
+        let base = format!("{}/api/v1/namespaces/{}/pods", self.api, pod.namespace);
+        let created = self
+            .send(
+                self.http.post(&base).json(&object),
+                &format!("creating pod {}/{}", pod.namespace, pod.name),
+            )
+            .await?;
+        let uid = created
+            .metadata
+            .uid
+            .clone()
+            .context("the created pod has no uid")?;
+        let mut running = created;
+        running.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some(pod.ip.clone()),
+            pod_ips: Some(vec![k8s_openapi::api::core::v1::PodIP {
+                ip: pod.ip.clone(),
+            }]),
+            ..PodStatus::default()
+        });
+        self.send(
+            self.http
+                .put(format!("{base}/{}/status", pod.name))
+                .json(&running),
+            &format!("reporting pod {}/{} running", pod.namespace, pod.name),
+        )
+        .await?;
+        Ok(uid)
+    }
+
+    /// Deletes a pod as `kubectl delete` and then kubelet do: marked terminating, then removed
+    /// once its containers stopped (`gracePeriodSeconds=0`).
+    pub async fn delete_pod(&self, namespace: &str, name: &str) -> anyhow::Result<()> {
+        let url = format!("{}/api/v1/namespaces/{namespace}/pods/{name}", self.api);
+        let what = format!("deleting pod {namespace}/{name}");
+        self.send(self.http.delete(&url), &what).await?;
+        self.send(
+            self.http.delete(format!("{url}?gracePeriodSeconds=0")),
+            &what,
+        )
+        .await?;
+        Ok(())
+    }
+}

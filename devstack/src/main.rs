@@ -1,0 +1,257 @@
+//! `athenz-devstack`: the whole athenz-k8s-identity system on one machine (DESIGN.md 5).
+//!
+//! - `demo`: three pods in two namespaces get identities through every real component; one is
+//!   refreshed, one deleted and refused; everything is unmounted and stopped.
+//! - `up --state-dir DIR`: the same stack until Ctrl-C, described in `DIR/stack.json`.
+//! - `bench --pods N --concurrency C --key p256|rsa2048`: the full path for N pods, measured.
+//! - `zts --state-dir DIR`: the development ZTS alone.
+//!
+//! Every component runs as its own process: this binary executed under the component's name.
+
+mod bench;
+mod demo;
+mod identity;
+mod kube;
+mod multicall;
+mod node;
+mod procs;
+mod stack;
+mod userns;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "athenz-devstack",
+    version,
+    about = "athenz-k8s-identity on one machine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the whole system once through for three pods, print what happened, stop.
+    Demo {
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Keep state here instead of a temporary directory (kept afterwards).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Start the stack and keep it running until Ctrl-C or SIGTERM; writes DIR/stack.json.
+    Up {
+        /// Where everything lives; stack.json appears here once every part is ready.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Pod key type the agent generates.
+        #[arg(long, default_value = "p256")]
+        key: String,
+    },
+    /// Measure the full path for many pods.
+    Bench {
+        /// Pods to give identities.
+        #[arg(long, default_value_t = 110)]
+        pods: usize,
+        /// Pods in flight at once.
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Pod key type: p256 or rsa2048.
+        #[arg(long, default_value = "p256")]
+        key: String,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
+    Zts {
+        /// Where its CA, its own certificate and zts.json are written.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Its configuration (JSON: services, providers, lifetimes); defaults otherwise.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// The Kubernetes API and kubelet stand-ins (started by the stack).
+    #[command(hide = true)]
+    KubeStandins {
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:0")]
+        api_listen: std::net::SocketAddr,
+        #[arg(long)]
+        node: String,
+    },
+}
+
+fn main() -> ExitCode {
+    if let Some(code) = multicall::dispatch() {
+        return code;
+    }
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("athenz-devstack: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Zts { state_dir, config } => {
+            let _ = athenz_core::telemetry::init_logging(athenz_core::telemetry::LogFormat::Human);
+            let config = match config {
+                Some(path) => athenz_testbed::zts::DevZtsConfig::from_file(&path)?,
+                None => athenz_testbed::zts::DevZtsConfig::default(),
+            };
+            runtime()?.block_on(athenz_testbed::zts::run_standalone(
+                config,
+                &state_dir,
+                athenz_core::http::termination_signal(),
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::KubeStandins {
+            state_dir,
+            api_listen,
+            node,
+        } => {
+            runtime()?.block_on(kube::run_standins(&state_dir, api_listen, &node))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo { json, state_dir } => {
+            if let Some(code) = userns::ensure_privileged()? {
+                return Ok(code);
+            }
+            let temp = tempfile::Builder::new()
+                .prefix("athenz-devstack-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            let dir = state_dir.unwrap_or_else(|| temp.path().to_owned());
+            let mut print = |line: String| {
+                if !json {
+                    println!("{line}");
+                }
+            };
+            let report = runtime()?.block_on(demo::run(&dir, &mut print))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                println!(
+                    "\ndemo complete in {:.1} s: 3 identities issued and verified, 1 refreshed, \
+                     1 refused after delete, 3 volumes unmounted",
+                    report.seconds
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Up { state_dir, key } => {
+            if let Some(code) = userns::ensure_privileged()? {
+                return Ok(code);
+            }
+            runtime()?.block_on(up(state_dir, key))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Bench {
+            pods,
+            concurrency,
+            key,
+            json,
+        } => {
+            if let Some(code) = userns::ensure_privileged()? {
+                return Ok(code);
+            }
+            let temp = tempfile::Builder::new()
+                .prefix("athenz-devstack-bench-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            let options = bench::BenchOptions {
+                pods,
+                concurrency,
+                key,
+            };
+            let report = runtime()?.block_on(bench::run(temp.path(), &options))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                bench::print_human(&report);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// `up`: start, describe, supervise until Ctrl-C or SIGTERM, stop.
+async fn up(state_dir: PathBuf, key: String) -> anyhow::Result<()> {
+    let mut stack = stack::Stack::start(&stack::StackOptions {
+        state_dir,
+        key_algorithm: key,
+    })
+    .await?;
+    let info = &stack.info;
+    println!(
+        "athenz-devstack is up; stack.json: {}",
+        stack.state_dir.join("stack.json").display()
+    );
+    println!(
+        "  dev ZTS          {}  (CA {})",
+        info.zts.url,
+        info.zts.ca.display()
+    );
+    println!("  Kubernetes API   {}", info.kube_api.url);
+    println!("  kubelet          {}", info.kubelet.url);
+    println!("  jwt-service      {}", info.jwt_service.url);
+    println!(
+        "  callback         {}{}",
+        info.callback.url, info.callback.base_path
+    );
+    println!("  initializer      {}/mutate", info.initializer.url);
+    println!(
+        "  agent            {}  (metrics {})",
+        info.agent.socket.display(),
+        info.agent.metrics_url
+    );
+    println!(
+        "  volume driver    ATHENZ_VOLUMES_DIR={} ATHENZ_AGENT_DIR={} {}",
+        info.volumes_dir.display(),
+        info.agent_dir.display(),
+        info.volume_driver.join(" ")
+    );
+    println!("  pod SIA          {}", info.sia.join(" "));
+    println!(
+        "  logs             {}",
+        stack.state_dir.join("logs").display()
+    );
+    println!("Ctrl-C to stop.");
+    let stop = athenz_core::http::termination_signal();
+    tokio::pin!(stop);
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = tick.tick() => {
+                for name in stack.restart_exited()? {
+                    eprintln!("{name} exited; restarted it");
+                }
+            }
+        }
+    }
+    println!("stopping");
+    stack.stop().await;
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! One binary, every component. `athenz-devstack` starts each part of the system as its own
+//! process by executing itself under the component's name (a symlink in `<state>/bin`), so the
+//! processes, arguments, sockets, mounts and TLS are those of a cluster while `cargo run` builds
+//! only this crate.
+
+use anyhow::Context;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The component binaries this one can act as.
+pub const COMPONENTS: &[&str] = &[
+    "athenz-volume-driver",
+    "athenz-identity-agent",
+    "athenz-jwt-service",
+    "athenz-callback",
+    "athenz-initializer",
+    "athenz-sia",
+    "athenz-control-sia",
+];
+
+/// Runs the component this process was executed as (the file name of `argv[0]`), if it is one.
+pub fn dispatch() -> Option<ExitCode> {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let name = args
+        .first()
+        .map(Path::new)
+        .and_then(Path::file_name)
+        .and_then(|n| n.to_str())?
+        .to_owned();
+    let daemon = |result: std::io::Result<()>| match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::FAILURE
+        }
+    };
+    Some(match name.as_str() {
+        "athenz-volume-driver" => athenz_volume_driver::main_with_args(&args[1..]),
+        "athenz-identity-agent" => daemon(athenz_identity_agent::main_with_args(args)),
+        "athenz-jwt-service" => daemon(athenz_jwt_service::main_with_args(args)),
+        "athenz-callback" => daemon(athenz_callback::main_with_args(args)),
+        "athenz-initializer" => daemon(athenz_initializer::main_with_args(args)),
+        "athenz-sia" => athenz_sia::main_with_args(args),
+        "athenz-control-sia" => athenz_control_sia::main_with_args(args),
+        _ => return None,
+    })
+}
+
+/// Makes `dir` hold one symlink per component, each pointing at this executable; returns `dir`.
+pub fn install_bin_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for name in COMPONENTS.iter().chain(std::iter::once(&"athenz-devstack")) {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&exe, &link)
+            .with_context(|| format!("linking {} to {}", link.display(), exe.display()))?;
+    }
+    Ok(dir.to_owned())
+}

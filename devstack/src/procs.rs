@@ -1,0 +1,261 @@
+//! The stack's long-running processes: started with their output in a log file, watched for
+//! readiness, measured from /proc, restarted if they die (as kubelet restarts a container), and
+//! stopped with SIGTERM (SIGKILL after a grace period).
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+/// How long a process may take to become ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a process may take to exit after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// How to start one process (kept to restart it).
+#[derive(Debug, Clone)]
+pub struct Command {
+    /// Short name (log file, reports).
+    pub name: String,
+    /// Executable.
+    pub program: PathBuf,
+    /// Arguments after the program.
+    pub args: Vec<String>,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Working directory (this process's if none).
+    pub cwd: Option<PathBuf>,
+}
+
+impl Command {
+    /// A command with no extra environment.
+    pub fn new(name: &str, program: &Path, args: Vec<String>) -> Self {
+        Self {
+            name: name.to_owned(),
+            program: program.to_owned(),
+            args,
+            env: Vec::new(),
+            cwd: None,
+        }
+    }
+}
+
+/// A running process of the stack.
+pub struct Process {
+    /// How it was started.
+    pub command: Command,
+    child: tokio::process::Child,
+    log: PathBuf,
+    /// Restarts so far.
+    pub restarts: u32,
+}
+
+fn spawn_child(command: &Command, log: &Path) -> anyhow::Result<tokio::process::Child> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the log file")?;
+    let mut process = tokio::process::Command::new(&command.program);
+    if let Some(dir) = &command.cwd {
+        process.current_dir(dir);
+    }
+    process
+        .args(&command.args)
+        .envs(command.env.iter().map(|(k, v)| (k, v)))
+        // the stack's processes log JSON-free human lines; keep RUST_LOG of the caller if set
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", command.program.display()))
+}
+
+impl Process {
+    /// Starts `command` with stdout and stderr appended to `<log_dir>/<name>.log`.
+    pub fn start(command: Command, log_dir: &Path) -> anyhow::Result<Self> {
+        let log = log_dir.join(format!("{}.log", command.name));
+        let child = spawn_child(&command, &log)?;
+        Ok(Self {
+            command,
+            child,
+            log,
+            restarts: 0,
+        })
+    }
+
+    /// Its pid (0 once reaped).
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// The last lines of its log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// Fails (with its log) if it has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait().context("checking a process")? {
+            bail!(
+                "{} exited ({status}); its log ({}):\n{}",
+                self.command.name,
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    /// Restarts it if it has exited; says whether it did.
+    pub fn restart_if_exited(&mut self) -> anyhow::Result<bool> {
+        if self
+            .child
+            .try_wait()
+            .context("checking a process")?
+            .is_none()
+        {
+            return Ok(false);
+        }
+        self.child = spawn_child(&self.command, &self.log)?;
+        self.restarts += 1;
+        Ok(true)
+    }
+
+    /// Waits until `ready()` holds, failing if the process exits or [`READY_TIMEOUT`] passes.
+    pub async fn wait_until<F, Fut>(&mut self, what: &str, mut ready: F) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if ready().await {
+                return Ok(());
+            }
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "{} was not {what} after {READY_TIMEOUT:?}; its log:\n{}",
+                    self.command.name,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until `GET <url>` answers 200.
+    pub async fn wait_http_ok(&mut self, url: &str) -> anyhow::Result<()> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .context("building an HTTP client")?;
+        self.wait_until("ready", || {
+            let request = client.get(url).send();
+            async move { request.await.is_ok_and(|r| r.status().is_success()) }
+        })
+        .await
+    }
+
+    /// Waits until `path` exists.
+    pub async fn wait_file(&mut self, path: &Path) -> anyhow::Result<()> {
+        self.wait_until("ready", || std::future::ready(path.exists()))
+            .await
+    }
+
+    /// Waits for it to exit by itself within `limit`; returns whether it succeeded.
+    pub async fn wait_exit(&mut self, limit: Duration) -> anyhow::Result<bool> {
+        match tokio::time::timeout(limit, self.child.wait()).await {
+            Ok(status) => Ok(status.context("waiting for a process")?.success()),
+            Err(_) => {
+                let _ = self.child.start_kill();
+                bail!(
+                    "{} did not finish within {limit:?}; its log:\n{}",
+                    self.command.name,
+                    self.log_tail()
+                )
+            }
+        }
+    }
+
+    /// What /proc says of it now.
+    pub fn usage(&self) -> Usage {
+        Usage::of(self.pid())
+    }
+
+    /// SIGTERM, then SIGKILL if it has not exited within the grace period.
+    pub async fn stop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            if tokio::time::timeout(STOP_GRACE, self.child.wait())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+        let _ = self.child.kill().await;
+    }
+}
+
+/// CPU time and memory of one process, from /proc.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Usage {
+    /// User + system CPU seconds so far.
+    pub cpu_seconds: f64,
+    /// Resident set now, KiB.
+    pub rss_kib: u64,
+    /// Peak resident set (VmHWM), KiB.
+    pub peak_rss_kib: u64,
+}
+
+impl Usage {
+    /// Reads /proc/<pid>; zeros if it is gone.
+    pub fn of(pid: u32) -> Self {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0)
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // fields after the command name, which is in parentheses and may hold spaces
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name
+        let ticks: u64 = [11, 12]
+            .iter()
+            .filter_map(|i| fields.get(*i).and_then(|v| v.parse::<u64>().ok()))
+            .sum();
+        Self {
+            cpu_seconds: ticks as f64 / clock_ticks_per_second(),
+            rss_kib: field("VmRSS:"),
+            peak_rss_kib: field("VmHWM:"),
+        }
+    }
+}
+
+/// USER_HZ, the unit of /proc's CPU times: 100 on every Linux architecture (the kernel fixes it
+/// for user space whatever its internal tick rate).
+fn clock_ticks_per_second() -> f64 {
+    100.0
+}
+
+/// A free loopback port (bound and released; the stack binds it again at once).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
+    Ok(listener
+        .local_addr()
+        .context("reading a bound port")?
+        .port())
+}
