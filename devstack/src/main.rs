@@ -1,22 +1,9 @@
-//! `athenz-devstack`: the whole athenz-k8s-identity system on one machine (DESIGN.md 5).
-//!
-//! - `demo`: three pods in two namespaces get identities through every real component; one is
-//!   refreshed, one deleted and refused; everything is unmounted and stopped.
-//! - `up --state-dir DIR`: the same stack until Ctrl-C, described in `DIR/stack.json`.
-//! - `bench --pods N --concurrency C --key p256|rsa2048`: the full path for N pods, measured.
-//! - `zts --state-dir DIR`: the development ZTS alone.
-//!
-//! Every component runs as its own process: this binary executed under the component's name.
+//! `athenz-devstack`: see the library docs and `--help`.
 
-mod bench;
-mod demo;
-mod identity;
-mod kube;
-mod multicall;
-mod node;
-mod procs;
-mod stack;
-mod userns;
+// A command-line tool: printing reports is its job (the workspace forbids it in the components).
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+use athenz_devstack::{bench, demo, kube, multicall, stack, userns};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};

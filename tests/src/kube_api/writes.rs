@@ -52,6 +52,15 @@ pub(super) fn handle(cluster: &Cluster, req: &Request<Bytes>) -> Option<Response
     })
 }
 
+/// A refused write: the status code, the Kubernetes reason and the message.
+struct Refused(StatusCode, &'static str, String);
+
+impl Refused {
+    fn into_response(self) -> Response<Body> {
+        status(self.0, self.1, self.2)
+    }
+}
+
 fn bad_request(message: String) -> Response<Body> {
     status(StatusCode::BAD_REQUEST, "BadRequest", message)
 }
@@ -61,9 +70,14 @@ fn invalid(message: String) -> Response<Body> {
 }
 
 /// Parses a body into a Kubernetes object, naming the kind when it is not one.
-fn parse<T: DeserializeOwned>(body: &[u8], kind: &str) -> Result<T, Response<Body>> {
-    serde_json::from_slice(body)
-        .map_err(|e| bad_request(format!("the body is not a valid {kind}: {e}")))
+fn parse<T: DeserializeOwned>(body: &[u8], kind: &str) -> Result<T, Refused> {
+    serde_json::from_slice(body).map_err(|e| {
+        Refused(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("the body is not a valid {kind}: {e}"),
+        )
+    })
 }
 
 /// Checks the object's namespace and name against the path and fills the namespace in.
@@ -71,30 +85,43 @@ fn check_meta(
     meta: &mut ObjectMeta,
     namespace: &str,
     name: Option<&str>,
-) -> Result<(), Response<Body>> {
+) -> Result<(), Refused> {
     match meta.namespace.as_deref() {
         None | Some("") => meta.namespace = Some(namespace.to_owned()),
         Some(ns) if ns == namespace => {}
         Some(ns) => {
-            return Err(bad_request(format!(
-                "the namespace of the object ({ns}) does not match the namespace on the request \
-                 ({namespace})"
-            )));
+            return Err(Refused(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!(
+                    "the namespace of the object ({ns}) does not match the namespace on the \
+                     request ({namespace})"
+                ),
+            ));
         }
     }
     let object_name = meta.name.as_deref().unwrap_or_default();
     if athenz_core::names::validate_dns_name("metadata.name", object_name).is_err() {
-        return Err(invalid(format!(
-            "metadata.name: Invalid value: {object_name:?}: a lowercase RFC 1123 subdomain is \
-             required"
-        )));
+        return Err(Refused(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            format!(
+                "metadata.name: Invalid value: {object_name:?}: a lowercase RFC 1123 subdomain \
+                 is required"
+            ),
+        ));
     }
     if let Some(name) = name
         && object_name != name
     {
-        return Err(bad_request(format!(
-            "the name of the object ({object_name}) does not match the name on the URL ({name})"
-        )));
+        return Err(Refused(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!(
+                "the name of the object ({object_name}) does not match the name on the URL \
+                 ({name})"
+            ),
+        ));
     }
     Ok(())
 }
@@ -119,10 +146,10 @@ fn created<T: Serialize>(object: T, kind: &str) -> Response<Body> {
 fn create_pod(cluster: &Cluster, namespace: &str, body: &[u8]) -> Response<Body> {
     let mut pod: Pod = match parse(body, "Pod") {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if let Err(r) = check_meta(&mut pod.metadata, namespace, None) {
-        return r;
+        return r.into_response();
     }
     if pod.spec.is_none() {
         return invalid("spec: Required value".into());
@@ -159,10 +186,10 @@ fn replace_pod(
 ) -> Response<Body> {
     let mut update: Pod = match parse(body, "Pod") {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if let Err(r) = check_meta(&mut update.metadata, namespace, Some(name)) {
-        return r;
+        return r.into_response();
     }
     let mut store = cluster.write();
     let Some(current) = store.pods.get_mut(&(namespace.to_owned(), name.to_owned())) else {
@@ -264,10 +291,10 @@ fn delete_pod(cluster: &Cluster, namespace: &str, name: &str, now: bool) -> Resp
 fn create_service(cluster: &Cluster, namespace: &str, body: &[u8]) -> Response<Body> {
     let mut service: Service = match parse(body, "Service") {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if let Err(r) = check_meta(&mut service.metadata, namespace, None) {
-        return r;
+        return r.into_response();
     }
     let key = key_of(&service.metadata);
     let mut store = cluster.write();
@@ -287,10 +314,10 @@ fn create_service(cluster: &Cluster, namespace: &str, body: &[u8]) -> Response<B
 fn replace_service(cluster: &Cluster, namespace: &str, name: &str, body: &[u8]) -> Response<Body> {
     let mut update: Service = match parse(body, "Service") {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     if let Err(r) = check_meta(&mut update.metadata, namespace, Some(name)) {
-        return r;
+        return r.into_response();
     }
     let mut store = cluster.write();
     let Some(current) = store

@@ -1,0 +1,25 @@
+//! `athenz-devstack`: the whole athenz-k8s-identity system on one machine (DESIGN.md 5).
+//!
+//! - `demo`: three pods in two namespaces get identities through every real component; one is
+//!   refreshed, one deleted and refused; everything is unmounted and stopped.
+//! - `up --state-dir DIR`: the same stack until Ctrl-C, described in `DIR/stack.json`.
+//! - `bench --pods N --concurrency C --key p256|rsa2048`: the full path for N pods, measured.
+//! - `zts --state-dir DIR`: the development ZTS alone.
+//!
+//! Every component runs as its own process: this binary executed under the component's name.
+//!
+//! The modules are a library so the end-to-end tests in `tests/tests/` drive the stack the same
+//! way (create pods, mount through the real driver, run the real SIA, check the files).
+
+// A command-line tool: printing reports is its job (the workspace forbids it in the components).
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
+pub mod bench;
+pub mod demo;
+pub mod identity;
+pub mod kube;
+pub mod multicall;
+pub mod node;
+pub mod procs;
+pub mod stack;
+pub mod userns;
