@@ -90,8 +90,9 @@ impl KubeClient {
         serde_json::from_slice(&body).with_context(|| format!("{what}: the answer is not a Pod"))
     }
 
-    /// Creates the pod on `node` (as a user would, through the scheduler's binding) and reports
-    /// it running with its IP (as kubelet does through the status subresource); returns its uid.
+    /// Creates the pod on `node` (as a user would, with the scheduler's choice of node) and
+    /// reports it running with its IP (as kubelet does through the status subresource); returns
+    /// its uid.
     pub async fn create_running_pod(&self, pod: &NewPod, node: &str) -> anyhow::Result<String> {
         let object = Pod {
             metadata: ObjectMeta {
@@ -111,35 +112,51 @@ impl KubeClient {
             }),
             status: None,
         };
-        let base = format!("{}/api/v1/namespaces/{}/pods", self.api, pod.namespace);
-        let created = self
-            .send(
-                self.http.post(&base).json(&object),
-                &format!("creating pod {}/{}", pod.namespace, pod.name),
-            )
-            .await?;
+        let created = self.create_pod(&object).await?;
         let uid = created
             .metadata
             .uid
             .clone()
             .context("the created pod has no uid")?;
-        let mut running = created;
-        running.status = Some(PodStatus {
+        self.report_running(created, &pod.ip).await?;
+        Ok(uid)
+    }
+
+    /// `POST /api/v1/namespaces/{ns}/pods`: returns the pod as the API stored it.
+    pub async fn create_pod(&self, pod: &Pod) -> anyhow::Result<Pod> {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        self.send(
+            self.http
+                .post(format!("{}/api/v1/namespaces/{namespace}/pods", self.api))
+                .json(pod),
+            &format!("creating pod {namespace}/{name}"),
+        )
+        .await
+    }
+
+    /// `PUT .../pods/{name}/status` with phase Running and `ip`, as kubelet reports it.
+    pub async fn report_running(&self, mut pod: Pod, ip: &str) -> anyhow::Result<Pod> {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        pod.status = Some(PodStatus {
             phase: Some("Running".into()),
-            pod_ip: Some(pod.ip.clone()),
+            pod_ip: Some(ip.to_owned()),
             pod_ips: Some(vec![k8s_openapi::api::core::v1::PodIP {
-                ip: pod.ip.clone(),
+                ip: ip.to_owned(),
             }]),
             ..PodStatus::default()
         });
         self.send(
             self.http
-                .put(format!("{base}/{}/status", pod.name))
-                .json(&running),
-            &format!("reporting pod {}/{} running", pod.namespace, pod.name),
+                .put(format!(
+                    "{}/api/v1/namespaces/{namespace}/pods/{name}/status",
+                    self.api
+                ))
+                .json(&pod),
+            &format!("reporting pod {namespace}/{name} running"),
         )
-        .await?;
-        Ok(uid)
+        .await
     }
 
     /// Deletes a pod as `kubectl delete` and then kubelet do: marked terminating, then removed

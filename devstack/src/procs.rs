@@ -250,12 +250,17 @@ fn clock_ticks_per_second() -> f64 {
     100.0
 }
 
-/// A free loopback port (bound and released; the stack binds it again at once).
+/// A free loopback port for a server of the stack, which binds it moments later.
+///
+/// Chosen at random below the kernel's ephemeral range (`ip_local_port_range`, 32768 and up by
+/// default): a port the kernel hands out for `bind(0)` or an outgoing connection could be taken
+/// by someone else's connection between this check and the server's bind; these cannot.
 pub fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
-    Ok(listener
-        .local_addr()
-        .context("reading a bound port")?
-        .port())
+    for _ in 0..200 {
+        let port = 20_000 + (athenz_core::random::unit() * 12_000.0) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("no free loopback port between 20000 and 32000")
 }

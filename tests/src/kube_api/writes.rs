@@ -81,11 +81,7 @@ fn parse<T: DeserializeOwned>(body: &[u8], kind: &str) -> Result<T, Refused> {
 }
 
 /// Checks the object's namespace and name against the path and fills the namespace in.
-fn check_meta(
-    meta: &mut ObjectMeta,
-    namespace: &str,
-    name: Option<&str>,
-) -> Result<(), Refused> {
+fn check_meta(meta: &mut ObjectMeta, namespace: &str, name: Option<&str>) -> Result<(), Refused> {
     match meta.namespace.as_deref() {
         None | Some("") => meta.namespace = Some(namespace.to_owned()),
         Some(ns) if ns == namespace => {}

@@ -1,0 +1,521 @@
+//! End to end, through the real binaries: `athenz-devstack up` runs every component as its own
+//! process (dev ZTS, Kubernetes API and kubelet stand-ins, jwt-service, callback, initializer,
+//! agent, control-sia sidecars); the tests play kubelet and the pod — the real volume driver with
+//! kubelet's arguments, the real `athenz-sia` — and judge the files with `openssl`.
+//!
+//! Needs root (bind mounts) and the `athenz-devstack` binary, which `cargo test --workspace` builds
+//! (the devstack crate has integration tests of its own).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_core::agent_api::RefreshRequest;
+use athenz_core::crypto::{CertInfo, pem_certificates};
+use athenz_core::secret::Secret;
+use athenz_core::volume::VolumeId;
+use athenz_devstack::demo::count_volumes;
+use athenz_devstack::identity;
+use athenz_devstack::kube::{KubeClient, NewPod};
+use athenz_devstack::node::{self, PodVolume};
+use athenz_devstack::stack::StackInfo;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The devstack binary next to this test's directory (`target/<profile>/athenz-devstack`).
+fn devstack_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let binary = profile_dir.join("athenz-devstack");
+    assert!(
+        binary.exists(),
+        "{} is missing: build it with `cargo build -p athenz-devstack` (cargo test --workspace \
+         does)",
+        binary.display()
+    );
+    binary
+}
+
+/// A running `athenz-devstack up`, stopped with SIGTERM on drop.
+struct Devstack {
+    up: std::process::Child,
+    dir: tempfile::TempDir,
+    info: StackInfo,
+    kube: KubeClient,
+}
+
+impl Devstack {
+    fn start() -> Self {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the end-to-end tests need root (they bind-mount volumes as kubelet's driver does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
+        let mut up = std::process::Command::new(devstack_binary())
+            .args(["up", "--state-dir"])
+            .arg(dir.path().join("state"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let stack_json = dir.path().join("state/stack.json");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !stack_json.exists() {
+            let log = || std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
+            if let Some(status) = up.try_wait().unwrap() {
+                panic!("athenz-devstack up exited ({status}): {}", log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stack did not come up: {}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let info: StackInfo = serde_json::from_slice(&std::fs::read(&stack_json).unwrap()).unwrap();
+        let kube = KubeClient::new(&info.kube_api.url).unwrap();
+        Self {
+            up,
+            dir,
+            info,
+            kube,
+        }
+    }
+
+    fn kubelet_root(&self) -> PathBuf {
+        self.dir.path().join("kubelet")
+    }
+
+    /// stack.json as it is now (process ids change on restarts).
+    fn current_info(&self) -> StackInfo {
+        serde_json::from_slice(&std::fs::read(self.dir.path().join("state/stack.json")).unwrap())
+            .unwrap()
+    }
+
+    fn pid(&self, component: &str) -> Pid {
+        Pid::from_raw(self.current_info().processes[component] as i32)
+    }
+
+    /// Creates pod `name` running on the node and mounts its volume through the real driver.
+    async fn pod(&self, namespace: &str, name: &str, ip: &str) -> PodVolume {
+        let pod = NewPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            service_account: "web".into(),
+            ip: ip.into(),
+        };
+        let uid = self
+            .kube
+            .create_running_pod(&pod, &self.info.node_name)
+            .await
+            .unwrap();
+        node::mount(&self.info, &self.kubelet_root(), &pod, &uid)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Devstack {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.up.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.up.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.up.kill();
+    }
+}
+
+/// openssl verifies the pod's chain to the ZTS root (intermediates untrusted) and the files are
+/// one consistent set.
+fn openssl_verifies(stack: &StackInfo, volume: &PodVolume) -> CertInfo {
+    let dir = &volume.credentials_dir;
+    let chain = std::fs::read_to_string(dir.join("service.cert.pem")).unwrap();
+    let certs = pem_certificates(&chain).unwrap();
+    let intermediates: String = certs[1..]
+        .iter()
+        .map(|c| athenz_core::crypto::der_to_pem(c))
+        .collect();
+    let leaf = athenz_core::crypto::der_to_pem(&certs[0]);
+    let root = std::fs::read_to_string(&stack.zts.ca).unwrap();
+    athenz_testbed::openssl::verify(&root, &intermediates, &leaf).unwrap();
+    // the key, certificate, CA and ntoken belong together (checked by the devstack's checker)
+    identity::check(dir).unwrap();
+    CertInfo::from_pem(&leaf).unwrap()
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    let wanted = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(wanted.as_str()))
+}
+
+async fn refresh_directly(stack: &StackInfo, volume: &PodVolume) -> Result<String, String> {
+    let id = std::fs::read_to_string(volume.mount_dir.join("id")).unwrap();
+    let client = athenz_sia::client::AgentClient::new(
+        stack.agent.socket.clone(),
+        VolumeId::parse(id.trim()).unwrap(),
+        Duration::from_secs(30),
+    );
+    let read = |n: &str| std::fs::read_to_string(volume.credentials_dir.join(n)).unwrap();
+    client
+        .refresh(&RefreshRequest {
+            key_pem: Secret::new(read("service.key.pem")),
+            cert_pem: read("service.cert.pem"),
+        })
+        .await
+        .map(|answer| answer.cert_pem)
+        .map_err(|e| e.to_string())
+}
+
+/// Waits until the pod's certificate serial differs from `old`.
+async fn wait_new_serial(volume: &PodVolume, old: &str, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(now) = identity::check(&volume.credentials_dir)
+            && now.serial != old
+        {
+            return now.serial;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no new certificate within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mount_init_and_openssl_verify_then_clean_unmount() {
+    let stack = Devstack::start();
+    let volume = stack.pod("media-sports", "web-1", "10.1.0.11").await;
+    // the pod's view: the id and the agent's socket, read-only
+    assert!(is_mount_point(&volume.mount_dir));
+    assert!(volume.mount_dir.join("connect/agent.sock").exists());
+    node::sia_init(&stack.info, &volume).await.unwrap();
+    let cert = openssl_verifies(&stack.info, &volume);
+    assert_eq!(cert.common_name, "media.sports.web");
+    assert!(cert.ip_addresses.contains(&"10.1.0.11".parse().unwrap()));
+    assert!(
+        cert.dns_names
+            .contains(&"web.media-sports.athenz.cloud".to_owned())
+    );
+    node::unmount(&stack.info, &volume).await.unwrap();
+    assert!(!is_mount_point(&volume.mount_dir));
+    assert_eq!(count_volumes(&stack.info.volumes_dir).unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_pods_at_once() {
+    let stack = Devstack::start();
+    let mut tasks = tokio::task::JoinSet::new();
+    let stack = std::sync::Arc::new(stack);
+    for n in 0..20 {
+        let stack = stack.clone();
+        tasks.spawn(async move {
+            let ns = if n % 2 == 0 {
+                "media-sports"
+            } else {
+                "finance-ledger"
+            };
+            let volume = stack
+                .pod(ns, &format!("pod-{n}"), &format!("10.3.0.{}", n + 1))
+                .await;
+            node::sia_init(&stack.info, &volume).await.unwrap();
+            volume
+        });
+    }
+    let mut serials = std::collections::BTreeSet::new();
+    let mut volumes = Vec::new();
+    while let Some(v) = tasks.join_next().await {
+        let volume = v.unwrap();
+        let cert = openssl_verifies(&stack.info, &volume);
+        let domain = if volume.pod.namespace == "media-sports" {
+            "media.sports"
+        } else {
+            "finance.ledger"
+        };
+        assert_eq!(cert.common_name, format!("{domain}.web"));
+        assert!(cert.ip_addresses.contains(&volume.pod.ip.parse().unwrap()));
+        serials.insert(cert.serial_hex);
+        volumes.push(volume);
+    }
+    assert_eq!(serials.len(), 20, "every pod has its own certificate");
+    for volume in &volumes {
+        node::unmount(&stack.info, volume).await.unwrap();
+    }
+    assert_eq!(count_volumes(&stack.info.volumes_dir).unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_sidecar_replaces_the_set_and_exits_cleanly() {
+    let stack = Devstack::start();
+    let volume = stack.pod("media-sports", "web-r", "10.1.0.31").await;
+    node::sia_init(&stack.info, &volume).await.unwrap();
+    let first = identity::check(&volume.credentials_dir).unwrap();
+    let logs = stack.dir.path().join("state/logs");
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs).unwrap();
+    let second = wait_new_serial(&volume, &first.serial, Duration::from_secs(30)).await;
+    let _third = wait_new_serial(&volume, &second, Duration::from_secs(30)).await;
+    openssl_verifies(&stack.info, &volume);
+    sidecar.stop().await;
+    assert!(sidecar.wait_exit(Duration::from_secs(5)).await.unwrap());
+    node::unmount(&stack.info, &volume).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_pod_is_refused_a_refresh_and_unmounts_cleanly() {
+    let stack = Devstack::start();
+    let volume = stack.pod("finance-ledger", "ledger-0", "10.1.0.41").await;
+    node::sia_init(&stack.info, &volume).await.unwrap();
+    // while it exists, a refresh works
+    refresh_directly(&stack.info, &volume).await.unwrap();
+    stack
+        .kube
+        .delete_pod("finance-ledger", "ledger-0")
+        .await
+        .unwrap();
+    let refusal = refresh_directly(&stack.info, &volume).await.unwrap_err();
+    assert!(refusal.contains("403"), "{refusal}");
+    assert!(refusal.contains("pod_exists"), "{refusal}");
+    node::unmount(&stack.info, &volume).await.unwrap();
+    assert!(!volume.mount_dir.exists());
+    assert_eq!(count_volumes(&stack.info.volumes_dir).unwrap(), 0);
+    // the agent's own directory is untouched by the unmount
+    assert!(stack.info.agent.socket.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sia_init_retries_while_the_agent_restarts() {
+    let stack = Devstack::start();
+    let volume = stack.pod("media-sports", "web-a", "10.1.0.51").await;
+    let agent = stack.pid("agent");
+    // The agent dies just as the pod starts; the devstack restarts it as kubelet would.
+    kill(agent, Signal::SIGKILL).unwrap();
+    node::sia_init(&stack.info, &volume).await.unwrap();
+    openssl_verifies(&stack.info, &volume);
+    assert_ne!(stack.pid("agent"), agent, "the agent was restarted");
+    node::unmount(&stack.info, &volume).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zts_outage_keeps_the_files_and_refresh_recovers() {
+    let stack = Devstack::start();
+    let volume = stack.pod("media-sports", "web-z", "10.1.0.61").await;
+    node::sia_init(&stack.info, &volume).await.unwrap();
+    let before = identity::check(&volume.credentials_dir).unwrap();
+    let cert_before = std::fs::read(volume.credentials_dir.join("service.cert.pem")).unwrap();
+
+    // ZTS stops answering (frozen: connections hang until the agent's timeout).
+    let zts = stack.pid("zts");
+    kill(zts, Signal::SIGSTOP).unwrap();
+    let logs = stack.dir.path().join("state/logs");
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs).unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    sidecar.check_alive().unwrap();
+    let during = identity::check(&volume.credentials_dir).unwrap();
+    assert_eq!(
+        during.serial, before.serial,
+        "nothing was issued during the outage"
+    );
+    assert_eq!(
+        std::fs::read(volume.credentials_dir.join("service.cert.pem")).unwrap(),
+        cert_before,
+        "the files were kept"
+    );
+    let log = std::fs::read_to_string(logs.join("sia-refresh-web-z.log")).unwrap();
+    assert!(log.contains("keeping the current files"), "{log}");
+
+    kill(zts, Signal::SIGCONT).unwrap();
+    wait_new_serial(&volume, &before.serial, Duration::from_secs(60)).await;
+    openssl_verifies(&stack.info, &volume);
+    sidecar.stop().await;
+    node::unmount(&stack.info, &volume).await.unwrap();
+}
+
+/// The initializer's patch, applied to a pod as the API server would, gives a pod whose flex
+/// volume the real driver mounts and whose injected SIA container, run with exactly its command,
+/// arguments and environment, gets the identity; and its settings are the SIA's own defaults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initializer_injection_is_what_the_driver_and_sia_expect() {
+    use k8s_openapi::api::core::v1::Pod;
+    use serde_json::json;
+    let stack = Devstack::start();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-i", "namespace": "media-sports", "labels": {"app": "web"}},
+        "spec": {"serviceAccountName": "web", "nodeName": stack.info.node_name,
+                 "containers": [{"name": "app", "image": "registry.example/app:1"}]}
+    });
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "0f6a3e3c-9a51-4d5e-8f57-0b6e4c1e0001",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "media-sports", "operation": "CREATE",
+            "userInfo": {"username": "kubernetes-admin"},
+            "object": pod, "oldObject": null, "dryRun": false
+        }
+    });
+    let root = reqwest::Certificate::from_pem(&std::fs::read(&stack.info.zts.ca).unwrap()).unwrap();
+    let client = reqwest::Client::builder()
+        .tls_certs_only([root])
+        .build()
+        .unwrap();
+    let answer: serde_json::Value = client
+        .post(format!("{}/mutate", stack.info.initializer.url))
+        .json(&review)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let response = &answer["response"];
+    assert_eq!(response["allowed"], true, "{answer}");
+    use base64::Engine;
+    let patch: json_patch::Patch = serde_json::from_slice(
+        &base64::engine::general_purpose::STANDARD
+            .decode(response["patch"].as_str().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    let patched: Pod = serde_json::from_value(patched).unwrap();
+    let spec = patched.spec.clone().unwrap();
+
+    // The flex volume: the driver kubelet will exec is the one the agent installs, and the volume
+    // name is the one whose mount dir the devstack (as kubelet) uses.
+    let flex = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.flex_volume.is_some())
+        .expect("a flex volume");
+    assert_eq!(flex.name, node::VOLUME_NAME);
+    let driver = &flex.flex_volume.as_ref().unwrap().driver;
+    assert_eq!(driver.replace('/', "~"), "athenz~volume-driver");
+
+    // The SIA containers: init first, its settings equal to the SIA's defaults.
+    let init_containers = spec.init_containers.clone().unwrap();
+    let sia = &init_containers[0];
+    assert_eq!(sia.name, "athenz-sia-init");
+    let env = |name: &str| {
+        sia.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+            .unwrap_or_else(|| panic!("{name} is not set"))
+    };
+    let defaults = match <athenz_sia::Cli as clap::Parser>::try_parse_from(["athenz-sia", "init"])
+        .unwrap()
+        .command
+    {
+        athenz_sia::Command::Init(s) => s,
+        athenz_sia::Command::Refresh(_) => unreachable!(),
+    };
+    assert_eq!(Path::new(&env("ID_FILE")), defaults.id_file);
+    assert_eq!(Path::new(&env("ENDPOINT")), defaults.endpoint);
+    assert_eq!(Path::new(&env("OUT_DIR")), defaults.out_dir);
+    let mounts = sia.volume_mounts.clone().unwrap();
+    let mount_path = |volume: &str| {
+        mounts
+            .iter()
+            .find(|m| m.name == volume)
+            .unwrap_or_else(|| panic!("no mount of {volume}"))
+            .mount_path
+            .clone()
+    };
+    let identity_path = mount_path(node::VOLUME_NAME);
+    assert_eq!(env("ID_FILE"), format!("{identity_path}/id"));
+    assert_eq!(
+        env("ENDPOINT"),
+        format!("{identity_path}/connect/agent.sock")
+    );
+    let credentials_volume = mounts
+        .iter()
+        .find(|m| m.mount_path == env("OUT_DIR"))
+        .expect("OUT_DIR is a mounted volume")
+        .name
+        .clone();
+    let emptydir = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == credentials_volume)
+        .and_then(|v| v.empty_dir.clone())
+        .expect("the credentials are an emptyDir");
+    assert_eq!(emptydir.medium.as_deref(), Some("Memory"));
+    // the app sees the credentials read-only, and not the agent's socket
+    let app = &spec.containers[0];
+    let app_mounts = app.volume_mounts.clone().unwrap();
+    assert!(
+        app_mounts
+            .iter()
+            .any(|m| m.name == credentials_volume && m.read_only == Some(true))
+    );
+    assert!(app_mounts.iter().all(|m| m.name != node::VOLUME_NAME));
+
+    // Now for real: the patched pod is created, kubelet mounts its flex volume, and the init
+    // container's own command, arguments and environment get the identity (the pod's paths
+    // mapped onto this node's: the identity volume is the working directory).
+    let created = stack.kube.create_pod(&patched).await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    stack
+        .kube
+        .report_running(created, "10.1.0.71")
+        .await
+        .unwrap();
+    let volume = node::mount(
+        &stack.info,
+        &stack.kubelet_root(),
+        &NewPod {
+            namespace: "media-sports".into(),
+            name: "web-i".into(),
+            service_account: "web".into(),
+            ip: "10.1.0.71".into(),
+        },
+        &uid,
+    )
+    .await
+    .unwrap();
+    let map = |value: String| {
+        if let Some(rest) = value.strip_prefix(&format!("{identity_path}/")) {
+            rest.to_owned()
+        } else if value == env("OUT_DIR") {
+            volume.credentials_dir.display().to_string()
+        } else {
+            value
+        }
+    };
+    let command = sia.command.clone().unwrap();
+    assert_eq!(command[0], "athenz-sia");
+    let status = tokio::process::Command::new(&stack.info.sia[0])
+        .args(&stack.info.sia[1..])
+        .args(&command[1..])
+        .args(sia.args.iter().flatten())
+        .env_clear()
+        .envs(
+            sia.env
+                .iter()
+                .flatten()
+                .filter_map(|e| Some((e.name.clone(), map(e.value.clone()?)))),
+        )
+        .current_dir(&volume.mount_dir)
+        .status()
+        .await
+        .unwrap();
+    assert!(status.success());
+    let cert = openssl_verifies(&stack.info, &volume);
+    assert_eq!(cert.common_name, "media.sports.web");
+    node::unmount(&stack.info, &volume).await.unwrap();
+}
