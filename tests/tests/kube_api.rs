@@ -90,3 +90,211 @@ async fn objects_lists_and_status() {
     let version: serde_json::Value = get("/version").await.unwrap().json().await.unwrap();
     assert_eq!(version["major"], "1");
 }
+
+/// The write routes answer as the API server does: created objects get a uid and a Pending
+/// status, the status subresource and merge patches change what they should, a delete first
+/// marks the pod terminating and a zero-grace delete removes it.
+#[tokio::test]
+async fn writes_follow_the_api_server() {
+    let api = KubeApi::start().await.unwrap();
+    let http = reqwest::Client::new();
+    let pods = format!("{}/api/v1/namespaces/media-sports/pods", api.url());
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {"serviceAccountName": "web", "nodeName": "node-1",
+                 "containers": [{"name": "app", "image": "app:1"}]},
+        "status": {"phase": "Running", "podIP": "10.9.9.9"}
+    });
+    let resp = http.post(&pods).json(&pod).send().await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let created: Pod = resp.json().await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    assert_eq!(uid.len(), 36);
+    assert_eq!(created.metadata.namespace.as_deref(), Some("media-sports"));
+    // the client's status is not the server's
+    let status = created.status.clone().unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Pending"));
+    assert_eq!(status.pod_ip, None);
+
+    // same name again: 409 AlreadyExists
+    let resp = http.post(&pods).json(&pod).send().await.unwrap();
+    assert_eq!(resp.status(), 409);
+    let body: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(body["reason"], "AlreadyExists");
+
+    // kubelet reports it running
+    let mut running = created.clone();
+    running.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some("10.1.2.3".into()),
+        ..Default::default()
+    });
+    let resp = http
+        .put(format!("{pods}/web/status"))
+        .json(&running)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let stored = api.cluster().pod("media-sports", "web").unwrap();
+    assert_eq!(stored.status.unwrap().pod_ip.as_deref(), Some("10.1.2.3"));
+
+    // a merge patch of labels; uid is immutable
+    let resp = http
+        .patch(format!("{pods}/web"))
+        .header("content-type", "application/merge-patch+json")
+        .body(r#"{"metadata":{"labels":{"tier":"front"}}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let stored = api.cluster().pod("media-sports", "web").unwrap();
+    assert_eq!(stored.metadata.labels.unwrap()["tier"], "front");
+    assert_eq!(stored.metadata.uid.as_deref(), Some(uid.as_str()));
+    let resp = http
+        .patch(format!("{pods}/web"))
+        .header("content-type", "application/merge-patch+json")
+        .body(r#"{"metadata":{"uid":"00000000-0000-4000-8000-000000000000"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 422);
+
+    // delete: terminating first, then gone
+    let resp = http.delete(format!("{pods}/web")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let stored = api.cluster().pod("media-sports", "web").unwrap();
+    assert!(stored.metadata.deletion_timestamp.is_some());
+    let resp = http
+        .delete(format!("{pods}/web?gracePeriodSeconds=0"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(api.cluster().pod("media-sports", "web").is_none());
+    let resp = http.delete(format!("{pods}/web")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+
+    // services: create, replace, delete
+    let services = format!("{}/api/v1/namespaces/media-sports/services", api.url());
+    let service = serde_json::json!({"metadata": {"name": "web"},
+        "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"]}});
+    let resp = http.post(&services).json(&service).send().await.unwrap();
+    assert_eq!(resp.status(), 201);
+    let replaced = serde_json::json!({"metadata": {"name": "web"},
+        "spec": {"clusterIP": "10.96.0.11", "clusterIPs": ["10.96.0.11"]}});
+    let resp = http
+        .put(format!("{services}/web"))
+        .json(&replaced)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let got: Service = http
+        .get(format!("{services}/web"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got.spec.unwrap().cluster_ip.as_deref(), Some("10.96.0.11"));
+    let resp = http.delete(format!("{services}/web")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let resp = http.get(format!("{services}/web")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+}
+
+/// Malformed, mismatched and hostile writes are refused with a Status naming what was wrong, and
+/// nothing is stored.
+#[tokio::test]
+async fn bad_writes_are_refused_and_change_nothing() {
+    let api = KubeApi::start().await.unwrap();
+    let http = reqwest::Client::new();
+    let pods = format!("{}/api/v1/namespaces/media-sports/pods", api.url());
+    let big = format!(
+        r#"{{"metadata":{{"name":"web","annotations":{{"a":"{}"}}}},"spec":{{"containers":[]}}}}"#,
+        "x".repeat(8 * 1024 * 1024)
+    );
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        ("POST", "{".into(), 400, "not a valid Pod"),
+        ("POST", "[]".into(), 400, "not a valid Pod"),
+        ("POST", r#"{"metadata":{"name":"web"}}"#.into(), 422, "spec"),
+        (
+            "POST",
+            r#"{"metadata":{"name":"web","namespace":"other"},"spec":{"containers":[]}}"#.into(),
+            400,
+            "does not match the namespace",
+        ),
+        (
+            "POST",
+            r#"{"metadata":{"name":"../../etc"},"spec":{"containers":[]}}"#.into(),
+            422,
+            "metadata.name",
+        ),
+        (
+            "POST",
+            r#"{"metadata":{},"spec":{"containers":[]}}"#.into(),
+            422,
+            "metadata.name",
+        ),
+        ("POST", big, 413, ""),
+    ];
+    for (method, body, code, needle) in cases {
+        let resp = http
+            .request(method.parse().unwrap(), &pods)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), code, "{needle}");
+        let text = resp.text().await.unwrap();
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+    assert!(api.cluster().pods(None, None).is_empty());
+
+    // status of a pod that does not exist; a patch that is not a merge patch; a URL name that is
+    // not the object's
+    let resp = http
+        .put(format!("{pods}/ghost/status"))
+        .body(r#"{"metadata":{"name":"ghost"}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    api.cluster().put_pod(running_pod(
+        "media-sports",
+        "web",
+        UID,
+        "web",
+        "10.1.2.3",
+        "node-1",
+    ));
+    let resp = http
+        .patch(format!("{pods}/web"))
+        .header("content-type", "application/json-patch+json")
+        .body(r#"[{"op":"remove","path":"/metadata"}]"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 415);
+    let resp = http
+        .put(format!("{pods}/web"))
+        .body(r#"{"metadata":{"name":"db"},"spec":{"containers":[]}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let mut other_uid = running_pod("media-sports", "web", UID, "web", "10.1.2.3", "node-1");
+    other_uid.metadata.uid = Some("11111111-2222-4333-8444-555555555555".into());
+    let resp = http
+        .put(format!("{pods}/web"))
+        .json(&other_uid)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 409);
+    let stored = api.cluster().pod("media-sports", "web").unwrap();
+    assert_eq!(stored.metadata.uid.as_deref(), Some(UID));
+}

@@ -1,0 +1,139 @@
+//! `athenz-devstack` as a user runs it: the demo (text and JSON), the standalone dev ZTS, and
+//! bad arguments. (This file also makes `cargo test --workspace` build the binary the end-to-end
+//! tests in `tests/tests/e2e.rs` launch.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const DEVSTACK: &str = env!("CARGO_BIN_EXE_athenz-devstack");
+
+#[test]
+fn demo_issues_refreshes_refuses_and_cleans_up() {
+    let out = Command::new(DEVSTACK)
+        .args(["demo", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pods = report["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 3);
+    let names: Vec<&str> = pods
+        .iter()
+        .map(|p| p["identity"]["common_name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "media.sports.web",
+            "media.sports.api",
+            "finance.ledger.ledger"
+        ]
+    );
+    for pod in pods {
+        // leaf, intermediate, root: verified by the demo before it reports
+        assert_eq!(pod["identity"]["chain"].as_array().unwrap().len(), 3);
+    }
+    assert_ne!(
+        report["refresh"]["old_serial"],
+        report["refresh"]["new_serial"]
+    );
+    assert_eq!(report["refresh"]["sidecar_exited_cleanly"], true);
+    let refusal = report["refused_after_delete"]["refusal"].as_str().unwrap();
+    assert!(
+        refusal.contains("403") && refusal.contains("pod_exists"),
+        "{refusal}"
+    );
+    assert_eq!(report["volumes_left"], 0);
+}
+
+#[test]
+fn demo_prints_for_people() {
+    let out = Command::new(DEVSTACK).arg("demo").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "CN       media.sports.web",
+        "DNS      web.media-sports.athenz.cloud",
+        "URI      spiffe://media.sports/sa/web",
+        "(verified)",
+        "refresh: athenz-sia refresh replaced",
+        "its refresh was refused",
+        "volumes left on the node: 0",
+        "demo complete",
+    ] {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn standalone_zts_serves_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(DEVSTACK)
+        .args(["zts", "--state-dir"])
+        .arg(dir.path())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let info = dir.path().join("zts.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !info.exists() {
+        assert!(Instant::now() < deadline, "zts.json never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
+    let url = info["url"].as_str().unwrap();
+    assert!(url.starts_with("https://127.0.0.1:") && url.ends_with("/zts/v1"));
+    let ca = std::fs::read(info["ca"].as_str().unwrap()).unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let status: serde_json::Value = runtime.block_on(async {
+        reqwest::Client::builder()
+            .tls_certs_only([reqwest::Certificate::from_pem(&ca).unwrap()])
+            .build()
+            .unwrap()
+            .get(format!("{url}/status"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    assert_eq!(status["code"], 200);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let out = Command::new(DEVSTACK)
+        .args(["bench", "--pods", "1", "--key", "ed25519"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--key") && err.contains("ed25519"), "{err}");
+
+    let out = Command::new(DEVSTACK)
+        .args([
+            "zts",
+            "--state-dir",
+            "/tmp",
+            "--config",
+            "/nonexistent/zts.json",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/zts.json"), "{err}");
+}
