@@ -1,0 +1,547 @@
+//! The cluster manifests in `deploy/`: every document is the Kubernetes object it claims to be
+//! (read into its k8s-openapi type with nothing left over), `kubectl kustomize deploy/` renders
+//! them, and the settings that must agree across components do: the injected SIA settings with
+//! the SIA's and the driver's defaults, the agent's directories with the driver's, principals with
+//! allow-lists, Services with the webhook and the certificates' names, and every environment
+//! variable with a setting its binary reads.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every document of every YAML file under deploy/base, with its file name.
+fn documents() -> Vec<(String, Value)> {
+    let mut docs = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(deploy_dir().join("base"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 8, "{files:?}");
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let values: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for value in values.into_iter().filter(|v| !v.is_null()) {
+            docs.push((
+                file.file_name().unwrap().to_string_lossy().into_owned(),
+                value,
+            ));
+        }
+    }
+    docs
+}
+
+/// Reads `value` as `T` and checks that writing it back gives the same document: a field the
+/// type does not know (a typo, a wrong indentation) would be dropped and fail here.
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(file: &str, value: &Value) -> T {
+    let object: T = serde_json::from_value(value.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{file}: {} is not a valid {}: {e}",
+            value["metadata"]["name"], value["kind"]
+        )
+    });
+    let back = serde_json::to_value(&object).unwrap();
+    if let Some(path) = first_difference(&strip_nulls(value.clone()), &strip_nulls(back), "") {
+        panic!(
+            "{file}: {} {}: {path} is not a field of its type (or not of that form)",
+            value["kind"], value["metadata"]["name"]
+        );
+    }
+    object
+}
+
+/// Where two documents first differ, as a path like `/spec/template/spec/hostNetwrk`.
+fn first_difference(written: &Value, read_back: &Value, path: &str) -> Option<String> {
+    match (written, read_back) {
+        (Value::Object(a), Value::Object(b)) => a
+            .iter()
+            .find_map(|(k, v)| match b.get(k) {
+                Some(w) => first_difference(v, w, &format!("{path}/{k}")),
+                None => Some(format!("{path}/{k}")),
+            })
+            .or_else(|| {
+                b.keys()
+                    .find(|k| !a.contains_key(*k))
+                    .map(|k| format!("{path}/{k}"))
+            }),
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => a
+            .iter()
+            .zip(b)
+            .enumerate()
+            .find_map(|(i, (v, w))| first_difference(v, w, &format!("{path}/{i}"))),
+        (a, b) if a == b => None,
+        _ => Some(path.to_owned()),
+    }
+}
+
+fn strip_nulls(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k, strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(strip_nulls).collect()),
+        other => other,
+    }
+}
+
+/// All the objects, typed.
+#[derive(Default)]
+struct Objects {
+    config_maps: BTreeMap<String, ConfigMap>,
+    deployments: BTreeMap<String, Deployment>,
+    daemon_sets: BTreeMap<String, DaemonSet>,
+    services: BTreeMap<String, Service>,
+    cluster_roles: BTreeMap<String, ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    service_accounts: Vec<String>,
+    pdbs: Vec<PodDisruptionBudget>,
+    webhooks: Vec<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>,
+}
+
+fn objects() -> Objects {
+    let mut o = Objects::default();
+    for (file, doc) in documents() {
+        let name = doc["metadata"]["name"].as_str().unwrap().to_owned();
+        match doc["kind"].as_str().unwrap() {
+            "Namespace" => {
+                typed::<Namespace>(&file, &doc);
+            }
+            "ConfigMap" => {
+                o.config_maps.insert(name, typed(&file, &doc));
+            }
+            "ServiceAccount" => {
+                typed::<ServiceAccount>(&file, &doc);
+                o.service_accounts.push(name);
+            }
+            "ClusterRole" => {
+                o.cluster_roles.insert(name, typed(&file, &doc));
+            }
+            "ClusterRoleBinding" => o.bindings.push(typed(&file, &doc)),
+            "DaemonSet" => {
+                o.daemon_sets.insert(name, typed(&file, &doc));
+            }
+            "Deployment" => {
+                o.deployments.insert(name, typed(&file, &doc));
+            }
+            "Service" => {
+                o.services.insert(name, typed(&file, &doc));
+            }
+            "PodDisruptionBudget" => o.pdbs.push(typed(&file, &doc)),
+            "MutatingWebhookConfiguration" => o.webhooks.push(typed(&file, &doc)),
+            other => panic!("{file}: no test reads kind {other}"),
+        }
+    }
+    o
+}
+
+#[test]
+fn every_document_is_a_valid_kubernetes_object() {
+    let o = objects();
+    assert_eq!(o.daemon_sets.len(), 1);
+    assert_eq!(o.deployments.len(), 3);
+    assert_eq!(o.services.len(), 3);
+    assert_eq!(o.pdbs.len(), 3);
+    assert_eq!(o.webhooks.len(), 1);
+    // every Deployment has a PDB selecting it and a Service in front
+    for (name, deployment) in &o.deployments {
+        let labels = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .match_labels
+            .clone()
+            .unwrap();
+        assert!(
+            o.pdbs.iter().any(|p| p
+                .spec
+                .as_ref()
+                .unwrap()
+                .selector
+                .as_ref()
+                .unwrap()
+                .match_labels
+                .as_ref()
+                == Some(&labels)),
+            "no PDB for {name}"
+        );
+        assert_eq!(
+            o.services[name].spec.as_ref().unwrap().selector.as_ref(),
+            Some(&labels),
+            "the Service {name} selects its Deployment"
+        );
+        let sa = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .service_account_name
+            .clone();
+        assert!(o.service_accounts.contains(&sa.unwrap()));
+    }
+    // RBAC: the callback reads pods and services, nothing else; the agent reads its kubelet
+    let callback = &o.cluster_roles["athenz-callback"].rules.as_ref().unwrap()[0];
+    assert_eq!(callback.verbs, ["get"]);
+    assert_eq!(callback.resources.as_ref().unwrap(), &["pods", "services"]);
+    let agent = &o.cluster_roles["athenz-agent"].rules.as_ref().unwrap()[0];
+    assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/proxy"]);
+    assert_eq!(o.bindings.len(), 2);
+    // every file is in the kustomization
+    let kustomization = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
+    for entry in std::fs::read_dir(deploy_dir().join("base")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            kustomization.contains(&format!("base/{name}")),
+            "{name} is not in kustomization.yaml"
+        );
+    }
+}
+
+#[test]
+fn kubectl_kustomize_renders_the_base() {
+    let out = std::process::Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(deploy_dir())
+        .output()
+        .expect("kubectl is needed (.ci/run installs Debian's kubernetes-client)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let count = |kind: &str| rendered.iter().filter(|d| d["kind"] == kind).count();
+    assert_eq!(count("DaemonSet"), 1);
+    assert_eq!(count("Deployment"), 3);
+    assert_eq!(count("MutatingWebhookConfiguration"), 1);
+    assert_eq!(rendered.len(), documents().len());
+}
+
+fn env(container: &Container, name: &str) -> Option<String> {
+    container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+fn containers(spec: &k8s_openapi::api::core::v1::PodSpec) -> Vec<Container> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn settings_agree_across_components() {
+    let o = objects();
+    let cluster = o.config_maps["athenz-cluster"].data.clone().unwrap();
+    let admin = &cluster["ADMIN_DOMAIN"];
+
+    // The template the initializer injects: paths equal to the SIA's defaults.
+    let template_yaml = o.config_maps["athenz-initializer-template"]
+        .data
+        .clone()
+        .unwrap()["template.yaml"]
+        .clone();
+    let template = athenz_initializer::template::Template::from_yaml(&template_yaml).unwrap();
+    let defaults = match <athenz_sia::Cli as clap::Parser>::try_parse_from(["athenz-sia", "init"])
+        .unwrap()
+        .command
+    {
+        athenz_sia::Command::Init(s) => s,
+        athenz_sia::Command::Refresh(_) => unreachable!(),
+    };
+    let identity = Path::new(&template.identity_mount_path);
+    assert_eq!(identity.join("id"), defaults.id_file);
+    assert_eq!(
+        identity
+            .join("connect")
+            .join(athenz_core::volume::AGENT_SOCKET_NAME),
+        defaults.endpoint
+    );
+    assert_eq!(
+        Path::new(&template.credentials_mount_path),
+        defaults.out_dir
+    );
+    assert_eq!(template.command, ["athenz-sia"]);
+
+    // The agent: its directories are the ones the driver uses with no environment (kubelet runs
+    // the driver with none), both on the /var/athenz host path; the flex plugin dir is kubelet's.
+    let agent_spec = o.daemon_sets["athenz-agent"]
+        .spec
+        .clone()
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let agent = agent_spec
+        .containers
+        .iter()
+        .find(|c| c.name == "agent")
+        .unwrap();
+    assert_eq!(
+        env(agent, "ATHENZ_AGENT_DIR").unwrap(),
+        athenz_core::volume::DEFAULT_AGENT_DIR
+    );
+    assert_eq!(
+        env(agent, "ATHENZ_VOLUMES_DIR").unwrap(),
+        athenz_core::volume::DEFAULT_VOLUMES_DIR
+    );
+    let host_path = |volume: &str| {
+        agent_spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == volume)
+            .unwrap()
+            .host_path
+            .clone()
+            .unwrap()
+            .path
+    };
+    let mount = |name: &str| {
+        agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == name)
+            .unwrap()
+            .mount_path
+            .clone()
+    };
+    assert_eq!(host_path("athenz"), "/var/athenz");
+    assert_eq!(mount("athenz"), "/var/athenz");
+    assert!(athenz_core::volume::DEFAULT_AGENT_DIR.starts_with("/var/athenz/"));
+    assert!(athenz_core::volume::DEFAULT_VOLUMES_DIR.starts_with("/var/athenz/"));
+    assert_eq!(
+        host_path("flexvolume"),
+        "/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
+    );
+    assert_eq!(env(agent, "FLEX_PLUGIN_DIR").unwrap(), mount("flexvolume"));
+    // the driver the webhook names is the one the agent installs (vendor~driver/driver)
+    assert_eq!(athenz_initializer::mutate::DRIVER, "athenz/volume-driver");
+    assert!(
+        env(agent, "DRIVER_SOURCE")
+            .unwrap()
+            .ends_with("/athenz-volume-driver")
+    );
+    assert!(agent_spec.host_network.unwrap());
+    assert!(
+        agent_spec
+            .tolerations
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists"))
+    );
+    assert!(agent.liveness_probe.is_some() && agent.readiness_probe.is_some());
+    assert!(
+        agent
+            .resources
+            .as_ref()
+            .unwrap()
+            .limits
+            .as_ref()
+            .unwrap()
+            .contains_key("memory")
+    );
+
+    // Principals: the agent's control-sia service is what the jwt-service allows; ZTS is what
+    // the callback allows; the provider is the callback's service.
+    let control_service = |spec: &k8s_openapi::api::core::v1::PodSpec| {
+        env(&spec.init_containers.as_ref().unwrap()[0], "SERVICE").unwrap()
+    };
+    assert_eq!(control_service(&agent_spec), "athenz-agent");
+    let deployment = |name: &str| {
+        o.deployments[name]
+            .spec
+            .clone()
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    };
+    let main = |name: &str| deployment(name).containers[0].clone();
+    assert_eq!(
+        env(&main("athenz-jwt-service"), "ALLOWED_PRINCIPALS").unwrap(),
+        format!("{admin}.athenz-agent")
+    );
+    assert_eq!(
+        env(&main("athenz-callback"), "ALLOWED_PRINCIPALS").unwrap(),
+        "sys.auth.zts"
+    );
+    assert_eq!(
+        cluster["PROVIDER"],
+        format!(
+            "{admin}.{}",
+            control_service(&deployment("athenz-callback"))
+        )
+    );
+
+    // Each server's certificate names its Service, and the webhook calls that Service.
+    for name in [
+        "athenz-jwt-service",
+        "athenz-callback",
+        "athenz-initializer",
+    ] {
+        let spec = deployment(name);
+        assert_eq!(control_service(&spec), name);
+        for c in spec.init_containers.iter().flatten() {
+            assert_eq!(
+                env(c, "DNS_NAMES").unwrap(),
+                format!("{name}.athenz-system.svc")
+            );
+        }
+        // the native sidecar keeps the certificate fresh
+        let sidecar = &spec.init_containers.as_ref().unwrap()[1];
+        assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+        assert_eq!(
+            sidecar.command.as_ref().unwrap(),
+            &["athenz-control-sia", "refresh"]
+        );
+    }
+    let webhook = &o.webhooks[0].webhooks.as_ref().unwrap()[0];
+    let target = webhook.client_config.service.as_ref().unwrap();
+    assert_eq!(target.name, "athenz-initializer");
+    assert_eq!(target.path.as_deref(), Some("/mutate"));
+    let port = o.services["athenz-initializer"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .ports
+        .as_ref()
+        .unwrap()[0]
+        .port;
+    assert_eq!(target.port, Some(port));
+    let agent_jwt_url = env(agent, "JWT_SERVICE_URL").unwrap();
+    assert!(agent_jwt_url.starts_with("https://athenz-jwt-service.athenz-system.svc"));
+}
+
+/// Every environment variable the manifests set on a component is one its binary reads (as
+/// `--help` lists them), so a misspelt setting cannot be silently ignored.
+#[test]
+fn every_environment_variable_is_read_by_its_binary() {
+    let o = objects();
+    let mut specs: Vec<k8s_openapi::api::core::v1::PodSpec> = o
+        .deployments
+        .values()
+        .map(|d| d.spec.clone().unwrap().template.spec.unwrap())
+        .collect();
+    specs.extend(
+        o.daemon_sets
+            .values()
+            .map(|d| d.spec.clone().unwrap().template.spec.unwrap()),
+    );
+    let cluster = o.config_maps["athenz-cluster"].data.clone().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let devstack = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("athenz-devstack");
+    assert!(
+        devstack.exists(),
+        "build athenz-devstack first (cargo test --workspace does)"
+    );
+    let bin = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for spec in specs {
+        for container in containers(&spec) {
+            let command = container.command.clone().unwrap();
+            let link = bin.path().join(&command[0]);
+            if !link.exists() {
+                std::os::unix::fs::symlink(&devstack, &link).unwrap();
+            }
+            let mut help_args: Vec<String> = command[1..].to_vec();
+            help_args.push("--help".into());
+            let out = std::process::Command::new(&link)
+                .args(&help_args)
+                .output()
+                .unwrap();
+            let help = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(out.status.success(), "{command:?} --help: {help}");
+            let mut names: Vec<String> = container
+                .env
+                .iter()
+                .flatten()
+                .map(|e| e.name.clone())
+                .collect();
+            if container.env_from.is_some() {
+                // the shared settings are read by some components only; each must be read by one
+                names.extend(
+                    cluster
+                        .keys()
+                        .filter(|k| help.contains(&format!("[env: {k}=")))
+                        .cloned(),
+                );
+            }
+            for name in names {
+                // variables only used to build others ($(NODE_IP)) are not settings
+                if name == "NODE_IP" {
+                    continue;
+                }
+                assert!(
+                    help.contains(&format!("[env: {name}="))
+                        || help.contains(&format!("[env: {name}]")),
+                    "{} ({command:?}) sets {name}, which the binary does not read",
+                    container.name
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 40, "{checked}");
+    // and each shared setting is read by at least one component
+    let all_help: String = [
+        "athenz-identity-agent",
+        "athenz-callback",
+        "athenz-control-sia",
+    ]
+    .iter()
+    .map(|b| {
+        let link = bin.path().join(b);
+        let args: &[&str] = if *b == "athenz-control-sia" {
+            &["init", "--help"]
+        } else {
+            &["--help"]
+        };
+        String::from_utf8_lossy(
+            &std::process::Command::new(link)
+                .args(args)
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .into_owned()
+    })
+    .collect();
+    for key in cluster.keys() {
+        assert!(
+            all_help.contains(&format!("[env: {key}")),
+            "no component reads {key}"
+        );
+    }
+}
