@@ -72,15 +72,27 @@ impl PodCache {
 
     /// The pod list, at most `max_age` old. One caller refreshes; concurrent callers wait for it.
     pub async fn pods(&self, max_age: Duration) -> Result<Arc<Vec<Pod>>, KubeletError> {
+        Ok(self.pods_fetched(max_age, None).await?.1)
+    }
+
+    /// The pod list and when it was fetched: the cached one if it is at most `max_age` old and
+    /// fetched after `after`, else a new one.
+    async fn pods_fetched(
+        &self,
+        max_age: Duration,
+        after: Option<Instant>,
+    ) -> Result<(Instant, Arc<Vec<Pod>>), KubeletError> {
         let mut cached = self.cached.lock().await;
         if let Some((at, pods)) = cached.as_ref()
             && at.elapsed() <= max_age
+            && after.is_none_or(|after| *at > after)
         {
-            return Ok(Arc::clone(pods));
+            return Ok((*at, Arc::clone(pods)));
         }
         let pods = Arc::new(self.fetch().await?);
-        *cached = Some((Instant::now(), Arc::clone(&pods)));
-        Ok(pods)
+        let at = Instant::now();
+        *cached = Some((at, Arc::clone(&pods)));
+        Ok((at, pods))
     }
 
     /// Pods held now (for the cache-size metric).
@@ -93,6 +105,11 @@ impl PodCache {
     }
 
     /// Finds the pod `namespace/name`, waiting up to `wait` for the kubelet to list it.
+    ///
+    /// A pod missing from the cached list is usually newer than the list (kubelet mounts a new
+    /// pod's volumes right after listing it), so a miss asks the kubelet again at once — unless
+    /// the list is younger than [`MIN_FORCED_REFRESH`], which bounds how often misses (say, for a
+    /// pod that is not on this node) can make the agent ask.
     pub async fn find(
         &self,
         namespace: &str,
@@ -100,9 +117,9 @@ impl PodCache {
         wait: Duration,
     ) -> Result<Option<Pod>, KubeletError> {
         let deadline = Instant::now() + wait;
-        let mut max_age = self.ttl;
+        let mut after = None;
         loop {
-            let pods = self.pods(max_age).await?;
+            let (fetched_at, pods) = self.pods_fetched(self.ttl, after).await?;
             let found = pods.iter().find(|p| {
                 p.metadata.namespace.as_deref() == Some(namespace)
                     && p.metadata.name.as_deref() == Some(name)
@@ -110,11 +127,12 @@ impl PodCache {
             if let Some(pod) = found {
                 return Ok(Some(pod.clone()));
             }
-            if Instant::now() + MIN_FORCED_REFRESH > deadline {
+            let next = fetched_at + MIN_FORCED_REFRESH;
+            if next > deadline {
                 return Ok(None);
             }
-            tokio::time::sleep(MIN_FORCED_REFRESH).await;
-            max_age = MIN_FORCED_REFRESH;
+            tokio::time::sleep_until(next.into()).await;
+            after = Some(fetched_at);
         }
     }
 }
