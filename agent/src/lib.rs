@@ -80,7 +80,8 @@ pub struct Config {
     /// Key type for pods: p256 or rsa2048.
     #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
     pub key_algorithm: KeyAlgorithm,
-    /// Most ZTS calls in flight.
+    /// Most identities issued at once (each holds one jwt-service call, a key generation and one
+    /// ZTS call); the rest queue. Bounds upstream connections and memory when many pods start.
     #[arg(long, env = "MAX_ZTS_CALLS", default_value_t = 8)]
     pub max_zts_calls: usize,
     /// Time allowed for one upstream call (kubelet, jwt-service, ZTS).

@@ -211,7 +211,7 @@ pub struct Agent {
     pub jwt_url: String,
     /// ZTS.
     pub zts: ZtsClient,
-    /// Bound on concurrent ZTS calls.
+    /// Bound on identities issued at once (jwt-service call, key, ZTS call).
     pub zts_slots: Semaphore,
     /// One lock per volume id, holding its latest init answer for [`COALESCE`].
     pub locks: Mutex<HashMap<VolumeId, Arc<Mutex<RecentInit>>>>,
@@ -475,13 +475,16 @@ impl Agent {
             ));
         }
         let (subject, service_ip) = self.pod_subject(&data).await?;
-        let jwt = self.jwt(&subject).await?;
-        let (key, csr) = self.csr(&subject, service_ip)?;
+        // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
+        // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
+        // many pods start at once, and a JWT is used moments after it is signed.
         let _slot = self
             .zts_slots
             .acquire()
             .await
             .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let jwt = self.jwt(&subject).await?;
+        let (key, csr) = self.csr(&subject, service_ip)?;
         let started = std::time::Instant::now();
         let registered = self
             .zts
@@ -544,8 +547,6 @@ impl Agent {
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
         }
-        let jwt = self.jwt(&subject).await?;
-        let (new_key, csr) = self.csr(&subject, service_ip)?;
         let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         let _slot = self
@@ -553,6 +554,8 @@ impl Agent {
             .acquire()
             .await
             .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let jwt = self.jwt(&subject).await?;
+        let (new_key, csr) = self.csr(&subject, service_ip)?;
         let started = std::time::Instant::now();
         let identity = self
             .zts

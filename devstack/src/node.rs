@@ -117,15 +117,37 @@ pub async fn mount(
     if !reply.contains(r#""status":"Success""#) {
         bail!("the driver did not mount: {reply}");
     }
+    let credentials_dir = kubelet_root.join("pods").join(uid).join("credentials");
+    mount_memory_volume(&credentials_dir)?;
     Ok(PodVolume {
         pod: pod.clone(),
-        credentials_dir: kubelet_root.join("pods").join(uid).join("credentials"),
+        credentials_dir,
         mount_dir: dir,
     })
 }
 
-/// `<driver> unmount <dir>`, then removes the dir as kubelet does.
+/// The pod's credentials volume as kubelet makes an `emptyDir` with `medium: Memory`: a tmpfs
+/// (where the SIA's fsyncs cost nothing, as in a cluster).
+fn mount_memory_volume(dir: &Path) -> anyhow::Result<()> {
+    use nix::mount::{MsFlags, mount};
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("size=1m,mode=0755"),
+    )
+    .with_context(|| format!("mounting a tmpfs on {}", dir.display()))
+}
+
+/// `<driver> unmount <dir>`, then removes the dir as kubelet does, and the pod's credentials
+/// volume with it.
 pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()> {
+    if let Err(e) = nix::mount::umount(&volume.credentials_dir) {
+        bail!("unmounting {}: {e}", volume.credentials_dir.display());
+    }
+    let _ = std::fs::remove_dir(&volume.credentials_dir);
     let reply = run(
         &stack.volume_driver,
         &["unmount".into(), volume.mount_dir.display().to_string()],
