@@ -25,6 +25,8 @@ pub struct BenchOptions {
     pub concurrency: usize,
     /// p256 or rsa2048.
     pub key: String,
+    /// Separately built component binaries to run instead of this one.
+    pub components: Option<std::path::PathBuf>,
 }
 
 /// One process's share of the run.
@@ -122,6 +124,7 @@ pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<Ben
     let stack = Stack::start(&StackOptions {
         state_dir: state_dir.to_owned(),
         key_algorithm: options.key.clone(),
+        components: options.components.clone(),
     })
     .await;
     let result = match stack {

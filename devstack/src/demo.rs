@@ -88,6 +88,7 @@ pub async fn run(state_dir: &Path, print: &mut dyn FnMut(String)) -> anyhow::Res
     let stack = Stack::start(&StackOptions {
         state_dir: state_dir.to_owned(),
         key_algorithm: "p256".into(),
+        components: None,
     })
     .await?;
     let result = play(&stack, print).await;
@@ -121,41 +122,17 @@ fn describe_stack(info: &StackInfo, print: &mut dyn FnMut(String)) {
 async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<DemoReport> {
     let info = &stack.info;
     describe_stack(info, print);
-    let kube = KubeClient::new(&info.kube_api.url)?;
-    let kubelet_root = stack.state_dir.join("kubelet");
-
     let mut volumes = Vec::new();
-    let mut pods = Vec::new();
-    for pod in demo_pods() {
-        let started = Instant::now();
-        let uid = kube.create_running_pod(&pod, &info.node_name).await?;
-        let volume = node::mount(info, &kubelet_root, &pod, &uid).await?;
-        node::sia_init(info, &volume).await?;
-        let issued_in = started.elapsed();
-        let identity = identity::check(&volume.credentials_dir)
-            .with_context(|| format!("checking the identity of {}", pod.name))?;
-        print(format!(
-            "\npod {}/{} (uid {uid}): identity in {:.1} ms",
-            pod.namespace,
-            pod.name,
-            issued_in.as_secs_f64() * 1e3
-        ));
-        print_identity(&identity, print);
-        pods.push(PodReport {
-            pod: format!("{}/{}", pod.namespace, pod.name),
-            uid,
-            identity,
-            issued_in_ms: issued_in.as_secs_f64() * 1e3,
-        });
-        volumes.push(volume);
-    }
-
-    let refresh = refresh_one(stack, &volumes[0], print).await?;
-    let refused = delete_and_refuse(stack, &kube, &volumes[2], print).await?;
-
+    let played = issue_refresh_refuse(stack, &mut volumes, print).await;
+    // Every volume mounted is unmounted, whatever happened: a failed demo leaves no mounts.
+    let mut unmounted = Ok(());
     for volume in &volumes {
-        node::unmount(info, volume).await?;
+        if let Err(e) = node::unmount(info, volume).await {
+            unmounted = Err(e);
+        }
     }
+    let (pods, refresh, refused) = played?;
+    unmounted?;
     let volumes_left = count_volumes(&info.volumes_dir)?;
     print(format!(
         "\nunmounted {} volumes; volumes left on the node: {volumes_left}",
@@ -174,6 +151,45 @@ async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<De
         volumes_left,
         seconds: 0.0,
     })
+}
+
+/// The demo's pods get identities; one is refreshed; one is deleted and refused. `volumes`
+/// collects every volume mounted, for the caller to unmount.
+async fn issue_refresh_refuse(
+    stack: &Stack,
+    volumes: &mut Vec<PodVolume>,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<(Vec<PodReport>, RefreshReport, RefusalReport)> {
+    let info = &stack.info;
+    let kube = KubeClient::new(&info.kube_api.url)?;
+    let kubelet_root = stack.state_dir.join("kubelet");
+    let mut pods = Vec::new();
+    for pod in demo_pods() {
+        let started = Instant::now();
+        let uid = kube.create_running_pod(&pod, &info.node_name).await?;
+        let volume = node::mount(info, &kubelet_root, &pod, &uid).await?;
+        volumes.push(volume.clone());
+        node::sia_init(info, &volume).await?;
+        let issued_in = started.elapsed();
+        let identity = identity::check(&volume.credentials_dir)
+            .with_context(|| format!("checking the identity of {}", pod.name))?;
+        print(format!(
+            "\npod {}/{} (uid {uid}): identity in {:.1} ms",
+            pod.namespace,
+            pod.name,
+            issued_in.as_secs_f64() * 1e3
+        ));
+        print_identity(&identity, print);
+        pods.push(PodReport {
+            pod: format!("{}/{}", pod.namespace, pod.name),
+            uid,
+            identity,
+            issued_in_ms: issued_in.as_secs_f64() * 1e3,
+        });
+    }
+    let refresh = refresh_one(stack, &volumes[0], print).await?;
+    let refused = delete_and_refuse(stack, &kube, &volumes[2], print).await?;
+    Ok((pods, refresh, refused))
 }
 
 fn print_identity(identity: &IdentityReport, print: &mut dyn FnMut(String)) {

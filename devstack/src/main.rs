@@ -40,6 +40,9 @@ enum Command {
         /// Pod key type the agent generates.
         #[arg(long, default_value = "p256")]
         key: String,
+        /// Run each component from its own binary in DIR (e.g. target/release) instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
     },
     /// Measure the full path for many pods.
     Bench {
@@ -55,6 +58,10 @@ enum Command {
         /// Print one JSON document instead of text.
         #[arg(long)]
         json: bool,
+        /// Run each component from its own binary in DIR (e.g. the static driver and SIA a
+        /// cluster ships) instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
     },
     /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
     Zts {
@@ -147,11 +154,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Up { state_dir, key } => {
+        Command::Up {
+            state_dir,
+            key,
+            components,
+        } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
             }
-            runtime()?.block_on(up(state_dir, key))?;
+            runtime()?.block_on(up(state_dir, key, components))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {
@@ -159,6 +170,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             concurrency,
             key,
             json,
+            components,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -171,6 +183,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 pods,
                 concurrency,
                 key,
+                components,
             };
             let report = runtime()?.block_on(bench::run(temp.path(), &options))?;
             if json {
@@ -184,10 +197,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// `up`: start, describe, supervise until Ctrl-C or SIGTERM, stop.
-async fn up(state_dir: PathBuf, key: String) -> anyhow::Result<()> {
+async fn up(state_dir: PathBuf, key: String, components: Option<PathBuf>) -> anyhow::Result<()> {
     let mut stack = stack::Stack::start(&stack::StackOptions {
         state_dir,
         key_algorithm: key,
+        components,
     })
     .await?;
     let info = &stack.info;

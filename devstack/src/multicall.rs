@@ -47,15 +47,28 @@ pub fn dispatch() -> Option<ExitCode> {
     })
 }
 
-/// Makes `dir` hold one symlink per component, each pointing at this executable; returns `dir`.
-pub fn install_bin_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+/// Makes `dir` hold one symlink per component, each pointing at this executable — or, with
+/// `components`, at the separately built binary of that name there (e.g. the static driver and
+/// SIA a cluster runs, to measure them); returns `dir`.
+pub fn install_bin_dir(dir: &Path, components: Option<&Path>) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("finding this executable")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for name in COMPONENTS.iter().chain(std::iter::once(&"athenz-devstack")) {
         let link = dir.join(name);
+        let target = match components {
+            Some(c) if *name != "athenz-devstack" => {
+                let built = c.join(name);
+                if !built.is_file() {
+                    anyhow::bail!("--components {}: no {name} there", c.display());
+                }
+                std::fs::canonicalize(&built)
+                    .with_context(|| format!("resolving {}", built.display()))?
+            }
+            _ => exe.clone(),
+        };
         let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&exe, &link)
-            .with_context(|| format!("linking {} to {}", link.display(), exe.display()))?;
+        std::os::unix::fs::symlink(&target, &link)
+            .with_context(|| format!("linking {} to {}", link.display(), target.display()))?;
     }
     Ok(dir.to_owned())
 }

@@ -143,6 +143,8 @@ pub struct StackOptions {
     pub state_dir: PathBuf,
     /// The agent's `--key-algorithm`: p256 or rsa2048.
     pub key_algorithm: String,
+    /// Run the components from their own binaries in this directory instead of this one.
+    pub components: Option<PathBuf>,
 }
 
 /// A running stack.
@@ -226,7 +228,7 @@ impl Stack {
             std::fs::create_dir_all(state.join(dir))
                 .with_context(|| format!("creating {}/{dir}", state.display()))?;
         }
-        let bin = multicall::install_bin_dir(&state.join("bin"))?;
+        let bin = multicall::install_bin_dir(&state.join("bin"), options.components.as_deref())?;
         let exe = bin.join("athenz-devstack");
         let mut processes = Vec::new();
 
