@@ -36,17 +36,7 @@ pub fn main_with_args(
             return ExitCode::from(2);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
+    athenz_core::daemon::run_to_completion(|| async {
         let sia = ControlSia::new(loaded)?;
         if refresh {
             run::refresh(&sia, athenz_core::http::termination_signal()).await;
@@ -54,12 +44,5 @@ pub fn main_with_args(
         } else {
             run::init(&sia).await
         }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -200,6 +200,8 @@ async fn csr_key_and_expired_tokens_are_rejected_by_zts() {
         zts_url: f.zts.url().into(),
         zts_ca: f.zts.ca_path(),
         dns_suffix: "athenz.cloud".into(),
+        dns_names: Vec::new(),
+        ip_addresses: Vec::new(),
         auth_header: "Athenz-Principal-Auth".into(),
         lifetime_minutes: Some(60),
         out_dir: out.to_owned(),
@@ -447,4 +449,81 @@ async fn refresh_reissues_the_certificate() {
         .await
         .expect("no exit after SIGTERM");
     assert_eq!(status.code(), Some(0));
+}
+
+/// Extra SANs for the names clients use: DNS names under ZTS's suffixes and the caller's own IP
+/// are issued; an IP that is not the caller's is refused by ZTS; a malformed name is a setting
+/// error before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_dns_and_ip_sans() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+    let (key_dir, public) = f.key_dir(name, args, "v1");
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let settings = |dns: Vec<String>, ips: Vec<std::net::IpAddr>| Settings {
+        key_dir: key_dir.clone(),
+        domain: "k8s.admin".into(),
+        service: "athenz-callback".into(),
+        zts_url: f.zts.url().into(),
+        zts_ca: f.zts.ca_path(),
+        dns_suffix: "athenz.cloud".into(),
+        dns_names: dns,
+        ip_addresses: ips,
+        auth_header: "Athenz-Principal-Auth".into(),
+        lifetime_minutes: Some(60),
+        out_dir: f.out_dir("sans"),
+        group: None,
+        ntoken_lifetime: Duration::from_secs(3600),
+        refresh_interval: Duration::from_secs(86_400),
+        host: None,
+        init_timeout: Duration::from_secs(5),
+        zts_timeout: Duration::from_secs(5),
+        log_format: athenz_core::telemetry::LogFormat::Human,
+    };
+    let now = time::OffsetDateTime::now_utc();
+    let sia = ControlSia::new(
+        settings(
+            vec!["callback.k8s.athenz.cloud".into()],
+            vec!["127.0.0.1".parse().unwrap()],
+        )
+        .load()
+        .unwrap(),
+    )
+    .unwrap();
+    let issued = sia.request_certificate(now).await.unwrap();
+    let cert = issued.info;
+    assert!(
+        cert.dns_names
+            .contains(&"callback.k8s.athenz.cloud".to_owned()),
+        "{:?}",
+        cert.dns_names
+    );
+    assert_eq!(
+        cert.ip_addresses,
+        ["127.0.0.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+
+    let sia = ControlSia::new(
+        settings(Vec::new(), vec!["10.9.9.9".parse().unwrap()])
+            .load()
+            .unwrap(),
+    )
+    .unwrap();
+    let err = sia.request_certificate(now).await.unwrap_err().to_string();
+    assert!(err.contains("400") && err.contains("10.9.9.9"), "{err}");
+
+    let sia = ControlSia::new(
+        settings(vec!["callback.example.org".into()], Vec::new())
+            .load()
+            .unwrap(),
+    )
+    .unwrap();
+    let err = sia.request_certificate(now).await.unwrap_err().to_string();
+    assert!(err.contains("not under an allowed suffix"), "{err}");
+
+    let err = settings(vec!["bad name!".into()], Vec::new())
+        .load()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--dns-name (DNS_NAMES)"), "{err}");
 }

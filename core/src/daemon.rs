@@ -258,6 +258,32 @@ where
     })
 }
 
+/// Runs a command-line tool's work (the SIAs' `init` or `refresh`) on a single-threaded runtime
+/// and turns its outcome into the exit code: 0 done, 1 failed (the error logged).
+pub fn run_to_completion<E, Fut>(work: impl FnOnce() -> Fut) -> std::process::ExitCode
+where
+    E: std::fmt::Display,
+    Fut: Future<Output = Result<(), E>>,
+{
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!("cannot start: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(work()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs `tick` every `interval` on a background task, first at once (missed ticks are delayed,
 /// never bunched). Every reloader here — TLS pairs, signing keys, public keys — runs on this.
 pub fn every(

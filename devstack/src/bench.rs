@@ -36,8 +36,11 @@ pub struct ProcessReport {
     pub name: String,
     /// CPU seconds during the run.
     pub cpu_seconds: f64,
-    /// Peak resident set since it started, MiB.
-    pub peak_rss_mib: f64,
+    /// Peak resident set since it started, MiB (none for the short-lived processes: the kernel's
+    /// accounting of reaped children counts, in each forked child's high-water mark, the pages it
+    /// shared with this process before exec; `cargo bench -p athenz-sia --bench node` measures
+    /// the SIA's own).
+    pub peak_rss_mib: Option<f64>,
 }
 
 /// The unavoidable cryptography of one identity, each step's cost on this machine now.
@@ -93,17 +96,14 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-/// Children reaped so far: CPU seconds and the largest peak RSS (KiB).
-fn children_usage() -> (f64, u64) {
+/// CPU seconds of the children reaped so far.
+fn children_usage() -> f64 {
     match getrusage(UsageWho::RUSAGE_CHILDREN) {
         Ok(u) => {
             let secs = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 + t.tv_usec() as f64 / 1e6;
-            (
-                secs(u.user_time()) + secs(u.system_time()),
-                u64::try_from(u.max_rss()).unwrap_or(0),
-            )
+            secs(u.user_time()) + secs(u.system_time())
         }
-        Err(_) => (0.0, 0),
+        Err(_) => 0.0,
     }
 }
 
@@ -182,7 +182,7 @@ async fn measure(
     }
 
     let before: Vec<(String, Usage)> = stack.usage();
-    let (children_cpu_before, _) = children_usage();
+    let children_cpu_before = children_usage();
     let started = Instant::now();
     let semaphore = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
     let mut tasks = tokio::task::JoinSet::new();
@@ -206,7 +206,7 @@ async fn measure(
         volumes.push(volume);
     }
     let wall = started.elapsed();
-    let (children_cpu_after, children_peak_kib) = children_usage();
+    let children_cpu_after = children_usage();
     let after = stack.usage();
 
     // Unmount outside the measurement.
@@ -223,7 +223,7 @@ async fn measure(
         processes.push(ProcessReport {
             name: name.clone(),
             cpu_seconds: cpu,
-            peak_rss_mib: a.peak_rss_kib as f64 / 1024.0,
+            peak_rss_mib: Some(a.peak_rss_kib as f64 / 1024.0),
         });
     }
     let children_cpu = (children_cpu_after - children_cpu_before).max(0.0);
@@ -246,7 +246,7 @@ async fn measure(
         short_lived: ProcessReport {
             name: format!("driver + sia ({} processes)", options.pods * 2),
             cpu_seconds: children_cpu,
-            peak_rss_mib: children_peak_kib as f64 / 1024.0,
+            peak_rss_mib: None,
         },
         cpu_per_identity_ms,
         cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
@@ -360,10 +360,10 @@ pub fn print_human(report: &BenchReport) {
         .iter()
         .chain(std::iter::once(&report.short_lived))
     {
-        println!(
-            "{:<34} {:>12.3} {:>14.1}",
-            p.name, p.cpu_seconds, p.peak_rss_mib
-        );
+        let rss = p
+            .peak_rss_mib
+            .map_or_else(|| "-".to_owned(), |m| format!("{m:.1}"));
+        println!("{:<34} {:>12.3} {:>14}", p.name, p.cpu_seconds, rss);
     }
     println!("unavoidable cryptography per identity:");
     for (step, us) in &report.crypto_floor.steps {

@@ -93,28 +93,11 @@ pub fn main_with_args(
         }
     };
     // A single-threaded runtime: the SIA runs in every pod and must stay small.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            tracing::error!("cannot start: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
+    athenz_core::daemon::run_to_completion(|| async {
         if refresh {
             sia.refresh(athenz_core::http::termination_signal()).await
         } else {
             sia.init().await
         }
-    });
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }
