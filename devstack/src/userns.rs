@@ -6,6 +6,13 @@
 use anyhow::Context;
 use std::process::ExitCode;
 
+/// What to do about it, for every refusal.
+const NEEDS_ROOT: &str = "athenz-devstack needs root: it bind-mounts pod volumes as kubelet's \
+    driver does. Run it as root (sudo), or as a normal user on a kernel that allows unprivileged \
+    user namespaces (sysctl user.max_user_namespaces > 0, and on Debian/Ubuntu \
+    kernel.unprivileged_userns_clone=1 or kernel.apparmor_restrict_unprivileged_userns=0) with \
+    util-linux's `unshare` installed.";
+
 /// Set in the re-executed process, so it never tries twice.
 const REEXEC_MARK: &str = "ATHENZ_DEVSTACK_USERNS";
 
@@ -21,33 +28,35 @@ pub fn ensure_privileged() -> anyhow::Result<Option<ExitCode>> {
         );
     }
     let exe = std::env::current_exe().context("finding this executable")?;
+    let unshare = [
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "--propagation",
+        "private",
+    ];
+    // Can we? (A refusal of the real run would be indistinguishable from the run failing.)
+    let probe = std::process::Command::new("unshare")
+        .args(unshare)
+        .arg("true")
+        .stderr(std::process::Stdio::piped())
+        .output();
+    match probe {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => anyhow::bail!(
+            "{NEEDS_ROOT} The kernel refused a user namespace here: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => anyhow::bail!("{NEEDS_ROOT} (`unshare` could not be run: {e})"),
+    }
     let status = std::process::Command::new("unshare")
-        .args([
-            "--user",
-            "--map-root-user",
-            "--mount",
-            "--propagation",
-            "private",
-        ])
+        .args(unshare)
         .arg(exe)
         .args(std::env::args_os().skip(1))
         .env(REEXEC_MARK, "1")
-        .status();
-    match status {
-        Ok(s) if s.code() == Some(1) && !s.success() => {
-            // unshare itself reports "Operation not permitted" on stderr and exits 1; so may the
-            // devstack; either way the message above it says which.
-            Ok(Some(ExitCode::FAILURE))
-        }
-        Ok(s) => Ok(Some(ExitCode::from(
-            u8::try_from(s.code().unwrap_or(1)).unwrap_or(1),
-        ))),
-        Err(e) => anyhow::bail!(
-            "athenz-devstack needs root: it bind-mounts pod volumes as kubelet's driver does. \
-             Run it as root (sudo), or install util-linux's `unshare` on a kernel that allows \
-             unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1, \
-             user.max_user_namespaces > 0) so it can run in its own user + mount namespace \
-             ({e})"
-        ),
-    }
+        .status()
+        .context("running unshare")?;
+    Ok(Some(ExitCode::from(
+        u8::try_from(status.code().unwrap_or(1)).unwrap_or(1),
+    )))
 }

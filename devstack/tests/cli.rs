@@ -137,3 +137,44 @@ fn bad_arguments_are_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/zts.json"), "{err}");
 }
+
+/// As a normal user it re-runs itself in a user + mount namespace; where the kernel refuses one,
+/// it fails saying what it needs.
+#[test]
+fn a_normal_user_gets_a_user_namespace_or_a_clear_refusal() {
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "env",
+                "HOME=/tmp",
+            ])
+            .args(args)
+            .current_dir("/tmp")
+            .output()
+            .expect("setpriv (util-linux) is needed")
+    };
+    let kernel_allows = as_nobody(&["unshare", "--user", "--map-root-user", "--mount", "true"])
+        .status
+        .success();
+    let out = as_nobody(&[DEVSTACK, "demo", "--json"]);
+    if kernel_allows {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["pods"].as_array().unwrap().len(), 3);
+        assert_eq!(report["volumes_left"], 0);
+    } else {
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("needs root") && err.contains("user namespace"),
+            "{err}"
+        );
+    }
+}
