@@ -215,3 +215,53 @@ pub fn sia_refresh(
         .collect();
     crate::procs::Process::start(command, log)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod() -> NewPod {
+        NewPod {
+            namespace: "media-sports".into(),
+            name: "web-1".into(),
+            service_account: "web".into(),
+            ip: "10.1.0.11".into(),
+        }
+    }
+
+    /// What the devstack passes as kubelet is what the real driver accepts.
+    #[test]
+    fn kubelet_options_are_what_the_driver_reads() {
+        let uid = "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c";
+        let options =
+            athenz_volume_driver::options::MountOptions::parse(&kubelet_options(&pod(), uid))
+                .unwrap();
+        let text = format!("{options:?}");
+        for needle in ["media-sports", "web-1", uid, "web"] {
+            assert!(text.contains(needle), "{needle} not in {text}");
+        }
+    }
+
+    /// Kubelet's layout: `<root>/pods/<uid>/volumes/<vendor~driver>/<volume>`.
+    #[test]
+    fn mount_dir_is_kubelets() {
+        assert_eq!(
+            mount_dir(Path::new("/var/lib/kubelet"), "u-1"),
+            Path::new("/var/lib/kubelet/pods/u-1/volumes/athenz~volume-driver/athenz-identity")
+        );
+    }
+
+    /// The SIA's id file and socket are relative to the mount dir it runs in.
+    #[test]
+    fn sia_paths_are_relative_to_the_volume() {
+        let volume = PodVolume {
+            pod: pod(),
+            mount_dir: PathBuf::from("/k/pods/u/volumes/athenz~volume-driver/athenz-identity"),
+            credentials_dir: PathBuf::from("/k/pods/u/credentials"),
+        };
+        let env = sia_env(&volume);
+        assert_eq!(env[0], ("ID_FILE", "id".to_owned()));
+        assert_eq!(env[1], ("ENDPOINT", "connect/agent.sock".to_owned()));
+        assert_eq!(env[2], ("OUT_DIR", "/k/pods/u/credentials".to_owned()));
+    }
+}

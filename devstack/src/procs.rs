@@ -264,3 +264,32 @@ pub fn free_port() -> anyhow::Result<u16> {
     }
     anyhow::bail!("no free loopback port between 20000 and 32000")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_of_this_process_and_of_none() {
+        // burn a little CPU so the count is not zero
+        let mut x = 0u64;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(50) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        let me = Usage::of(std::process::id());
+        assert!(me.rss_kib > 0 && me.peak_rss_kib >= me.rss_kib);
+        assert!(me.cpu_seconds > 0.0);
+        let gone = Usage::of(u32::MAX);
+        assert_eq!((gone.rss_kib, gone.peak_rss_kib), (0, 0));
+        assert_eq!(gone.cpu_seconds, 0.0);
+    }
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range() {
+        let port = free_port().unwrap();
+        assert!((20_000..32_000).contains(&port));
+        assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}
