@@ -28,23 +28,25 @@ struct PodList {
 pub struct PodCache {
     client: reqwest::Client,
     url: String,
-    token: Option<String>,
+    /// Bearer token file, read for every list (the kubelet rotates projected tokens).
+    token_file: Option<std::path::PathBuf>,
     ttl: Duration,
     cached: Mutex<Option<(Instant, Arc<Vec<Pod>>)>>,
 }
 
 impl PodCache {
-    /// A cache of `<kubelet_url>/pods`, fresh for `ttl`.
+    /// A cache of `<kubelet_url>/pods`, fresh for `ttl`, asked with the bearer token in
+    /// `token_file` if any.
     pub fn new(
         client: reqwest::Client,
         kubelet_url: &str,
-        token: Option<String>,
+        token_file: Option<std::path::PathBuf>,
         ttl: Duration,
     ) -> Self {
         Self {
             client,
             url: format!("{}/pods", kubelet_url.trim_end_matches('/')),
-            token,
+            token_file,
             ttl,
             cached: Mutex::new(None),
         }
@@ -52,8 +54,10 @@ impl PodCache {
 
     async fn fetch(&self) -> Result<Vec<Pod>, KubeletError> {
         let mut req = self.client.get(&self.url);
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
+        if let Some(path) = &self.token_file {
+            let token = std::fs::read_to_string(path)
+                .map_err(|e| KubeletError(format!("reading the token {}: {e}", path.display())))?;
+            req = req.bearer_auth(token.trim());
         }
         let resp = req
             .send()

@@ -157,20 +157,17 @@ pub async fn start(
         b.build()
             .map_err(|e| StartError::new("--kubelet-url (KUBELET_URL)", e))?
     };
-    let token = match &config.kubelet_token {
-        Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| {
-                    StartError::new(
-                        "--kubelet-token (KUBELET_TOKEN_FILE)",
-                        format!("{}: {e}", path.display()),
-                    )
-                })?
-                .trim()
-                .to_owned(),
-        ),
-        None => None,
-    };
+    // Checked now so a wrong path stops the agent at start; read again for every list, since
+    // projected service-account tokens are rotated by the kubelet.
+    if let Some(path) = &config.kubelet_token {
+        std::fs::read_to_string(path).map_err(|e| {
+            StartError::new(
+                "--kubelet-token (KUBELET_TOKEN_FILE)",
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+    }
+    let token = config.kubelet_token.clone();
     if let Some(source) = &config.driver_source {
         match install::install_driver(source, &config.flex_plugin_dir) {
             Ok(true) => {

@@ -19,6 +19,7 @@ pub struct KubeletControls {
     failing: AtomicBool,
     hidden: Mutex<BTreeSet<(String, String)>>,
     requests: AtomicUsize,
+    required_token: Mutex<Option<String>>,
 }
 
 impl KubeletControls {
@@ -47,6 +48,14 @@ impl KubeletControls {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&(namespace.to_owned(), name.to_owned()));
     }
+    /// Answers 401 unless the request carries `Authorization: Bearer <token>` (as the
+    /// authenticated port does); `None` accepts any request.
+    pub fn require_token(&self, token: Option<&str>) {
+        *self
+            .required_token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = token.map(str::to_owned);
+    }
     /// `GET /pods` calls served so far.
     pub fn requests(&self) -> usize {
         self.requests.load(Ordering::SeqCst)
@@ -68,6 +77,21 @@ impl Handler for KubeletHandler {
         let delay = self.controls.delay_ms.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        let required = self
+            .controls
+            .required_token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(token) = required {
+            let presented = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            if presented != Some(format!("Bearer {token}").as_str()) {
+                return error_response(StatusCode::UNAUTHORIZED, "Unauthorized");
+            }
         }
         if self.controls.failing.load(Ordering::SeqCst) {
             return error_response(StatusCode::INTERNAL_SERVER_ERROR, "kubelet is unwell");
