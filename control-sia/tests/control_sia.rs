@@ -187,14 +187,10 @@ async fn zts_refusals_are_surfaced_clearly() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn csr_key_and_expired_tokens_are_rejected_by_zts() {
-    let f = Fixture::new().await;
-    let (name, args, _) = FORMATS[0];
-    let (key_dir, public) = f.key_dir(name, args, "v1");
-    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
-    let settings = |out: &Path| Settings {
-        key_dir: key_dir.clone(),
+/// Settings for the callback's service key in `key_dir` against the fixture's ZTS.
+fn settings_for(f: &Fixture, key_dir: &Path, out: &Path) -> Settings {
+    Settings {
+        key_dir: key_dir.to_owned(),
         domain: "k8s.admin".into(),
         service: "athenz-callback".into(),
         zts_url: f.zts.url().into(),
@@ -212,7 +208,16 @@ async fn csr_key_and_expired_tokens_are_rejected_by_zts() {
         init_timeout: Duration::from_secs(5),
         zts_timeout: Duration::from_secs(5),
         log_format: athenz_core::telemetry::LogFormat::Human,
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csr_key_and_expired_tokens_are_rejected_by_zts() {
+    let f = Fixture::new().await;
+    let (name, args, _) = FORMATS[0];
+    let (key_dir, public) = f.key_dir(name, args, "v1");
+    f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
+    let settings = |out: &Path| settings_for(&f, &key_dir, out);
     let sia = ControlSia::new(settings(&f.out_dir("a")).load().unwrap()).unwrap();
 
     // an ntoken issued three hours ago has expired
@@ -461,24 +466,9 @@ async fn extra_dns_and_ip_sans() {
     let (key_dir, public) = f.key_dir(name, args, "v1");
     f.zts.add_service_key(PRINCIPAL, "v1", &public).unwrap();
     let settings = |dns: Vec<String>, ips: Vec<std::net::IpAddr>| Settings {
-        key_dir: key_dir.clone(),
-        domain: "k8s.admin".into(),
-        service: "athenz-callback".into(),
-        zts_url: f.zts.url().into(),
-        zts_ca: f.zts.ca_path(),
-        dns_suffix: "athenz.cloud".into(),
         dns_names: dns,
         ip_addresses: ips,
-        auth_header: "Athenz-Principal-Auth".into(),
-        lifetime_minutes: Some(60),
-        out_dir: f.out_dir("sans"),
-        group: None,
-        ntoken_lifetime: Duration::from_secs(3600),
-        refresh_interval: Duration::from_secs(86_400),
-        host: None,
-        init_timeout: Duration::from_secs(5),
-        zts_timeout: Duration::from_secs(5),
-        log_format: athenz_core::telemetry::LogFormat::Human,
+        ..settings_for(&f, &key_dir, &f.out_dir("sans"))
     };
     let now = time::OffsetDateTime::now_utc();
     let sia = ControlSia::new(
