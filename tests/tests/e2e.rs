@@ -519,3 +519,89 @@ async fn initializer_injection_is_what_the_driver_and_sia_expect() {
     assert_eq!(cert.common_name, "media.sports.web");
     node::unmount(&stack.info, &volume).await.unwrap();
 }
+
+/// stack.json is DESIGN.md 5's contract: its precise points hold, and its three credentials are
+/// what they say — ZTS's is served by the callback, the node's by the jwt-service, the stranger's
+/// by neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stack_json_is_the_contract() {
+    let stack = Devstack::start();
+    let info = &stack.info;
+    assert!(info.zts.url.starts_with("https://127.0.0.1:") && info.zts.url.ends_with("/zts/v1"));
+    assert!(
+        !info
+            .callback
+            .url
+            .trim_start_matches("https://")
+            .contains('/')
+    );
+    assert!(info.callback.base_path.starts_with('/'));
+    assert!(info.agent.metrics_url.ends_with("/metrics"));
+    assert!(!info.dns_suffix.starts_with('.'));
+    assert!(info.kube_api.url.starts_with("http://127.0.0.1:"));
+    assert!(info.kubelet.url.starts_with("http://127.0.0.1:"));
+    let state = stack.dir.path().join("state").canonicalize().unwrap();
+    for path in [
+        &info.volumes_dir,
+        &info.agent_dir,
+        &info.agent.socket,
+        &info.jwt_public_keys_dir,
+        &info.zts.ca,
+        &info.credentials.zts.cert,
+        &info.credentials.node.key,
+        &info.credentials.stranger.cert,
+    ] {
+        assert!(
+            path.starts_with(&state),
+            "{} is outside the state dir",
+            path.display()
+        );
+        assert!(path.exists(), "{}", path.display());
+    }
+    let metrics = reqwest::get(&info.agent.metrics_url)
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("athenz_agent_"), "{metrics}");
+
+    // Each credential as a client of the stack's mutual-TLS servers.
+    let client = |who: &athenz_devstack::stack::Credential| {
+        let mut pem = std::fs::read(&who.cert).unwrap();
+        pem.extend(std::fs::read(&who.key).unwrap());
+        reqwest::Client::builder()
+            .tls_certs_only([
+                reqwest::Certificate::from_pem(&std::fs::read(&who.ca).unwrap()).unwrap(),
+            ])
+            .identity(reqwest::Identity::from_pem(&pem).unwrap())
+            .build()
+            .unwrap()
+    };
+    let status = |client: reqwest::Client, url: String| async move {
+        match client.post(url).body("{}").send().await {
+            Ok(r) => r.status().as_u16(),
+            Err(_) => 0, // refused in the handshake
+        }
+    };
+    let callback = format!("{}{}/instance", info.callback.url, info.callback.base_path);
+    let jwt = format!("{}/v1/jwt", info.jwt_service.url);
+    let c = &info.credentials;
+    // allowed callers get past TLS and the allow-list to the body check
+    assert_eq!(status(client(&c.zts), callback.clone()).await, 400);
+    assert_eq!(status(client(&c.node), jwt.clone()).await, 400);
+    // everyone else is refused
+    for (who, url) in [
+        (&c.stranger, callback.clone()),
+        (&c.stranger, jwt.clone()),
+        (&c.node, callback),
+        (&c.zts, jwt),
+    ] {
+        let code = status(client(who), url.clone()).await;
+        assert!(
+            code == 403 || code == 0,
+            "{} got {code} from {url}",
+            who.cert.display()
+        );
+    }
+}
