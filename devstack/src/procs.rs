@@ -48,8 +48,6 @@ pub struct Process {
     pub command: Command,
     child: tokio::process::Child,
     log: PathBuf,
-    /// Restarts so far.
-    pub restarts: u32,
 }
 
 fn spawn_child(command: &Command, log: &Path) -> anyhow::Result<tokio::process::Child> {
@@ -66,7 +64,6 @@ fn spawn_child(command: &Command, log: &Path) -> anyhow::Result<tokio::process::
     process
         .args(&command.args)
         .envs(command.env.iter().map(|(k, v)| (k, v)))
-        // the stack's processes log JSON-free human lines; keep RUST_LOG of the caller if set
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -84,7 +81,6 @@ impl Process {
             command,
             child,
             log,
-            restarts: 0,
         })
     }
 
@@ -124,7 +120,6 @@ impl Process {
             return Ok(false);
         }
         self.child = spawn_child(&self.command, &self.log)?;
-        self.restarts += 1;
         Ok(true)
     }
 
