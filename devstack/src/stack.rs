@@ -233,31 +233,7 @@ impl Stack {
         let mut processes = Vec::new();
 
         // Keys: one per control-plane service (registered in ZTS), and the JWT signing key.
-        let mut services = Vec::new();
-        let mut files = BTreeMap::new();
-        for service in [JWT_SERVICE, CALLBACK, INITIALIZER, AGENT, STRANGER] {
-            let (f, public) = service_key(&state, service)?;
-            services.push(ServiceEntry {
-                name: format!("{ADMIN_DOMAIN}.{service}"),
-                public_keys: BTreeMap::from([("0".to_owned(), public)]),
-            });
-            files.insert(service, f);
-        }
-        let signing = PrivateKey::generate(KeyAlgorithm::P256).context("generating the JWT key")?;
-        athenz_testbed::pki::write_file(
-            &state.join("jwt-keys/v1.pem"),
-            signing
-                .to_pkcs8_pem()
-                .context("encoding the JWT key")?
-                .expose()
-                .as_bytes(),
-            0o600,
-        )?;
-        athenz_testbed::pki::write_file(
-            &state.join("jwt-public/v1.pem"),
-            signing.key_pair().public_key_pem().as_bytes(),
-            0o644,
-        )?;
+        let (services, files) = generate_keys(&state)?;
 
         // Ports the stack's servers will bind.
         let zts_port = free_port()?;
@@ -332,48 +308,17 @@ impl Stack {
         processes.push(kube);
         let kube_info: KubeInfo = read_json(&kube_dir.join("kube.json"))?;
 
-        // Every control-plane certificate from ZTS, as the control-sia init containers do.
-        let control_sia = bin.join("athenz-control-sia");
-        let control_args = |service: &str, f: &ServiceFiles| {
-            vec![
-                path_arg("key-dir", &f.key_dir),
-                format!("--domain={ADMIN_DOMAIN}"),
-                format!("--service={service}"),
-                format!("--zts-url={}", zts_info.url),
-                path_arg("zts-ca", &ca),
-                format!("--dns-suffix={DNS_SUFFIX}"),
-                path_arg("out-dir", &f.out_dir),
-                "--ip-address=127.0.0.1".into(),
-            ]
-        };
-        let mut inits = Vec::new();
-        for (service, f) in &files {
-            let mut args = vec!["init".to_owned()];
-            args.extend(control_args(service, f));
-            inits.push(Process::start(
-                Command::new(&format!("control-sia-init-{service}"), &control_sia, args),
-                &logs,
-            )?);
-        }
-        for init in &mut inits {
-            if !init.wait_exit(Duration::from_secs(60)).await? {
-                bail!(
-                    "{} failed; its log:\n{}",
-                    init.command.name,
-                    init.log_tail()
-                );
-            }
-        }
-        // ... and their refresh sidecars (the stranger needs none).
-        for (service, f) in files.iter().filter(|(s, _)| **s != STRANGER) {
-            let mut args = vec!["refresh".to_owned()];
-            args.extend(control_args(service, f));
-            let sidecar = Process::start(
-                Command::new(&format!("control-sia-{service}"), &control_sia, args),
-                &logs,
-            )?;
-            processes.push(sidecar);
-        }
+        // Every control-plane certificate from ZTS, as the control-sia init containers do, and
+        // their refresh sidecars.
+        let sidecars = control_plane_certificates(
+            &bin.join("athenz-control-sia"),
+            &files,
+            &zts_info.url,
+            &ca,
+            &logs,
+        )
+        .await?;
+        processes.extend(sidecars);
 
         let tls_args = |port: u16, ops: u16, f: &ServiceFiles| {
             vec![
@@ -572,6 +517,90 @@ impl Stack {
             p.stop().await;
         }
     }
+}
+
+/// Generates every control-plane service's key (the ZTS registrations returned) and the JWT
+/// signing key (`jwt-keys/v1.pem`, its public half in `jwt-public/v1.pem`).
+fn generate_keys(
+    state: &Path,
+) -> anyhow::Result<(Vec<ServiceEntry>, BTreeMap<&'static str, ServiceFiles>)> {
+    let mut services = Vec::new();
+    let mut files = BTreeMap::new();
+    for service in [JWT_SERVICE, CALLBACK, INITIALIZER, AGENT, STRANGER] {
+        let (f, public) = service_key(state, service)?;
+        services.push(ServiceEntry {
+            name: format!("{ADMIN_DOMAIN}.{service}"),
+            public_keys: BTreeMap::from([("0".to_owned(), public)]),
+        });
+        files.insert(service, f);
+    }
+    let signing = PrivateKey::generate(KeyAlgorithm::P256).context("generating the JWT key")?;
+    athenz_testbed::pki::write_file(
+        &state.join("jwt-keys/v1.pem"),
+        signing
+            .to_pkcs8_pem()
+            .context("encoding the JWT key")?
+            .expose()
+            .as_bytes(),
+        0o600,
+    )?;
+    athenz_testbed::pki::write_file(
+        &state.join("jwt-public/v1.pem"),
+        signing.key_pair().public_key_pem().as_bytes(),
+        0o644,
+    )?;
+    Ok((services, files))
+}
+
+/// Runs `athenz-control-sia init` for every service (all at once, each must succeed), then
+/// starts a `refresh` sidecar for each that serves (not the stranger); returns the sidecars.
+async fn control_plane_certificates(
+    control_sia: &Path,
+    files: &BTreeMap<&'static str, ServiceFiles>,
+    zts_url: &str,
+    ca: &Path,
+    logs: &Path,
+) -> anyhow::Result<Vec<Process>> {
+    let control_args = |service: &str, f: &ServiceFiles| {
+        vec![
+            path_arg("key-dir", &f.key_dir),
+            format!("--domain={ADMIN_DOMAIN}"),
+            format!("--service={service}"),
+            format!("--zts-url={zts_url}"),
+            path_arg("zts-ca", ca),
+            format!("--dns-suffix={DNS_SUFFIX}"),
+            path_arg("out-dir", &f.out_dir),
+            "--ip-address=127.0.0.1".into(),
+        ]
+    };
+    let mut inits = Vec::new();
+    for (service, f) in files {
+        let mut args = vec!["init".to_owned()];
+        args.extend(control_args(service, f));
+        inits.push(Process::start(
+            Command::new(&format!("control-sia-init-{service}"), control_sia, args),
+            logs,
+        )?);
+    }
+    for init in &mut inits {
+        if !init.wait_exit(Duration::from_secs(60)).await? {
+            bail!(
+                "{} failed; its log:\n{}",
+                init.command.name,
+                init.log_tail()
+            );
+        }
+    }
+    let mut sidecars = Vec::new();
+    for (service, f) in files.iter().filter(|(s, _)| **s != STRANGER) {
+        let mut args = vec!["refresh".to_owned()];
+        args.extend(control_args(service, f));
+        sidecars.push(Process::start(
+            Command::new(&format!("control-sia-{service}"), control_sia, args),
+            logs,
+        )?);
+    }
+    Ok(sidecars)
 }
 
 /// Starts a daemon component from `bin` and waits for its `/readyz`.
