@@ -234,7 +234,7 @@ pub async fn start(
         jwt_client,
         jwt_url: service::jwt_url(&config.jwt_service_url),
         zts,
-        zts_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
+        issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let http_metrics = HttpMetrics::register(&mut registry);
@@ -269,7 +269,5 @@ pub async fn start(
 /// clap's message) and serves until SIGTERM. `main` runs it, and so does `athenz-devstack` when it
 /// re-executes itself under this name.
 pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Result<()> {
-    let config = <Config as clap::Parser>::parse_from(args);
-    let log_format = config.ops.log_format;
-    athenz_core::daemon::run_until_terminated(log_format, |shutdown| start(config, shutdown))
+    athenz_core::daemon::parse_and_run(args, |c: &Config| c.ops.log_format, start)
 }

@@ -212,7 +212,7 @@ pub struct Agent {
     /// ZTS.
     pub zts: ZtsClient,
     /// Bound on identities issued at once (jwt-service call, key, ZTS call).
-    pub zts_slots: Semaphore,
+    pub issuance_slots: Semaphore,
     /// One lock per volume id, holding its latest init answer for [`COALESCE`].
     pub locks: Mutex<HashMap<VolumeId, Arc<Mutex<RecentInit>>>>,
 }
@@ -456,6 +456,14 @@ impl Agent {
         })
     }
 
+    /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer).
+    async fn issuance_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Failure> {
+        self.issuance_slots
+            .acquire()
+            .await
+            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))
+    }
+
     /// `POST /v1/init/{id}`.
     pub async fn init(&self, id: &VolumeId) -> Result<IdentityResponse, Failure> {
         let lock = self.lock_for(id).await;
@@ -478,11 +486,7 @@ impl Agent {
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
-        let _slot = self
-            .zts_slots
-            .acquire()
-            .await
-            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let _slot = self.issuance_slot().await?;
         let jwt = self.jwt(&subject).await?;
         let (key, csr) = self.csr(&subject, service_ip)?;
         let started = std::time::Instant::now();
@@ -549,11 +553,7 @@ impl Agent {
         }
         let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let _slot = self
-            .zts_slots
-            .acquire()
-            .await
-            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        let _slot = self.issuance_slot().await?;
         let jwt = self.jwt(&subject).await?;
         let (new_key, csr) = self.csr(&subject, service_ip)?;
         let started = std::time::Instant::now();

@@ -226,6 +226,24 @@ pub async fn serve_ops(
     .await;
 }
 
+/// The whole command of a daemon: parses `args` (the program name first; a bad setting exits 2
+/// with clap's message) into `C`, then [`run_until_terminated`] with `start`. Each daemon crate's
+/// `main_with_args` is this, so `main` and `athenz-devstack` run it the same way.
+pub fn parse_and_run<C, S, Fut, B>(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    log_format: impl FnOnce(&C) -> crate::telemetry::LogFormat,
+    start: S,
+) -> std::io::Result<()>
+where
+    C: clap::Parser,
+    S: FnOnce(C, Shutdown) -> Fut,
+    Fut: Future<Output = Result<(B, tokio::task::JoinHandle<()>), StartError>>,
+{
+    let config = C::parse_from(args);
+    let format = log_format(&config);
+    run_until_terminated(format, |shutdown| start(config, shutdown))
+}
+
 /// The `main` of every daemon: installs the crypto provider and logging, starts the daemon on a
 /// multi-threaded runtime, runs until SIGTERM or SIGINT, then drains it. A start-up error is logged
 /// and ends the process with exit code 2 (a usage error: it names the setting).

@@ -238,7 +238,5 @@ pub async fn start(
 /// clap's message) and serves until SIGTERM. `main` runs it, and so does `athenz-devstack` when it
 /// re-executes itself under this name.
 pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Result<()> {
-    let config = <Config as clap::Parser>::parse_from(args);
-    let log_format = config.ops.log_format;
-    athenz_core::daemon::run_until_terminated(log_format, |shutdown| start(config, shutdown))
+    athenz_core::daemon::parse_and_run(args, |c: &Config| c.ops.log_format, start)
 }
