@@ -22,7 +22,6 @@ use athenz_testbed::pki::{CertAuthority, LeafSpec};
 use clap::Parser;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
 
 const N: usize = 20_000;
 const CONCURRENCY: usize = 16;
@@ -156,38 +155,9 @@ fn main() {
             let r = client.post(&url).body(body.clone()).send().await.unwrap();
             assert_eq!(r.status(), 200);
         }
-        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let started = Instant::now();
-        let mut workers = Vec::new();
-        for _ in 0..CONCURRENCY {
-            let (client, url, bodies, next) =
-                (client.clone(), url.clone(), bodies.clone(), next.clone());
-            workers.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if i >= N {
-                        break;
-                    }
-                    let t = Instant::now();
-                    let r = client
-                        .post(&url)
-                        .body(bodies[i].clone())
-                        .send()
-                        .await
-                        .unwrap();
-                    assert_eq!(r.status(), 200);
-                    let _ = r.bytes().await.unwrap();
-                    lat.push(t.elapsed());
-                }
-                lat
-            }));
-        }
-        let mut all = Vec::new();
-        for w in workers {
-            all.extend(w.await.unwrap());
-        }
-        (started.elapsed(), all)
+        athenz_testbed::load::post_each(&client, &url, bodies, N, CONCURRENCY)
+            .await
+            .unwrap()
     });
     latencies.sort();
     let at = |p: f64| athenz_testbed::stats::percentile(&latencies, p);

@@ -124,31 +124,10 @@ fn main() {
                 200
             );
         }
-        let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let started = Instant::now();
-        let mut workers = Vec::new();
-        for _ in 0..16 {
-            let (client, url, bodies, next) =
-                (client.clone(), url.clone(), bodies.clone(), next.clone());
-            workers.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(body) = bodies.get(i) else { break };
-                    let t = Instant::now();
-                    let r = client.post(&url).body(body.clone()).send().await.unwrap();
-                    assert_eq!(r.status(), 200);
-                    let _ = r.bytes().await.unwrap();
-                    lat.push(t.elapsed());
-                }
-                lat
-            }));
-        }
-        let mut all = Vec::new();
-        for w in workers {
-            all.extend(w.await.unwrap());
-        }
-        (started.elapsed(), all)
+        let count = bodies.len();
+        athenz_testbed::load::post_each(&client, &url, bodies, count, 16)
+            .await
+            .unwrap()
     });
     lat.sort();
     let at = |p: f64| athenz_testbed::stats::percentile(&lat, p);

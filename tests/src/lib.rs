@@ -19,6 +19,7 @@ pub mod dns;
 pub mod fixtures;
 pub mod kube_api;
 pub mod kubelet;
+pub mod load;
 pub mod openssl;
 pub mod pki;
 pub mod process;
