@@ -7,8 +7,6 @@ use crate::kube::{KubeClient, NewPod};
 use crate::node::{self, PodVolume};
 use crate::stack::{Stack, StackInfo, StackOptions};
 use anyhow::{Context, bail};
-use athenz_core::agent_api::RefreshRequest;
-use athenz_core::secret::Secret;
 use athenz_core::volume::VolumeId;
 use serde::Serialize;
 use std::path::Path;
@@ -263,21 +261,9 @@ async fn delete_and_refuse(
 ) -> anyhow::Result<RefusalReport> {
     kube.delete_pod(&volume.pod.namespace, &volume.pod.name)
         .await?;
-    let id_text = std::fs::read_to_string(volume.mount_dir.join("id")).context("reading the id")?;
-    let id = VolumeId::parse(id_text.trim()).context("the volume id")?;
-    let client = athenz_sia::client::AgentClient::new(
-        stack.info.agent.socket.clone(),
-        id,
-        Duration::from_secs(30),
-    );
-    let read = |name: &str| std::fs::read_to_string(volume.credentials_dir.join(name));
-    let request = RefreshRequest {
-        key_pem: Secret::new(read("service.key.pem").context("reading the key")?),
-        cert_pem: read("service.cert.pem").context("reading the certificate")?,
-    };
-    let refusal = match client.refresh(&request).await {
+    let refusal = match node::refresh_once(&stack.info, volume).await? {
         Ok(_) => bail!("the agent refreshed the identity of a deleted pod"),
-        Err(e) => e.to_string(),
+        Err(refusal) => refusal,
     };
     print(format!(
         "\ndeleted pod {}/{}; its refresh was refused: {refusal}",

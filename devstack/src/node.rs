@@ -216,6 +216,34 @@ pub fn sia_refresh(
     crate::procs::Process::start(command, log)
 }
 
+/// Asks the agent to refresh the pod's identity with the pair its SIA wrote, as the refresh
+/// sidecar does (one request, no retries); `Ok` carries the new certificate chain, `Err` the
+/// agent's refusal as text.
+pub async fn refresh_once(
+    stack: &StackInfo,
+    volume: &PodVolume,
+) -> anyhow::Result<Result<String, String>> {
+    use athenz_core::agent_api::RefreshRequest;
+    use athenz_core::secret::Secret;
+    let id_text = std::fs::read_to_string(volume.mount_dir.join("id")).context("reading the id")?;
+    let id = athenz_core::volume::VolumeId::parse(id_text.trim()).context("the volume id")?;
+    let client = athenz_sia::client::AgentClient::new(
+        stack.agent.socket.clone(),
+        id,
+        Duration::from_secs(30),
+    );
+    let read = |name: &str| std::fs::read_to_string(volume.credentials_dir.join(name));
+    let request = RefreshRequest {
+        key_pem: Secret::new(read("service.key.pem").context("reading the key")?),
+        cert_pem: read("service.cert.pem").context("reading the certificate")?,
+    };
+    Ok(client
+        .refresh(&request)
+        .await
+        .map(|answer| answer.cert_pem)
+        .map_err(|e| e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,12 +128,11 @@ pub struct StackInfo {
     pub processes: BTreeMap<String, u32>,
 }
 
-/// Writes `value` as JSON to `path` by a temporary file and a rename, so readers never see half.
+/// Writes `value` as JSON to `path` atomically (readers never see half), mode 0644 — the shared
+/// writer of athenz-core.
 pub fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    let json = serde_json::to_vec_pretty(value).context("encoding JSON")?;
-    std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
+    athenz_core::volume::write_json_file(path, value, 0o644)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Choices for a stack.

@@ -8,10 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_core::agent_api::RefreshRequest;
 use athenz_core::crypto::{CertInfo, pem_certificates};
-use athenz_core::secret::Secret;
-use athenz_core::volume::VolumeId;
 use athenz_devstack::demo::count_volumes;
 use athenz_devstack::identity;
 use athenz_devstack::kube::{KubeClient, NewPod};
@@ -157,21 +154,7 @@ fn is_mount_point(path: &Path) -> bool {
 }
 
 async fn refresh_directly(stack: &StackInfo, volume: &PodVolume) -> Result<String, String> {
-    let id = std::fs::read_to_string(volume.mount_dir.join("id")).unwrap();
-    let client = athenz_sia::client::AgentClient::new(
-        stack.agent.socket.clone(),
-        VolumeId::parse(id.trim()).unwrap(),
-        Duration::from_secs(30),
-    );
-    let read = |n: &str| std::fs::read_to_string(volume.credentials_dir.join(n)).unwrap();
-    client
-        .refresh(&RefreshRequest {
-            key_pem: Secret::new(read("service.key.pem")),
-            cert_pem: read("service.cert.pem"),
-        })
-        .await
-        .map(|answer| answer.cert_pem)
-        .map_err(|e| e.to_string())
+    node::refresh_once(stack, volume).await.unwrap()
 }
 
 /// Waits until the pod's certificate serial differs from `old`.
