@@ -146,11 +146,9 @@ fn openssl_verifies(stack: &StackInfo, volume: &PodVolume) -> CertInfo {
 }
 
 fn is_mount_point(path: &Path) -> bool {
-    let wanted = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
+    athenz_volume_driver::mountinfo::MountTable::read()
         .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(wanted.as_str()))
+        .is_mounted(path)
 }
 
 async fn refresh_directly(stack: &StackInfo, volume: &PodVolume) -> Result<String, String> {
