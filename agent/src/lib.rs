@@ -5,12 +5,13 @@
 
 pub mod install;
 pub mod kubelet;
+pub mod node_identity;
 pub mod service;
 
 use athenz_core::crypto::KeyAlgorithm;
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
 use athenz_core::http::{HttpMetrics, Listener, Readiness, Server, ServerLimits};
-use athenz_core::tls::{self, ClientIdentity, ReloadingIdentity};
+use athenz_core::tls;
 use athenz_core::volume::{AGENT_SOCKET_NAME, VolumesDir};
 use athenz_core::zts::{ZtsClient, ZtsClientConfig};
 use clap::Parser;
@@ -51,12 +52,24 @@ pub struct Config {
     /// jwt-service base URL (https).
     #[arg(long, env = "JWT_SERVICE_URL")]
     pub jwt_service_url: String,
-    /// The node's certificate (PEM; its client identity to the jwt-service), reloaded when it changes.
-    #[arg(long, env = "NODE_CERT_FILE")]
-    pub node_cert: PathBuf,
-    /// The node's key.
-    #[arg(long, env = "NODE_KEY_FILE")]
-    pub node_key: PathBuf,
+    /// This node's name (the agent's instance id; in a DaemonSet, `spec.nodeName` by the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// The agent pod's projected service-account token (audience `athenz-node`), which attests
+    /// the node identity to ZTS; re-read for every renewal, as the kubelet rotates it.
+    #[arg(long, env = "NODE_TOKEN_FILE")]
+    pub node_token_file: PathBuf,
+    /// The node agents' Athenz principal; default `<admin-domain>.athenz-agent`.
+    #[arg(long, env = "AGENT_PRINCIPAL")]
+    pub agent_principal: Option<String>,
+    /// Keep the node key and certificate here (0600) so a restarted agent serves at once; a
+    /// memory-backed volume of the agent pod. Unset: memory only.
+    #[arg(long, env = "NODE_IDENTITY_DIR")]
+    pub node_identity_dir: Option<PathBuf>,
+    /// Whether a caller on the socket must be a process of the volume's pod (its cgroup names
+    /// the pod UID): enforce (403 otherwise), log (allow, log the mismatch) or off.
+    #[arg(long, env = "PEER_CHECK", value_enum, default_value_t = athenz_core::peer::PeerCheck::Enforce)]
+    pub peer_check: athenz_core::peer::PeerCheck,
     /// CA bundle verifying the jwt-service.
     #[arg(long, env = "JWT_SERVICE_CA_FILE")]
     pub jwt_service_ca: PathBuf,
@@ -124,21 +137,6 @@ pub async fn start(
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
     let mapper = config.identity.mapper()?;
-    let node = ReloadingIdentity::load(&config.node_cert, &config.node_key)
-        .map_err(|e| StartError::new("--node-cert/--node-key (NODE_CERT_FILE/NODE_KEY_FILE)", e))?;
-    let jwt_tls = tls::client_config(
-        &read_cas(
-            &config.jwt_service_ca,
-            "--jwt-service-ca (JWT_SERVICE_CA_FILE)",
-        )?,
-        Some(ClientIdentity::Reloading(node.clone())),
-    )
-    .map_err(|e| StartError::new("--jwt-service-ca (JWT_SERVICE_CA_FILE)", e))?;
-    let jwt_client = reqwest::Client::builder()
-        .tls_backend_preconfigured(jwt_tls)
-        .timeout(config.upstream_timeout)
-        .build()
-        .map_err(|e| StartError::new("--jwt-service-url (JWT_SERVICE_URL)", e))?;
     let zts = ZtsClient::new(ZtsClientConfig {
         url: config.zts_url.clone(),
         ca_certs: read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
@@ -146,11 +144,54 @@ pub async fn start(
         connect_timeout: config.upstream_timeout.min(Duration::from_secs(5)),
     })
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
+    let readiness = Readiness::default();
+    let node = Arc::new(
+        node_identity::NodeIdentity::new(
+            node_identity::NodeIdentitySettings {
+                principal: config.agent_principal.clone().unwrap_or_else(|| {
+                    athenz_core::names::principal(&config.identity.admin_domain, "athenz-agent")
+                }),
+                provider: config.identity.provider.clone(),
+                dns_suffix: config.identity.dns_suffix.clone(),
+                node_name: config.node_name.clone(),
+                token_file: config.node_token_file.clone(),
+                keep_dir: config.node_identity_dir.clone(),
+                policy: athenz_core::refresh::RefreshPolicy::default(),
+                backoff: athenz_core::refresh::Backoff::default(),
+            },
+            zts.clone(),
+            readiness.clone(),
+            &mut registry,
+        )
+        .map_err(|e| StartError::new("--node-name/--agent-principal (NODE_NAME/AGENT_PRINCIPAL)", e))?,
+    );
+    std::fs::metadata(&config.node_token_file).map_err(|e| {
+        StartError::new(
+            "--node-token-file (NODE_TOKEN_FILE)",
+            format!("{}: {e}", config.node_token_file.display()),
+        )
+    })?;
+    node.load_kept();
+    let jwt_tls = tls::client_config(
+        &read_cas(
+            &config.jwt_service_ca,
+            "--jwt-service-ca (JWT_SERVICE_CA_FILE)",
+        )?,
+        Some(node.client_identity()),
+    )
+    .map_err(|e| StartError::new("--jwt-service-ca (JWT_SERVICE_CA_FILE)", e))?;
+    let jwt_client = reqwest::Client::builder()
+        .tls_backend_preconfigured(jwt_tls)
+        .timeout(config.upstream_timeout)
+        .build()
+        .map_err(|e| StartError::new("--jwt-service-url (JWT_SERVICE_URL)", e))?;
     let kubelet_client = {
         let mut b = reqwest::Client::builder().timeout(config.upstream_timeout);
         if let Some(ca) = &config.kubelet_ca {
             let cas = read_cas(ca, "--kubelet-ca (KUBELET_CA_FILE)")?;
-            let tls = tls::client_config(&cas, Some(ClientIdentity::Reloading(node.clone())))
+            // the kubelet authenticates the agent by its bearer token, not a certificate
+            let tls = tls::client_config(&cas, None)
                 .map_err(|e| StartError::new("--kubelet-ca (KUBELET_CA_FILE)", e))?;
             b = b.tls_backend_preconfigured(tls);
         }
@@ -212,7 +253,6 @@ pub async fn start(
             .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
     };
 
-    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
     let agent = Arc::new(service::Agent {
         metrics: service::AgentMetrics::register(&mut registry),
         volumes,
@@ -234,16 +274,16 @@ pub async fn start(
         jwt_client,
         jwt_url: service::jwt_url(&config.jwt_service_url),
         zts,
+        node: Arc::clone(&node),
+        peer_check: config.peer_check,
         issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let http_metrics = HttpMetrics::register(&mut registry);
-    let readiness = Readiness::default();
-    readiness.set(true);
     let registry = Arc::new(registry);
-    tracing::info!(socket = %socket.display(), ops = %bound.ops, "agent listening");
+    tracing::info!(socket = %socket.display(), ops = %bound.ops, node = %config.node_name, peer_check = %config.peer_check, "agent listening");
     let task = tokio::spawn(async move {
-        let watcher = node.spawn_watcher(Duration::from_secs(10));
+        let watcher = tokio::spawn(Arc::clone(&node).run(shutdown.wait()));
         let ops = tokio::spawn(athenz_core::daemon::serve_ops(
             ops_listener,
             registry,
@@ -258,7 +298,7 @@ pub async fn start(
         .with_metrics(http_metrics)
         .serve(shutdown.wait())
         .await;
-        watcher.abort();
+        let _ = watcher.await;
         let _ = std::fs::remove_file(&socket);
         let _ = ops.await;
     });

@@ -9,6 +9,7 @@ use athenz_core::http::{
     Body, ConnInfo, Handler, Peer, error_response, json_response, unavailable_response,
 };
 use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
+use athenz_core::peer::PeerCheck;
 use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
 use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
@@ -89,6 +90,19 @@ pub struct AgentMetrics {
     >,
     cached_pods: prometheus_client::metrics::gauge::Gauge,
     cert_expiry: prometheus_client::metrics::gauge::Gauge,
+    peer_checks: prometheus_client::metrics::family::Family<
+        PeerCheckLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+}
+
+/// Labels of the peer-check counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct PeerCheckLabels {
+    /// `match`, `mismatch` (another pod or none) or `unknown` (the caller could not be identified).
+    pub outcome: &'static str,
+    /// `enforce` or `log`.
+    pub mode: &'static str,
 }
 
 impl AgentMetrics {
@@ -102,7 +116,13 @@ impl AgentMetrics {
             }),
             cached_pods: Default::default(),
             cert_expiry: Default::default(),
+            peer_checks: Default::default(),
         };
+        registry.register(
+            "peer_checks",
+            "Callers on the socket checked against their volume's pod, by outcome",
+            m.peer_checks.clone(),
+        );
         registry.register(
             "upstream_duration_seconds",
             "Upstream call latency",
@@ -211,6 +231,10 @@ pub struct Agent {
     pub jwt_url: String,
     /// ZTS.
     pub zts: ZtsClient,
+    /// The node's own identity (the jwt-service client certificate).
+    pub node: Arc<crate::node_identity::NodeIdentity>,
+    /// Whether callers must be processes of the volume's pod.
+    pub peer_check: PeerCheck,
     /// Bound on identities issued at once (jwt-service call, key, ZTS call).
     pub issuance_slots: Semaphore,
     /// One lock per volume id, holding its latest init answer for [`COALESCE`].
@@ -252,6 +276,50 @@ impl Agent {
             )
         })?;
         Ok((paths, data))
+    }
+
+    /// The caller is a process of the volume's pod (DESIGN.md 4.2): its cgroup names the pod
+    /// UID the volume was mounted for. `log` mode lets a mismatch through and logs it.
+    fn check_peer(&self, id: &VolumeId, data: &VolumeData, conn: &ConnInfo) -> Result<(), Failure> {
+        let mode = match self.peer_check {
+            PeerCheck::Off => return Ok(()),
+            PeerCheck::Enforce => "enforce",
+            PeerCheck::Log => "log",
+        };
+        let caller = match &conn.peer_process {
+            Some(Ok(process)) => process.pod_uid().map_err(|e| e.to_string()),
+            Some(Err(e)) => Err(e.to_string()),
+            None => Err("the caller is not a local process".to_owned()),
+        };
+        let (outcome, refusal) = match caller {
+            Ok(uid) if uid == data.pod_uid => ("match", None),
+            Ok(uid) => (
+                "mismatch",
+                Some(format!(
+                    "the caller runs in pod {uid}, but volume {id} belongs to pod {}",
+                    data.pod_uid
+                )),
+            ),
+            Err(why) => (
+                "unknown",
+                Some(format!(
+                    "cannot tell which pod the caller runs in ({why}); volume {id} belongs to pod {}",
+                    data.pod_uid
+                )),
+            ),
+        };
+        self.metrics
+            .peer_checks
+            .get_or_create(&PeerCheckLabels { outcome, mode })
+            .inc();
+        match refusal {
+            None => Ok(()),
+            Some(why) if self.peer_check == PeerCheck::Log => {
+                tracing::warn!(%id, peer = ?conn.peer, reason = %why, "peer check failed (log mode: allowed)");
+                Ok(())
+            }
+            Some(why) => Err(fail(StatusCode::FORBIDDEN, why)),
+        }
     }
 
     /// The pod of a volume, checked: on this node, same uid, has an IP.
@@ -337,6 +405,15 @@ impl Agent {
     }
 
     async fn jwt_call(&self, subject: &PodSubject) -> Result<Secret, Failure> {
+        if !self.node.is_valid() {
+            return Err(fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the agent has no valid node identity for {} yet (ZTS or the callback unreachable?)",
+                    self.node.node_name()
+                ),
+            ));
+        }
         let resp = self
             .jwt_client
             .post(&self.jwt_url)
@@ -465,10 +542,11 @@ impl Agent {
     }
 
     /// `POST /v1/init/{id}`.
-    pub async fn init(&self, id: &VolumeId) -> Result<IdentityResponse, Failure> {
+    pub async fn init(&self, id: &VolumeId, conn: &ConnInfo) -> Result<IdentityResponse, Failure> {
         let lock = self.lock_for(id).await;
         let mut recent = lock.lock().await;
         let (paths, data) = self.volume(id)?;
+        self.check_peer(id, &data, conn)?;
         if let Some((at, answer)) = &recent.0
             && at.elapsed() < COALESCE
         {
@@ -510,7 +588,12 @@ impl Agent {
     }
 
     /// `POST /v1/refresh/{id}`.
-    pub async fn refresh(&self, id: &VolumeId, body: &[u8]) -> Result<IdentityResponse, Failure> {
+    pub async fn refresh(
+        &self,
+        id: &VolumeId,
+        body: &[u8],
+        conn: &ConnInfo,
+    ) -> Result<IdentityResponse, Failure> {
         let request: RefreshRequest = serde_json::from_slice(body).map_err(|e| {
             fail(
                 StatusCode::BAD_REQUEST,
@@ -522,6 +605,7 @@ impl Agent {
         // a refresh supersedes any coalesced init answer
         recent.0 = None;
         let (paths, data) = self.volume(id)?;
+        self.check_peer(id, &data, conn)?;
         let state: VolumeState = read_json_file(&paths.state_json).map_err(|_| {
             fail(
                 StatusCode::NOT_FOUND,
@@ -606,8 +690,11 @@ impl Handler for AgentHandler {
             Peer::Tcp(_) => (None, None),
         };
         let (verb, result) = match &route {
-            AgentRoute::Init(id) => ("init", self.agent.init(id).await),
-            AgentRoute::Refresh(id) => ("refresh", self.agent.refresh(id, req.body()).await),
+            AgentRoute::Init(id) => ("init", self.agent.init(id, &conn).await),
+            AgentRoute::Refresh(id) => (
+                "refresh",
+                self.agent.refresh(id, req.body(), &conn).await,
+            ),
         };
         let id = match &route {
             AgentRoute::Init(id) | AgentRoute::Refresh(id) => id.to_string(),

@@ -108,6 +108,7 @@ fn main() {
                 nbf: t,
                 exp: t + 600,
                 jti: athenz_core::random::hex_name::<16>(),
+                node: "n1".into(),
             };
             let mut attributes = BTreeMap::new();
             attributes.insert("instanceId".to_owned(), POD_UID.to_owned());

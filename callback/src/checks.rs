@@ -28,7 +28,7 @@ impl std::fmt::Display for Deny {
     }
 }
 
-fn deny(check: &'static str, message: impl Into<String>) -> Deny {
+pub(crate) fn deny(check: &'static str, message: impl Into<String>) -> Deny {
     Deny {
         check,
         message: message.into(),
@@ -53,6 +53,8 @@ pub struct Policy {
     pub mapper: DomainMapper,
     /// DNS suffix of pod SANs.
     pub dns_suffix: String,
+    /// Who node agents are, and how their tokens are checked (DESIGN.md 4.9).
+    pub node: crate::node::NodePolicy,
 }
 
 /// `provider` is ours.
@@ -84,6 +86,8 @@ pub struct ReceivedClaims {
     pub exp: Option<i64>,
     /// `jti`.
     pub jti: Option<String>,
+    /// `node`: the node whose agent asked for the JWT.
+    pub node: Option<String>,
 }
 
 /// The header's algorithm is allowed (never `none`, never HMAC), its `kid` is known, and the
@@ -325,6 +329,30 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&Pod>) -> Result<(), Deny> {
     Ok(())
 }
 
+/// The pod is scheduled on the node whose agent asked for the JWT (`spec.nodeName` equals the
+/// JWT's `node`): a node's agent obtains identities only for its own pods (DESIGN.md 4.4, 4.9).
+pub fn check_pod_node(subject: &PodSubject, claims: &ReceivedClaims, pod: &Pod) -> Result<(), Deny> {
+    let node = claims
+        .node
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| deny("pod_node", "the JWT names no node"))?;
+    let scheduled = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    if scheduled == Some(node) {
+        Ok(())
+    } else {
+        Err(deny(
+            "pod_node",
+            format!(
+                "pod {}/{} is scheduled on {}, but the identity was asked for by node {node}",
+                subject.namespace,
+                subject.name,
+                scheduled.map_or_else(|| "no node".to_owned(), |n| format!("{n:?}"))
+            ),
+        ))
+    }
+}
+
 /// The IPs in `sanIP` other than the pod's own (if any, the service's cluster IP is looked up).
 pub fn extra_san_ips(subject: &PodSubject, c: &InstanceConfirmation) -> Result<Vec<IpAddr>, Deny> {
     let mut extra = Vec::new();
@@ -339,7 +367,7 @@ pub fn extra_san_ips(subject: &PodSubject, c: &InstanceConfirmation) -> Result<V
     Ok(extra)
 }
 
-fn split(value: Option<&String>) -> impl Iterator<Item = &str> {
+pub(crate) fn split(value: Option<&String>) -> impl Iterator<Item = &str> {
     value
         .map(String::as_str)
         .unwrap_or("")

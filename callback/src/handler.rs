@@ -3,6 +3,7 @@
 //! Kubernetes API unavailable = 503.
 
 use crate::checks::{self, Deny, Policy};
+use crate::node;
 use crate::keys::PublicKeys;
 use crate::pods::Cluster;
 use crate::replay::ReplayCache;
@@ -106,10 +107,13 @@ impl CallbackHandler {
         }
     }
 
-    /// Runs every check on `c`.
+    /// Runs every check on `c`: a node agent's registration (DESIGN.md 4.9) or a pod's (4.4).
     async fn confirm(&self, c: &InstanceConfirmation) -> Result<(), Refusal> {
         let p = &self.policy;
         checks::check_provider(p, c)?;
+        if p.node.is_agent(&c.domain, &c.service) {
+            return self.confirm_node(c).await;
+        }
         let claims = checks::check_token_signature(p, &self.keys, c.attestation_data.expose())?;
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let exp = checks::check_exp(p, &claims, now)?;
@@ -127,6 +131,9 @@ impl CallbackHandler {
             .await
             .map_err(|e| Refusal::Unavailable(e.to_string()))?;
         checks::check_pod(&subject, pod.as_ref())?;
+        if let Some(pod) = &pod {
+            checks::check_pod_node(&subject, &claims, pod)?;
+        }
         // The service's cluster IP is entitled only if the Service exists; ask only when asked for.
         let service_ip: Option<IpAddr> = if checks::extra_san_ips(&subject, c)?.is_empty() {
             None
@@ -140,6 +147,40 @@ impl CallbackHandler {
                 .and_then(|ip| ip.parse().ok())
         };
         checks::check_sans(p, &subject, service_ip, c)?;
+        Ok(())
+    }
+
+    /// A node agent's registration or refresh: its projected service-account token, reviewed by
+    /// the API server, must be its own pod's on the node it names (DESIGN.md 4.9).
+    async fn confirm_node(&self, c: &InstanceConfirmation) -> Result<(), Refusal> {
+        let p = &self.policy.node;
+        let token = c.attestation_data.expose();
+        node::check_token_shape(token)?;
+        let review = self
+            .cluster
+            .review_token(token, &p.audience)
+            .await
+            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        let user = node::check_token_review(p, &review)?;
+        node::check_account(p, &user)?;
+        let claims = node::check_pod_claims(&user)?;
+        let pod = self
+            .cluster
+            .pod(&p.namespace, &claims.pod_name)
+            .await
+            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+        let node_name = node::check_agent_pod(p, &claims, pod.as_ref())?;
+        node::check_instance_id(&node_name, c)?;
+        node::check_node_name(&claims, &node_name)?;
+        if let Some(uid) = &claims.node_uid {
+            let found = self
+                .cluster
+                .node(&node_name)
+                .await
+                .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+            node::check_node_uid(&node_name, uid, found.as_ref())?;
+        }
+        node::check_sans(&self.policy, &node_name, c)?;
         Ok(())
     }
 }

@@ -5,6 +5,7 @@
 pub mod checks;
 pub mod handler;
 pub mod keys;
+pub mod node;
 pub mod pods;
 pub mod replay;
 
@@ -69,6 +70,19 @@ pub struct Config {
     /// Certificate lifetime granted (certExpiryTime), minutes.
     #[arg(long, env = "CERT_EXPIRY_MINUTES", default_value_t = 1440)]
     pub cert_expiry_minutes: u32,
+    /// The node agents' Athenz principal (DESIGN.md 4.9); default `<admin-domain>.athenz-agent`.
+    /// A registration for it is attested by a service-account token, not an identity JWT.
+    #[arg(long, env = "AGENT_PRINCIPAL")]
+    pub agent_principal: Option<String>,
+    /// Audience the agents' projected service-account tokens are minted for.
+    #[arg(long, env = "NODE_TOKEN_AUDIENCE", default_value = "athenz-node")]
+    pub node_token_audience: String,
+    /// Namespace of the agent pods.
+    #[arg(long, env = "AGENT_NAMESPACE", default_value = "athenz-system")]
+    pub agent_namespace: String,
+    /// Service account of the agent pods.
+    #[arg(long, env = "AGENT_SERVICE_ACCOUNT", default_value = "athenz-agent")]
+    pub agent_service_account: String,
     /// Kubernetes API URL (plain, no auth; for the local stack). Without it: in-cluster config or kubeconfig.
     #[arg(long, env = "KUBE_API_URL")]
     pub kube_api_url: Option<String>,
@@ -108,6 +122,31 @@ fn algorithms(names: &[String]) -> Result<Vec<Algorithm>, StartError> {
     Ok(algs)
 }
 
+fn node_policy(config: &Config) -> Result<node::NodePolicy, StartError> {
+    use athenz_core::names;
+    let principal = config.agent_principal.clone().unwrap_or_else(|| {
+        names::principal(&config.identity.admin_domain, "athenz-agent")
+    });
+    names::split_service_name("agent principal", &principal)
+        .map_err(|e| StartError::new("--agent-principal (AGENT_PRINCIPAL)", e))?;
+    names::validate_dns_label("agent namespace", &config.agent_namespace)
+        .map_err(|e| StartError::new("--agent-namespace (AGENT_NAMESPACE)", e))?;
+    names::validate_dns_subdomain("agent service account", &config.agent_service_account)
+        .map_err(|e| StartError::new("--agent-service-account (AGENT_SERVICE_ACCOUNT)", e))?;
+    if config.node_token_audience.trim().is_empty() {
+        return Err(StartError::new(
+            "--node-token-audience (NODE_TOKEN_AUDIENCE)",
+            "must not be empty",
+        ));
+    }
+    Ok(node::NodePolicy {
+        principal,
+        audience: config.node_token_audience.clone(),
+        namespace: config.agent_namespace.clone(),
+        service_account: config.agent_service_account.clone(),
+    })
+}
+
 /// Starts the callback; it runs until `shutdown` is triggered.
 pub async fn start(
     config: Config,
@@ -120,6 +159,7 @@ pub async fn start(
         ));
     }
     let mapper = config.identity.mapper()?;
+    let node = node_policy(&config)?;
     let keys = Arc::new(
         keys::PublicKeys::load(&config.public_keys_dir)
             .map_err(|e| StartError::new("--public-keys-dir (JWT_PUBLIC_KEYS_DIR)", e))?,
@@ -163,6 +203,7 @@ pub async fn start(
             max_lifetime_secs: i64::try_from(config.max_token_lifetime.as_secs()).unwrap_or(3600),
             mapper,
             dns_suffix: config.identity.dns_suffix.clone(),
+            node,
         },
         keys: keys.clone(),
         replay: replay::ReplayCache::new(config.replay_cache_size),

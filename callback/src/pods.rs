@@ -1,7 +1,8 @@
 //! Reading pods and services from the Kubernetes API (kube-rs), with a timeout on every call and
 //! the call's latency recorded.
 
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
 use prometheus_client::metrics::histogram::Histogram;
 use std::time::{Duration, Instant};
@@ -70,6 +71,28 @@ impl Cluster {
     pub async fn service(&self, namespace: &str, name: &str) -> Result<Option<Service>, ApiError> {
         let api: Api<Service> = Api::namespaced(self.client.clone(), namespace);
         self.timed(api.get_opt(name)).await
+    }
+
+    /// A node, or `None` if it does not exist.
+    pub async fn node(&self, name: &str) -> Result<Option<Node>, ApiError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        self.timed(api.get_opt(name)).await
+    }
+
+    /// The API server's review of a service-account token for `audience` (`POST
+    /// /apis/authentication.k8s.io/v1/tokenreviews`; a bad token is a review that says so, not an
+    /// error).
+    pub async fn review_token(&self, token: &str, audience: &str) -> Result<TokenReview, ApiError> {
+        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                audiences: Some(vec![audience.to_owned()]),
+            },
+            ..TokenReview::default()
+        };
+        self.timed(api.create(&kube::api::PostParams::default(), &review))
+            .await
     }
 
     /// Whether the API answers (readiness).

@@ -125,13 +125,21 @@ async fn start() -> Fixture {
 impl Fixture {
     /// A client with a certificate for `cn` from the ZTS PKI.
     fn client(&self, cn: Option<&str>) -> reqwest::Client {
+        self.client_with(cn.map(|cn| LeafSpec::service(cn, &[])))
+    }
+
+    /// A client with node `node`'s agent identity.
+    fn node_client(&self, node: &str) -> reqwest::Client {
+        self.client_with(Some(LeafSpec {
+            uris: vec![athenz_core::names::instance_id_uri(PROVIDER, node)],
+            ..LeafSpec::service(fixtures::AGENT_PRINCIPAL, &[])
+        }))
+    }
+
+    fn client_with(&self, spec: Option<LeafSpec>) -> reqwest::Client {
         let roots = pem_certificates(self.zts.root_pem()).unwrap();
-        let identity = cn.map(|cn| {
-            let issued = self
-                .zts
-                .ca()
-                .issue(&LeafSpec::service(cn, &[]), KeyAlgorithm::P256)
-                .unwrap();
+        let identity = spec.map(|spec| {
+            let issued = self.zts.ca().issue(&spec, KeyAlgorithm::P256).unwrap();
             ClientIdentity::Fixed(
                 tls::certified_key_from_pem(&issued.chain_pem, issued.key_pem.expose()).unwrap(),
             )
@@ -179,6 +187,7 @@ fn claims() -> IdentityClaims {
         nbf: t,
         exp: t + 300,
         jti: athenz_core::random::hex_name::<16>(),
+        node: "node-1".into(),
     }
 }
 
@@ -361,6 +370,24 @@ async fn each_check_fails_alone() {
             );
             confirmation(es256(&f, &IdentityClaims { sub, ..claims() }))
         }),
+        (
+            "pod_node",
+            confirmation(es256(
+                &f,
+                &IdentityClaims {
+                    node: "node-2".into(),
+                    ..claims()
+                },
+            )),
+        ),
+        (
+            "pod_node",
+            confirmation(es256_raw(&f, &{
+                let mut v = serde_json::to_value(claims()).unwrap();
+                v.as_object_mut().unwrap().remove("node");
+                v
+            })),
+        ),
         ("san_dns", {
             let mut c = confirmation(es256(&f, &claims()));
             c.attributes.insert(
@@ -437,6 +464,14 @@ async fn pod_checks_fail_alone() {
             Box::new(|| {
                 cluster.update_pod(NAMESPACE, POD_NAME, |p| {
                     p.spec.as_mut().unwrap().service_account_name = Some("db".into())
+                });
+            }),
+        ),
+        (
+            "pod_node",
+            Box::new(|| {
+                cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+                    p.spec.as_mut().unwrap().node_name = Some("node-2".into())
                 });
             }),
         ),
@@ -686,8 +721,9 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
         &format!("--tls-cert={}", files.cert.display()),
         &format!("--tls-key={}", files.key.display()),
         &format!("--client-ca={}", f.zts.ca_path().display()),
-        "--allowed-principals=k8s.nodes.*",
+        &format!("--allowed-principals={}", fixtures::AGENT_PRINCIPAL),
         &format!("--keys-dir={}", keys.display()),
+        &format!("--provider={PROVIDER}"),
     ])
     .unwrap();
     let (jwt_bound, _) = athenz_jwt_service::start(jwt_config, f.shutdown.clone())
@@ -698,7 +734,7 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
 
     // the agent's part: get a JWT as node-1, then register with ZTS
     let jwt: serde_json::Value = f
-        .client(Some("k8s.nodes.node-1"))
+        .node_client("node-1")
         .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
         .json(&serde_json::json!({"subject": {
             "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
@@ -737,10 +773,33 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     // the same JWT cannot be used again
     let err = zts.register(&info).await.unwrap_err();
     assert!(err.to_string().contains("jti"), "{err}");
+    // another node's agent cannot get this pod's identity: its JWT names node-2
+    let elsewhere: serde_json::Value = f
+        .node_client("node-2")
+        .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
+        .json(&serde_json::json!({"subject": {
+            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
+            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let err = zts
+        .register(&InstanceRegisterInformation {
+            attestation_data: Secret::new(elsewhere["jwt"].as_str().unwrap()),
+            csr: build_csr(&fixtures::pod_identity_without_service_ip(), &key).unwrap(),
+            ..info.clone()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(403));
+    assert!(err.to_string().contains("pod_node"), "{err}");
     // a deleted pod is refused
     f.kube.cluster().delete_pod(NAMESPACE, POD_NAME);
     let fresh: serde_json::Value = f
-        .client(Some("k8s.nodes.node-1"))
+        .node_client("node-1")
         .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
         .json(&serde_json::json!({"subject": {
             "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,

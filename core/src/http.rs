@@ -130,7 +130,7 @@ pub enum Peer {
 }
 
 /// What the handler knows about the connection a request came on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct ConnInfo {
     /// The peer.
     pub peer: Peer,
@@ -138,6 +138,9 @@ pub struct ConnInfo {
     pub principal: Option<String>,
     /// The client's leaf certificate (DER), on TLS connections where it presented one.
     pub peer_certificate: Option<rustls_pki_types::CertificateDer<'static>>,
+    /// On Unix sockets: the connecting process, pinned at accept so its pid cannot be confused
+    /// with a later process's (or why it could not be pinned).
+    pub peer_process: Option<PinnedPeer>,
 }
 
 /// A request handler: takes the whole request, answers a response.
@@ -284,8 +287,8 @@ impl<H: Handler> Server<H> {
                 _ = &mut shutdown => break,
                 accepted = accept(&self.listener) => accepted,
             };
-            let (stream, peer) = match accepted {
-                Ok(pair) => pair,
+            let (stream, peer, peer_process) = match accepted {
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // EMFILE and friends: back off briefly instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
@@ -327,6 +330,7 @@ impl<H: Handler> Server<H> {
                             peer,
                             principal,
                             peer_certificate,
+                            peer_process,
                         };
                         serve_connection(tls_stream, h2, conn, shared, watcher).await;
                     }
@@ -335,6 +339,7 @@ impl<H: Handler> Server<H> {
                             peer,
                             principal: None,
                             peer_certificate: None,
+                            peer_process,
                         };
                         serve_connection(tcp, false, conn, shared, watcher).await;
                     }
@@ -343,6 +348,7 @@ impl<H: Handler> Server<H> {
                             peer,
                             principal: None,
                             peer_certificate: None,
+                            peer_process,
                         };
                         serve_connection(unix, false, conn, shared, watcher).await;
                     }
@@ -372,12 +378,15 @@ enum Stream {
     Unix(tokio::net::UnixStream),
 }
 
-async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
+/// A Unix socket peer's process, pinned at accept (see [`crate::peer`]).
+pub type PinnedPeer = Result<crate::peer::PeerProcess, Arc<crate::peer::PeerError>>;
+
+async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer, Option<PinnedPeer>)> {
     match listener {
         Listener::Tcp(l) => {
             let (s, addr) = l.accept().await?;
             let _ = s.set_nodelay(true);
-            Ok((Stream::Tcp(s), Peer::Tcp(addr)))
+            Ok((Stream::Tcp(s), Peer::Tcp(addr), None))
         }
         Listener::Unix(l) => {
             let (s, _) = l.accept().await?;
@@ -387,7 +396,9 @@ async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer)> {
                 uid: cred.uid(),
                 gid: cred.gid(),
             };
-            Ok((Stream::Unix(s), peer))
+            let pinned = crate::peer::PeerProcess::of_socket(&s, cred.pid().unwrap_or(0))
+                .map_err(Arc::new);
+            Ok((Stream::Unix(s), peer, Some(pinned)))
         }
     }
 }

@@ -44,6 +44,10 @@ pub struct IdentityClaims {
     pub exp: i64,
     /// Unique token id, for replay detection.
     pub jti: String,
+    /// The node whose agent asked: taken by the jwt-service from the caller's certificate
+    /// (its `athenz://instanceid/<provider>/<node>` URI), never from the request; the callback
+    /// requires the pod to be scheduled there (DESIGN.md 4.3, 4.4).
+    pub node: String,
 }
 
 #[cfg(test)]

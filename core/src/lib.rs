@@ -19,6 +19,7 @@
 //! | [`client`] | helpers for outgoing HTTP calls |
 //! | [`daemon`] | settings and start-up shared by every TLS daemon |
 //! | [`http`] | the small HTTP server layer every daemon uses |
+//! | [`peer`] | which pod a process on the agent socket belongs to (cgroup, pinned pid) |
 //! | [`telemetry`] | logging and metrics setup |
 //! | [`secret`] | a wrapper that keeps secrets out of logs |
 
@@ -31,6 +32,7 @@ pub mod http;
 pub mod identity_jwt;
 pub mod names;
 pub mod ntoken;
+pub mod peer;
 pub mod random;
 pub mod refresh;
 pub mod secret;

@@ -380,6 +380,22 @@ pub fn validate_instance_id(field: &'static str, value: &str) -> Result<(), Name
     Ok(())
 }
 
+/// A Kubernetes node name: a DNS subdomain that is also a valid instance id (it is the node
+/// agent's instance id, DESIGN.md 4.9).
+pub fn validate_node_name(field: &'static str, value: &str) -> Result<(), NameError> {
+    validate_dns_subdomain(field, value)?;
+    validate_instance_id(field, value)
+}
+
+/// The instance id a certificate's URIs name under `provider`
+/// (`athenz://instanceid/<provider>/<id>`), if exactly one does.
+pub fn instance_id_in_uris<'a>(uris: &'a [String], provider: &str) -> Option<&'a str> {
+    let prefix = format!("athenz://instanceid/{provider}/");
+    let mut ids = uris.iter().filter_map(|u| u.strip_prefix(prefix.as_str()));
+    let id = ids.next()?;
+    ids.next().is_none().then_some(id)
+}
+
 /// What a certificate for a service instance must say about it: the subject and every SAN.
 ///
 /// Built only by [`CsrIdentity::for_pod`] (the agent making a CSR, the callback deciding what a
@@ -421,27 +437,58 @@ pub struct PodIdentityInput<'a> {
 impl CsrIdentity {
     /// The identity a pod's certificate carries (DESIGN.md section 3); validates every input.
     pub fn for_pod(input: &PodIdentityInput<'_>) -> Result<Self, NameError> {
-        validate_domain("domain", input.domain)?;
-        validate_service("service", input.service)?;
-        validate_provider("provider", input.provider)?;
-        validate_dns_name("dns suffix", input.dns_suffix)?;
-        validate_instance_id("instance id", input.instance_id)?;
-        let service_dns = service_dns_name(input.domain, input.service, input.dns_suffix);
-        let instance_dns = instance_id_dns_name(input.instance_id, input.dns_suffix);
-        validate_dns_name("service DNS name", &service_dns)?;
-        validate_dns_name("instance id DNS name", &instance_dns)?;
         let mut ip_addresses = vec![input.pod_ip];
         if let Some(ip) = input.service_ip.filter(|ip| *ip != input.pod_ip) {
             ip_addresses.push(ip);
         }
+        Self::for_instance(
+            input.domain,
+            input.service,
+            input.provider,
+            input.dns_suffix,
+            input.instance_id,
+            ip_addresses,
+        )
+    }
+
+    /// The identity of a node agent (DESIGN.md 4.9): the pod shape with the node name as the
+    /// instance id and no IP. `principal` is `<admin-domain>.athenz-agent` (or as configured).
+    pub fn for_node(
+        principal: &str,
+        provider: &str,
+        dns_suffix: &str,
+        node: &str,
+    ) -> Result<Self, NameError> {
+        validate_node_name("node name", node)?;
+        let (domain, service) = split_service_name("node principal", principal)?;
+        Self::for_instance(domain, service, provider, dns_suffix, node, Vec::new())
+    }
+
+    fn for_instance(
+        domain: &str,
+        service: &str,
+        provider: &str,
+        dns_suffix: &str,
+        instance_id: &str,
+        ip_addresses: Vec<IpAddr>,
+    ) -> Result<Self, NameError> {
+        validate_domain("domain", domain)?;
+        validate_service("service", service)?;
+        validate_provider("provider", provider)?;
+        validate_dns_name("dns suffix", dns_suffix)?;
+        validate_instance_id("instance id", instance_id)?;
+        let service_dns = service_dns_name(domain, service, dns_suffix);
+        let instance_dns = instance_id_dns_name(instance_id, dns_suffix);
+        validate_dns_name("service DNS name", &service_dns)?;
+        validate_dns_name("instance id DNS name", &instance_dns)?;
         Ok(Self {
-            common_name: principal(input.domain, input.service),
-            organizational_unit: Some(input.provider.to_owned()),
+            common_name: principal(domain, service),
+            organizational_unit: Some(provider.to_owned()),
             dns_names: vec![service_dns, instance_dns],
             ip_addresses,
             uris: vec![
-                spiffe_uri(input.domain, input.service),
-                instance_id_uri(input.provider, input.instance_id),
+                spiffe_uri(domain, service),
+                instance_id_uri(provider, instance_id),
             ],
         })
     }
@@ -737,5 +784,67 @@ mod tests {
         assert_eq!(id.common_name, "k8s.admin.athenz-callback");
         assert_eq!(id.dns_names, ["athenz-callback.k8s-admin.athenz.cloud"]);
         assert_eq!(id.organizational_unit, None);
+    }
+
+    #[test]
+    fn node_identity_is_the_pod_shape_with_the_node_as_instance() {
+        let id = CsrIdentity::for_node(
+            "k8s.admin.athenz-agent",
+            "k8s.admin.athenz-callback",
+            "athenz.cloud",
+            "ip-10-0-0-1.ec2.internal",
+        )
+        .unwrap();
+        assert_eq!(id.common_name, "k8s.admin.athenz-agent");
+        assert_eq!(
+            id.organizational_unit.as_deref(),
+            Some("k8s.admin.athenz-callback")
+        );
+        assert_eq!(
+            id.dns_names,
+            [
+                "athenz-agent.k8s-admin.athenz.cloud",
+                "ip-10-0-0-1.ec2.internal.instanceid.athenz.athenz.cloud"
+            ]
+        );
+        assert!(id.ip_addresses.is_empty());
+        assert_eq!(
+            id.uris,
+            [
+                "spiffe://k8s.admin/sa/athenz-agent",
+                "athenz://instanceid/k8s.admin.athenz-callback/ip-10-0-0-1.ec2.internal"
+            ]
+        );
+        for bad in ["", "Node-1", "node/1", "-node", "node_1", &"n".repeat(254)] {
+            let err = CsrIdentity::for_node("k8s.admin.athenz-agent", "k8s.p.s", "x.y", bad)
+                .unwrap_err();
+            assert!(err.to_string().contains("node name"), "{bad}: {err}");
+        }
+        assert!(CsrIdentity::for_node("agent", "k8s.p.s", "x.y", "n1").is_err());
+    }
+
+    #[test]
+    fn instance_id_is_read_only_from_our_providers_single_uri() {
+        let uris = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let p = "k8s.admin.athenz-callback";
+        assert_eq!(
+            instance_id_in_uris(
+                &uris(&["spiffe://k8s.admin/sa/athenz-agent", "athenz://instanceid/k8s.admin.athenz-callback/node-1"]),
+                p
+            ),
+            Some("node-1")
+        );
+        assert_eq!(instance_id_in_uris(&uris(&["athenz://instanceid/other.provider/node-1"]), p), None);
+        assert_eq!(instance_id_in_uris(&uris(&[]), p), None);
+        assert_eq!(
+            instance_id_in_uris(
+                &uris(&[
+                    "athenz://instanceid/k8s.admin.athenz-callback/node-1",
+                    "athenz://instanceid/k8s.admin.athenz-callback/node-2"
+                ]),
+                p
+            ),
+            None
+        );
     }
 }

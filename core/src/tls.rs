@@ -306,6 +306,41 @@ impl ResolvesClientCert for FixedClientCert {
     }
 }
 
+/// A pair held in memory and replaced as it is renewed: an identity that never touches disk
+/// (the node agent's, DESIGN.md 4.9). Until one is set, no client certificate is presented.
+#[derive(Debug, Default)]
+pub struct InMemoryIdentity {
+    current: RwLock<Option<Arc<CertifiedKey>>>,
+}
+
+impl InMemoryIdentity {
+    /// Serves `key` from now on.
+    pub fn set(&self, key: Arc<CertifiedKey>) {
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(key);
+    }
+
+    /// The pair being served, if any.
+    pub fn current(&self) -> Option<Arc<CertifiedKey>> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ResolvesClientCert for InMemoryIdentity {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.current()
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
 /// The certificate a client presents.
 #[derive(Debug, Clone)]
 pub enum ClientIdentity {
@@ -313,6 +348,8 @@ pub enum ClientIdentity {
     Reloading(Arc<ReloadingIdentity>),
     /// A fixed pair.
     Fixed(Arc<CertifiedKey>),
+    /// A pair renewed in memory.
+    InMemory(Arc<InMemoryIdentity>),
 }
 
 /// Whether a server demands a client certificate.
@@ -419,6 +456,7 @@ fn with_identity(
         Some(ClientIdentity::Fixed(k)) => {
             builder.with_client_cert_resolver(Arc::new(FixedClientCert(k)))
         }
+        Some(ClientIdentity::InMemory(m)) => builder.with_client_cert_resolver(m),
     }
 }
 

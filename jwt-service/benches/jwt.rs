@@ -34,17 +34,18 @@ fn main() {
         let handler = JwtHandler {
             keys: Arc::new(KeyDir::load(dir.path()).unwrap()),
             allowed: athenz_core::tls::PrincipalAllowList::default(),
+            provider: "k8s.admin.athenz-callback".into(),
             issuer: "athenz-k8s-identity/jwt-service".into(),
             audience: "k8s-athenz-identity".into(),
             lifetime: Duration::from_secs(300),
             metrics: JwtMetrics::default(),
         };
         for _ in 0..n / 10 {
-            handler.issue(&request).unwrap();
+            handler.issue(&request, "node-1").unwrap();
         }
         let started = Instant::now();
         for _ in 0..n {
-            std::hint::black_box(handler.issue(&request).unwrap());
+            std::hint::black_box(handler.issue(&request, "node-1").unwrap());
         }
         let elapsed = started.elapsed();
         println!(

@@ -39,6 +39,10 @@ pub struct Config {
     /// `aud` of the JWTs.
     #[arg(long, env = "JWT_AUDIENCE", default_value = athenz_core::identity_jwt::DEFAULT_AUDIENCE)]
     pub audience: String,
+    /// The provider that issues node agents their identities: the caller's node is read from its
+    /// certificate's `athenz://instanceid/<provider>/<node>` URI (DESIGN.md 4.3, 4.9).
+    #[arg(long, env = "PROVIDER")]
+    pub provider: String,
     /// JWT lifetime.
     #[arg(long, env = "JWT_LIFETIME", default_value = "5m", value_parser = athenz_core::refresh::parse_duration)]
     pub lifetime: Duration,
@@ -59,6 +63,8 @@ pub async fn start(
     config: Config,
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
+    athenz_core::names::validate_provider("provider", &config.provider)
+        .map_err(|e| StartError::new("--provider (PROVIDER)", e))?;
     let keys = Arc::new(
         keys::KeyDir::load(&config.keys_dir)
             .map_err(|e| StartError::new("--keys-dir (SIGNING_KEYS_DIR)", e))?,
@@ -78,6 +84,7 @@ pub async fn start(
     let handler = Arc::new(service::JwtHandler {
         keys: keys.clone(),
         allowed: setup.allowed.clone(),
+        provider: config.provider.clone(),
         issuer: config.issuer.clone(),
         audience: config.audience.clone(),
         lifetime: config.lifetime,

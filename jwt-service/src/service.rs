@@ -3,7 +3,9 @@
 
 use crate::keys::KeyDir;
 use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};
+use athenz_core::crypto::CertInfo;
 use athenz_core::identity_jwt::{IdentityClaims, JWT_PATH, JwtRequest, JwtResponse};
+use athenz_core::names::{instance_id_in_uris, validate_node_name};
 use athenz_core::secret::Secret;
 use athenz_core::tls::PrincipalAllowList;
 use bytes::Bytes;
@@ -25,7 +27,7 @@ pub struct IssuedLabels {
 /// Labels of the refusal counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// Why: `principal`, `subject`.
+    /// Why: `principal`, `node`, `subject`.
     pub reason: &'static str,
 }
 
@@ -60,6 +62,8 @@ pub struct JwtHandler {
     pub keys: Arc<KeyDir>,
     /// Who may ask.
     pub allowed: PrincipalAllowList,
+    /// The provider whose instance-id URI in the caller's certificate names its node.
+    pub provider: String,
     /// `iss`.
     pub issuer: String,
     /// `aud`.
@@ -71,8 +75,26 @@ pub struct JwtHandler {
 }
 
 impl JwtHandler {
-    /// Signs a JWT for `request` now.
-    pub fn issue(&self, request: &JwtRequest) -> Result<Secret, String> {
+    /// The node named by the caller's certificate: its one `athenz://instanceid/<provider>/<node>`
+    /// URI, a valid node name. Nothing in the request can change it.
+    pub fn caller_node(&self, conn: &ConnInfo) -> Result<String, String> {
+        let der = conn
+            .peer_certificate
+            .as_ref()
+            .ok_or("the caller presented no certificate")?;
+        let cert = CertInfo::from_der(der).map_err(|e| format!("the caller's certificate: {e}"))?;
+        let node = instance_id_in_uris(&cert.uris, &self.provider).ok_or_else(|| {
+            format!(
+                "the caller's certificate names no node (no single athenz://instanceid/{}/<node> URI): only node agents' identities may ask",
+                self.provider
+            )
+        })?;
+        validate_node_name("node", node).map_err(|e| format!("the caller's certificate: {e}"))?;
+        Ok(node.to_owned())
+    }
+
+    /// Signs a JWT for `request`, asked by the agent of `node`, now.
+    pub fn issue(&self, request: &JwtRequest, node: &str) -> Result<Secret, String> {
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let claims = IdentityClaims {
             iss: self.issuer.clone(),
@@ -82,6 +104,7 @@ impl JwtHandler {
             nbf: now,
             exp: now + i64::try_from(self.lifetime.as_secs()).unwrap_or(300),
             jti: athenz_core::random::hex_name::<16>(),
+            node: node.to_owned(),
         };
         let key = self.keys.active();
         let jwt = key.signer.sign(&key.kid, &claims)?;
@@ -117,6 +140,17 @@ impl Handler for JwtHandler {
                 format!("principal {principal:?} may not request identity JWTs"),
             );
         }
+        let node = match self.caller_node(&conn) {
+            Ok(node) => node,
+            Err(why) => {
+                tracing::warn!(%principal, peer = ?conn.peer, reason = %why, "refused a caller without a node identity");
+                self.metrics
+                    .refused
+                    .get_or_create(&RefusedLabels { reason: "node" })
+                    .inc();
+                return error_response(StatusCode::FORBIDDEN, why);
+            }
+        };
         let request: JwtRequest = match serde_json::from_slice(req.body()) {
             Ok(r) => r,
             Err(e) => {
@@ -127,9 +161,9 @@ impl Handler for JwtHandler {
                 return error_response(StatusCode::BAD_REQUEST, format!("invalid request: {e}"));
             }
         };
-        match self.issue(&request) {
+        match self.issue(&request, &node) {
             Ok(jwt) => {
-                tracing::debug!(subject = %request.subject, %principal, "identity JWT issued");
+                tracing::debug!(subject = %request.subject, %principal, %node, "identity JWT issued");
                 json_response(StatusCode::OK, &JwtResponse { jwt })
             }
             Err(e) => error_response(StatusCode::INTERNAL_SERVER_ERROR, e),

@@ -51,6 +51,7 @@ fn config(dir: &Path, keys: &Path, files: &athenz_testbed::pki::CertFiles) -> Co
         "--allowed-principals=k8s.admin.athenz-agent,k8s.nodes.*",
         &format!("--keys-dir={}", keys.display()),
         "--keys-reload-interval=1s",
+        &format!("--provider={}", fixtures::PROVIDER),
     ])
     .map(|mut c| {
         let _ = dir;
@@ -101,12 +102,27 @@ impl Drop for Fixture {
     }
 }
 
+/// A client whose certificate is `cn` on node `node-1` (the node agent's instance-id URI).
 fn client(ca: &CertAuthority, cn: Option<&str>) -> reqwest::Client {
+    client_on(ca, cn, "node-1")
+}
+
+/// A client whose certificate is `cn` on `node`.
+fn client_on(ca: &CertAuthority, cn: Option<&str>, node: &str) -> reqwest::Client {
+    client_with(
+        ca,
+        cn.map(|cn| LeafSpec {
+            uris: vec![athenz_core::names::instance_id_uri(fixtures::PROVIDER, node)],
+            ..LeafSpec::service(cn, &[])
+        }),
+    )
+}
+
+/// A client presenting a certificate made from `spec`.
+fn client_with(ca: &CertAuthority, spec: Option<LeafSpec>) -> reqwest::Client {
     let roots = athenz_core::crypto::pem_certificates(ca.root_pem()).unwrap();
-    let identity = cn.map(|cn| {
-        let issued = ca
-            .issue(&LeafSpec::service(cn, &[]), KeyAlgorithm::P256)
-            .unwrap();
+    let identity = spec.map(|spec| {
+        let issued = ca.issue(&spec, KeyAlgorithm::P256).unwrap();
         ClientIdentity::Fixed(
             tls::certified_key_from_pem(&issued.chain_pem, issued.key_pem.expose()).unwrap(),
         )
@@ -213,7 +229,15 @@ async fn allowed_agents_get_a_jwt_of_the_contract_shape() {
         assert_eq!(claims["nbf"].as_i64().unwrap(), iat);
         assert_eq!(claims["exp"].as_i64().unwrap() - iat, 300);
         assert_eq!(claims["jti"].as_str().unwrap().len(), 32);
+        assert_eq!(claims["node"], "node-1");
     }
+    // the node is the caller's, from its certificate
+    let jwt = get_jwt(
+        &client_on(&f.ca, Some("k8s.admin.athenz-agent"), "ip-10-0-0-2.ec2.internal"),
+        &f.url,
+    )
+    .await;
+    assert_eq!(decode_part(&jwt, 1)["node"], "ip-10-0-0-2.ec2.internal");
     // every token has its own jti
     let c = client(&f.ca, Some("k8s.nodes.node-1"));
     let a = decode_part(&get_jwt(&c, &f.url).await, 1)["jti"].clone();
@@ -270,6 +294,48 @@ async fn callers_that_are_not_allowed_are_refused() {
         .build()
         .unwrap();
     assert!(c.post(&f.url).json(&subject_json()).send().await.is_err());
+}
+
+#[tokio::test]
+async fn callers_whose_certificate_names_no_node_are_refused() {
+    let f = start().await;
+    let agent = "k8s.admin.athenz-agent";
+    let uri = |provider: &str, node: &str| athenz_core::names::instance_id_uri(provider, node);
+    for (what, uris) in [
+        ("no instance id", vec![]),
+        ("another provider's", vec![uri("other.provider", "node-1")]),
+        (
+            "two nodes",
+            vec![
+                uri(fixtures::PROVIDER, "node-1"),
+                uri(fixtures::PROVIDER, "node-2"),
+            ],
+        ),
+        ("not a node name", vec![uri(fixtures::PROVIDER, "Node_1")]),
+    ] {
+        let c = client_with(
+            &f.ca,
+            Some(LeafSpec {
+                uris,
+                ..LeafSpec::service(agent, &[])
+            }),
+        );
+        let resp = c.post(&f.url).json(&subject_json()).send().await.unwrap();
+        assert_eq!(resp.status(), 403, "{what}");
+        let body: serde_json::Value = resp.json().await.unwrap();
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains("caller's certificate"), "{what}: {message}");
+    }
+    // the request cannot name the node, at the top or in the subject
+    let c = client(&f.ca, Some(agent));
+    let mut top = subject_json();
+    top["node"] = "node-2".into();
+    let mut inner = subject_json();
+    inner["subject"]["node"] = "node-2".into();
+    for body in [top, inner] {
+        let resp = c.post(&f.url).json(&body).send().await.unwrap();
+        assert_eq!(resp.status(), 400, "{body}");
+    }
 }
 
 #[tokio::test]

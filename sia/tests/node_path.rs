@@ -151,9 +151,10 @@ async fn sia_init_writes_a_verified_identity() {
         .await,
         1.0
     );
+    // the pod, and the agent's own pod (scheduled on this node too)
     assert_eq!(
         metric(node.agent_ops, "athenz_agent_kubelet_cached_pods").await,
-        1.0
+        2.0
     );
 }
 
@@ -426,6 +427,7 @@ async fn a_stale_socket_does_not_stop_the_agent() {
     let (bound, task) = athenz_identity_agent::start(config, shutdown.clone())
         .await
         .unwrap();
+    common::wait_ready(bound.ops).await;
     let mode = std::fs::metadata(&bound.socket)
         .unwrap()
         .permissions()
@@ -607,6 +609,7 @@ async fn the_service_ip_san_comes_from_the_configured_dns_server() {
     let (bound, _) = athenz_identity_agent::start(config, shutdown.clone())
         .await
         .unwrap();
+    common::wait_ready(bound.ops).await;
     let via =
         |id: &VolumeId| AgentClient::new(bound.socket.clone(), id.clone(), Duration::from_secs(30));
 

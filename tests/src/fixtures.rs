@@ -24,6 +24,15 @@ pub const DNS_SUFFIX: &str = "athenz.cloud";
 /// Admin domain of system namespaces.
 pub const ADMIN_DOMAIN: &str = "k8s.admin";
 
+/// Namespace of the node agent pods (deploy/'s).
+pub const AGENT_NAMESPACE: &str = "athenz-system";
+/// Service account of the node agent pods.
+pub const AGENT_SERVICE_ACCOUNT: &str = "athenz-agent";
+/// The node agents' Athenz principal.
+pub const AGENT_PRINCIPAL: &str = "k8s.admin.athenz-agent";
+/// Audience of the agents' projected service-account tokens.
+pub const NODE_TOKEN_AUDIENCE: &str = "athenz-node";
+
 /// The sample pod's certificate identity, with the service IP SAN.
 pub fn pod_identity() -> CsrIdentity {
     CsrIdentity::for_pod(&PodIdentityInput {

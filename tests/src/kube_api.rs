@@ -8,15 +8,17 @@
 //! (see [`writes`]): pod and service create (`POST .../pods`, `POST .../services`), replace (`PUT`),
 //! JSON merge patch (`PATCH`, on the object or its `/status`), and delete (`DELETE`: a pod is first
 //! marked terminating, then removed by a delete with `gracePeriodSeconds=0`, as kubelet does once
-//! its containers stopped). Anything else is a 404 or 405 with a Kubernetes `Status` object, as the
+//! its containers stopped). Service-account tokens ([`tokens`]): `TokenRequest` bound to a pod,
+//! `TokenReview`, and `GET /api/v1/nodes/{name}`. Anything else is a 404 or 405 with a Kubernetes `Status` object, as the
 //! real server answers.
 
+pub mod tokens;
 mod writes;
 
 use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, json_response};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{Pod, PodSpec, PodStatus, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,12 +28,23 @@ use std::sync::{Arc, RwLock};
 struct Store {
     pods: BTreeMap<(String, String), Pod>,
     services: BTreeMap<(String, String), Service>,
+    nodes: BTreeMap<String, Node>,
 }
 
 /// The store, shared by the server and the test that mutates it.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Cluster {
     store: Arc<RwLock<Store>>,
+    tokens: Arc<tokens::TokenKey>,
+}
+
+impl Default for Cluster {
+    fn default() -> Self {
+        Self {
+            store: Arc::default(),
+            tokens: Arc::new(tokens::TokenKey::generate()),
+        }
+    }
 }
 
 fn key_of(meta: &ObjectMeta) -> (String, String) {
@@ -79,6 +92,35 @@ impl Cluster {
         self.write()
             .pods
             .remove(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// Creates a node (a new uid each time, as a re-created node gets); returns its uid.
+    pub fn put_node(&self, name: &str) -> String {
+        let uid = tokens::uuid_v4();
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                uid: Some(uid.clone()),
+                creation_timestamp: Some(Time(now_timestamp())),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        self.write().nodes.insert(name.to_owned(), node);
+        uid
+    }
+
+    /// A node's uid, if the node exists.
+    pub fn node_uid(&self, name: &str) -> Option<String> {
+        self.read()
+            .nodes
+            .get(name)
+            .and_then(|n| n.metadata.uid.clone())
+    }
+
+    /// Deletes a node.
+    pub fn delete_node(&self, name: &str) -> Option<Node> {
+        self.write().nodes.remove(name)
     }
 
     /// Creates or replaces a service.
@@ -147,6 +189,42 @@ pub fn running_pod(
                 .then(|| vec![k8s_openapi::api::core::v1::PodIP { ip: ip.to_owned() }]),
             ..PodStatus::default()
         }),
+    }
+}
+
+/// A node's agent pod, as its DaemonSet makes it: `athenz-system/athenz-agent-<node>`, running as
+/// the agents' service account on `node` (a new uid each call).
+pub fn node_agent_pod(node: &str) -> Pod {
+    use crate::fixtures::{AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT};
+    running_pod(
+        AGENT_NAMESPACE,
+        &format!("athenz-agent-{node}"),
+        &tokens::uuid_v4(),
+        AGENT_SERVICE_ACCOUNT,
+        "",
+        node,
+    )
+}
+
+impl Cluster {
+    /// Adds node `node` and its agent pod, and mints that pod's projected token (audience
+    /// `athenz-node`, an hour), as the kubelet does for the DaemonSet; returns the pod and token.
+    pub fn start_node_agent(&self, node: &str) -> Result<(Pod, tokens::MintedToken), tokens::TokenRequestRefused> {
+        use crate::fixtures::{AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, NODE_TOKEN_AUDIENCE};
+        if self.node_uid(node).is_none() {
+            self.put_node(node);
+        }
+        let pod = node_agent_pod(node);
+        self.put_pod(pod.clone());
+        let token = self.mint_token(
+            AGENT_NAMESPACE,
+            AGENT_SERVICE_ACCOUNT,
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            pod.metadata.uid.as_deref(),
+            &[NODE_TOKEN_AUDIENCE.to_owned()],
+            Some(tokens::DEFAULT_EXPIRATION_SECS),
+        )?;
+        Ok((pod, token))
     }
 }
 
@@ -249,6 +327,13 @@ impl Handler for ApiHandler {
                 Some(pod) => json_response(StatusCode::OK, &with_kind(pod, "Pod")),
                 None => not_found("pods", name),
             },
+            ["api", "v1", "nodes", name] => {
+                let node = self.cluster.read().nodes.get(*name).cloned();
+                match node {
+                    Some(n) => json_response(StatusCode::OK, &with_kind(n, "Node")),
+                    None => not_found("nodes", name),
+                }
+            }
             ["api", "v1", "namespaces", ns, "services", name] => {
                 let service = self
                     .cluster

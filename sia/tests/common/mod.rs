@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const NODE: &str = "node-1";
 
-/// A TCP proxy in front of ZTS that can be cut (connections refused) and restored.
+/// A TCP proxy in front of ZTS that can be cut (new connections refused, open ones closed, as
+/// when ZTS goes away) and restored.
 pub struct Proxy {
     pub addr: SocketAddr,
     pub down: Arc<AtomicBool>,
@@ -42,9 +43,18 @@ impl Proxy {
                     drop(inbound);
                     continue;
                 }
+                let flag = flag.clone();
                 tokio::spawn(async move {
                     if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        let cut = async {
+                            while !flag.load(Ordering::SeqCst) {
+                                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                            }
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = cut => {}
+                        }
                     }
                 });
             }
@@ -70,6 +80,8 @@ pub struct Node {
     pub agent_config: athenz_identity_agent::Config,
     /// The agent's arguments other than its directories (to start more agents).
     pub agent_args: Vec<String>,
+    /// Registrations the callback confirmed before any pod asked (the agent's own node identity).
+    pub node_registers: f64,
 }
 
 impl Drop for Node {
@@ -135,8 +147,9 @@ pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
             &format!("--tls-cert={}", jwt_files.cert.display()),
             &format!("--tls-key={}", jwt_files.key.display()),
             &format!("--client-ca={}", ca.display()),
-            "--allowed-principals=k8s.nodes.*",
+            &format!("--allowed-principals={}", fixtures::AGENT_PRINCIPAL),
             &format!("--keys-dir={}", keys.display()),
+            &format!("--provider={PROVIDER}"),
         ])
         .unwrap(),
         jwt_shutdown.clone(),
@@ -176,16 +189,20 @@ pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
     })
     .unwrap();
 
-    // agent
-    let node_files = cert("node", &format!("k8s.nodes.{NODE}"));
+    // agent: its pod on this node, and that pod's projected token (its node identity's attestation)
+    let (_, token) = kube.cluster().start_node_agent(NODE).unwrap();
+    let node_token = d.join("node-token");
+    std::fs::write(&node_token, &token.token).unwrap();
     let agent_dir = d.join("agent");
     let volumes_dir = d.join("volumes");
     let agent_args = vec![
         format!("--kubelet-url={}", kubelet.url()),
         "--pod-wait=3s".to_owned(),
         format!("--jwt-service-url=https://127.0.0.1:{}", jwt.api.port()),
-        format!("--node-cert={}", node_files.cert.display()),
-        format!("--node-key={}", node_files.key.display()),
+        format!("--node-name={NODE}"),
+        format!("--node-token-file={}", node_token.display()),
+        // the test process plays every pod; the peer check has its own tests
+        "--peer-check=off".to_owned(),
         format!("--jwt-service-ca={}", ca.display()),
         format!(
             "--zts-url=https://127.0.0.1:{}/zts/v1",
@@ -212,7 +229,14 @@ pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
     let (agent, _) = athenz_identity_agent::start(agent_config.clone(), shutdown.clone())
         .await
         .unwrap();
+    wait_ready(agent.ops).await;
+    let node_registers = metric(
+        callback.ops,
+        r#"athenz_callback_decisions_total{route="instance",outcome="allow",check="none"}"#,
+    )
+    .await;
     Node {
+        node_registers,
         volumes: VolumesDir::new(&volumes_dir),
         socket: agent.socket.clone(),
         jwt_ops: jwt.ops,
@@ -228,6 +252,23 @@ pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
         jwt_shutdown,
         agent_config,
         agent_args,
+    }
+}
+
+/// Waits (up to 20 s) for a daemon's `/readyz` to answer 200: the agent is ready once it holds
+/// its node identity.
+pub async fn wait_ready(ops: SocketAddr) {
+    let url = format!("http://{ops}/readyz");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        if reqwest::get(&url).await.is_ok_and(|r| r.status() == 200) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{url} not ready within 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
@@ -296,13 +337,14 @@ pub async fn metric(ops: SocketAddr, line_start: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// ZTS registers confirmed so far (the callback's allow count on /instance).
+/// Pod registers confirmed so far (the callback's allow count on /instance, less the agent's own).
 pub async fn registers(node: &Node) -> f64 {
     metric(
         node.callback_ops,
         r#"athenz_callback_decisions_total{route="instance",outcome="allow",check="none"}"#,
     )
     .await
+        - node.node_registers
 }
 
 /// Confirmations of refreshes so far.
