@@ -164,7 +164,12 @@ pub async fn start(
             readiness.clone(),
             &mut registry,
         )
-        .map_err(|e| StartError::new("--node-name/--agent-principal (NODE_NAME/AGENT_PRINCIPAL)", e))?,
+        .map_err(|e| {
+            StartError::new(
+                "--node-name/--agent-principal (NODE_NAME/AGENT_PRINCIPAL)",
+                e,
+            )
+        })?,
     );
     std::fs::metadata(&config.node_token_file).map_err(|e| {
         StartError::new(

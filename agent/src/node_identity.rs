@@ -177,8 +177,14 @@ impl NodeIdentity {
     }
 
     fn install(&self, held: Held) -> Result<(), NodeIdentityError> {
-        let certified = tls::certified_key_from_pem(&held.cert_pem, held.key.to_pkcs8_pem().map_err(|e| NodeIdentityError::Local(e.to_string()))?.expose())
-            .map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
+        let certified = tls::certified_key_from_pem(
+            &held.cert_pem,
+            held.key
+                .to_pkcs8_pem()
+                .map_err(|e| NodeIdentityError::Local(e.to_string()))?
+                .expose(),
+        )
+        .map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
         self.tls.set(certified);
         self.expiry.set(held.info.not_after.unix_timestamp());
         self.readiness
@@ -218,12 +224,17 @@ impl NodeIdentity {
         Ok((key, csr))
     }
 
-    fn accept(&self, key: PrivateKey, identity: &InstanceIdentity) -> Result<Held, NodeIdentityError> {
+    fn accept(
+        &self,
+        key: PrivateKey,
+        identity: &InstanceIdentity,
+    ) -> Result<Held, NodeIdentityError> {
         let leaf = identity
             .x509_certificate
             .as_deref()
             .ok_or_else(|| NodeIdentityError::Answer("no certificate".into()))?;
-        let info = CertInfo::from_pem(leaf).map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
+        let info =
+            CertInfo::from_pem(leaf).map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
         if !key_matches_cert(&key, &info) {
             return Err(NodeIdentityError::Answer(
                 "the certificate is not for the key sent".into(),
@@ -240,8 +251,8 @@ impl NodeIdentity {
             ));
         }
         let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
-        let cert_pem = leaf_with_chain(leaf, &signer)
-            .map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
+        let cert_pem =
+            leaf_with_chain(leaf, &signer).map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
         Ok(Held {
             key,
             cert_pem,
@@ -332,7 +343,14 @@ impl NodeIdentity {
                 self.install(held)
             }
             Err(e) => {
-                self.count(if current.is_some() { "refresh" } else { "register" }, false);
+                self.count(
+                    if current.is_some() {
+                        "refresh"
+                    } else {
+                        "register"
+                    },
+                    false,
+                );
                 // a certificate that expired meanwhile stops readiness
                 self.readiness.set(self.is_valid());
                 Err(e)

@@ -9,8 +9,8 @@ use athenz_core::http::{
     Body, ConnInfo, Handler, Peer, error_response, json_response, unavailable_response,
 };
 use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
-use athenz_core::peer::PeerCheck;
 use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
+use athenz_core::peer::PeerCheck;
 use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
 use athenz_core::tls::{self, ClientIdentity};
@@ -691,10 +691,7 @@ impl Handler for AgentHandler {
         };
         let (verb, result) = match &route {
             AgentRoute::Init(id) => ("init", self.agent.init(id, &conn).await),
-            AgentRoute::Refresh(id) => (
-                "refresh",
-                self.agent.refresh(id, req.body(), &conn).await,
-            ),
+            AgentRoute::Refresh(id) => ("refresh", self.agent.refresh(id, req.body(), &conn).await),
         };
         let id = match &route {
             AgentRoute::Init(id) | AgentRoute::Refresh(id) => id.to_string(),

@@ -331,7 +331,11 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&Pod>) -> Result<(), Deny> {
 
 /// The pod is scheduled on the node whose agent asked for the JWT (`spec.nodeName` equals the
 /// JWT's `node`): a node's agent obtains identities only for its own pods (DESIGN.md 4.4, 4.9).
-pub fn check_pod_node(subject: &PodSubject, claims: &ReceivedClaims, pod: &Pod) -> Result<(), Deny> {
+pub fn check_pod_node(
+    subject: &PodSubject,
+    claims: &ReceivedClaims,
+    pod: &Pod,
+) -> Result<(), Deny> {
     let node = claims
         .node
         .as_deref()

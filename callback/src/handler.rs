@@ -3,8 +3,8 @@
 //! Kubernetes API unavailable = 503.
 
 use crate::checks::{self, Deny, Policy};
-use crate::node;
 use crate::keys::PublicKeys;
+use crate::node;
 use crate::pods::Cluster;
 use crate::replay::ReplayCache;
 use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};

@@ -124,9 +124,10 @@ fn algorithms(names: &[String]) -> Result<Vec<Algorithm>, StartError> {
 
 fn node_policy(config: &Config) -> Result<node::NodePolicy, StartError> {
     use athenz_core::names;
-    let principal = config.agent_principal.clone().unwrap_or_else(|| {
-        names::principal(&config.identity.admin_domain, "athenz-agent")
-    });
+    let principal = config
+        .agent_principal
+        .clone()
+        .unwrap_or_else(|| names::principal(&config.identity.admin_domain, "athenz-agent"));
     names::split_service_name("agent principal", &principal)
         .map_err(|e| StartError::new("--agent-principal (AGENT_PRINCIPAL)", e))?;
     names::validate_dns_label("agent namespace", &config.agent_namespace)

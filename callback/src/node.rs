@@ -321,7 +321,11 @@ mod tests {
             "a.b.c=",
             &format!("{}.b.c", "a".repeat(MAX_TOKEN_LEN)),
         ] {
-            assert_eq!(check_token_shape(bad).unwrap_err().check, "node_token", "{bad:?}");
+            assert_eq!(
+                check_token_shape(bad).unwrap_err().check,
+                "node_token",
+                "{bad:?}"
+            );
         }
     }
 

@@ -157,7 +157,10 @@ impl Fixture {
 
 fn assert_refused(result: Result<CertInfo, String>, check: &str) {
     let message = result.expect_err(check);
-    assert!(message.contains(&format!("{check}: ")), "{check}: {message}");
+    assert!(
+        message.contains(&format!("{check}: ")),
+        "{check}: {message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -182,11 +185,18 @@ async fn a_genuine_agent_registers_and_refreshes_as_its_node() {
 
     // refresh with the certificate and a fresh token (the kubelet rotated the file)
     let presented = tls::certified_key_from_pem(
-        &format!("{leaf}\n{}", registered.identity.x509_certificate_signer.unwrap()),
+        &format!(
+            "{leaf}\n{}",
+            registered.identity.x509_certificate_signer.unwrap()
+        ),
         key.to_pkcs8_pem().unwrap().expose(),
     )
     .unwrap();
-    let fresh = f.mint("athenz-agent-node-1", AGENT_SERVICE_ACCOUNT, NODE_TOKEN_AUDIENCE);
+    let fresh = f.mint(
+        "athenz-agent-node-1",
+        AGENT_SERVICE_ACCOUNT,
+        NODE_TOKEN_AUDIENCE,
+    );
     let new_key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
     let refreshed = f
         .client
@@ -231,7 +241,11 @@ async fn every_wrong_attestation_is_refused_with_its_reason() {
     assert_refused(f.register(&other_account, "node-1").await, "node_account");
 
     // another audience (the API server's own)
-    let other_audience = f.mint(&agent_name, AGENT_SERVICE_ACCOUNT, "https://kubernetes.default.svc");
+    let other_audience = f.mint(
+        &agent_name,
+        AGENT_SERVICE_ACCOUNT,
+        "https://kubernetes.default.svc",
+    );
     assert_refused(f.register(&other_audience, "node-1").await, "node_token");
 
     // an expired token: signed by the API server, issued two hours ago for an hour
@@ -248,19 +262,23 @@ async fn every_wrong_attestation_is_refused_with_its_reason() {
         .unwrap()
         .token;
     let message = f.register(&expired, "node-1").await.unwrap_err();
-    assert!(message.contains("node_token: ") && message.contains("xpired"), "{message}");
+    assert!(
+        message.contains("node_token: ") && message.contains("xpired"),
+        "{message}"
+    );
 
     // the agent pod on node-1 claims node-2
     assert_refused(f.register(&token.token, "node-2").await, "node_instance_id");
 
     // SANs beyond the node identity: an IP, another DNS name
     let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
-    let mut wide = CsrIdentity::for_node(AGENT_PRINCIPAL, PROVIDER, fixtures::DNS_SUFFIX, "node-1")
-        .unwrap();
+    let mut wide =
+        CsrIdentity::for_node(AGENT_PRINCIPAL, PROVIDER, fixtures::DNS_SUFFIX, "node-1").unwrap();
     wide.dns_names
         .push(format!("extra.k8s-admin.{}", fixtures::DNS_SUFFIX));
     assert_refused(
-        f.register_csr(&token.token, build_csr(&wide, &key).unwrap()).await,
+        f.register_csr(&token.token, build_csr(&wide, &key).unwrap())
+            .await,
         "node_sans",
     );
 
@@ -285,14 +303,21 @@ async fn every_wrong_attestation_is_refused_with_its_reason() {
     // a terminating agent pod: the API server no longer authenticates its token
     let (pod, token) = cluster.start_node_agent("node-3").unwrap();
     f.register(&token.token, "node-3").await.unwrap();
-    cluster.update_pod(AGENT_NAMESPACE, pod.metadata.name.as_deref().unwrap(), mark_terminating);
+    cluster.update_pod(
+        AGENT_NAMESPACE,
+        pod.metadata.name.as_deref().unwrap(),
+        mark_terminating,
+    );
     assert_refused(f.register(&token.token, "node-3").await, "node_token");
 
     // a token of a deleted pod
     let (pod, token) = cluster.start_node_agent("node-4").unwrap();
     cluster.delete_pod(AGENT_NAMESPACE, pod.metadata.name.as_deref().unwrap());
     let message = f.register(&token.token, "node-4").await.unwrap_err();
-    assert!(message.contains("node_token: ") && message.contains("not found"), "{message}");
+    assert!(
+        message.contains("node_token: ") && message.contains("not found"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -396,8 +396,8 @@ async fn accept(listener: &Listener) -> std::io::Result<(Stream, Peer, Option<Pi
                 uid: cred.uid(),
                 gid: cred.gid(),
             };
-            let pinned = crate::peer::PeerProcess::of_socket(&s, cred.pid().unwrap_or(0))
-                .map_err(Arc::new);
+            let pinned =
+                crate::peer::PeerProcess::of_socket(&s, cred.pid().unwrap_or(0)).map_err(Arc::new);
             Ok((Stream::Unix(s), peer, Some(pinned)))
         }
     }

@@ -816,8 +816,8 @@ mod tests {
             ]
         );
         for bad in ["", "Node-1", "node/1", "-node", "node_1", &"n".repeat(254)] {
-            let err = CsrIdentity::for_node("k8s.admin.athenz-agent", "k8s.p.s", "x.y", bad)
-                .unwrap_err();
+            let err =
+                CsrIdentity::for_node("k8s.admin.athenz-agent", "k8s.p.s", "x.y", bad).unwrap_err();
             assert!(err.to_string().contains("node name"), "{bad}: {err}");
         }
         assert!(CsrIdentity::for_node("agent", "k8s.p.s", "x.y", "n1").is_err());
@@ -829,12 +829,18 @@ mod tests {
         let p = "k8s.admin.athenz-callback";
         assert_eq!(
             instance_id_in_uris(
-                &uris(&["spiffe://k8s.admin/sa/athenz-agent", "athenz://instanceid/k8s.admin.athenz-callback/node-1"]),
+                &uris(&[
+                    "spiffe://k8s.admin/sa/athenz-agent",
+                    "athenz://instanceid/k8s.admin.athenz-callback/node-1"
+                ]),
                 p
             ),
             Some("node-1")
         );
-        assert_eq!(instance_id_in_uris(&uris(&["athenz://instanceid/other.provider/node-1"]), p), None);
+        assert_eq!(
+            instance_id_in_uris(&uris(&["athenz://instanceid/other.provider/node-1"]), p),
+            None
+        );
         assert_eq!(instance_id_in_uris(&uris(&[]), p), None);
         assert_eq!(
             instance_id_in_uris(

@@ -26,7 +26,17 @@ const MAX_CGROUP_TEXT: u64 = 64 * 1024;
 const UUID_LEN: usize = 36;
 
 /// How the agent treats a caller whose cgroup is not the volume's pod (`--peer-check`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum PeerCheck {
     /// Refuse (403) a caller that is not in the volume's pod.
@@ -140,7 +150,9 @@ impl PeerProcess {
         }
         let dir = nix::fcntl::open(
             &PathBuf::from(format!("/proc/{pid}")),
-            nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+            nix::fcntl::OFlag::O_DIRECTORY
+                | nix::fcntl::OFlag::O_RDONLY
+                | nix::fcntl::OFlag::O_CLOEXEC,
             nix::sys::stat::Mode::empty(),
         )
         .map_err(|e| exited_or(pid, "stat", e))?;
@@ -421,7 +433,9 @@ mod tests {
             ),
             (
                 "hybrid host: the 0:: line carries no pod, the v1 lines do",
-                format!("4:memory:/kubepods/besteffort/pod{UID}/{CID}\n1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n"),
+                format!(
+                    "4:memory:/kubepods/besteffort/pod{UID}/{CID}\n1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n"
+                ),
             ),
             (
                 "--cgroup-root prefix",
@@ -478,7 +492,9 @@ mod tests {
     #[test]
     fn lines_naming_two_pods_are_refused() {
         let other = "0b6e4c1e-8f57-4d5e-9a51-000000000001";
-        let text = format!("4:memory:/kubepods/besteffort/pod{UID}/{CID}\n0::/kubepods/besteffort/pod{other}/{CID}\n");
+        let text = format!(
+            "4:memory:/kubepods/besteffort/pod{UID}/{CID}\n0::/kubepods/besteffort/pod{other}/{CID}\n"
+        );
         assert_eq!(
             pod_uid_from_cgroup(&text),
             Err((UID.to_owned(), other.to_owned()))
@@ -521,7 +537,10 @@ mod tests {
 
     #[test]
     fn an_exited_peer_is_refused_by_either_pin() {
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = i32::try_from(child.id()).unwrap();
         let by_dir = PeerProcess::by_proc_dir(pid).unwrap();
         assert!(by_dir.cgroup_text().is_ok());

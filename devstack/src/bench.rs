@@ -27,6 +27,8 @@ pub struct BenchOptions {
     pub key: String,
     /// Separately built component binaries to run instead of this one.
     pub components: Option<std::path::PathBuf>,
+    /// The agents' peer check (default: enforce where pod cgroups can be made).
+    pub peer_check: Option<athenz_core::peer::PeerCheck>,
 }
 
 /// One process's share of the run.
@@ -122,9 +124,9 @@ pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<Ben
     // several ms each in `recently_deleted` scans; perf showed it).
     mount_tmpfs(state_dir)?;
     let stack = Stack::start(&StackOptions {
-        state_dir: state_dir.to_owned(),
-        key_algorithm: options.key.clone(),
         components: options.components.clone(),
+        peer_check: options.peer_check,
+        ..StackOptions::new(state_dir.to_owned(), &options.key)
     })
     .await;
     let result = match stack {

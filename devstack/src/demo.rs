@@ -51,6 +51,8 @@ pub struct DemoReport {
     pub refresh: RefreshReport,
     /// The deleted pod and the agent's refusal.
     pub refused_after_delete: RefusalReport,
+    /// Node 2's certificate used directly for a pod on node 1, and ZTS's refusal.
+    pub refused_cross_node: RefusalReport,
     /// Volumes left in the volumes dir after every unmount (must be 0).
     pub volumes_left: usize,
     /// Whole demo, seconds.
@@ -83,10 +85,10 @@ pub struct RefusalReport {
 pub async fn run(state_dir: &Path, print: &mut dyn FnMut(String)) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
     print(format!("starting the stack in {}", state_dir.display()));
+    // two nodes: the demo shows that one cannot obtain the other's pods' identities
     let stack = Stack::start(&StackOptions {
-        state_dir: state_dir.to_owned(),
-        key_algorithm: "p256".into(),
-        components: None,
+        nodes: 2,
+        ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
     let result = play(&stack, print).await;
@@ -114,7 +116,15 @@ fn describe_stack(info: &StackInfo, print: &mut dyn FnMut(String)) {
         "  agent             {}",
         info.agent.socket.display()
     ));
-    print("  (their certificates came from ZTS through athenz-control-sia)".into());
+    for node in &info.nodes {
+        print(format!(
+            "  node {:<12} agent {} (its identity from ZTS, attested by its pod's token)",
+            node.name,
+            node.agent.socket.display()
+        ));
+    }
+    print(format!("  peer check        {}", info.peer_check));
+    print("  (the control plane's certificates came from ZTS through athenz-control-sia)".into());
 }
 
 async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<DemoReport> {
@@ -129,7 +139,7 @@ async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<De
             unmounted = Err(e);
         }
     }
-    let (pods, refresh, refused) = played?;
+    let (pods, refresh, refused, cross_node) = played?;
     unmounted?;
     let volumes_left = count_volumes(&info.volumes_dir)?;
     print(format!(
@@ -146,6 +156,7 @@ async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<De
         pods,
         refresh,
         refused_after_delete: refused,
+        refused_cross_node: cross_node,
         volumes_left,
         seconds: 0.0,
     })
@@ -157,7 +168,7 @@ async fn issue_refresh_refuse(
     stack: &Stack,
     volumes: &mut Vec<PodVolume>,
     print: &mut dyn FnMut(String),
-) -> anyhow::Result<(Vec<PodReport>, RefreshReport, RefusalReport)> {
+) -> anyhow::Result<(Vec<PodReport>, RefreshReport, RefusalReport, RefusalReport)> {
     let info = &stack.info;
     let kube = KubeClient::new(&info.kube_api.url)?;
     let kubelet_root = stack.state_dir.join("kubelet");
@@ -186,8 +197,30 @@ async fn issue_refresh_refuse(
         });
     }
     let refresh = refresh_one(stack, &volumes[0], print).await?;
+    let cross_node = cross_node_refusal(stack, &volumes[1], print).await?;
     let refused = delete_and_refuse(stack, &kube, &volumes[2], print).await?;
-    Ok((pods, refresh, refused))
+    Ok((pods, refresh, refused, cross_node))
+}
+
+/// Node 2, as if compromised, uses its own certificate directly for a pod on node 1.
+async fn cross_node_refusal(
+    stack: &Stack,
+    volume: &PodVolume,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<RefusalReport> {
+    let info = &stack.info;
+    let other = info.nodes.get(1).context("the demo runs two nodes")?;
+    let subject = crate::crossnode::subject_of(info, &volume.pod, &volume.uid)?;
+    let refusal = crate::crossnode::register_with_node_certificate(info, other, &subject).await?;
+    print(format!(
+        "
+node {} used its own certificate for pod {}/{} (on {}): refused: {refusal}",
+        other.name, volume.pod.namespace, volume.pod.name, info.node_name
+    ));
+    Ok(RefusalReport {
+        pod: format!("{}/{}", volume.pod.namespace, volume.pod.name),
+        refusal,
+    })
 }
 
 fn print_identity(identity: &IdentityReport, print: &mut dyn FnMut(String)) {

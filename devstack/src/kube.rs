@@ -12,33 +12,122 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-/// What the stand-in process writes to `<state>/kube.json` once both servers listen.
+/// What the stand-in process writes to `<state>/kube.json` once every server listens.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KubeInfo {
     /// The API stand-in, `http://127.0.0.1:<port>`.
     pub api: String,
-    /// The kubelet stand-in, `http://127.0.0.1:<port>`.
-    pub kubelet: String,
+    /// One kubelet stand-in per node, in the order asked.
+    pub nodes: Vec<KubeNode>,
 }
 
-/// Runs the API and kubelet stand-ins until SIGTERM (the hidden `kube-standins` command).
+/// A node as the stand-ins run it: its kubelet, its agent pod and that pod's projected token.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KubeNode {
+    /// The node's name.
+    pub name: String,
+    /// Its kubelet stand-in, `http://127.0.0.1:<port>`.
+    pub kubelet: String,
+    /// Its agent pod, as the API holds it.
+    pub agent_pod: PodRef,
+    /// The agent pod's projected service-account token (audience `athenz-node`), rotated by
+    /// this process as the kubelet rotates it.
+    pub token_file: std::path::PathBuf,
+}
+
+/// `{namespace, name, uid}` of a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+/// How often the agent pods' tokens are re-minted: well inside their hour, as the kubelet
+/// refreshes a projected token at 80 % of its life.
+const TOKEN_ROTATION: Duration = Duration::from_secs(40 * 60);
+
+/// Mints agent pod `pod`'s token and writes it to `path` (0600, atomically).
+fn write_agent_token(
+    cluster: &athenz_testbed::kube_api::Cluster,
+    pod: &PodRef,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let minted = cluster
+        .mint_token(
+            &pod.namespace,
+            athenz_testbed::fixtures::AGENT_SERVICE_ACCOUNT,
+            &pod.name,
+            Some(&pod.uid),
+            &[athenz_testbed::fixtures::NODE_TOKEN_AUDIENCE.to_owned()],
+            None,
+        )
+        .map_err(|e| anyhow::anyhow!("minting {}'s token: {}", pod.name, e.2))?;
+    athenz_core::volume::write_file_atomic(path, minted.token.as_bytes(), 0o600)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs the API stand-in and one kubelet stand-in per node until SIGTERM (the hidden
+/// `kube-standins` command). Each node gets its Node object and its agent pod, whose token is
+/// written to `<state>/<node>.token` and rotated.
 pub async fn run_standins(
     state_dir: &Path,
     api_listen: SocketAddr,
-    node: &str,
+    nodes: &[String],
 ) -> anyhow::Result<()> {
     let api = KubeApi::start_on(api_listen)
         .await
         .with_context(|| format!("starting the Kubernetes API stand-in on {api_listen}"))?;
-    let kubelet = Kubelet::start(api.cluster().clone(), node)
-        .await
-        .context("starting the kubelet stand-in")?;
+    let mut kubelets = Vec::new();
+    let mut infos = Vec::new();
+    for node in nodes {
+        let kubelet = Kubelet::start(api.cluster().clone(), node)
+            .await
+            .with_context(|| format!("starting node {node}'s kubelet stand-in"))?;
+        let (pod, _) = api
+            .cluster()
+            .start_node_agent(node)
+            .map_err(|e| anyhow::anyhow!("starting node {node}'s agent pod: {}", e.2))?;
+        let agent_pod = PodRef {
+            namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            uid: pod.metadata.uid.clone().unwrap_or_default(),
+        };
+        let token_file = state_dir.join(format!("{node}.token"));
+        write_agent_token(api.cluster(), &agent_pod, &token_file)?;
+        infos.push(KubeNode {
+            name: node.clone(),
+            kubelet: kubelet.url(),
+            agent_pod,
+            token_file,
+        });
+        kubelets.push(kubelet);
+    }
     let info = KubeInfo {
         api: api.url(),
-        kubelet: kubelet.url(),
+        nodes: infos,
     };
     crate::stack::write_json_atomically(&state_dir.join("kube.json"), &info)?;
-    athenz_core::http::termination_signal().await;
+    let stop = athenz_core::http::termination_signal();
+    tokio::pin!(stop);
+    let mut rotation = tokio::time::interval(TOKEN_ROTATION);
+    rotation.tick().await;
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = rotation.tick() => {
+                for node in &info.nodes {
+                    if let Err(e) = write_agent_token(api.cluster(), &node.agent_pod, &node.token_file) {
+                        tracing::warn!(node = %node.name, error = %e, "could not rotate the agent token");
+                    }
+                }
+            }
+        }
+    }
+    drop(kubelets);
     Ok(())
 }
 

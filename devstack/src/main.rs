@@ -43,6 +43,12 @@ enum Command {
         /// Run each component from its own binary in DIR (e.g. target/release) instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,
+        /// Nodes, each with its own kubelet stand-in, agent and node identity.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// The agents' peer check; default enforce where pod cgroups can be made, else off.
+        #[arg(long, value_enum)]
+        peer_check: Option<athenz_core::peer::PeerCheck>,
     },
     /// Measure the full path for many pods.
     Bench {
@@ -62,6 +68,9 @@ enum Command {
         /// cluster ships) instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,
+        /// The agents' peer check; default enforce where pod cgroups can be made, else off.
+        #[arg(long, value_enum)]
+        peer_check: Option<athenz_core::peer::PeerCheck>,
     },
     /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
     Zts {
@@ -72,6 +81,16 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// One refresh request from a pod's process (started by the stack inside the pod's cgroup).
+    #[command(hide = true)]
+    PodRefreshOnce {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        volume_dir: PathBuf,
+        #[arg(long)]
+        credentials_dir: PathBuf,
+    },
     /// The Kubernetes API and kubelet stand-ins (started by the stack).
     #[command(hide = true)]
     KubeStandins {
@@ -79,8 +98,9 @@ enum Command {
         state_dir: PathBuf,
         #[arg(long, default_value = "127.0.0.1:0")]
         api_listen: std::net::SocketAddr,
-        #[arg(long)]
-        node: String,
+        /// One per node.
+        #[arg(long, required = true)]
+        node: Vec<String>,
     },
 }
 
@@ -128,6 +148,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(kube::run_standins(&state_dir, api_listen, &node))?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::PodRefreshOnce {
+            socket,
+            volume_dir,
+            credentials_dir,
+        } => {
+            let answer = runtime()?.block_on(athenz_devstack::node::pod_refresh_once(
+                &socket,
+                &volume_dir,
+                &credentials_dir,
+            ))?;
+            println!("{}", serde_json::to_string(&answer)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo { json, state_dir } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -148,7 +181,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 println!(
                     "\ndemo complete in {:.1} s: 3 identities issued and verified, 1 refreshed, \
-                     1 refused after delete, 3 volumes unmounted",
+                     1 refused after delete, 1 refused across nodes, 3 volumes unmounted",
                     report.seconds
                 );
             }
@@ -158,11 +191,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             state_dir,
             key,
             components,
+            nodes,
+            peer_check,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
             }
-            runtime()?.block_on(up(state_dir, key, components))?;
+            if nodes == 0 {
+                anyhow::bail!("--nodes must be at least 1");
+            }
+            let options = stack::StackOptions {
+                components,
+                nodes,
+                peer_check,
+                ..stack::StackOptions::new(state_dir, &key)
+            };
+            runtime()?.block_on(up(options))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench {
@@ -171,6 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             key,
             json,
             components,
+            peer_check,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -184,6 +229,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 concurrency,
                 key,
                 components,
+                peer_check,
             };
             let report = runtime()?.block_on(bench::run(temp.path(), &options))?;
             if json {
@@ -197,13 +243,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// `up`: start, describe, supervise until Ctrl-C or SIGTERM, stop.
-async fn up(state_dir: PathBuf, key: String, components: Option<PathBuf>) -> anyhow::Result<()> {
-    let mut stack = stack::Stack::start(&stack::StackOptions {
-        state_dir,
-        key_algorithm: key,
-        components,
-    })
-    .await?;
+async fn up(options: stack::StackOptions) -> anyhow::Result<()> {
+    let mut stack = stack::Stack::start(&options).await?;
     let info = &stack.info;
     println!(
         "athenz-devstack is up; stack.json: {}",
@@ -234,6 +275,21 @@ async fn up(state_dir: PathBuf, key: String, components: Option<PathBuf>) -> any
         info.volume_driver.join(" ")
     );
     println!("  pod SIA          {}", info.sia.join(" "));
+    for node in &info.nodes {
+        println!(
+            "  node {:<11} kubelet {}  agent {}",
+            node.name,
+            node.kubelet.url,
+            node.agent.socket.display()
+        );
+    }
+    println!(
+        "  peer check       {} (pod cgroups under {})",
+        info.peer_check,
+        info.pod_cgroup_root
+            .as_ref()
+            .map_or_else(|| "none".to_owned(), |p| p.display().to_string())
+    );
     println!(
         "  logs             {}",
         stack.state_dir.join("logs").display()

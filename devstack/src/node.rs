@@ -12,15 +12,50 @@ pub const VOLUME_NAME: &str = "athenz-identity";
 /// How long one driver call or one `athenz-sia init` may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A pod's volume on this node.
+/// A pod's volume on a node.
 #[derive(Debug, Clone)]
 pub struct PodVolume {
     /// The pod.
     pub pod: NewPod,
+    /// Its uid.
+    pub uid: String,
+    /// The node's driver directories and agent socket.
+    pub node: NodeDirs,
     /// Kubelet's mount dir for the volume.
     pub mount_dir: PathBuf,
     /// Where its SIA writes the credentials (the pod's memory-backed volume).
     pub credentials_dir: PathBuf,
+}
+
+/// Where a node's driver and agent live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeDirs {
+    /// The driver's ATHENZ_VOLUMES_DIR.
+    pub volumes_dir: PathBuf,
+    /// The driver's ATHENZ_AGENT_DIR.
+    pub agent_dir: PathBuf,
+    /// The agent's socket.
+    pub socket: PathBuf,
+}
+
+impl NodeDirs {
+    /// The first node's.
+    pub fn first(stack: &StackInfo) -> Self {
+        Self {
+            volumes_dir: stack.volumes_dir.clone(),
+            agent_dir: stack.agent_dir.clone(),
+            socket: stack.agent.socket.clone(),
+        }
+    }
+
+    /// Node `node`'s.
+    pub fn of(node: &crate::stack::NodeInfo) -> Self {
+        Self {
+            volumes_dir: node.volumes_dir.clone(),
+            agent_dir: node.agent_dir.clone(),
+            socket: node.agent.socket.clone(),
+        }
+    }
 }
 
 /// Kubelet's directory for a flex volume of pod `uid`, under `root` (kubelet's root dir).
@@ -79,23 +114,34 @@ async fn run(
     Ok(stdout)
 }
 
-/// The driver's environment: the stack's host directories.
-fn driver_env(stack: &StackInfo) -> Vec<(&'static str, String)> {
+/// The driver's environment: the node's host directories.
+fn driver_env(node: &NodeDirs) -> Vec<(&'static str, String)> {
     vec![
         (
             athenz_core::volume::VOLUMES_DIR_ENV,
-            stack.volumes_dir.display().to_string(),
+            node.volumes_dir.display().to_string(),
         ),
         (
             athenz_core::volume::AGENT_DIR_ENV,
-            stack.agent_dir.display().to_string(),
+            node.agent_dir.display().to_string(),
         ),
     ]
 }
 
-/// `<driver> mount <dir> <json>` as kubelet runs it (kubelet creates the dir first).
+/// `<driver> mount <dir> <json>` on the first node, as kubelet runs it.
 pub async fn mount(
     stack: &StackInfo,
+    kubelet_root: &Path,
+    pod: &NewPod,
+    uid: &str,
+) -> anyhow::Result<PodVolume> {
+    mount_on(stack, &NodeDirs::first(stack), kubelet_root, pod, uid).await
+}
+
+/// `<driver> mount <dir> <json>` on `node`, as kubelet runs it (kubelet creates the dir first).
+pub async fn mount_on(
+    stack: &StackInfo,
+    node: &NodeDirs,
     kubelet_root: &Path,
     pod: &NewPod,
     uid: &str,
@@ -109,7 +155,7 @@ pub async fn mount(
             dir.display().to_string(),
             kubelet_options(pod, uid),
         ],
-        &driver_env(stack),
+        &driver_env(node),
         None,
         &format!("mounting the volume of {}/{}", pod.namespace, pod.name),
     )
@@ -121,6 +167,8 @@ pub async fn mount(
     mount_memory_volume(&credentials_dir)?;
     Ok(PodVolume {
         pod: pod.clone(),
+        uid: uid.to_owned(),
+        node: node.clone(),
         credentials_dir,
         mount_dir: dir,
     })
@@ -151,13 +199,16 @@ pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()
     let reply = run(
         &stack.volume_driver,
         &["unmount".into(), volume.mount_dir.display().to_string()],
-        &driver_env(stack),
+        &driver_env(&volume.node),
         None,
         &format!("unmounting the volume of {}", volume.pod.name),
     )
     .await?;
     if !reply.contains(r#""status":"Success""#) {
         bail!("the driver did not unmount: {reply}");
+    }
+    if let Some(root) = &stack.pod_cgroup_root {
+        crate::cgroups::remove_tree(&crate::cgroups::pod_slice(root, &volume.uid));
     }
     std::fs::remove_dir(&volume.mount_dir)
         .with_context(|| format!("removing {}", volume.mount_dir.display()))
@@ -179,12 +230,28 @@ pub fn sia_env(volume: &PodVolume) -> Vec<(&'static str, String)> {
     ]
 }
 
-/// `athenz-sia init` for the pod; returns how long it took.
+/// `argv` (a program and its arguments) as a process of the pod: inside a new container cgroup
+/// of its pod slice when the stack makes pod cgroups (so the agent's peer check sees the pod),
+/// else as is.
+pub fn in_pod(stack: &StackInfo, uid: &str, argv: &[String]) -> anyhow::Result<Vec<String>> {
+    let (program, args) = argv.split_first().context("an empty argv")?;
+    match &stack.pod_cgroup_root {
+        Some(root) => {
+            let scope = crate::cgroups::container_scope(root, uid)?;
+            Ok(crate::cgroups::argv_in_cgroup(&scope, program, args))
+        }
+        None => Ok(argv.to_vec()),
+    }
+}
+
+/// `athenz-sia init` for the pod, as a process of the pod; returns how long it took.
 pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<Duration> {
     let started = Instant::now();
+    let mut argv = stack.sia.clone();
+    argv.push("init".into());
     run(
-        &stack.sia,
-        &["init".into()],
+        &in_pod(stack, &volume.uid, &argv)?,
+        &[],
         &sia_env(volume),
         Some(&volume.mount_dir),
         &format!("athenz-sia init for {}", volume.pod.name),
@@ -200,9 +267,11 @@ pub fn sia_refresh(
     interval: &str,
     log: &Path,
 ) -> anyhow::Result<crate::procs::Process> {
-    let (program, prefix) = stack.sia.split_first().context("an empty SIA argv")?;
-    let mut args: Vec<String> = prefix.to_vec();
-    args.extend(["refresh".into(), format!("--refresh-interval={interval}")]);
+    let mut argv = stack.sia.clone();
+    argv.extend(["refresh".into(), format!("--refresh-interval={interval}")]);
+    let argv = in_pod(stack, &volume.uid, &argv)?;
+    let (program, args) = argv.split_first().context("an empty SIA argv")?;
+    let args = args.to_vec();
     let mut command = crate::procs::Command::new(
         &format!("sia-refresh-{}", volume.pod.name),
         Path::new(program),
@@ -217,31 +286,74 @@ pub fn sia_refresh(
 }
 
 /// Asks the agent to refresh the pod's identity with the pair its SIA wrote, as the refresh
-/// sidecar does (one request, no retries); `Ok` carries the new certificate chain, `Err` the
-/// agent's refusal as text.
+/// sidecar does (one request, no retries), from a process of the pod (the devstack's hidden
+/// `pod-refresh-once` command); `Ok` carries the new certificate chain, `Err` the agent's refusal
+/// as text.
 pub async fn refresh_once(
     stack: &StackInfo,
     volume: &PodVolume,
 ) -> anyhow::Result<Result<String, String>> {
+    let sia = stack.sia.first().context("an empty SIA argv")?;
+    let devstack = Path::new(sia).with_file_name("athenz-devstack");
+    let argv = vec![
+        devstack.display().to_string(),
+        "pod-refresh-once".into(),
+        path_flag("socket", &volume.node.socket),
+        path_flag("volume-dir", &volume.mount_dir),
+        path_flag("credentials-dir", &volume.credentials_dir),
+    ];
+    let output = run(
+        &in_pod(stack, &volume.uid, &argv)?,
+        &[],
+        &[],
+        None,
+        &format!("refreshing {} once", volume.pod.name),
+    )
+    .await?;
+    let answer: RefreshOnceAnswer =
+        serde_json::from_str(output.trim()).context("pod-refresh-once's answer")?;
+    Ok(match answer {
+        RefreshOnceAnswer::Refreshed(chain) => Ok(chain),
+        RefreshOnceAnswer::Refused(why) => Err(why),
+    })
+}
+
+fn path_flag(flag: &str, path: &Path) -> String {
+    format!("--{flag}={}", path.display())
+}
+
+/// What `pod-refresh-once` prints.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RefreshOnceAnswer {
+    /// The new certificate chain.
+    Refreshed(String),
+    /// The agent's refusal.
+    Refused(String),
+}
+
+/// The body of `pod-refresh-once`: one refresh through `socket` with the pair in
+/// `credentials_dir`, for the volume whose id is in `volume_dir/id`.
+pub async fn pod_refresh_once(
+    socket: &Path,
+    volume_dir: &Path,
+    credentials_dir: &Path,
+) -> anyhow::Result<RefreshOnceAnswer> {
     use athenz_core::agent_api::RefreshRequest;
     use athenz_core::secret::Secret;
-    let id_text = std::fs::read_to_string(volume.mount_dir.join("id")).context("reading the id")?;
+    let id_text = std::fs::read_to_string(volume_dir.join("id")).context("reading the id")?;
     let id = athenz_core::volume::VolumeId::parse(id_text.trim()).context("the volume id")?;
-    let client = athenz_sia::client::AgentClient::new(
-        stack.agent.socket.clone(),
-        id,
-        Duration::from_secs(30),
-    );
-    let read = |name: &str| std::fs::read_to_string(volume.credentials_dir.join(name));
+    let client =
+        athenz_sia::client::AgentClient::new(socket.to_owned(), id, Duration::from_secs(30));
+    let read = |name: &str| std::fs::read_to_string(credentials_dir.join(name));
     let request = RefreshRequest {
         key_pem: Secret::new(read("service.key.pem").context("reading the key")?),
         cert_pem: read("service.cert.pem").context("reading the certificate")?,
     };
-    Ok(client
-        .refresh(&request)
-        .await
-        .map(|answer| answer.cert_pem)
-        .map_err(|e| e.to_string()))
+    Ok(match client.refresh(&request).await {
+        Ok(answer) => RefreshOnceAnswer::Refreshed(answer.cert_pem),
+        Err(e) => RefreshOnceAnswer::Refused(e.to_string()),
+    })
 }
 
 #[cfg(test)]

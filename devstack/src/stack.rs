@@ -8,7 +8,11 @@ use crate::multicall;
 use crate::procs::{Command, Process, Usage, free_port};
 use anyhow::{Context, bail};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey};
-use athenz_testbed::fixtures::{ADMIN_DOMAIN, DNS_SUFFIX, PROVIDER};
+use athenz_core::peer::PeerCheck;
+use athenz_testbed::fixtures::{
+    ADMIN_DOMAIN, AGENT_NAMESPACE, AGENT_PRINCIPAL, AGENT_SERVICE_ACCOUNT, DNS_SUFFIX,
+    NODE_TOKEN_AUDIENCE, PROVIDER,
+};
 use athenz_testbed::zts::DevZtsConfig;
 use athenz_testbed::zts::registry::{ProviderEntry, ServiceEntry};
 use serde::{Deserialize, Serialize};
@@ -24,8 +28,6 @@ pub const CALLBACK_BASE_PATH: &str = "/athenz/provider";
 const JWT_SERVICE: &str = "athenz-jwt-service";
 const CALLBACK: &str = "athenz-callback";
 const INITIALIZER: &str = "athenz-initializer";
-/// The node agents' service (one key for the DaemonSet, as deploy/ does).
-const AGENT: &str = "athenz-agent";
 /// A principal allowed nowhere, for tests of refusals.
 const STRANGER: &str = "stranger";
 /// The injection template the initializer serves: the one deploy/ ships.
@@ -81,10 +83,54 @@ pub struct Credential {
 pub struct Credentials {
     /// `sys.auth.zts`: what the callback accepts.
     pub zts: Credential,
-    /// The node agents' principal: what the jwt-service accepts.
+    /// The first node's agent identity (its node certificate from ZTS): what the jwt-service
+    /// accepts, for that node's pods.
     pub node: Credential,
     /// A principal allowed nowhere.
     pub stranger: Credential,
+}
+
+/// One node of the stack (DESIGN.md 5, `up --nodes N`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// The node's name.
+    pub name: String,
+    /// Its kubelet stand-in.
+    pub kubelet: Url,
+    /// Its agent.
+    pub agent: NodeAgentInfo,
+    /// Its volumes dir (the driver's ATHENZ_VOLUMES_DIR).
+    pub volumes_dir: PathBuf,
+    /// Its agent's socket dir (the driver's ATHENZ_AGENT_DIR).
+    pub agent_dir: PathBuf,
+    /// That node's own agent identity (cert, key, CA).
+    pub credentials: Credential,
+}
+
+/// A node's agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeAgentInfo {
+    /// `<agent_dir>/agent.sock`.
+    pub socket: PathBuf,
+    /// Full `/metrics` URL.
+    pub metrics_url: String,
+    /// Its CSI socket, when it serves CSI (not yet: `null`).
+    pub csi_socket: Option<PathBuf>,
+    /// Its pod, as the API stand-in holds it (scheduled on this node).
+    pub pod: crate::kube::PodRef,
+}
+
+/// How node agents attest (DESIGN.md 4.9).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeAttestation {
+    /// Audience of their projected tokens.
+    pub audience: String,
+    /// Their pods' namespace.
+    pub namespace: String,
+    /// Their pods' service account.
+    pub service_account: String,
+    /// Their Athenz principal.
+    pub principal: String,
 }
 
 /// `<state-dir>/stack.json` (DESIGN.md 5).
@@ -124,6 +170,15 @@ pub struct StackInfo {
     pub jwt_public_keys_dir: PathBuf,
     /// Client credentials.
     pub credentials: Credentials,
+    /// Every node, the first being the one the fields above describe.
+    pub nodes: Vec<NodeInfo>,
+    /// How node agents attest.
+    pub node_attestation: NodeAttestation,
+    /// The agents' `--peer-check`.
+    pub peer_check: PeerCheck,
+    /// Where pod cgroups are made (kubelet-shaped, `kubepods-pod<uid_>.slice/…`); `null` when
+    /// this host lets the stack make none (then `peer_check` is `off` unless overridden).
+    pub pod_cgroup_root: Option<PathBuf>,
     /// Process ids by component (they change when a component is restarted).
     pub processes: BTreeMap<String, u32>,
 }
@@ -144,6 +199,28 @@ pub struct StackOptions {
     pub key_algorithm: String,
     /// Run the components from their own binaries in this directory instead of this one.
     pub components: Option<PathBuf>,
+    /// How many nodes (each its own kubelet, agent and node identity); at least 1.
+    pub nodes: usize,
+    /// The agents' `--peer-check`; default `enforce` where pod cgroups can be made, else `off`.
+    pub peer_check: Option<PeerCheck>,
+}
+
+impl StackOptions {
+    /// One node, the peer check as the host allows.
+    pub fn new(state_dir: PathBuf, key_algorithm: &str) -> Self {
+        Self {
+            state_dir,
+            key_algorithm: key_algorithm.to_owned(),
+            components: None,
+            nodes: 1,
+            peer_check: None,
+        }
+    }
+}
+
+/// The name of node `i` (0-based): `node-1`, `node-2`, …
+pub fn node_name(i: usize) -> String {
+    format!("node-{}", i + 1)
 }
 
 /// A running stack.
@@ -153,6 +230,26 @@ pub struct Stack {
     /// The state dir.
     pub state_dir: PathBuf,
     processes: Vec<Process>,
+}
+
+/// Node `i`'s directories: the first node keeps the single-node layout (`<state>/agent`,
+/// `<state>/volumes`); the others live under `<state>/nodes/<name>/`.
+fn node_dirs(state: &Path, i: usize) -> (PathBuf, PathBuf, PathBuf) {
+    let name = node_name(i);
+    let base = state.join("nodes").join(&name);
+    if i == 0 {
+        (
+            state.join("agent"),
+            state.join("volumes"),
+            base.join("identity"),
+        )
+    } else {
+        (
+            base.join("agent"),
+            base.join("volumes"),
+            base.join("identity"),
+        )
+    }
 }
 
 /// Paths of one control-plane service's key and credentials.
@@ -214,9 +311,17 @@ impl Stack {
         let state = std::fs::canonicalize(state).context("resolving the state dir")?;
         let stack_json = state.join("stack.json");
         let _ = std::fs::remove_file(&stack_json);
+        let node_count = options.nodes.max(1);
+        let pod_cgroup_root = crate::cgroups::create_root();
+        let peer_check = options.peer_check.unwrap_or(if pod_cgroup_root.is_some() {
+            PeerCheck::Enforce
+        } else {
+            PeerCheck::Off
+        });
         let logs = state.join("logs");
         for dir in [
             "logs",
+            "nodes",
             "zts",
             "kube",
             "volumes",
@@ -237,15 +342,7 @@ impl Stack {
         // Ports the stack's servers will bind.
         let zts_port = free_port()?;
         let callback_port = free_port()?;
-        let [
-            jwt_port,
-            jwt_ops,
-            callback_ops,
-            init_port,
-            init_ops,
-            agent_ops,
-        ] = [
-            free_port()?,
+        let [jwt_port, jwt_ops, callback_ops, init_port, init_ops] = [
             free_port()?,
             free_port()?,
             free_port()?,
@@ -291,18 +388,9 @@ impl Stack {
         // Kubernetes API and kubelet stand-ins.
         let kube_dir = state.join("kube");
         let _ = std::fs::remove_file(kube_dir.join("kube.json"));
-        let mut kube = Process::start(
-            Command::new(
-                "kube",
-                &exe,
-                vec![
-                    "kube-standins".into(),
-                    path_arg("state-dir", &kube_dir),
-                    format!("--node={NODE_NAME}"),
-                ],
-            ),
-            &logs,
-        )?;
+        let mut kube_args = vec!["kube-standins".to_owned(), path_arg("state-dir", &kube_dir)];
+        kube_args.extend((0..node_count).map(|i| format!("--node={}", node_name(i))));
+        let mut kube = Process::start(Command::new("kube", &exe, kube_args), &logs)?;
         kube.wait_file(&kube_dir.join("kube.json")).await?;
         processes.push(kube);
         let kube_info: KubeInfo = read_json(&kube_dir.join("kube.json"))?;
@@ -333,12 +421,13 @@ impl Stack {
             format!("--admin-domain={ADMIN_DOMAIN}"),
         ];
 
-        // jwt-service: only node agents may ask.
+        // jwt-service: only node agents may ask, each for its own node.
         let mut args = tls_args(jwt_port, jwt_ops, &files[JWT_SERVICE]);
         args.extend([
             path_arg("client-ca", &ca),
-            format!("--allowed-principals={ADMIN_DOMAIN}.{AGENT}"),
+            format!("--allowed-principals={AGENT_PRINCIPAL}"),
             path_arg("keys-dir", &state.join("jwt-keys")),
+            format!("--provider={PROVIDER}"),
         ]);
         processes.push(
             run_daemon(
@@ -393,50 +482,76 @@ impl Stack {
             .await?,
         );
 
-        // The node agent.
-        let agent_dir = state.join("agent");
-        let volumes_dir = state.join("volumes");
-        let mut args = vec![
-            path_arg("agent-dir", &agent_dir),
-            path_arg("volumes-dir", &volumes_dir),
-            format!("--kubelet-url={}", kube_info.kubelet),
-            format!("--jwt-service-url=https://127.0.0.1:{jwt_port}"),
-            path_arg("node-cert", &files[AGENT].cert()),
-            path_arg("node-key", &files[AGENT].key()),
-            path_arg("jwt-service-ca", &ca),
-            format!("--zts-url={}", zts_info.url),
-            path_arg("zts-ca", &ca),
-            format!("--key-algorithm={}", options.key_algorithm),
-            format!("--ops-listen=127.0.0.1:{agent_ops}"),
-            "--upstream-timeout=5s".into(),
-        ];
-        args.extend(identity_args.iter().cloned());
-        processes.push(
-            run_daemon(
-                &bin,
-                "agent",
-                "athenz-identity-agent",
-                args,
-                agent_ops,
-                &logs,
-            )
-            .await?,
-        );
-
+        // One agent per node, each attested by its own pod's token (no shared key).
         let credential = |cert: PathBuf, key: PathBuf| Credential {
             cert,
             key,
             ca: ca.clone(),
         };
+        let mut nodes = Vec::new();
+        for (i, kube_node) in kube_info.nodes.iter().enumerate() {
+            let (agent_dir, volumes_dir, identity_dir) = node_dirs(&state, i);
+            let agent_ops = free_port()?;
+            let mut args = vec![
+                path_arg("agent-dir", &agent_dir),
+                path_arg("volumes-dir", &volumes_dir),
+                format!("--kubelet-url={}", kube_node.kubelet),
+                format!("--jwt-service-url=https://127.0.0.1:{jwt_port}"),
+                format!("--node-name={}", kube_node.name),
+                path_arg("node-token-file", &kube_node.token_file),
+                path_arg("node-identity-dir", &identity_dir),
+                format!("--peer-check={peer_check}"),
+                path_arg("jwt-service-ca", &ca),
+                format!("--zts-url={}", zts_info.url),
+                path_arg("zts-ca", &ca),
+                format!("--key-algorithm={}", options.key_algorithm),
+                format!("--ops-listen=127.0.0.1:{agent_ops}"),
+                "--upstream-timeout=5s".into(),
+            ];
+            args.extend(identity_args.iter().cloned());
+            let process_name = if i == 0 {
+                "agent".to_owned()
+            } else {
+                format!("agent-{}", kube_node.name)
+            };
+            processes.push(
+                run_daemon(
+                    &bin,
+                    &process_name,
+                    "athenz-identity-agent",
+                    args,
+                    agent_ops,
+                    &logs,
+                )
+                .await?,
+            );
+            nodes.push(NodeInfo {
+                name: kube_node.name.clone(),
+                kubelet: Url {
+                    url: kube_node.kubelet.clone(),
+                },
+                agent: NodeAgentInfo {
+                    socket: agent_dir.join(athenz_core::volume::AGENT_SOCKET_NAME),
+                    metrics_url: format!("http://127.0.0.1:{agent_ops}/metrics"),
+                    csi_socket: None,
+                    pod: kube_node.agent_pod.clone(),
+                },
+                volumes_dir,
+                agent_dir,
+                credentials: credential(
+                    identity_dir.join("node.cert.pem"),
+                    identity_dir.join("node.key.pem"),
+                ),
+            });
+        }
+        let first = nodes.first().context("no node")?.clone();
         let info = StackInfo {
             zts: UrlCa {
                 url: zts_info.url.clone(),
                 ca: ca.clone(),
             },
             kube_api: Url { url: kube_info.api },
-            kubelet: Url {
-                url: kube_info.kubelet,
-            },
+            kubelet: first.kubelet.clone(),
             jwt_service: Url {
                 url: format!("https://127.0.0.1:{jwt_port}"),
             },
@@ -448,12 +563,12 @@ impl Stack {
                 url: format!("https://127.0.0.1:{init_port}"),
             },
             agent: AgentInfo {
-                socket: agent_dir.join(athenz_core::volume::AGENT_SOCKET_NAME),
-                metrics_url: format!("http://127.0.0.1:{agent_ops}/metrics"),
+                socket: first.agent.socket.clone(),
+                metrics_url: first.agent.metrics_url.clone(),
             },
-            volumes_dir,
-            agent_dir,
-            node_name: NODE_NAME.into(),
+            volumes_dir: first.volumes_dir.clone(),
+            agent_dir: first.agent_dir.clone(),
+            node_name: first.name.clone(),
             volume_driver: vec![bin.join("athenz-volume-driver").display().to_string()],
             sia: vec![bin.join("athenz-sia").display().to_string()],
             provider: PROVIDER.into(),
@@ -462,9 +577,18 @@ impl Stack {
             jwt_public_keys_dir: state.join("jwt-public"),
             credentials: Credentials {
                 zts: credential(zts_dir.join("zts.cert.pem"), zts_dir.join("zts.key.pem")),
-                node: credential(files[AGENT].cert(), files[AGENT].key()),
+                node: first.credentials.clone(),
                 stranger: credential(files[STRANGER].cert(), files[STRANGER].key()),
             },
+            nodes,
+            node_attestation: NodeAttestation {
+                audience: NODE_TOKEN_AUDIENCE.into(),
+                namespace: AGENT_NAMESPACE.into(),
+                service_account: AGENT_SERVICE_ACCOUNT.into(),
+                principal: AGENT_PRINCIPAL.into(),
+            },
+            peer_check,
+            pod_cgroup_root,
             processes: BTreeMap::new(),
         };
         let mut stack = Self {
@@ -509,11 +633,14 @@ impl Stack {
             .collect()
     }
 
-    /// Stops every process, the last started first.
+    /// Stops every process, the last started first, and removes the pod cgroups.
     pub async fn stop(mut self) {
         let _ = std::fs::remove_file(self.state_dir.join("stack.json"));
         while let Some(mut p) = self.processes.pop() {
             p.stop().await;
+        }
+        if let Some(root) = &self.info.pod_cgroup_root {
+            crate::cgroups::remove_tree(root);
         }
     }
 }
@@ -525,7 +652,7 @@ fn generate_keys(
 ) -> anyhow::Result<(Vec<ServiceEntry>, BTreeMap<&'static str, ServiceFiles>)> {
     let mut services = Vec::new();
     let mut files = BTreeMap::new();
-    for service in [JWT_SERVICE, CALLBACK, INITIALIZER, AGENT, STRANGER] {
+    for service in [JWT_SERVICE, CALLBACK, INITIALIZER, STRANGER] {
         let (f, public) = service_key(state, service)?;
         services.push(ServiceEntry {
             name: format!("{ADMIN_DOMAIN}.{service}"),

@@ -2,8 +2,8 @@
 //! identity JWT vouching for it (DESIGN.md 4.3).
 
 use crate::keys::KeyDir;
-use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};
 use athenz_core::crypto::CertInfo;
+use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};
 use athenz_core::identity_jwt::{IdentityClaims, JWT_PATH, JwtRequest, JwtResponse};
 use athenz_core::names::{instance_id_in_uris, validate_node_name};
 use athenz_core::secret::Secret;

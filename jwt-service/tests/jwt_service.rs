@@ -112,7 +112,10 @@ fn client_on(ca: &CertAuthority, cn: Option<&str>, node: &str) -> reqwest::Clien
     client_with(
         ca,
         cn.map(|cn| LeafSpec {
-            uris: vec![athenz_core::names::instance_id_uri(fixtures::PROVIDER, node)],
+            uris: vec![athenz_core::names::instance_id_uri(
+                fixtures::PROVIDER,
+                node,
+            )],
             ..LeafSpec::service(cn, &[])
         }),
     )
@@ -233,7 +236,11 @@ async fn allowed_agents_get_a_jwt_of_the_contract_shape() {
     }
     // the node is the caller's, from its certificate
     let jwt = get_jwt(
-        &client_on(&f.ca, Some("k8s.admin.athenz-agent"), "ip-10-0-0-2.ec2.internal"),
+        &client_on(
+            &f.ca,
+            Some("k8s.admin.athenz-agent"),
+            "ip-10-0-0-2.ec2.internal",
+        ),
         &f.url,
     )
     .await;
@@ -324,7 +331,10 @@ async fn callers_whose_certificate_names_no_node_are_refused() {
         assert_eq!(resp.status(), 403, "{what}");
         let body: serde_json::Value = resp.json().await.unwrap();
         let message = body["message"].as_str().unwrap();
-        assert!(message.contains("caller's certificate"), "{what}: {message}");
+        assert!(
+            message.contains("caller's certificate"),
+            "{what}: {message}"
+        );
     }
     // the request cannot name the node, at the top or in the subject
     let c = client(&f.ca, Some(agent));

@@ -209,7 +209,10 @@ pub fn node_agent_pod(node: &str) -> Pod {
 impl Cluster {
     /// Adds node `node` and its agent pod, and mints that pod's projected token (audience
     /// `athenz-node`, an hour), as the kubelet does for the DaemonSet; returns the pod and token.
-    pub fn start_node_agent(&self, node: &str) -> Result<(Pod, tokens::MintedToken), tokens::TokenRequestRefused> {
+    pub fn start_node_agent(
+        &self,
+        node: &str,
+    ) -> Result<(Pod, tokens::MintedToken), tokens::TokenRequestRefused> {
         use crate::fixtures::{AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT, NODE_TOKEN_AUDIENCE};
         if self.node_uid(node).is_none() {
             self.put_node(node);

@@ -150,7 +150,15 @@ impl Cluster {
         expiration_secs: Option<i64>,
     ) -> Result<MintedToken, TokenRequestRefused> {
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        self.mint_token_at(now, namespace, account, pod_name, pod_uid, audiences, expiration_secs)
+        self.mint_token_at(
+            now,
+            namespace,
+            account,
+            pod_name,
+            pod_uid,
+            audiences,
+            expiration_secs,
+        )
     }
 
     /// [`Self::mint_token`] as if it were `issued_at` (Unix seconds): a test's way to hold a token
@@ -277,7 +285,10 @@ impl Cluster {
             audiences.to_vec()
         };
         if !claims.aud.iter().any(|a| wanted.contains(a)) {
-            return Err("[invalid bearer token, token audiences [..] is invalid for the target audiences]".replace("[..]", &format!("{:?}", claims.aud)));
+            return Err(
+                "[invalid bearer token, token audiences [..] is invalid for the target audiences]"
+                    .replace("[..]", &format!("{:?}", claims.aud)),
+            );
         }
         let bound = &claims.kubernetes.pod;
         match self.pod(&claims.kubernetes.namespace, &bound.name) {
@@ -307,7 +318,8 @@ impl Cluster {
 
     fn service_account_uid(&self, namespace: &str, account: &str) -> String {
         // stable per account, as an API object's uid is
-        let digest = athenz_core::volume::hex(&sha2_of(format!("{namespace}/{account}").as_bytes()));
+        let digest =
+            athenz_core::volume::hex(&sha2_of(format!("{namespace}/{account}").as_bytes()));
         format!(
             "{}-{}-5{}-8{}-{}",
             &digest[0..8],
@@ -452,7 +464,8 @@ pub(super) fn token_review(cluster: &Cluster, body: &[u8]) -> Response<Body> {
             } else {
                 review.spec.audiences.clone()
             };
-            let audiences: Vec<&String> = claims.aud.iter().filter(|a| wanted.contains(a)).collect();
+            let audiences: Vec<&String> =
+                claims.aud.iter().filter(|a| wanted.contains(a)).collect();
             serde_json::json!({
                 "authenticated": true,
                 "user": {

@@ -36,9 +36,18 @@ pub(super) fn handle(cluster: &Cluster, req: &Request<Bytes>) -> Option<Response
         (Method::DELETE, ["api", "v1", "namespaces", ns, "pods", name]) => {
             delete_pod(cluster, ns, name, grace_zero)
         }
-        (Method::POST, ["api", "v1", "namespaces", ns, "serviceaccounts", sa, "token"]) => {
-            super::tokens::token_request(cluster, ns, sa, body)
-        }
+        (
+            Method::POST,
+            [
+                "api",
+                "v1",
+                "namespaces",
+                ns,
+                "serviceaccounts",
+                sa,
+                "token",
+            ],
+        ) => super::tokens::token_request(cluster, ns, sa, body),
         (Method::POST, ["apis", "authentication.k8s.io", "v1", "tokenreviews"]) => {
             super::tokens::token_review(cluster, body)
         }
