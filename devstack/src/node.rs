@@ -396,6 +396,12 @@ mod tests {
     fn sia_paths_are_relative_to_the_volume() {
         let volume = PodVolume {
             pod: pod(),
+            uid: "u".into(),
+            node: NodeDirs {
+                volumes_dir: PathBuf::from("/v"),
+                agent_dir: PathBuf::from("/a"),
+                socket: PathBuf::from("/a/agent.sock"),
+            },
             mount_dir: PathBuf::from("/k/pods/u/volumes/athenz~volume-driver/athenz-identity"),
             credentials_dir: PathBuf::from("/k/pods/u/credentials"),
         };

@@ -480,10 +480,13 @@ async fn initializer_injection_is_what_the_driver_and_sia_expect() {
     };
     let command = sia.command.clone().unwrap();
     assert_eq!(command[0], "athenz-sia");
-    let status = tokio::process::Command::new(&stack.info.sia[0])
-        .args(&stack.info.sia[1..])
-        .args(&command[1..])
-        .args(sia.args.iter().flatten())
+    // as a process of the pod (in its cgroup), as the container runtime starts it
+    let mut argv = stack.info.sia.clone();
+    argv.extend(command[1..].iter().cloned());
+    argv.extend(sia.args.iter().flatten().cloned());
+    let argv = node::in_pod(&stack.info, &uid, &argv).unwrap();
+    let status = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
         .env_clear()
         .envs(
             sia.env

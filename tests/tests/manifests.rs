@@ -197,10 +197,21 @@ fn every_document_is_a_valid_kubernetes_object() {
             .clone();
         assert!(o.service_accounts.contains(&sa.unwrap()));
     }
-    // RBAC: the callback reads pods and services, nothing else; the agent reads its kubelet
-    let callback = &o.cluster_roles["athenz-callback"].rules.as_ref().unwrap()[0];
-    assert_eq!(callback.verbs, ["get"]);
-    assert_eq!(callback.resources.as_ref().unwrap(), &["pods", "services"]);
+    // RBAC: the callback reads pods, services and nodes and reviews tokens (node agents'
+    // attestation), nothing else; the agent reads its kubelet
+    let callback = o.cluster_roles["athenz-callback"].rules.as_ref().unwrap();
+    assert_eq!(callback.len(), 2);
+    assert_eq!(callback[0].verbs, ["get"]);
+    assert_eq!(
+        callback[0].resources.as_ref().unwrap(),
+        &["pods", "services", "nodes"]
+    );
+    assert_eq!(
+        callback[1].api_groups.as_ref().unwrap(),
+        &["authentication.k8s.io"]
+    );
+    assert_eq!(callback[1].resources.as_ref().unwrap(), &["tokenreviews"]);
+    assert_eq!(callback[1].verbs, ["create"]);
     let agent = &o.cluster_roles["athenz-agent"].rules.as_ref().unwrap()[0];
     assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/proxy"]);
     assert_eq!(o.bindings.len(), 2);
@@ -369,12 +380,78 @@ fn settings_agree_across_components() {
             .contains_key("memory")
     );
 
-    // Principals: the agent's control-sia service is what the jwt-service allows; ZTS is what
-    // the callback allows; the provider is the callback's service.
+    // The agent's identity (DESIGN.md 4.9): no key, no control-sia; a projected token for the
+    // audience the callback checks, of the account and namespace the callback expects; hostPID
+    // for the peer check; the node name from the downward API.
+    let callback_defaults = <athenz_callback::Config as clap::Parser>::try_parse_from([
+        "athenz-callback",
+        "--tls-cert=c",
+        "--tls-key=k",
+        "--client-ca=c",
+        "--allowed-principals=sys.auth.zts",
+        "--provider=a.b",
+        "--public-keys-dir=d",
+        "--dns-suffix=x.y",
+        "--admin-domain=k8s.admin",
+    ])
+    .unwrap();
+    assert!(
+        agent_spec.init_containers.is_none(),
+        "no control-sia for the agent"
+    );
+    assert_eq!(agent_spec.host_pid, Some(true));
+    assert_eq!(
+        agent_spec.service_account_name.as_deref(),
+        Some(callback_defaults.agent_service_account.as_str())
+    );
+    assert_eq!(
+        o.daemon_sets["athenz-agent"].metadata.namespace.as_deref(),
+        Some(callback_defaults.agent_namespace.as_str())
+    );
+    let volumes = agent_spec.volumes.clone().unwrap();
+    let token_volume = volumes.iter().find(|v| v.name == "node-token").unwrap();
+    let token_source = token_volume
+        .projected
+        .as_ref()
+        .unwrap()
+        .sources
+        .as_ref()
+        .unwrap()[0]
+        .service_account_token
+        .clone()
+        .unwrap();
+    assert_eq!(
+        token_source.audience.as_deref(),
+        Some(callback_defaults.node_token_audience.as_str())
+    );
+    assert_eq!(
+        env(agent, "NODE_TOKEN_FILE").unwrap(),
+        format!("{}/{}", mount("node-token"), token_source.path)
+    );
+    let node_name = agent
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NODE_NAME")
+        .unwrap();
+    assert_eq!(
+        node_name
+            .value_from
+            .as_ref()
+            .unwrap()
+            .field_ref
+            .as_ref()
+            .unwrap()
+            .field_path,
+        "spec.nodeName"
+    );
+    assert_eq!(env(agent, "PEER_CHECK").as_deref(), Some("enforce"));
+
+    // Principals: the agents' service is what the jwt-service allows; ZTS is what the callback
+    // allows; the provider is the callback's service.
     let control_service = |spec: &k8s_openapi::api::core::v1::PodSpec| {
         env(&spec.init_containers.as_ref().unwrap()[0], "SERVICE").unwrap()
     };
-    assert_eq!(control_service(&agent_spec), "athenz-agent");
     let deployment = |name: &str| {
         o.deployments[name]
             .spec
@@ -542,6 +619,85 @@ fn every_environment_variable_is_read_by_its_binary() {
         assert!(
             all_help.contains(&format!("[env: {key}")),
             "no component reads {key}"
+        );
+    }
+}
+
+/// DESIGN.md 4.9, 6: no secret is shared between nodes. No file in deploy/ holds a private key,
+/// the agent mounts no Secret and no Secret named for the agent is referred to anywhere.
+#[test]
+fn no_file_holds_or_mounts_a_key_for_the_agent() {
+    let mut files = vec![
+        deploy_dir().join("kustomization.yaml"),
+        deploy_dir().join("Dockerfile"),
+    ];
+    files.extend(
+        std::fs::read_dir(deploy_dir().join("base"))
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    );
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        assert!(
+            !text.contains("PRIVATE KEY-----"),
+            "{} holds a private key",
+            file.display()
+        );
+        assert!(
+            !text.contains("athenz-agent-key"),
+            "{} refers to an agent key Secret",
+            file.display()
+        );
+    }
+    let o = objects();
+    let spec = o.daemon_sets["athenz-agent"]
+        .spec
+        .clone()
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    for volume in spec.volumes.iter().flatten() {
+        assert!(
+            volume.secret.is_none(),
+            "the agent mounts Secret volume {}",
+            volume.name
+        );
+        for source in volume
+            .projected
+            .iter()
+            .flat_map(|p| p.sources.iter().flatten())
+        {
+            assert!(
+                source.secret.is_none(),
+                "the agent projects a Secret in {}",
+                volume.name
+            );
+        }
+    }
+    for container in containers(&spec) {
+        for var in container.env.iter().flatten() {
+            assert!(
+                var.value_from
+                    .as_ref()
+                    .is_none_or(|f| f.secret_key_ref.is_none()),
+                "{} reads a Secret into {}",
+                container.name,
+                var.name
+            );
+            assert!(
+                !var.name.contains("KEY_FILE"),
+                "{}: {}",
+                container.name,
+                var.name
+            );
+        }
+        assert!(
+            container
+                .env_from
+                .iter()
+                .flatten()
+                .all(|e| e.secret_ref.is_none())
         );
     }
 }
