@@ -15,7 +15,6 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod bench;
-pub mod cgroups;
 pub mod crossnode;
 pub mod demo;
 pub mod identity;

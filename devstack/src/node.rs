@@ -208,7 +208,10 @@ pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()
         bail!("the driver did not unmount: {reply}");
     }
     if let Some(root) = &stack.pod_cgroup_root {
-        crate::cgroups::remove_tree(&crate::cgroups::pod_slice(root, &volume.uid));
+        athenz_testbed::cgroups::remove_tree(&athenz_testbed::cgroups::pod_slice(
+            root,
+            &volume.uid,
+        ));
     }
     std::fs::remove_dir(&volume.mount_dir)
         .with_context(|| format!("removing {}", volume.mount_dir.display()))
@@ -237,8 +240,10 @@ pub fn in_pod(stack: &StackInfo, uid: &str, argv: &[String]) -> anyhow::Result<V
     let (program, args) = argv.split_first().context("an empty argv")?;
     match &stack.pod_cgroup_root {
         Some(root) => {
-            let scope = crate::cgroups::container_scope(root, uid)?;
-            Ok(crate::cgroups::argv_in_cgroup(&scope, program, args))
+            let scope = athenz_testbed::cgroups::container_scope(root, uid)?;
+            Ok(athenz_testbed::cgroups::argv_in_cgroup(
+                &scope, program, args,
+            ))
         }
         None => Ok(argv.to_vec()),
     }

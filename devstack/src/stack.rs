@@ -312,7 +312,7 @@ impl Stack {
         let stack_json = state.join("stack.json");
         let _ = std::fs::remove_file(&stack_json);
         let node_count = options.nodes.max(1);
-        let pod_cgroup_root = crate::cgroups::create_root();
+        let pod_cgroup_root = athenz_testbed::cgroups::create_root();
         let peer_check = options.peer_check.unwrap_or(if pod_cgroup_root.is_some() {
             PeerCheck::Enforce
         } else {
@@ -640,7 +640,7 @@ impl Stack {
             p.stop().await;
         }
         if let Some(root) = &self.info.pod_cgroup_root {
-            crate::cgroups::remove_tree(root);
+            athenz_testbed::cgroups::remove_tree(root);
         }
     }
 }

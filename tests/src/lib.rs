@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`cgroups`] | kubelet-shaped pod cgroups for processes that play pods (the agent's peer check) |
 //! | [`dns`] | a DNS stand-in answering A/AAAA from a table |
 //! | [`fixtures`] | the sample pod every test talks about |
 //! | [`pki`] | root and intermediate CAs; service certificates for generated keys or CSRs |
@@ -15,6 +16,7 @@
 //! | [`stats`] | latency percentiles for benchmarks |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
+pub mod cgroups;
 pub mod dns;
 pub mod fixtures;
 pub mod kube_api;

@@ -4,13 +4,19 @@
 //! inside `<root>/kubepods-pod<uid_>.slice/cri-containerd-<id>.scope` (the systemd driver's
 //! shape), which is removed when the pod goes.
 
-use anyhow::Context;
 use std::path::{Path, PathBuf};
 
-/// A writable cgroup hierarchy: cgroup v2 where it is mounted, else the v1 `pids` controller.
-pub fn find_hierarchy() -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let mut v1_pids = None;
+fn create(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("creating {}: {e}", dir.display())))
+}
+
+/// The mount points of the cgroup v2 hierarchy and of the v1 `pids` controller, where mounted.
+pub fn hierarchies() -> (Option<PathBuf>, Option<PathBuf>) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return (None, None);
+    };
+    let (mut v2, mut v1_pids) = (None, None);
     for line in mountinfo.lines() {
         // <id> <parent> <maj:min> <root> <mount point> <options> [optional...] - <type> <source> <super options>
         let Some((left, right)) = line.split_once(" - ") else {
@@ -21,26 +27,28 @@ pub fn find_hierarchy() -> Option<PathBuf> {
         let fstype = right.next();
         let super_options = right.nth(1).unwrap_or("");
         match (fstype, mount_point) {
-            (Some("cgroup2"), Some(point)) => return Some(PathBuf::from(point)),
+            (Some("cgroup2"), Some(point)) => v2 = v2.or(Some(PathBuf::from(point))),
             (Some("cgroup"), Some(point)) if super_options.split(',').any(|o| o == "pids") => {
                 v1_pids = Some(PathBuf::from(point));
             }
             _ => {}
         }
     }
-    v1_pids
+    (v2, v1_pids)
 }
 
-/// Makes the stack's pod cgroup root, `<hierarchy>/athenz-devstack-<random>`, if this process
-/// may (root with a writable hierarchy); `None` otherwise.
-pub fn create_root() -> Option<PathBuf> {
-    let hierarchy = find_hierarchy()?;
-    let root = hierarchy.join(format!(
-        "athenz-devstack-{}",
-        athenz_core::random::hex_name::<6>()
-    ));
+/// A cgroup hierarchy to make pod cgroups in: cgroup v2 where it is mounted, else the v1 `pids`
+/// controller.
+pub fn find_hierarchy() -> Option<PathBuf> {
+    let (v2, v1_pids) = hierarchies();
+    v2.or(v1_pids)
+}
+
+/// Makes `<hierarchy>/athenz-<random>` if this process may move processes there (root with a
+/// writable hierarchy); `None` otherwise.
+pub fn create_root_in(hierarchy: &Path) -> Option<PathBuf> {
+    let root = hierarchy.join(format!("athenz-{}", athenz_core::random::hex_name::<6>()));
     std::fs::create_dir(&root).ok()?;
-    // a hierarchy we can make directories in but not move processes into is no use
     let probe = root.join("probe");
     let usable = std::fs::create_dir(&probe).is_ok()
         && probe.join("cgroup.procs").is_file()
@@ -54,18 +62,35 @@ pub fn create_root() -> Option<PathBuf> {
     }
 }
 
+/// Makes the stack's pod cgroup root, `<hierarchy>/athenz-<random>`, if this process may (root
+/// with a writable hierarchy); `None` otherwise.
+pub fn create_root() -> Option<PathBuf> {
+    create_root_in(&find_hierarchy()?)
+}
+
 /// The pod slice of pod `uid` under `root`: `kubepods-pod<uid with _>.slice`.
 pub fn pod_slice(root: &Path, uid: &str) -> PathBuf {
     root.join(format!("kubepods-pod{}.slice", uid.replace('-', "_")))
 }
 
+/// A container cgroup of pod `uid` in the cgroupfs driver's shape, under `root`:
+/// `<root>/kubepods/burstable/pod<uid>/<container id>` (created).
+pub fn cgroupfs_container(root: &Path, uid: &str) -> std::io::Result<PathBuf> {
+    let dir = root
+        .join("kubepods/burstable")
+        .join(format!("pod{uid}"))
+        .join(athenz_core::random::hex_name::<32>());
+    create(&dir)?;
+    Ok(dir)
+}
+
 /// A new container scope in pod `uid`'s slice (created, with the slice, if missing).
-pub fn container_scope(root: &Path, uid: &str) -> anyhow::Result<PathBuf> {
+pub fn container_scope(root: &Path, uid: &str) -> std::io::Result<PathBuf> {
     let scope = pod_slice(root, uid).join(format!(
         "cri-containerd-{}.scope",
         athenz_core::random::hex_name::<32>()
     ));
-    std::fs::create_dir_all(&scope).with_context(|| format!("creating {}", scope.display()))?;
+    create(&scope)?;
     Ok(scope)
 }
 
@@ -94,10 +119,14 @@ pub fn remove_tree(dir: &Path) {
             remove_tree(&entry.path());
         }
     }
-    if let (Ok(procs), Some(hierarchy)) = (
-        std::fs::read_to_string(dir.join("cgroup.procs")),
-        find_hierarchy(),
-    ) {
+    let (v2, v1_pids) = hierarchies();
+    let hierarchy = [v2, v1_pids]
+        .into_iter()
+        .flatten()
+        .find(|h| dir.starts_with(h));
+    if let (Ok(procs), Some(hierarchy)) =
+        (std::fs::read_to_string(dir.join("cgroup.procs")), hierarchy)
+    {
         for pid in procs.lines() {
             let _ = std::fs::write(hierarchy.join("cgroup.procs"), format!("{pid}\n"));
         }

@@ -1,0 +1,194 @@
+//! Peer binding on the agent socket (DESIGN.md 4.2), for real: as root, kubelet-shaped pod cgroups
+//! are made in this host's cgroup hierarchies (the systemd driver's
+//! `kubepods-burstable-pod<uid_>.slice/cri-containerd-<id>.scope` under cgroup v2 and the cgroupfs
+//! driver's `kubepods/burstable/pod<uid>/<id>` under v1 where it is mounted), the real
+//! `athenz-sia` is started inside one and asks the real agent; the same SIA outside the pod's
+//! cgroup, holding the volume id and the socket, is refused in `enforce` and let through, logged
+//! and counted, in `log`. The cgroups are removed afterwards.
+//!
+//! These tests need root and a writable cgroup hierarchy; without them they fail saying so
+//! (CI runs as root), never skip.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use athenz_core::peer::PeerCheck;
+use athenz_core::volume::VolumeId;
+use athenz_testbed::cgroups;
+use common::*;
+use std::path::{Path, PathBuf};
+
+const SIA: &str = env!("CARGO_BIN_EXE_athenz-sia");
+
+/// A cgroup root made for one test, removed (with everything below it) when dropped.
+struct CgroupRoot(PathBuf);
+
+impl CgroupRoot {
+    fn new(hierarchy: &Path) -> Self {
+        Self(cgroups::create_root_in(hierarchy).unwrap_or_else(|| {
+            panic!(
+                "cannot make cgroups under {}: these tests need root and a writable cgroup hierarchy",
+                hierarchy.display()
+            )
+        }))
+    }
+}
+
+impl Drop for CgroupRoot {
+    fn drop(&mut self) {
+        cgroups::remove_tree(&self.0);
+    }
+}
+
+fn v2() -> PathBuf {
+    cgroups::hierarchies()
+        .0
+        .expect("no cgroup v2 hierarchy is mounted (see /proc/self/mountinfo)")
+}
+
+/// A second agent on the node with `--peer-check=<mode>`, its own socket; returns its socket and
+/// metrics address.
+async fn agent_with(node: &Node, mode: PeerCheck) -> (PathBuf, std::net::SocketAddr) {
+    let dir = node.dir.path().join(format!("agent-{mode}"));
+    let mut config = node.agent_config.clone();
+    config.agent_dir = dir;
+    config.peer_check = mode;
+    let (bound, _) = athenz_identity_agent::start(config, node.shutdown.clone())
+        .await
+        .unwrap();
+    wait_ready(bound.ops).await;
+    (bound.socket, bound.ops)
+}
+
+/// `athenz-sia init` for volume `id` through `socket`, inside `cgroup` (or as this test's own
+/// process with `None`); returns success and stderr.
+async fn sia_init(
+    node: &Node,
+    socket: &Path,
+    id: &VolumeId,
+    out: &Path,
+    cgroup: Option<&Path>,
+) -> (bool, String) {
+    let paths = node.volumes.volume(id);
+    let argv = match cgroup {
+        Some(c) => cgroups::argv_in_cgroup(c, SIA, &["init".to_owned()]),
+        None => vec![SIA.to_owned(), "init".to_owned()],
+    };
+    let output = tokio::process::Command::new(&argv[0])
+        .args(&argv[1..])
+        .env("ID_FILE", &paths.id_file)
+        .env("ENDPOINT", socket)
+        .env("OUT_DIR", out)
+        .env("INIT_TIMEOUT", "10s")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .unwrap();
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforce_serves_the_pods_own_processes_and_refuses_every_other() {
+    let node = node("p256").await;
+    let (socket, ops) = agent_with(&node, PeerCheck::Enforce).await;
+    let root = CgroupRoot::new(&v2());
+    let pod = uid(1);
+    let other = uid(2);
+    let id = pod_with_volume(&node, "web-1", &pod, "10.1.2.1");
+    pod_with_volume(&node, "web-2", &other, "10.1.2.2");
+
+    // the pod's own process, systemd driver shape under cgroup v2: served
+    let own = cgroups::container_scope(&root.0, &pod).unwrap();
+    assert!(
+        std::fs::read_dir(own.parent().unwrap()).is_ok(),
+        "{}",
+        own.display()
+    );
+    let out = node.dir.path().join("out-own");
+    let (ok, stderr) = sia_init(&node, &socket, &id, &out, Some(&own)).await;
+    assert!(ok, "{stderr}");
+    assert!(out.join("service.cert.pem").exists());
+
+    // a process of another pod holding this volume's id and the socket: 403 naming both
+    let foreign = cgroups::container_scope(&root.0, &other).unwrap();
+    let (ok, stderr) = sia_init(
+        &node,
+        &socket,
+        &id,
+        &node.dir.path().join("out-foreign"),
+        Some(&foreign),
+    )
+    .await;
+    assert!(!ok);
+    assert!(stderr.contains("403"), "{stderr}");
+    assert!(stderr.contains(&other) && stderr.contains(&pod), "{stderr}");
+
+    // a host process in no pod at all (this test's own cgroup): 403, saying it is in no pod
+    let (ok, stderr) = sia_init(&node, &socket, &id, &node.dir.path().join("out-host"), None).await;
+    assert!(!ok);
+    assert!(stderr.contains("403"), "{stderr}");
+    assert!(stderr.contains("no pod's cgroup"), "{stderr}");
+
+    for outcome in ["match", "mismatch", "unknown"] {
+        let line =
+            format!(r#"athenz_agent_peer_checks_total{{outcome="{outcome}",mode="enforce"}}"#);
+        assert_eq!(metric(ops, &line).await, 1.0, "{outcome}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cgroupfs_drivers_shape_is_read_too() {
+    let node = node("p256").await;
+    let (socket, _) = agent_with(&node, PeerCheck::Enforce).await;
+    // the cgroupfs driver's path, under v1 where a pids hierarchy is mounted (hybrid hosts like
+    // this one), else under v2
+    let (v2, v1_pids) = cgroups::hierarchies();
+    let hierarchy = v1_pids.or(v2).expect("no cgroup hierarchy");
+    let root = CgroupRoot::new(&hierarchy);
+    let pod = uid(3);
+    let id = pod_with_volume(&node, "web-3", &pod, "10.1.2.3");
+    let container = cgroups::cgroupfs_container(&root.0, &pod).unwrap();
+    let (ok, stderr) = sia_init(
+        &node,
+        &socket,
+        &id,
+        &node.dir.path().join("out-3"),
+        Some(&container),
+    )
+    .await;
+    assert!(ok, "{} ({})", stderr, container.display());
+    // and a sibling pod's process under the same driver is refused
+    let other = cgroups::cgroupfs_container(&root.0, &uid(4)).unwrap();
+    let (ok, stderr) = sia_init(
+        &node,
+        &socket,
+        &id,
+        &node.dir.path().join("out-4"),
+        Some(&other),
+    )
+    .await;
+    assert!(!ok && stderr.contains("403"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_mode_lets_a_mismatch_through_and_counts_it() {
+    let node = node("p256").await;
+    let (socket, ops) = agent_with(&node, PeerCheck::Log).await;
+    let id = pod_with_volume(&node, "web-5", &uid(5), "10.1.2.5");
+    let out = node.dir.path().join("out-5");
+    let (ok, stderr) = sia_init(&node, &socket, &id, &out, None).await;
+    assert!(ok, "{stderr}");
+    assert!(out.join("service.cert.pem").exists());
+    assert_eq!(
+        metric(
+            ops,
+            r#"athenz_agent_peer_checks_total{outcome="unknown",mode="log"}"#
+        )
+        .await,
+        1.0
+    );
+}
