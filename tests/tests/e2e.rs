@@ -9,10 +9,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use athenz_core::crypto::{CertInfo, pem_certificates};
+use athenz_devstack::crossnode;
 use athenz_devstack::demo::count_volumes;
 use athenz_devstack::identity;
 use athenz_devstack::kube::{KubeClient, NewPod};
-use athenz_devstack::node::{self, PodVolume};
+use athenz_devstack::node::{self, NodeDirs, PodVolume};
 use athenz_devstack::stack::StackInfo;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -43,6 +44,11 @@ struct Devstack {
 
 impl Devstack {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// `athenz-devstack up` with `args` added.
+    fn start_with(args: &[&str]) -> Self {
         assert!(
             nix::unistd::geteuid().is_root(),
             "the end-to-end tests need root (they bind-mount volumes as kubelet's driver does)"
@@ -52,6 +58,7 @@ impl Devstack {
         let mut up = std::process::Command::new(devstack_binary())
             .args(["up", "--state-dir"])
             .arg(dir.path().join("state"))
+            .args(args)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
@@ -550,6 +557,36 @@ async fn stack_json_is_the_contract() {
         .unwrap();
     assert!(metrics.contains("athenz_agent_"), "{metrics}");
 
+    // nodes: the first is the node the fields above describe; its agent pod is in the API on it
+    assert_eq!(info.nodes.len(), 1);
+    let first = &info.nodes[0];
+    assert_eq!(first.name, info.node_name);
+    assert_eq!(first.agent.socket, info.agent.socket);
+    assert_eq!(first.agent.metrics_url, info.agent.metrics_url);
+    assert_eq!(first.volumes_dir, info.volumes_dir);
+    assert_eq!(first.credentials.cert, info.credentials.node.cert);
+    assert_eq!(first.kubelet.url, info.kubelet.url);
+    assert_eq!(info.node_attestation.audience, "athenz-node");
+    assert_eq!(first.agent.pod.namespace, info.node_attestation.namespace);
+    let pod: serde_json::Value = reqwest::get(format!(
+        "{}/api/v1/namespaces/{}/pods/{}",
+        info.kube_api.url, first.agent.pod.namespace, first.agent.pod.name
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(pod["metadata"]["uid"], first.agent.pod.uid);
+    assert_eq!(pod["spec"]["nodeName"], first.name);
+    assert_eq!(
+        pod["spec"]["serviceAccountName"],
+        info.node_attestation.service_account
+    );
+    // as root with a writable cgroup hierarchy, the stack enforces the peer check
+    assert_eq!(info.peer_check, athenz_core::peer::PeerCheck::Enforce);
+    assert!(info.pod_cgroup_root.as_ref().unwrap().is_dir());
+
     // Each credential as a client of the stack's mutual-TLS servers.
     let client = |who: &athenz_devstack::stack::Credential| {
         let mut pem = std::fs::read(&who.cert).unwrap();
@@ -588,4 +625,98 @@ async fn stack_json_is_the_contract() {
             who.cert.display()
         );
     }
+}
+
+/// DESIGN.md 4.9, 6: with two nodes, node 2 — through its agent's socket, or with its own
+/// certificate used directly against the jwt-service and ZTS — obtains no identity for a pod
+/// scheduled on node 1, nor refreshes one; a JWT node 1 asked for cannot serve a pod on node 2;
+/// and each node still serves its own pods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_obtains_identities_only_for_its_own_pods() {
+    let stack = Devstack::start_with(&["--nodes", "2"]);
+    let info = &stack.info;
+    assert_eq!(info.nodes.len(), 2);
+    let (n1, n2) = (&info.nodes[0], &info.nodes[1]);
+    assert_eq!(n1.name, info.node_name);
+    assert_ne!(n1.agent.socket, n2.agent.socket);
+    // each node's identity is its own: its node in the instance-id URI
+    for n in [n1, n2] {
+        let cert =
+            CertInfo::from_pem(&std::fs::read_to_string(&n.credentials.cert).unwrap()).unwrap();
+        assert_eq!(cert.common_name, info.node_attestation.principal);
+        assert!(
+            cert.uris.contains(&athenz_core::names::instance_id_uri(
+                &info.provider,
+                &n.name
+            )),
+            "{:?}",
+            cert.uris
+        );
+    }
+
+    // a pod on node 1, issued through node 1
+    let on_1 = stack.pod("media-sports", "web-n1", "10.1.0.81").await;
+    node::sia_init(info, &on_1).await.unwrap();
+    openssl_verifies(info, &on_1);
+
+    // each node serves its own: a pod on node 2 through node 2's driver and agent
+    let pod = NewPod {
+        namespace: "media-sports".into(),
+        name: "web-n2".into(),
+        service_account: "web".into(),
+        ip: "10.1.0.82".into(),
+    };
+    let uid = stack.kube.create_running_pod(&pod, &n2.name).await.unwrap();
+    let root_2 = stack.dir.path().join("kubelet-node-2");
+    let on_2 = node::mount_on(info, &NodeDirs::of(n2), &root_2, &pod, &uid)
+        .await
+        .unwrap();
+    node::sia_init(info, &on_2).await.unwrap();
+    assert_eq!(
+        openssl_verifies(info, &on_2).uris[1],
+        athenz_core::names::instance_id_uri(&info.provider, &uid)
+    );
+
+    // node 2's socket: node 1's pod's volume mounted on node 2 is refused by node 2's agent
+    let stolen_root = stack.dir.path().join("kubelet-node-2-stolen");
+    let stolen = node::mount_on(info, &NodeDirs::of(n2), &stolen_root, &on_1.pod, &on_1.uid)
+        .await
+        .unwrap();
+    let err = node::sia_init(info, &stolen).await.unwrap_err().to_string();
+    assert!(
+        err.contains("403") && err.contains("not on this node"),
+        "{err}"
+    );
+    node::unmount(info, &stolen).await.unwrap();
+
+    // node 2's certificate used directly: a JWT (naming node 2) and a registration → pod_node
+    let subject_1 = crossnode::subject_of(info, &on_1.pod, &on_1.uid).unwrap();
+    let refusal = crossnode::register_with_node_certificate(info, n2, &subject_1)
+        .await
+        .unwrap();
+    assert!(
+        refusal.contains("403") && refusal.contains("pod_node"),
+        "{refusal}"
+    );
+    // nor a refresh, even presenting the pod's own certificate and key
+    let refusal =
+        crossnode::refresh_with_node_certificate(info, n2, &subject_1, &on_1.credentials_dir)
+            .await
+            .unwrap();
+    assert!(
+        refusal.contains("403") && refusal.contains("pod_node"),
+        "{refusal}"
+    );
+    // a JWT node 1 asked for does not serve a pod on node 2
+    let subject_2 = crossnode::subject_of(info, &pod, &uid).unwrap();
+    let refusal = crossnode::register_with_node_certificate(info, n1, &subject_2)
+        .await
+        .unwrap();
+    assert!(refusal.contains("pod_node"), "{refusal}");
+
+    // and the pods' own refreshes still work, each through its node
+    refresh_directly(info, &on_1).await.unwrap();
+    refresh_directly(info, &on_2).await.unwrap();
+    node::unmount(info, &on_1).await.unwrap();
+    node::unmount(info, &on_2).await.unwrap();
 }
