@@ -1,0 +1,190 @@
+//! The agent's own node identity (DESIGN.md 4.9) against the dev ZTS, the real callback and the
+//! API stand-in's token review: registered with the pod's token, refreshed with the current
+//! certificate and the token file as it is *now* (the kubelet rotates it), not ready until it
+//! holds one, serving on while ZTS is away, and resumed from the kept pair after a restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use athenz_core::http::Readiness;
+use athenz_core::refresh::{Backoff, RefreshPolicy};
+use athenz_core::zts::{ZtsClient, ZtsClientConfig};
+use athenz_identity_agent::node_identity::{NodeIdentity, NodeIdentitySettings};
+use athenz_testbed::fixtures::{AGENT_NAMESPACE, AGENT_PRINCIPAL, PROVIDER};
+use common::*;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn identity(node: &Node, token_file: &Path, keep_dir: Option<&Path>) -> (NodeIdentity, Readiness) {
+    identity_as(node, AGENT_PRINCIPAL, token_file, keep_dir)
+}
+
+/// The node identity of `principal` on this node, through the ZTS proxy.
+fn identity_as(
+    node: &Node,
+    principal: &str,
+    token_file: &Path,
+    keep_dir: Option<&Path>,
+) -> (NodeIdentity, Readiness) {
+    let zts = ZtsClient::new(ZtsClientConfig {
+        url: format!("https://127.0.0.1:{}/zts/v1", node.zts_proxy.addr.port()),
+        ca_certs: athenz_core::crypto::pem_certificates(node.zts.root_pem()).unwrap(),
+        timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(2),
+    })
+    .unwrap();
+    let readiness = Readiness::default();
+    readiness.set(true);
+    let identity = NodeIdentity::new(
+        NodeIdentitySettings {
+            principal: principal.into(),
+            provider: PROVIDER.into(),
+            dns_suffix: athenz_testbed::fixtures::DNS_SUFFIX.into(),
+            node_name: NODE.into(),
+            token_file: token_file.to_owned(),
+            keep_dir: keep_dir.map(Path::to_owned),
+            policy: RefreshPolicy::default(),
+            backoff: Backoff::default(),
+        },
+        zts,
+        readiness.clone(),
+        &mut prometheus_client::registry::Registry::default(),
+    )
+    .unwrap();
+    (identity, readiness)
+}
+
+/// A fresh token of this node's agent pod, as the kubelet writes it.
+fn mint(node: &Node) -> String {
+    node.kube
+        .cluster()
+        .mint_token(
+            AGENT_NAMESPACE,
+            "athenz-agent",
+            &agent_pod_name(),
+            None,
+            &["athenz-node".to_owned()],
+            None,
+        )
+        .unwrap()
+        .token
+}
+
+fn agent_pod_name() -> String {
+    format!("athenz-agent-{NODE}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_then_refreshes_with_the_token_as_it_is_now() {
+    let node = node("p256").await;
+    let token_file = node.dir.path().join("token-a");
+    std::fs::write(&token_file, mint(&node)).unwrap();
+    let (id, readiness) = identity(&node, &token_file, None);
+    // not ready (and no client certificate) until it holds one
+    assert!(!readiness.is_ready());
+    assert!(!id.is_valid());
+    id.renew_once().await.unwrap();
+    assert!(readiness.is_ready() && id.is_valid());
+    let first = node
+        .zts
+        .instance(&athenz_testbed::zts::instances::InstanceKey {
+            provider: PROVIDER.into(),
+            domain: "k8s.admin".into(),
+            service: "athenz-agent".into(),
+            instance_id: NODE.into(),
+        })
+        .unwrap()
+        .current_serial;
+
+    // the kubelet "rotates" the file to something the API server will not authenticate: the
+    // refresh reads it and is refused (the old certificate keeps serving)
+    std::fs::write(&token_file, "not.a.token").unwrap();
+    let err = id.renew_once().await.unwrap_err().to_string();
+    assert!(err.contains("node_token"), "{err}");
+    assert!(id.is_valid() && readiness.is_ready());
+    // a good rotated token: refreshed with the current certificate (a new serial)
+    std::fs::write(&token_file, mint(&node)).unwrap();
+    id.renew_once().await.unwrap();
+    let second = node
+        .zts
+        .instance(&athenz_testbed::zts::instances::InstanceKey {
+            provider: PROVIDER.into(),
+            domain: "k8s.admin".into(),
+            service: "athenz-agent".into(),
+            instance_id: NODE.into(),
+        })
+        .unwrap();
+    assert_ne!(second.current_serial, first);
+    assert_eq!(second.previous_serial.as_deref(), Some(first.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_on_while_zts_is_away_and_resumes_from_the_kept_pair() {
+    let node = node("p256").await;
+    let keep = node.dir.path().join("kept");
+    let token_file = node.dir.path().join("token-b");
+    std::fs::write(&token_file, mint(&node)).unwrap();
+    let (id, readiness) = identity(&node, &token_file, Some(&keep));
+    id.renew_once().await.unwrap();
+    let mode = |f: &str| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(keep.join(f))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("node.key.pem"), 0o600);
+    assert_eq!(mode("node.cert.pem"), 0o600);
+
+    // ZTS away: renewals fail, the valid certificate keeps serving, readiness holds
+    node.zts_proxy.down.store(true, Ordering::SeqCst);
+    assert!(id.renew_once().await.is_err());
+    assert!(id.is_valid() && readiness.is_ready());
+
+    // a restarted agent, ZTS still away: the kept pair serves at once
+    let (restarted, readiness) = identity(&node, &token_file, Some(&keep));
+    assert!(!readiness.is_ready());
+    assert!(restarted.load_kept());
+    assert!(restarted.is_valid() && readiness.is_ready());
+    // a kept pair that is not this identity's (another principal) is not used
+    let (other, _) = identity_as(&node, "k8s.admin.other-agent", &token_file, Some(&keep));
+    assert!(!other.load_kept());
+    node.zts_proxy.down.store(false, Ordering::SeqCst);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_not_ready_until_zts_answers() {
+    let node = node("p256").await;
+    node.zts_proxy.down.store(true, Ordering::SeqCst);
+    let mut config = node.agent_config.clone();
+    config.agent_dir = node.dir.path().join("agent-late");
+    let (bound, _) = athenz_identity_agent::start(config, node.shutdown.clone())
+        .await
+        .unwrap();
+    let ready = || async {
+        reqwest::get(format!("http://{}/readyz", bound.ops))
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(ready().await, 503);
+    // a pod asking meanwhile is told to come back (503), not refused
+    let id = pod_with_volume(&node, "web-40", &uid(40), "10.1.2.40");
+    let err =
+        athenz_sia::client::AgentClient::new(bound.socket.clone(), id, Duration::from_secs(10))
+            .init()
+            .await
+            .unwrap_err()
+            .to_string();
+    assert!(
+        err.contains("503") && err.contains("node identity"),
+        "{err}"
+    );
+    node.zts_proxy.down.store(false, Ordering::SeqCst);
+    wait_ready(bound.ops).await;
+}
