@@ -685,6 +685,21 @@ async fn public_keys_are_reloaded() {
     }
 }
 
+/// The sample pod's JWT from the jwt-service on `port`, asked by node `node`'s agent.
+async fn jwt_as(f: &Fixture, node: &str, port: u16) -> serde_json::Value {
+    f.node_client(node)
+        .post(format!("https://127.0.0.1:{port}/v1/jwt"))
+        .json(&serde_json::json!({"subject": {
+            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
+            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     let f = start().await;
@@ -733,18 +748,7 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
     // the agent's part: get a JWT as node-1, then register with ZTS
-    let jwt: serde_json::Value = f
-        .node_client("node-1")
-        .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
-        .json(&serde_json::json!({"subject": {
-            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
-            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let jwt: serde_json::Value = jwt_as(&f, "node-1", jwt_bound.api.port()).await;
     let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
     let zts = ZtsClient::new(ZtsClientConfig {
         url: f.zts.url().into(),
@@ -774,18 +778,7 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     let err = zts.register(&info).await.unwrap_err();
     assert!(err.to_string().contains("jti"), "{err}");
     // another node's agent cannot get this pod's identity: its JWT names node-2
-    let elsewhere: serde_json::Value = f
-        .node_client("node-2")
-        .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
-        .json(&serde_json::json!({"subject": {
-            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
-            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let elsewhere: serde_json::Value = jwt_as(&f, "node-2", jwt_bound.api.port()).await;
     let err = zts
         .register(&InstanceRegisterInformation {
             attestation_data: Secret::new(elsewhere["jwt"].as_str().unwrap()),
@@ -798,18 +791,7 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     assert!(err.to_string().contains("pod_node"), "{err}");
     // a deleted pod is refused
     f.kube.cluster().delete_pod(NAMESPACE, POD_NAME);
-    let fresh: serde_json::Value = f
-        .node_client("node-1")
-        .post(format!("https://127.0.0.1:{}/v1/jwt", jwt_bound.api.port()))
-        .json(&serde_json::json!({"subject": {
-            "namespace": NAMESPACE, "name": POD_NAME, "uid": POD_UID,
-            "domain": DOMAIN, "service": SERVICE, "ip": fixtures::POD_IP.to_string()}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let fresh: serde_json::Value = jwt_as(&f, "node-1", jwt_bound.api.port()).await;
     let err = zts
         .register(&InstanceRegisterInformation {
             attestation_data: Secret::new(fresh["jwt"].as_str().unwrap()),

@@ -18,6 +18,7 @@ use athenz_core::zts::{
 use athenz_testbed::fixtures::{
     self, AGENT_NAMESPACE, AGENT_PRINCIPAL, AGENT_SERVICE_ACCOUNT, NODE_TOKEN_AUDIENCE, PROVIDER,
 };
+use athenz_testbed::kube_api::tokens::BoundTokenRequest;
 use athenz_testbed::kube_api::{KubeApi, mark_terminating, running_pod};
 use athenz_testbed::pki::LeafSpec;
 use athenz_testbed::zts::registry::ProviderEntry;
@@ -142,14 +143,14 @@ impl Fixture {
     fn mint(&self, pod: &str, account: &str, audience: &str) -> String {
         self.kube
             .cluster()
-            .mint_token(
-                AGENT_NAMESPACE,
+            .mint_token(&BoundTokenRequest {
+                namespace: AGENT_NAMESPACE,
                 account,
-                pod,
-                None,
-                &[audience.to_owned()],
-                None,
-            )
+                pod_name: pod,
+                pod_uid: None,
+                audiences: &[audience.to_owned()],
+                expiration_secs: None,
+            })
             .unwrap()
             .token
     }
@@ -252,12 +253,14 @@ async fn every_wrong_attestation_is_refused_with_its_reason() {
     let expired = cluster
         .mint_token_at(
             time::OffsetDateTime::now_utc().unix_timestamp() - 7200,
-            AGENT_NAMESPACE,
-            AGENT_SERVICE_ACCOUNT,
-            &agent_name,
-            None,
-            &[NODE_TOKEN_AUDIENCE.to_owned()],
-            Some(3600),
+            &BoundTokenRequest {
+                namespace: AGENT_NAMESPACE,
+                account: AGENT_SERVICE_ACCOUNT,
+                pod_name: &agent_name,
+                pod_uid: None,
+                audiences: &[NODE_TOKEN_AUDIENCE.to_owned()],
+                expiration_secs: Some(3600),
+            },
         )
         .unwrap()
         .token;

@@ -57,14 +57,14 @@ fn write_agent_token(
     path: &Path,
 ) -> anyhow::Result<()> {
     let minted = cluster
-        .mint_token(
-            &pod.namespace,
-            athenz_testbed::fixtures::AGENT_SERVICE_ACCOUNT,
-            &pod.name,
-            Some(&pod.uid),
-            &[athenz_testbed::fixtures::NODE_TOKEN_AUDIENCE.to_owned()],
-            None,
-        )
+        .mint_token(&athenz_testbed::kube_api::tokens::BoundTokenRequest {
+            namespace: &pod.namespace,
+            account: athenz_testbed::fixtures::AGENT_SERVICE_ACCOUNT,
+            pod_name: &pod.name,
+            pod_uid: Some(&pod.uid),
+            audiences: &[athenz_testbed::fixtures::NODE_TOKEN_AUDIENCE.to_owned()],
+            expiration_secs: None,
+        })
         .map_err(|e| anyhow::anyhow!("minting {}'s token: {}", pod.name, e.2))?;
     athenz_core::volume::write_file_atomic(path, minted.token.as_bytes(), 0o600)
         .with_context(|| format!("writing {}", path.display()))

@@ -12,6 +12,7 @@ use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::zts::{ZtsClient, ZtsClientConfig};
 use athenz_identity_agent::node_identity::{NodeIdentity, NodeIdentitySettings};
 use athenz_testbed::fixtures::{AGENT_NAMESPACE, AGENT_PRINCIPAL, PROVIDER};
+use athenz_testbed::kube_api::tokens::BoundTokenRequest;
 use common::*;
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -60,16 +61,28 @@ fn identity_as(
 fn mint(node: &Node) -> String {
     node.kube
         .cluster()
-        .mint_token(
-            AGENT_NAMESPACE,
-            "athenz-agent",
-            &agent_pod_name(),
-            None,
-            &["athenz-node".to_owned()],
-            None,
-        )
+        .mint_token(&BoundTokenRequest {
+            namespace: AGENT_NAMESPACE,
+            account: "athenz-agent",
+            pod_name: &agent_pod_name(),
+            pod_uid: None,
+            audiences: &["athenz-node".to_owned()],
+            expiration_secs: None,
+        })
         .unwrap()
         .token
+}
+
+/// What ZTS records of this node's agent instance.
+fn node_record(node: &Node) -> athenz_testbed::zts::instances::InstanceRecord {
+    node.zts
+        .instance(&athenz_testbed::zts::instances::InstanceKey {
+            provider: PROVIDER.into(),
+            domain: "k8s.admin".into(),
+            service: "athenz-agent".into(),
+            instance_id: NODE.into(),
+        })
+        .unwrap()
 }
 
 fn agent_pod_name() -> String {
@@ -87,16 +100,7 @@ async fn registers_then_refreshes_with_the_token_as_it_is_now() {
     assert!(!id.is_valid());
     id.renew_once().await.unwrap();
     assert!(readiness.is_ready() && id.is_valid());
-    let first = node
-        .zts
-        .instance(&athenz_testbed::zts::instances::InstanceKey {
-            provider: PROVIDER.into(),
-            domain: "k8s.admin".into(),
-            service: "athenz-agent".into(),
-            instance_id: NODE.into(),
-        })
-        .unwrap()
-        .current_serial;
+    let first = node_record(&node).current_serial;
 
     // the kubelet "rotates" the file to something the API server will not authenticate: the
     // refresh reads it and is refused (the old certificate keeps serving)
@@ -107,15 +111,7 @@ async fn registers_then_refreshes_with_the_token_as_it_is_now() {
     // a good rotated token: refreshed with the current certificate (a new serial)
     std::fs::write(&token_file, mint(&node)).unwrap();
     id.renew_once().await.unwrap();
-    let second = node
-        .zts
-        .instance(&athenz_testbed::zts::instances::InstanceKey {
-            provider: PROVIDER.into(),
-            domain: "k8s.admin".into(),
-            service: "athenz-agent".into(),
-            instance_id: NODE.into(),
-        })
-        .unwrap();
+    let second = node_record(&node);
     assert_ne!(second.current_serial, first);
     assert_eq!(second.previous_serial.as_deref(), Some(first.as_str()));
 }

@@ -219,14 +219,14 @@ impl Cluster {
         }
         let pod = node_agent_pod(node);
         self.put_pod(pod.clone());
-        let token = self.mint_token(
-            AGENT_NAMESPACE,
-            AGENT_SERVICE_ACCOUNT,
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            pod.metadata.uid.as_deref(),
-            &[NODE_TOKEN_AUDIENCE.to_owned()],
-            Some(tokens::DEFAULT_EXPIRATION_SECS),
-        )?;
+        let token = self.mint_token(&tokens::BoundTokenRequest {
+            namespace: AGENT_NAMESPACE,
+            account: AGENT_SERVICE_ACCOUNT,
+            pod_name: pod.metadata.name.as_deref().unwrap_or_default(),
+            pod_uid: pod.metadata.uid.as_deref(),
+            audiences: &[NODE_TOKEN_AUDIENCE.to_owned()],
+            expiration_secs: None,
+        })?;
         Ok((pod, token))
     }
 }

@@ -88,6 +88,32 @@ pub struct TokenClaims {
     pub sub: String,
 }
 
+/// A `TokenRequest` for a token bound to a pod.
+#[derive(Debug, Clone, Copy)]
+pub struct BoundTokenRequest<'a> {
+    /// The service account's namespace (the pod's).
+    pub namespace: &'a str,
+    /// The service account.
+    pub account: &'a str,
+    /// The pod the token is bound to.
+    pub pod_name: &'a str,
+    /// Its uid, when the request names one (a mismatch is refused).
+    pub pod_uid: Option<&'a str>,
+    /// Audiences; none means the API server's own (its issuer).
+    pub audiences: &'a [String],
+    /// Lifetime; none means an hour.
+    pub expiration_secs: Option<i64>,
+}
+
+/// The audiences a token is for: those asked, or the API server's own when none are.
+fn audiences_or_issuer(audiences: &[String]) -> Vec<String> {
+    if audiences.is_empty() {
+        vec![ISSUER.to_owned()]
+    } else {
+        audiences.to_vec()
+    }
+}
+
 /// Why a token could not be minted: HTTP status, Kubernetes reason, message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRequestRefused(pub StatusCode, pub &'static str, pub String);
@@ -138,42 +164,29 @@ pub(super) fn uuid_v4() -> String {
 }
 
 impl Cluster {
-    /// Mints a token for service account `namespace/account` bound to pod `pod` (with `uid`
-    /// when given), as `TokenRequest` does.
+    /// Mints a token as `TokenRequest` does.
     pub fn mint_token(
         &self,
-        namespace: &str,
-        account: &str,
-        pod_name: &str,
-        pod_uid: Option<&str>,
-        audiences: &[String],
-        expiration_secs: Option<i64>,
+        request: &BoundTokenRequest<'_>,
     ) -> Result<MintedToken, TokenRequestRefused> {
-        let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        self.mint_token_at(
-            now,
+        self.mint_token_at(time::OffsetDateTime::now_utc().unix_timestamp(), request)
+    }
+
+    /// [`Self::mint_token`] as if it were `issued_at` (Unix seconds): a test's way to hold a token
+    /// that has already expired.
+    pub fn mint_token_at(
+        &self,
+        issued_at: i64,
+        request: &BoundTokenRequest<'_>,
+    ) -> Result<MintedToken, TokenRequestRefused> {
+        let BoundTokenRequest {
             namespace,
             account,
             pod_name,
             pod_uid,
             audiences,
             expiration_secs,
-        )
-    }
-
-    /// [`Self::mint_token`] as if it were `issued_at` (Unix seconds): a test's way to hold a token
-    /// that has already expired.
-    #[allow(clippy::too_many_arguments)]
-    pub fn mint_token_at(
-        &self,
-        issued_at: i64,
-        namespace: &str,
-        account: &str,
-        pod_name: &str,
-        pod_uid: Option<&str>,
-        audiences: &[String],
-        expiration_secs: Option<i64>,
-    ) -> Result<MintedToken, TokenRequestRefused> {
+        } = *request;
         let expiration = expiration_secs.unwrap_or(DEFAULT_EXPIRATION_SECS);
         if expiration < MIN_EXPIRATION_SECS {
             return Err(TokenRequestRefused(
@@ -227,11 +240,7 @@ impl Cluster {
             });
         let now = issued_at;
         let claims = TokenClaims {
-            aud: if audiences.is_empty() {
-                vec![ISSUER.to_owned()]
-            } else {
-                audiences.to_vec()
-            },
+            aud: audiences_or_issuer(audiences),
             exp: now + expiration,
             iat: now,
             iss: ISSUER.to_owned(),
@@ -279,11 +288,7 @@ impl Cluster {
         let claims = jsonwebtoken::decode::<TokenClaims>(token, &self.tokens.decoding, &validation)
             .map_err(|e| format!("[invalid bearer token, {e}]"))?
             .claims;
-        let wanted: Vec<String> = if audiences.is_empty() {
-            vec![ISSUER.to_owned()]
-        } else {
-            audiences.to_vec()
-        };
+        let wanted = audiences_or_issuer(audiences);
         if !claims.aud.iter().any(|a| wanted.contains(a)) {
             return Err(
                 "[invalid bearer token, token audiences [..] is invalid for the target audiences]"
@@ -371,14 +376,14 @@ pub(super) fn token_request(
         );
     }
     let name = bound.name.unwrap_or_default();
-    match cluster.mint_token(
+    match cluster.mint_token(&BoundTokenRequest {
         namespace,
         account,
-        &name,
-        bound.uid.as_deref(),
-        &request.spec.audiences,
-        request.spec.expiration_seconds,
-    ) {
+        pod_name: &name,
+        pod_uid: bound.uid.as_deref(),
+        audiences: &request.spec.audiences,
+        expiration_secs: request.spec.expiration_seconds,
+    }) {
         Ok(minted) => {
             let expiry = time::OffsetDateTime::from_unix_timestamp(minted.expires)
                 .ok()
@@ -394,7 +399,7 @@ pub(super) fn token_request(
                     "apiVersion": "authentication.k8s.io/v1",
                     "metadata": {"name": account, "namespace": namespace, "creationTimestamp": null},
                     "spec": {
-                        "audiences": if request.spec.audiences.is_empty() { vec![ISSUER.to_owned()] } else { request.spec.audiences.clone() },
+                        "audiences": audiences_or_issuer(&request.spec.audiences),
                         "expirationSeconds": request.spec.expiration_seconds.unwrap_or(DEFAULT_EXPIRATION_SECS),
                         "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": name, "uid": bound.uid},
                     },
@@ -459,11 +464,7 @@ pub(super) fn token_review(cluster: &Cluster, body: &[u8]) -> Response<Body> {
                 "authentication.kubernetes.io/pod-uid".into(),
                 serde_json::json!([k.pod.uid]),
             );
-            let wanted = if review.spec.audiences.is_empty() {
-                vec![ISSUER.to_owned()]
-            } else {
-                review.spec.audiences.clone()
-            };
+            let wanted = audiences_or_issuer(&review.spec.audiences);
             let audiences: Vec<&String> =
                 claims.aud.iter().filter(|a| wanted.contains(a)).collect();
             serde_json::json!({
