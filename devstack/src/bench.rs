@@ -63,6 +63,8 @@ pub struct BenchReport {
     pub concurrency: usize,
     /// Key type.
     pub key: String,
+    /// The agents' peer check.
+    pub peer_check: athenz_core::peer::PeerCheck,
     /// Mount → files written, ms.
     pub latency_ms: Latency,
     /// From the first mount to the last files written, seconds.
@@ -236,6 +238,7 @@ async fn measure(
         pods: options.pods,
         concurrency: options.concurrency,
         key: options.key.clone(),
+        peer_check: info.peer_check,
         latency_ms: Latency {
             p50: ms(percentile(&latencies, 0.5)),
             p90: ms(percentile(&latencies, 0.9)),
@@ -246,7 +249,17 @@ async fn measure(
         throughput_per_second: options.pods as f64 / wall.as_secs_f64(),
         processes,
         short_lived: ProcessReport {
-            name: format!("driver + sia ({} processes)", options.pods * 2),
+            // with pod cgroups each SIA starts as `sh -c 'echo $$ > cgroup.procs; exec sia'` (a
+            // container runtime places it without that shell): its cost is counted here
+            name: format!(
+                "driver + sia ({} processes{})",
+                options.pods * 2,
+                if info.pod_cgroup_root.is_some() {
+                    ", sia joins its pod cgroup via sh"
+                } else {
+                    ""
+                }
+            ),
             cpu_seconds: children_cpu,
             peak_rss_mib: None,
         },
@@ -345,8 +358,8 @@ pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
 pub fn print_human(report: &BenchReport) {
     let l = &report.latency_ms;
     println!(
-        "{} pods, concurrency {}, {} keys",
-        report.pods, report.concurrency, report.key
+        "{} pods, concurrency {}, {} keys, peer check {}",
+        report.pods, report.concurrency, report.key, report.peer_check
     );
     println!(
         "latency mount -> files written: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
