@@ -206,9 +206,12 @@ impl NodeIdentity {
         let mut text = String::new();
         std::fs::File::open(path)
             .map_err(|e| err(e.to_string()))?
-            .take(MAX_TOKEN_FILE)
+            .take(MAX_TOKEN_FILE + 1)
             .read_to_string(&mut text)
             .map_err(|e| err(e.to_string()))?;
+        if text.len() as u64 > MAX_TOKEN_FILE {
+            return Err(err(format!("over {MAX_TOKEN_FILE} bytes")));
+        }
         let token = text.trim();
         if token.is_empty() {
             return Err(err("empty".into()));

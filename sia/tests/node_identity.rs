@@ -108,6 +108,19 @@ async fn registers_then_refreshes_with_the_token_as_it_is_now() {
     let err = id.renew_once().await.unwrap_err().to_string();
     assert!(err.contains("node_token"), "{err}");
     assert!(id.is_valid() && readiness.is_ready());
+    // an empty, an oversized and a missing token file: refused before anything is sent, named
+    for (content, why) in [
+        (Some(String::new()), "empty"),
+        (Some("a".repeat(20_000)), "over"),
+        (None, "No such file"),
+    ] {
+        match content {
+            Some(text) => std::fs::write(&token_file, text).unwrap(),
+            None => std::fs::remove_file(&token_file).unwrap(),
+        }
+        let err = id.renew_once().await.unwrap_err().to_string();
+        assert!(err.contains("node token") && err.contains(why), "{err}");
+    }
     // a good rotated token: refreshed with the current certificate (a new serial)
     std::fs::write(&token_file, mint(&node)).unwrap();
     id.renew_once().await.unwrap();
