@@ -432,6 +432,26 @@ mod tests {
                 ),
             ),
             (
+                "containerd, cgroupfs driver, v1",
+                format!(
+                    "12:pids:/kubepods/besteffort/pod{UID}/{CID}\n3:cpuset:/kubepods/besteffort/pod{UID}/{CID}\n1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}\n"
+                ),
+            ),
+            (
+                "CRI-O, cgroupfs driver, v2",
+                format!("0::/kubepods/besteffort/pod{UID}/crio-{CID}\n"),
+            ),
+            (
+                "Docker (cri-dockerd), systemd driver, v2",
+                format!(
+                    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/docker-{CID}.scope\n"
+                ),
+            ),
+            (
+                "Docker (cri-dockerd), cgroupfs driver, v2",
+                format!("0::/kubepods/burstable/pod{UID}/{CID}\n"),
+            ),
+            (
                 "hybrid host: the 0:: line carries no pod, the v1 lines do",
                 format!(
                     "4:memory:/kubepods/besteffort/pod{UID}/{CID}\n1:name=systemd:/kubepods/besteffort/pod{UID}/{CID}\n0::/\n"
