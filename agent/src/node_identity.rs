@@ -75,12 +75,30 @@ pub struct NodeIdentitySettings {
     pub backoff: Backoff,
 }
 
-/// A pair the agent holds.
+/// A pair the agent holds, with its TLS form made once (presented to the jwt-service, and to
+/// ZTS when refreshing).
 struct Held {
     key: PrivateKey,
     /// Leaf, then chain.
     cert_pem: String,
     info: CertInfo,
+    certified: Arc<tls::CertifiedKey>,
+}
+
+impl Held {
+    fn new(key: PrivateKey, cert_pem: String, info: CertInfo) -> Result<Self, NodeIdentityError> {
+        let key_pem = key
+            .to_pkcs8_pem()
+            .map_err(|e| NodeIdentityError::Local(e.to_string()))?;
+        let certified = tls::certified_key_from_pem(&cert_pem, key_pem.expose())
+            .map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
+        Ok(Self {
+            key,
+            cert_pem,
+            info,
+            certified,
+        })
+    }
 }
 
 /// The node's identity and the task that keeps it.
@@ -176,16 +194,17 @@ impl NodeIdentity {
             .clone()
     }
 
-    fn install(&self, held: Held) -> Result<(), NodeIdentityError> {
-        let certified = tls::certified_key_from_pem(
-            &held.cert_pem,
-            held.key
-                .to_pkcs8_pem()
-                .map_err(|e| NodeIdentityError::Local(e.to_string()))?
-                .expose(),
-        )
-        .map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
-        self.tls.set(certified);
+    /// Whether `info` names this node's identity (principal and instance-id URI).
+    fn is_this_node(&self, info: &CertInfo) -> bool {
+        info.common_name == self.settings.principal
+            && info.uris.contains(&athenz_core::names::instance_id_uri(
+                &self.settings.provider,
+                &self.settings.node_name,
+            ))
+    }
+
+    fn install(&self, held: Held) {
+        self.tls.set(Arc::clone(&held.certified));
         self.expiry.set(held.info.not_after.unix_timestamp());
         self.readiness
             .set(held.info.is_valid_at(OffsetDateTime::now_utc()));
@@ -193,7 +212,6 @@ impl NodeIdentity {
             .held
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(held));
-        Ok(())
     }
 
     fn read_token(&self) -> Result<Secret, NodeIdentityError> {
@@ -243,12 +261,7 @@ impl NodeIdentity {
                 "the certificate is not for the key sent".into(),
             ));
         }
-        if info.common_name != self.settings.principal
-            || !info.uris.contains(&athenz_core::names::instance_id_uri(
-                &self.settings.provider,
-                &self.settings.node_name,
-            ))
-        {
+        if !self.is_this_node(&info) {
             return Err(NodeIdentityError::Answer(
                 "the certificate is not this node's identity".into(),
             ));
@@ -256,11 +269,7 @@ impl NodeIdentity {
         let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
         let cert_pem =
             leaf_with_chain(leaf, &signer).map_err(|e| NodeIdentityError::Answer(e.to_string()))?;
-        Ok(Held {
-            key,
-            cert_pem,
-            info,
-        })
+        Held::new(key, cert_pem, info)
     }
 
     /// A new registration: a fresh key, the token as attestation.
@@ -285,15 +294,6 @@ impl NodeIdentity {
     async fn refresh(&self, current: &Held) -> Result<Held, NodeIdentityError> {
         let token = self.read_token()?;
         let (key, csr) = self.new_key_and_csr()?;
-        let presented = tls::certified_key_from_pem(
-            &current.cert_pem,
-            current
-                .key
-                .to_pkcs8_pem()
-                .map_err(|e| NodeIdentityError::Local(e.to_string()))?
-                .expose(),
-        )
-        .map_err(|e| NodeIdentityError::Local(e.to_string()))?;
         let identity = self
             .zts
             .refresh_instance(
@@ -308,7 +308,7 @@ impl NodeIdentity {
                     csr: Some(csr),
                     ..Default::default()
                 },
-                ClientIdentity::Fixed(presented),
+                ClientIdentity::Fixed(Arc::clone(&current.certified)),
             )
             .await?;
         self.accept(key, &identity)
@@ -343,7 +343,8 @@ impl NodeIdentity {
                     "node identity obtained"
                 );
                 self.keep(&held);
-                self.install(held)
+                self.install(held);
+                Ok(())
             }
             Err(e) => {
                 self.count(
@@ -413,25 +414,18 @@ impl NodeIdentity {
             .map_err(|e| e.to_string())
             .and_then(|key| {
                 let info = CertInfo::from_pem(&cert_pem).map_err(|e| e.to_string())?;
-                let ours = info.common_name == self.settings.principal
-                    && info.uris.contains(&athenz_core::names::instance_id_uri(
-                        &self.settings.provider,
-                        &self.settings.node_name,
-                    ))
+                let ours = self.is_this_node(&info)
                     && key_matches_cert(&key, &info)
                     && info.is_valid_at(OffsetDateTime::now_utc());
                 if ours {
-                    Ok(Held {
-                        key,
-                        cert_pem,
-                        info,
-                    })
+                    Held::new(key, cert_pem, info).map_err(|e| e.to_string())
                 } else {
                     Err("not this node's valid identity".to_owned())
                 }
             });
-        match loaded.and_then(|held| self.install(held).map_err(|e| e.to_string())) {
-            Ok(()) => {
+        match loaded {
+            Ok(held) => {
+                self.install(held);
                 tracing::info!(dir = %dir.display(), "serving the kept node identity");
                 true
             }

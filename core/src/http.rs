@@ -138,6 +138,9 @@ pub struct ConnInfo {
     pub principal: Option<String>,
     /// The client's leaf certificate (DER), on TLS connections where it presented one.
     pub peer_certificate: Option<rustls_pki_types::CertificateDer<'static>>,
+    /// The URI SANs of that certificate (e.g. a node agent's `athenz://instanceid/...`), read
+    /// once per connection.
+    pub peer_uris: Vec<String>,
     /// On Unix sockets: the connecting process, pinned at accept so its pid cannot be confused
     /// with a later process's (or why it could not be pinned).
     pub peer_process: Option<PinnedPeer>,
@@ -320,7 +323,12 @@ impl<H: Handler> Server<H> {
                             }
                         };
                         let session = tls_stream.get_ref().1;
-                        let principal = crate::tls::peer_principal(session);
+                        let leaf = crate::tls::peer_leaf(session);
+                        let principal = leaf
+                            .as_ref()
+                            .map(|info| info.common_name.clone())
+                            .filter(|cn| !cn.is_empty());
+                        let peer_uris = leaf.map(|info| info.uris).unwrap_or_default();
                         let peer_certificate = session
                             .peer_certificates()
                             .and_then(|chain| chain.first())
@@ -330,6 +338,7 @@ impl<H: Handler> Server<H> {
                             peer,
                             principal,
                             peer_certificate,
+                            peer_uris,
                             peer_process,
                         };
                         serve_connection(tls_stream, h2, conn, shared, watcher).await;
@@ -339,6 +348,7 @@ impl<H: Handler> Server<H> {
                             peer,
                             principal: None,
                             peer_certificate: None,
+                            peer_uris: Vec::new(),
                             peer_process,
                         };
                         serve_connection(tcp, false, conn, shared, watcher).await;
@@ -348,6 +358,7 @@ impl<H: Handler> Server<H> {
                             peer,
                             principal: None,
                             peer_certificate: None,
+                            peer_uris: Vec::new(),
                             peer_process,
                         };
                         serve_connection(unix, false, conn, shared, watcher).await;

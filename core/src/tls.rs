@@ -13,7 +13,7 @@ use crate::crypto::{CertInfo, pem_certificates};
 use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
-use rustls::sign::CertifiedKey;
+pub use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -526,9 +526,15 @@ pub fn principal_of(cert: &CertificateDer<'_>) -> Option<String> {
 
 /// The principal of the client on a server connection (its leaf certificate's CN).
 pub fn peer_principal(conn: &rustls::ServerConnection) -> Option<String> {
+    peer_leaf(conn).and_then(|info| Some(info.common_name).filter(|cn| !cn.is_empty()))
+}
+
+/// The client's leaf certificate on a server connection, read once (the HTTP layer keeps its
+/// principal and URIs for every request of the connection).
+pub fn peer_leaf(conn: &rustls::ServerConnection) -> Option<CertInfo> {
     conn.peer_certificates()
         .and_then(|chain| chain.first())
-        .and_then(principal_of)
+        .and_then(|der| CertInfo::from_der(der.as_ref()).ok())
 }
 
 /// An allow-list of principals: exact names and `prefix.*` patterns (`*` matches one or more
