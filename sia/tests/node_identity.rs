@@ -15,7 +15,6 @@ use athenz_testbed::fixtures::{AGENT_NAMESPACE, AGENT_PRINCIPAL, PROVIDER};
 use athenz_testbed::kube_api::tokens::BoundTokenRequest;
 use common::*;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn identity(node: &Node, token_file: &Path, keep_dir: Option<&Path>) -> (NodeIdentity, Readiness) {
@@ -149,7 +148,7 @@ async fn serves_on_while_zts_is_away_and_resumes_from_the_kept_pair() {
     assert_eq!(mode("node.cert.pem"), 0o600);
 
     // ZTS away: renewals fail, the valid certificate keeps serving, readiness holds
-    node.zts_proxy.down.store(true, Ordering::SeqCst);
+    node.zts_proxy.set_down(true).await;
     assert!(id.renew_once().await.is_err());
     assert!(id.is_valid() && readiness.is_ready());
 
@@ -161,13 +160,13 @@ async fn serves_on_while_zts_is_away_and_resumes_from_the_kept_pair() {
     // a kept pair that is not this identity's (another principal) is not used
     let (other, _) = identity_as(&node, "k8s.admin.other-agent", &token_file, Some(&keep));
     assert!(!other.load_kept());
-    node.zts_proxy.down.store(false, Ordering::SeqCst);
+    node.zts_proxy.set_down(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_is_not_ready_until_zts_answers() {
     let node = node("p256").await;
-    node.zts_proxy.down.store(true, Ordering::SeqCst);
+    node.zts_proxy.set_down(true).await;
     let mut config = node.agent_config.clone();
     config.agent_dir = node.dir.path().join("agent-late");
     let (bound, _) = athenz_identity_agent::start(config, node.shutdown.clone())
@@ -194,6 +193,6 @@ async fn an_agent_is_not_ready_until_zts_answers() {
         err.contains("503") && err.contains("node identity"),
         "{err}"
     );
-    node.zts_proxy.down.store(false, Ordering::SeqCst);
+    node.zts_proxy.set_down(false).await;
     wait_ready(bound.ops).await;
 }

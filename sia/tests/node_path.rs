@@ -368,17 +368,13 @@ async fn upstream_failures_are_503_or_403_with_the_reason() {
     let id = pod_with_volume(&node, "web-9", &uid(9), "10.1.2.9");
     let out = node.dir.path().join("out9");
     // ZTS down: 503, nothing written; back up: success
-    node.zts_proxy
-        .down
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    node.zts_proxy.set_down(true).await;
     let (code, _) = refused(client(&node, &id).init().await.unwrap_err());
     assert_eq!(code, 503);
     let child = sia(&node, "init", &id, &out, &[]).await.spawn().unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!out.join(CERT_FILE).exists());
-    node.zts_proxy
-        .down
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    node.zts_proxy.set_down(false).await;
     let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .unwrap()

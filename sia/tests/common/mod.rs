@@ -17,49 +17,64 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub const NODE: &str = "node-1";
 
-/// A TCP proxy in front of ZTS that can be cut (new connections refused, open ones closed, as
-/// when ZTS goes away) and restored.
+/// A TCP proxy in front of ZTS that can be cut (new connections refused, open ones closed at
+/// once, as when ZTS goes away) and restored.
 pub struct Proxy {
     pub addr: SocketAddr,
-    pub down: Arc<AtomicBool>,
+    down: tokio::sync::watch::Sender<bool>,
+    /// Connections being forwarded now.
+    open: Arc<AtomicUsize>,
 }
 
 impl Proxy {
     pub async fn start(target: SocketAddr) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let down = Arc::new(AtomicBool::new(false));
-        let flag = down.clone();
+        let (down, watch) = tokio::sync::watch::channel(false);
+        let open = Arc::new(AtomicUsize::new(0));
+        let counter = open.clone();
         tokio::spawn(async move {
             loop {
                 let Ok((mut inbound, _)) = listener.accept().await else {
                     continue;
                 };
-                if flag.load(Ordering::SeqCst) {
+                if *watch.borrow() {
                     drop(inbound);
                     continue;
                 }
-                let flag = flag.clone();
+                let mut watch = watch.clone();
+                let open = counter.clone();
+                open.fetch_add(1, Ordering::SeqCst);
                 tokio::spawn(async move {
                     if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
-                        let cut = async {
-                            while !flag.load(Ordering::SeqCst) {
-                                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                            }
-                        };
                         tokio::select! {
                             _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                            _ = cut => {}
+                            _ = watch.wait_for(|down| *down) => {}
                         }
                     }
+                    open.fetch_sub(1, Ordering::SeqCst);
                 });
             }
         });
-        Self { addr, down }
+        Self { addr, down, open }
+    }
+
+    /// Cuts (`true`) or restores (`false`) ZTS; when cutting, every open connection is closed
+    /// before this returns (within 5 s).
+    pub async fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while down && self.open.load(Ordering::SeqCst) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "ZTS connections not closed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 }
 
