@@ -1,58 +1,218 @@
-//! The node's pods, from the kubelet's `GET /pods`: one cached list per node, refreshed by one
-//! caller at a time (others wait for that answer instead of asking again), and a bounded wait for a
-//! pod the kubelet has not listed yet.
+//! The node's pods, from the kubelet's `GET /pods`.
+//!
+//! A real node lists 110 pods in a megabyte or more (full specs, statuses, managed fields), and
+//! the agent needs five fields of one of them. So the list is parsed borrowing from the body and
+//! skipping everything else ([`ListedPod`]), and kept as a small index by namespace and name.
+//!
+//! A pod the index lacks is usually newer than it (the kubelet mounts a new pod's volumes right
+//! after listing it), so a miss asks the kubelet again at once. During a rollout pods arrive every
+//! few milliseconds: each must get a list made after it arrived, without waiting out a fixed
+//! interval, yet misses (a pod not on this node, a kubelet that has not synced) must not hammer
+//! the kubelet. A token bucket ([`ListBudget`]) allows bursts and bounds the sustained rate; and
+//! concurrent misses share one list: a caller that finds a list begun after its own miss uses it.
 
 use athenz_core::client::{error_chain, read_limited};
-use k8s_openapi::api::core::v1::Pod;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Mutex;
 
-/// Largest pod list read (a node of 110 pods lists in well under 4 MiB).
+/// Largest pod list read, in bytes (110 real pods list in 1–2 MB).
 const MAX_POD_LIST: usize = 16 * 1024 * 1024;
-/// Least time between two refreshes forced by a missing pod: at most 40 lists a second, however
-/// many pods start at once (concurrent lookups share one list).
-const MIN_FORCED_REFRESH: Duration = Duration::from_millis(25);
+/// Most pods a list may hold (the kubelet's own `maxPods` default is 110; large nodes run a few
+/// hundred).
+const MAX_PODS: usize = 5000;
 
-/// The kubelet could not be asked.
+/// The kubelet could not be asked, or answered something that is not a pod list.
 #[derive(Debug, thiserror::Error)]
 #[error("kubelet: {0}")]
 pub struct KubeletError(pub String);
 
-#[derive(serde::Deserialize)]
-struct PodList {
-    items: Vec<Pod>,
+/// What the agent uses of a listed pod, borrowed from the list's bytes where no JSON escape
+/// forces a copy; every other field is skipped unread.
+#[derive(Deserialize)]
+struct ListedPod<'a> {
+    #[serde(borrow)]
+    metadata: ListedMeta<'a>,
+    #[serde(default, borrow)]
+    spec: Option<ListedSpec<'a>>,
+    #[serde(default, borrow)]
+    status: Option<ListedStatus<'a>>,
 }
 
-/// The cached pod list of this node.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedMeta<'a> {
+    #[serde(default, borrow)]
+    namespace: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    uid: Option<Cow<'a, str>>,
+    #[serde(default)]
+    deletion_timestamp: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedSpec<'a> {
+    #[serde(default, borrow)]
+    service_account_name: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListedStatus<'a> {
+    #[serde(default, rename = "podIP", borrow)]
+    pod_ip: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ListedPods<'a> {
+    #[serde(borrow)]
+    items: Vec<ListedPod<'a>>,
+}
+
+/// A pod as the agent knows it from the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePod {
+    /// `metadata.uid`.
+    pub uid: String,
+    /// `spec.serviceAccountName` (`default` when absent, as the API server would set it).
+    pub service_account: String,
+    /// `status.podIP`, if the pod has one yet.
+    pub ip: Option<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub terminating: bool,
+}
+
+/// The pods of one list, by namespace and name.
+type PodIndex = HashMap<(String, String), Arc<NodePod>>;
+
+/// Parses a kubelet `PodList`, keeping only what the agent uses.
+pub fn parse_pod_list(body: &[u8]) -> Result<PodIndex, KubeletError> {
+    let list: ListedPods<'_> = serde_json::from_slice(body)
+        .map_err(|e| KubeletError(format!("unreadable pod list: {e}")))?;
+    if list.items.len() > MAX_PODS {
+        return Err(KubeletError(format!(
+            "the pod list holds {} pods, more than the {MAX_PODS} a node can run",
+            list.items.len()
+        )));
+    }
+    let mut index = HashMap::with_capacity(list.items.len());
+    for pod in list.items {
+        let (Some(namespace), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else {
+            continue;
+        };
+        let node_pod = NodePod {
+            uid: pod.metadata.uid.map(Cow::into_owned).unwrap_or_default(),
+            service_account: pod
+                .spec
+                .and_then(|s| s.service_account_name)
+                .map_or_else(|| "default".to_owned(), Cow::into_owned),
+            ip: pod
+                .status
+                .and_then(|s| s.pod_ip)
+                .filter(|ip| !ip.is_empty())
+                .map(Cow::into_owned),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        };
+        index.insert(
+            (namespace.into_owned(), name.into_owned()),
+            Arc::new(node_pod),
+        );
+    }
+    Ok(index)
+}
+
+/// How often misses may make the agent list the node's pods: `burst` lists at once, `per_second`
+/// sustained.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ListRate {
+    /// Lists allowed back to back after a quiet spell.
+    pub burst: u32,
+    /// Lists per second in the long run.
+    pub per_second: f64,
+}
+
+/// A token bucket over [`ListRate`].
+#[derive(Debug)]
+struct ListBudget {
+    rate: ListRate,
+    tokens: f64,
+    at: Instant,
+}
+
+impl ListBudget {
+    fn new(rate: ListRate, now: Instant) -> Self {
+        Self {
+            rate,
+            tokens: f64::from(rate.burst.max(1)),
+            at: now,
+        }
+    }
+
+    /// Takes a token at `now`, or says how long until one is there.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let burst = f64::from(self.rate.burst.max(1));
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate.per_second).min(burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64(
+                (1.0 - self.tokens) / self.rate.per_second.max(f64::MIN_POSITIVE),
+            ))
+        }
+    }
+}
+
+/// One list: when it was asked for (a pod that existed then is in it, if the kubelet knew it),
+/// and its pods.
+#[derive(Clone)]
+struct Snapshot {
+    asked_at: Instant,
+    pods: Arc<PodIndex>,
+}
+
+/// The cached pod index of this node.
 pub struct PodCache {
     client: reqwest::Client,
     url: String,
     /// Bearer token file, read for every list (the kubelet rotates projected tokens).
     token_file: Option<std::path::PathBuf>,
     ttl: Duration,
-    cached: Mutex<Option<(Instant, Arc<Vec<Pod>>)>>,
+    /// The latest list; read without waiting for a list being fetched.
+    latest: std::sync::Mutex<Option<Snapshot>>,
+    /// Held by the one caller fetching a list; the others wait for its answer.
+    fetching: tokio::sync::Mutex<ListBudget>,
 }
 
 impl PodCache {
     /// A cache of `<kubelet_url>/pods`, fresh for `ttl`, asked with the bearer token in
-    /// `token_file` if any.
+    /// `token_file` if any, and listed at most at `rate` when pods it lacks are asked for.
     pub fn new(
         client: reqwest::Client,
         kubelet_url: &str,
         token_file: Option<std::path::PathBuf>,
         ttl: Duration,
+        rate: ListRate,
     ) -> Self {
         Self {
             client,
             url: format!("{}/pods", kubelet_url.trim_end_matches('/')),
             token_file,
             ttl,
-            cached: Mutex::new(None),
+            latest: std::sync::Mutex::new(None),
+            fetching: tokio::sync::Mutex::new(ListBudget::new(rate, Instant::now())),
         }
     }
 
-    async fn fetch(&self) -> Result<Vec<Pod>, KubeletError> {
+    async fn fetch(&self) -> Result<PodIndex, KubeletError> {
         let mut req = self.client.get(&self.url);
         if let Some(path) = &self.token_file {
             let token = std::fs::read_to_string(path)
@@ -70,74 +230,172 @@ impl PodCache {
         if !status.is_success() {
             return Err(KubeletError(format!("GET /pods answered {status}")));
         }
-        serde_json::from_slice::<PodList>(&body)
-            .map(|l| l.items)
-            .map_err(|e| KubeletError(format!("unreadable pod list: {e}")))
+        parse_pod_list(&body)
     }
 
-    /// The pod list, at most `max_age` old. One caller refreshes; concurrent callers wait for it.
-    pub async fn pods(&self, max_age: Duration) -> Result<Arc<Vec<Pod>>, KubeletError> {
-        Ok(self.pods_fetched(max_age, None).await?.1)
-    }
-
-    /// The pod list and when it was fetched: the cached one if it is at most `max_age` old and
-    /// fetched after `after`, else a new one.
-    async fn pods_fetched(
-        &self,
-        max_age: Duration,
-        after: Option<Instant>,
-    ) -> Result<(Instant, Arc<Vec<Pod>>), KubeletError> {
-        let mut cached = self.cached.lock().await;
-        if let Some((at, pods)) = cached.as_ref()
-            && at.elapsed() <= max_age
-            && after.is_none_or(|after| *at > after)
-        {
-            return Ok((*at, Arc::clone(pods)));
-        }
-        let pods = Arc::new(self.fetch().await?);
-        let at = Instant::now();
-        *cached = Some((at, Arc::clone(&pods)));
-        Ok((at, pods))
-    }
-
-    /// Pods held now (for the cache-size metric).
-    pub async fn cached_pods(&self) -> usize {
-        self.cached
+    fn latest(&self) -> Option<Snapshot> {
+        self.latest
             .lock()
-            .await
-            .as_ref()
-            .map_or(0, |(_, p)| p.len())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// A list asked for after `after` (any list younger than the TTL when `None`), fetching one
+    /// if needed. A forced fetch (`after` set) waits for the budget, but not past `deadline`.
+    async fn snapshot(
+        &self,
+        after: Option<Instant>,
+        deadline: Instant,
+    ) -> Result<Option<Snapshot>, KubeletError> {
+        let usable = |s: &Snapshot| match after {
+            Some(after) => s.asked_at > after,
+            None => s.asked_at.elapsed() <= self.ttl,
+        };
+        if let Some(s) = self.latest().filter(usable) {
+            return Ok(Some(s));
+        }
+        let mut budget = self.fetching.lock().await;
+        // another caller may have fetched while this one waited for the lock
+        if let Some(s) = self.latest().filter(usable) {
+            return Ok(Some(s));
+        }
+        if after.is_some() {
+            loop {
+                match budget.take(Instant::now()) {
+                    Ok(()) => break,
+                    Err(wait) if Instant::now() + wait > deadline => return Ok(None),
+                    Err(wait) => tokio::time::sleep(wait).await,
+                }
+            }
+        }
+        let asked_at = Instant::now();
+        let pods = Arc::new(self.fetch().await?);
+        let snapshot = Snapshot { asked_at, pods };
+        *self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(snapshot.clone());
+        Ok(Some(snapshot))
+    }
+
+    /// Pods in the latest list (for the cache-size metric).
+    pub fn cached_pods(&self) -> usize {
+        self.latest().map_or(0, |s| s.pods.len())
     }
 
     /// Finds the pod `namespace/name`, waiting up to `wait` for the kubelet to list it.
-    ///
-    /// A pod missing from the cached list is usually newer than the list (kubelet mounts a new
-    /// pod's volumes right after listing it), so a miss asks the kubelet again at once — unless
-    /// the list is younger than [`MIN_FORCED_REFRESH`], which bounds how often misses (say, for a
-    /// pod that is not on this node) can make the agent ask.
     pub async fn find(
         &self,
         namespace: &str,
         name: &str,
         wait: Duration,
-    ) -> Result<Option<Pod>, KubeletError> {
+    ) -> Result<Option<Arc<NodePod>>, KubeletError> {
         let deadline = Instant::now() + wait;
+        let key = (namespace.to_owned(), name.to_owned());
         let mut after = None;
         loop {
-            let (fetched_at, pods) = self.pods_fetched(self.ttl, after).await?;
-            let found = pods.iter().find(|p| {
-                p.metadata.namespace.as_deref() == Some(namespace)
-                    && p.metadata.name.as_deref() == Some(name)
-            });
-            if let Some(pod) = found {
-                return Ok(Some(pod.clone()));
+            let Some(snapshot) = self.snapshot(after, deadline).await? else {
+                return Ok(None);
+            };
+            if let Some(pod) = snapshot.pods.get(&key) {
+                return Ok(Some(Arc::clone(pod)));
             }
-            let next = fetched_at + MIN_FORCED_REFRESH;
-            if next > deadline {
+            if Instant::now() >= deadline {
                 return Ok(None);
             }
-            tokio::time::sleep_until(next.into()).await;
-            after = Some(fetched_at);
+            after = Some(snapshot.asked_at);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_allows_a_burst_then_the_rate() {
+        let start = Instant::now();
+        let mut budget = ListBudget::new(
+            ListRate {
+                burst: 3,
+                per_second: 10.0,
+            },
+            start,
+        );
+        for _ in 0..3 {
+            assert_eq!(budget.take(start), Ok(()));
+        }
+        let wait = budget.take(start).unwrap_err();
+        assert!(
+            wait > Duration::from_millis(99) && wait <= Duration::from_millis(100),
+            "{wait:?}"
+        );
+        assert_eq!(budget.take(start + Duration::from_millis(100)), Ok(()));
+        assert!(budget.take(start + Duration::from_millis(150)).is_err());
+        // a quiet spell refills no more than the burst
+        let later = start + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(budget.take(later), Ok(()));
+        }
+        assert!(budget.take(later).is_err());
+    }
+
+    #[test]
+    fn a_list_keeps_the_fields_the_agent_uses() {
+        let body = br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[
+            {"metadata":{"name":"web-1","namespace":"ns","uid":"u-1","labels":{"a":"b"},
+              "managedFields":[{"manager":"kubelet","fieldsV1":{"f:status":{}}}]},
+             "spec":{"serviceAccountName":"web","containers":[{"name":"app","env":[{"name":"X","value":"\"quoted\""}]}]},
+             "status":{"phase":"Running","podIP":"10.0.0.1","podIPs":[{"ip":"10.0.0.1"}]}},
+            {"metadata":{"name":"gone","namespace":"ns","uid":"u-2","deletionTimestamp":"2026-01-01T00:00:00Z"},
+             "spec":{},"status":{"podIP":""}},
+            {"metadata":{"name":"esc\u0061ped","namespace":"ns","uid":"u-3"}},
+            {"metadata":{"uid":"nameless"}}
+        ]}"#;
+        let index = parse_pod_list(body).unwrap();
+        assert_eq!(index.len(), 3);
+        let web = &index[&("ns".to_owned(), "web-1".to_owned())];
+        assert_eq!(
+            **web,
+            NodePod {
+                uid: "u-1".into(),
+                service_account: "web".into(),
+                ip: Some("10.0.0.1".into()),
+                terminating: false,
+            }
+        );
+        let gone = &index[&("ns".to_owned(), "gone".to_owned())];
+        assert!(gone.terminating);
+        assert_eq!(gone.ip, None, "an empty podIP is no IP");
+        assert_eq!(gone.service_account, "default");
+        assert!(index.contains_key(&("ns".to_owned(), "escaped".to_owned())));
+    }
+
+    #[test]
+    fn hostile_lists_are_refused_with_the_reason() {
+        for (body, why) in [
+            (&b""[..], "unreadable"),
+            (b"[]", "unreadable"),
+            (b"{\"items\":{}}", "unreadable"),
+            (b"{\"items\":[{\"metadata\":{\"name\":7}}]}", "unreadable"),
+            (b"{\"items\":[{\"metadata\":{\"name\":\"a\"", "unreadable"),
+            (b"{\"kind\":\"Status\",\"code\":403}", "unreadable"),
+        ] {
+            let err = parse_pod_list(body).unwrap_err().to_string();
+            assert!(err.contains(why), "{err}");
+        }
+        // deeply nested junk inside a skipped field hits serde_json's recursion limit, not the stack
+        let deep = format!(
+            "{{\"items\":[{{\"metadata\":{{}},\"spec\":{}{}}}]}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(parse_pod_list(deep.as_bytes()).is_err());
+        let many = format!(
+            "{{\"items\":[{}]}}",
+            vec!["{\"metadata\":{}}"; MAX_PODS + 1].join(",")
+        );
+        let err = parse_pod_list(many.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("more than"), "{err}");
     }
 }

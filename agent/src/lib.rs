@@ -46,6 +46,14 @@ pub struct Config {
     /// How long the kubelet's pod list is reused.
     #[arg(long, env = "KUBELET_CACHE_TTL", default_value = "1s", value_parser = athenz_core::refresh::parse_duration)]
     pub kubelet_cache_ttl: Duration,
+    /// Kubelet pod lists allowed back to back when pods the agent has not seen arrive at once
+    /// (each missing pod needs a list made after it arrived; concurrent misses share one).
+    #[arg(long, env = "KUBELET_LIST_BURST", default_value_t = 20)]
+    pub kubelet_list_burst: u32,
+    /// Kubelet pod lists per second in the long run, however fast pods arrive or unknown ones
+    /// are asked for.
+    #[arg(long, env = "KUBELET_LIST_RATE", default_value_t = 50.0)]
+    pub kubelet_list_rate: f64,
     /// How long to wait for the kubelet to list a pod it has not listed yet.
     #[arg(long, env = "POD_WAIT", default_value = "5s", value_parser = athenz_core::refresh::parse_duration)]
     pub pod_wait: Duration,
@@ -137,6 +145,14 @@ pub async fn start(
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
     let mapper = config.identity.mapper()?;
+    if !(config.kubelet_list_rate.is_finite() && config.kubelet_list_rate > 0.0)
+        || config.kubelet_list_burst == 0
+    {
+        return Err(StartError::new(
+            "--kubelet-list-rate/--kubelet-list-burst (KUBELET_LIST_RATE/KUBELET_LIST_BURST)",
+            "both must be above zero",
+        ));
+    }
     let zts = ZtsClient::new(ZtsClientConfig {
         url: config.zts_url.clone(),
         ca_certs: read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
@@ -266,6 +282,10 @@ pub async fn start(
             &config.kubelet_url,
             token,
             config.kubelet_cache_ttl,
+            kubelet::ListRate {
+                burst: config.kubelet_list_burst,
+                per_second: config.kubelet_list_rate,
+            },
         ),
         pod_wait: config.pod_wait,
         mapper,

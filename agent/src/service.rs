@@ -24,7 +24,6 @@ use athenz_core::zts::{
 };
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::Pod;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -335,8 +334,8 @@ impl Agent {
         self.metrics.observe("kubelet", started);
         self.metrics
             .cached_pods
-            .set(i64::try_from(self.pods.cached_pods().await).unwrap_or(i64::MAX));
-        let pod: Pod = found
+            .set(i64::try_from(self.pods.cached_pods()).unwrap_or(i64::MAX));
+        let pod = found
             .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?
             .ok_or_else(|| {
                 fail(
@@ -347,7 +346,7 @@ impl Agent {
                     ),
                 )
             })?;
-        if pod.metadata.uid.as_deref() != Some(data.pod_uid.as_str()) {
+        if pod.uid != data.pod_uid {
             return Err(fail(
                 StatusCode::FORBIDDEN,
                 format!(
@@ -356,24 +355,18 @@ impl Agent {
                 ),
             ));
         }
-        if pod.metadata.deletion_timestamp.is_some() {
+        if pod.terminating {
             return Err(fail(StatusCode::FORBIDDEN, "the pod is being deleted"));
         }
         let ip = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_deref())
-            .filter(|ip| !ip.is_empty())
+            .ip
+            .as_deref()
             .ok_or_else(|| fail(StatusCode::SERVICE_UNAVAILABLE, "the pod has no IP yet"))?;
         let domain = self
             .mapper
             .namespace_to_domain(&data.namespace)
             .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
-        let account = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.service_account_name.clone())
-            .unwrap_or_else(|| "default".into());
+        let account = pod.service_account.clone();
         let subject = PodSubject::new(
             data.namespace.clone(),
             data.pod_name.clone(),

@@ -3,10 +3,10 @@
 //! mount→files-written latency, throughput, CPU and peak memory per process, and the cost of the
 //! cryptography no implementation can avoid, measured in the same run, as a ratio.
 
-use crate::kube::{KubeClient, NewPod};
+use crate::kube::{KubeClient, NewPod, PodSize};
 use crate::node;
 use crate::procs::Usage;
-use crate::stack::{Stack, StackOptions};
+use crate::stack::{Stack, StackInfo, StackOptions};
 use anyhow::{Context, bail};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey};
 use athenz_testbed::stats::percentile;
@@ -29,6 +29,12 @@ pub struct BenchOptions {
     pub components: Option<std::path::PathBuf>,
     /// The agents' peer check (default: enforce where pod cgroups can be made).
     pub peer_check: Option<athenz_core::peer::PeerCheck>,
+    /// Pods arrive one by one this far apart, each created in the API and mounted at once (what
+    /// a node sees during a rollout); zero: every pod exists before the first mount, and
+    /// `concurrency` of them are mounted at a time.
+    pub arrival: Duration,
+    /// How big the pods are as the kubelet lists them.
+    pub pod_size: PodSize,
 }
 
 /// One process's share of the run.
@@ -43,13 +49,29 @@ pub struct ProcessReport {
     /// shared with this process before exec; `cargo bench -p athenz-sia --bench node` measures
     /// the SIA's own).
     pub peak_rss_mib: Option<f64>,
+    /// Resident set at the end of the run, MiB.
+    pub rss_mib: Option<f64>,
+}
+
+/// CPU per identity of one of this system's daemons (or all of them), against the cryptography
+/// that part cannot avoid.
+#[derive(Debug, Serialize)]
+pub struct DaemonCpu {
+    /// `agent`, `jwt-service`, `callback` or their sum.
+    pub name: String,
+    /// CPU per identity, ms.
+    pub cpu_per_identity_ms: f64,
+    /// Its unavoidable cryptography per identity, ms.
+    pub floor_ms: f64,
+    /// The one over the other.
+    pub ratio: f64,
 }
 
 /// The unavoidable cryptography of one identity, each step's cost on this machine now.
 #[derive(Debug, Serialize)]
 pub struct CryptoFloor {
-    /// Steps and their microseconds.
-    pub steps: Vec<(String, f64)>,
+    /// Steps, who does them and their microseconds.
+    pub steps: Vec<FloorStep>,
     /// Their sum, milliseconds.
     pub total_ms: f64,
 }
@@ -59,8 +81,12 @@ pub struct CryptoFloor {
 pub struct BenchReport {
     /// Pods.
     pub pods: usize,
-    /// Concurrency.
+    /// Pods in flight at once (with `arrival_ms` 0).
     pub concurrency: usize,
+    /// Milliseconds between two pods' arrival (0: all existed first).
+    pub arrival_ms: f64,
+    /// Pod size as listed.
+    pub pod_size: PodSize,
     /// Key type.
     pub key: String,
     /// The agents' peer check.
@@ -75,6 +101,11 @@ pub struct BenchReport {
     pub processes: Vec<ProcessReport>,
     /// Driver and SIA processes, all of them together (CPU) and the largest (peak RSS).
     pub short_lived: ProcessReport,
+    /// This system's daemons (agent, jwt-service, callback), each and together, against their
+    /// own unavoidable cryptography; the stand-ins (ZTS, Kubernetes) are not counted.
+    pub daemons: Vec<DaemonCpu>,
+    /// The per-pod processes (driver and SIA, no cryptography of their own), CPU ms per pod.
+    pub per_pod_process_ms: f64,
     /// All CPU of the run per identity, ms.
     pub cpu_per_identity_ms: f64,
     /// The unavoidable part.
@@ -160,6 +191,103 @@ fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
     .with_context(|| format!("mounting a tmpfs on {}", dir.display()))
 }
 
+/// Pod `n` of the run: alternating between two namespaces (two Athenz domains).
+fn bench_pod(n: usize) -> NewPod {
+    NewPod {
+        namespace: if n % 2 == 0 {
+            "media-sports"
+        } else {
+            "finance-ledger"
+        }
+        .into(),
+        name: format!("bench-{n}"),
+        service_account: "web".into(),
+        ip: format!("10.2.{}.{}", n / 250, n % 250 + 1),
+    }
+}
+
+/// Mounts a pod's volume and runs `athenz-sia init` as kubelet would; returns mount → files.
+async fn give_identity(
+    info: &StackInfo,
+    kubelet_root: &Path,
+    pod: &NewPod,
+    uid: &str,
+) -> anyhow::Result<(Duration, node::PodVolume)> {
+    let t0 = Instant::now();
+    let volume = node::mount(info, kubelet_root, pod, uid).await?;
+    node::sia_init(info, &volume).await?;
+    Ok((t0.elapsed(), volume))
+}
+
+/// Every pod created first, then `concurrency` of them mounted at a time.
+async fn run_all_existing(
+    info: &Arc<StackInfo>,
+    kube: &KubeClient,
+    kubelet_root: &Path,
+    options: &BenchOptions,
+) -> anyhow::Result<(
+    Instant,
+    tokio::task::JoinSet<anyhow::Result<(Duration, node::PodVolume)>>,
+)> {
+    let mut pods = Vec::new();
+    for n in 0..options.pods {
+        let pod = bench_pod(n);
+        let uid = kube
+            .create_running_pod_sized(&pod, &info.node_name, options.pod_size)
+            .await?;
+        pods.push((pod, uid));
+    }
+    let started = Instant::now();
+    let semaphore = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (pod, uid) in pods {
+        let permit = semaphore.clone().acquire_owned().await?;
+        let info = info.clone();
+        let root = kubelet_root.to_owned();
+        tasks.spawn(async move {
+            let _permit = permit;
+            give_identity(&info, &root, &pod, &uid).await
+        });
+    }
+    Ok((started, tasks))
+}
+
+/// One pod every `options.arrival`: created in the API and mounted at once, as a node sees a
+/// rollout. Pods overlap when one takes longer than the interval.
+fn run_arriving(
+    info: &Arc<StackInfo>,
+    kube: &KubeClient,
+    kubelet_root: &Path,
+    options: &BenchOptions,
+) -> (
+    Instant,
+    tokio::task::JoinSet<anyhow::Result<(Duration, node::PodVolume)>>,
+) {
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..options.pods {
+        let at = started
+            + options
+                .arrival
+                .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+        let (info, kube, root, size) = (
+            info.clone(),
+            kube.clone(),
+            kubelet_root.to_owned(),
+            options.pod_size,
+        );
+        tasks.spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let pod = bench_pod(n);
+            let uid = kube
+                .create_running_pod_sized(&pod, &info.node_name, size)
+                .await?;
+            give_identity(&info, &root, &pod, &uid).await
+        });
+    }
+    (started, tasks)
+}
+
 async fn measure(
     stack: &Stack,
     options: &BenchOptions,
@@ -168,40 +296,14 @@ async fn measure(
     let info = Arc::new(stack.info.clone());
     let kube = KubeClient::new(&info.kube_api.url)?;
     let kubelet_root = stack.state_dir.join("kubelet");
-    let mut pods = Vec::new();
-    for n in 0..options.pods {
-        let pod = NewPod {
-            namespace: if n % 2 == 0 {
-                "media-sports"
-            } else {
-                "finance-ledger"
-            }
-            .into(),
-            name: format!("bench-{n}"),
-            service_account: "web".into(),
-            ip: format!("10.2.{}.{}", n / 250, n % 250 + 1),
-        };
-        let uid = kube.create_running_pod(&pod, &info.node_name).await?;
-        pods.push((pod, uid));
-    }
 
     let before: Vec<(String, Usage)> = stack.usage();
     let children_cpu_before = children_usage();
-    let started = Instant::now();
-    let semaphore = Arc::new(tokio::sync::Semaphore::new(options.concurrency));
-    let mut tasks = tokio::task::JoinSet::new();
-    for (pod, uid) in pods {
-        let permit = semaphore.clone().acquire_owned().await?;
-        let info = info.clone();
-        let root = kubelet_root.clone();
-        tasks.spawn(async move {
-            let _permit = permit;
-            let t0 = Instant::now();
-            let volume = node::mount(&info, &root, &pod, &uid).await?;
-            node::sia_init(&info, &volume).await?;
-            anyhow::Ok((t0.elapsed(), volume))
-        });
-    }
+    let (started, mut tasks) = if options.arrival.is_zero() {
+        run_all_existing(&info, &kube, &kubelet_root, options).await?
+    } else {
+        run_arriving(&info, &kube, &kubelet_root, options)
+    };
     let mut latencies = Vec::new();
     let mut volumes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
@@ -228,15 +330,20 @@ async fn measure(
             name: name.clone(),
             cpu_seconds: cpu,
             peak_rss_mib: Some(a.peak_rss_kib as f64 / 1024.0),
+            rss_mib: Some(a.rss_kib as f64 / 1024.0),
         });
     }
     let children_cpu = (children_cpu_after - children_cpu_before).max(0.0);
     total_cpu += children_cpu;
     let floor = crypto_floor(algorithm)?;
-    let cpu_per_identity_ms = total_cpu * 1e3 / options.pods as f64;
+    let per_identity_ms = |cpu: f64| cpu * 1e3 / options.pods as f64;
+    let daemons = daemon_cpu(&processes, &floor, options.pods);
+    let cpu_per_identity_ms = per_identity_ms(total_cpu);
     Ok(BenchReport {
         pods: options.pods,
         concurrency: options.concurrency,
+        arrival_ms: ms(options.arrival),
+        pod_size: options.pod_size,
         key: options.key.clone(),
         peer_check: info.peer_check,
         latency_ms: Latency {
@@ -262,11 +369,44 @@ async fn measure(
             ),
             cpu_seconds: children_cpu,
             peak_rss_mib: None,
+            rss_mib: None,
         },
+        daemons,
+        per_pod_process_ms: per_identity_ms(children_cpu),
         cpu_per_identity_ms,
         cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
         crypto_floor: floor,
     })
+}
+
+/// The daemons' CPU per identity, each against its own part of the floor, and together.
+fn daemon_cpu(processes: &[ProcessReport], floor: &CryptoFloor, pods: usize) -> Vec<DaemonCpu> {
+    let per_identity = |cpu: f64| cpu * 1e3 / pods as f64;
+    let mut rows = Vec::new();
+    let (mut cpu_sum, mut floor_sum) = (0.0, 0.0);
+    for part in [AGENT, JWT_SERVICE, CALLBACK] {
+        let cpu = processes
+            .iter()
+            .filter(|p| p.name == part)
+            .map(|p| p.cpu_seconds)
+            .sum::<f64>();
+        let floor_ms = floor.of(part);
+        cpu_sum += cpu;
+        floor_sum += floor_ms;
+        rows.push(DaemonCpu {
+            name: part.to_owned(),
+            cpu_per_identity_ms: per_identity(cpu),
+            floor_ms,
+            ratio: per_identity(cpu) / floor_ms,
+        });
+    }
+    rows.push(DaemonCpu {
+        name: format!("{AGENT} + {JWT_SERVICE} + {CALLBACK}"),
+        cpu_per_identity_ms: per_identity(cpu_sum),
+        floor_ms: floor_sum,
+        ratio: per_identity(cpu_sum) / floor_sum,
+    });
+    rows
 }
 
 /// Mean microseconds of `op` over `n` runs.
@@ -278,9 +418,43 @@ fn time_us(n: u32, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result
     Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(n))
 }
 
+/// The agent's name in the stack's process list (and in the floor's parts).
+const AGENT: &str = "agent";
+/// The jwt-service's.
+const JWT_SERVICE: &str = "jwt-service";
+/// The callback's.
+const CALLBACK: &str = "callback";
+/// The development ZTS's (a stand-in: its CPU is reported, not judged).
+const ZTS: &str = "zts";
+
+impl CryptoFloor {
+    /// The floor of one part, ms.
+    pub fn of(&self, part: &str) -> f64 {
+        self.steps
+            .iter()
+            .filter(|s| s.part == part)
+            .map(|s| s.us)
+            .sum::<f64>()
+            / 1e3
+    }
+}
+
+/// One unavoidable cryptographic step.
+#[derive(Debug, Serialize)]
+pub struct FloorStep {
+    /// Who must do it: `agent`, `jwt-service`, `callback` or `zts`.
+    pub part: &'static str,
+    /// What it is.
+    pub step: &'static str,
+    /// Its cost on this machine now, µs.
+    pub us: f64,
+}
+
 /// The cryptography one identity needs, whoever implements it: the pod's key pair and CSR
-/// signature (agent), the identity JWT's signature (jwt-service, ES256) and its verification
-/// (callback), the CSR's verification, the certificate's and the ntoken's signatures (ZTS, P-256).
+/// signature (agent), the identity JWT's signature (jwt-service, ES256), its verification and one
+/// mutual-TLS handshake with ZTS as the server (callback), the CSR's verification and the
+/// certificate's and ntoken's signatures (ZTS, P-256). Connections from the agent to the
+/// jwt-service and ZTS are reused, so their handshakes are not per identity.
 pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
     let message = [7u8; 256];
     let p256 = PrivateKey::generate(KeyAlgorithm::P256)?;
@@ -301,65 +475,68 @@ pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
             Err(anyhow::anyhow!("a signature did not verify"))
         }
     };
+    let sign_p256 = || {
+        time_us(500, || {
+            p256.sign_sha256(&message)?;
+            Ok(())
+        })
+    };
+    let step = |part, step, us| FloorStep { part, step, us };
     let steps = vec![
-        (
-            "pod key generation".to_owned(),
+        step(
+            AGENT,
+            "pod key generation",
             time_us(keygen_runs, || {
                 PrivateKey::generate(algorithm)?;
                 Ok(())
             })?,
         ),
-        (
-            "CSR signature (pod key)".to_owned(),
+        step(
+            AGENT,
+            "CSR signature (pod key)",
             time_us(200, || {
                 pod_key.sign_sha256(&message)?;
                 Ok(())
             })?,
         ),
-        (
-            "JWT signature (ES256)".to_owned(),
-            time_us(500, || {
-                p256.sign_sha256(&message)?;
-                Ok(())
-            })?,
-        ),
-        (
-            "JWT verification (ES256)".to_owned(),
+        step(JWT_SERVICE, "JWT signature (ES256)", sign_p256()?),
+        step(
+            CALLBACK,
+            "JWT verification (ES256)",
             time_us(500, || {
                 check(p256_public.verify_sha256(&message, &p256_signature))
             })?,
         ),
-        (
-            "CSR verification".to_owned(),
+        step(
+            CALLBACK,
+            "TLS handshake, server side (mutual, P-256)",
+            crate::handshake::server_side_us(100)?,
+        ),
+        step(
+            ZTS,
+            "CSR verification",
             time_us(200, || {
                 check(pod_public.verify_sha256(&message, &pod_signature))
             })?,
         ),
-        (
-            "certificate signature (CA, P-256)".to_owned(),
-            time_us(500, || {
-                p256.sign_sha256(&message)?;
-                Ok(())
-            })?,
-        ),
-        (
-            "ntoken signature (P-256)".to_owned(),
-            time_us(500, || {
-                p256.sign_sha256(&message)?;
-                Ok(())
-            })?,
-        ),
+        step(ZTS, "certificate signature (CA, P-256)", sign_p256()?),
+        step(ZTS, "ntoken signature (P-256)", sign_p256()?),
     ];
-    let total_ms = steps.iter().map(|(_, us)| us).sum::<f64>() / 1e3;
+    let total_ms = steps.iter().map(|s| s.us).sum::<f64>() / 1e3;
     Ok(CryptoFloor { steps, total_ms })
 }
 
 /// The report as a person reads it.
 pub fn print_human(report: &BenchReport) {
     let l = &report.latency_ms;
+    let arrival = if report.arrival_ms > 0.0 {
+        format!("one pod every {:.0} ms", report.arrival_ms)
+    } else {
+        format!("all existing first, concurrency {}", report.concurrency)
+    };
     println!(
-        "{} pods, concurrency {}, {} keys, peer check {}",
-        report.pods, report.concurrency, report.key, report.peer_check
+        "{} {:?} pods, {arrival}, {} keys, peer check {}",
+        report.pods, report.pod_size, report.key, report.peer_check
     );
     println!(
         "latency mount -> files written: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
@@ -369,23 +546,41 @@ pub fn print_human(report: &BenchReport) {
         "all {} identities in {:.3} s: {:.0} identities/s",
         report.pods, report.wall_seconds, report.throughput_per_second
     );
-    println!("{:<34} {:>12} {:>14}", "process", "CPU s", "peak RSS MiB");
+    println!(
+        "{:<34} {:>10} {:>14} {:>10}",
+        "process", "CPU s", "peak RSS MiB", "RSS MiB"
+    );
+    let mib = |m: Option<f64>| m.map_or_else(|| "-".to_owned(), |m| format!("{m:.1}"));
     for p in report
         .processes
         .iter()
         .chain(std::iter::once(&report.short_lived))
     {
-        let rss = p
-            .peak_rss_mib
-            .map_or_else(|| "-".to_owned(), |m| format!("{m:.1}"));
-        println!("{:<34} {:>12.3} {:>14}", p.name, p.cpu_seconds, rss);
+        println!(
+            "{:<34} {:>10.3} {:>14} {:>10}",
+            p.name,
+            p.cpu_seconds,
+            mib(p.peak_rss_mib),
+            mib(p.rss_mib)
+        );
     }
     println!("unavoidable cryptography per identity:");
-    for (step, us) in &report.crypto_floor.steps {
-        println!("  {step:<36} {us:>9.1} us");
+    for s in &report.crypto_floor.steps {
+        println!("  {:<12} {:<44} {:>9.1} us", s.part, s.step, s.us);
+    }
+    println!("daemon CPU per identity against its own cryptography:");
+    for d in &report.daemons {
+        println!(
+            "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
+            d.name, d.cpu_per_identity_ms, d.floor_ms, d.ratio
+        );
     }
     println!(
-        "CPU per identity {:.2} ms; crypto floor {:.3} ms; ratio {:.1}x",
+        "  driver + sia (no cryptography)       {:>7.3} ms per pod",
+        report.per_pod_process_ms
+    );
+    println!(
+        "all CPU per identity {:.2} ms (stand-ins included); crypto floor {:.3} ms; ratio {:.1}x",
         report.cpu_per_identity_ms, report.crypto_floor.total_ms, report.cpu_to_floor_ratio
     );
 }

@@ -5,6 +5,7 @@
 use anyhow::{Context, bail};
 use athenz_testbed::kube_api::KubeApi;
 use athenz_testbed::kubelet::Kubelet;
+use athenz_testbed::real_pods;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -144,6 +145,31 @@ pub struct NewPod {
     pub ip: String,
 }
 
+/// How big the pods the stack creates are, as the kubelet lists them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodSize {
+    /// One container, phase and IP: the least a pod can be.
+    Minimal,
+    /// As real nodes list them: several containers, env, probes, volumes, full status and
+    /// managed fields, 8–15 KB of JSON each.
+    Real,
+}
+
+/// The node's address in real-size pods' status (`hostIP`).
+const NODE_IP: &str = "192.168.10.21";
+
+fn minimal_status(ip: &str) -> PodStatus {
+    PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some(ip.to_owned()),
+        pod_ips: Some(vec![k8s_openapi::api::core::v1::PodIP {
+            ip: ip.to_owned(),
+        }]),
+        ..PodStatus::default()
+    }
+}
+
 /// The API calls of a user and of the kubelet.
 #[derive(Clone)]
 pub struct KubeClient {
@@ -181,25 +207,46 @@ impl KubeClient {
 
     /// Creates the pod on `node` (as a user would, with the scheduler's choice of node) and
     /// reports it running with its IP (as kubelet does through the status subresource); returns
-    /// its uid.
+    /// its uid. The pod has one container and no status beyond phase and IP.
     pub async fn create_running_pod(&self, pod: &NewPod, node: &str) -> anyhow::Result<String> {
-        let object = Pod {
-            metadata: ObjectMeta {
-                name: Some(pod.name.clone()),
-                namespace: Some(pod.namespace.clone()),
-                ..ObjectMeta::default()
+        self.create_running_pod_sized(pod, node, PodSize::Minimal)
+            .await
+    }
+
+    /// [`Self::create_running_pod`] with pods of `size`: [`PodSize::Real`] ones list as real
+    /// kubelets list them (8–15 KB each: containers, probes, env, status, managed fields).
+    pub async fn create_running_pod_sized(
+        &self,
+        pod: &NewPod,
+        node: &str,
+        size: PodSize,
+    ) -> anyhow::Result<String> {
+        let object = match size {
+            PodSize::Minimal => Pod {
+                metadata: ObjectMeta {
+                    name: Some(pod.name.clone()),
+                    namespace: Some(pod.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(PodSpec {
+                    service_account_name: Some(pod.service_account.clone()),
+                    node_name: Some(node.to_owned()),
+                    containers: vec![Container {
+                        name: "app".into(),
+                        image: Some("registry.example/app:1".into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+                status: None,
             },
-            spec: Some(PodSpec {
-                service_account_name: Some(pod.service_account.clone()),
-                node_name: Some(node.to_owned()),
-                containers: vec![Container {
-                    name: "app".into(),
-                    image: Some("registry.example/app:1".into()),
-                    ..Container::default()
-                }],
-                ..PodSpec::default()
-            }),
-            status: None,
+            PodSize::Real => real_pods::real_pod(&real_pods::RealPod {
+                namespace: &pod.namespace,
+                name: &pod.name,
+                service_account: &pod.service_account,
+                node,
+            })
+            .context("building a real-size pod")?,
         };
         let created = self.create_pod(&object).await?;
         let uid = created
@@ -207,7 +254,12 @@ impl KubeClient {
             .uid
             .clone()
             .context("the created pod has no uid")?;
-        self.report_running(created, &pod.ip).await?;
+        let status = match size {
+            PodSize::Minimal => minimal_status(&pod.ip),
+            PodSize::Real => serde_json::from_value(real_pods::real_status(&pod.ip, NODE_IP))
+                .context("building a real-size pod status")?,
+        };
+        self.report_status(created, status).await?;
         Ok(uid)
     }
 
@@ -225,17 +277,15 @@ impl KubeClient {
     }
 
     /// `PUT .../pods/{name}/status` with phase Running and `ip`, as kubelet reports it.
-    pub async fn report_running(&self, mut pod: Pod, ip: &str) -> anyhow::Result<Pod> {
+    pub async fn report_running(&self, pod: Pod, ip: &str) -> anyhow::Result<Pod> {
+        self.report_status(pod, minimal_status(ip)).await
+    }
+
+    /// `PUT .../pods/{name}/status` with `status`.
+    async fn report_status(&self, mut pod: Pod, status: PodStatus) -> anyhow::Result<Pod> {
         let namespace = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
-        pod.status = Some(PodStatus {
-            phase: Some("Running".into()),
-            pod_ip: Some(ip.to_owned()),
-            pod_ips: Some(vec![k8s_openapi::api::core::v1::PodIP {
-                ip: ip.to_owned(),
-            }]),
-            ..PodStatus::default()
-        });
+        pod.status = Some(status);
         self.send(
             self.http
                 .put(format!(

@@ -55,9 +55,17 @@ enum Command {
         /// Pods to give identities.
         #[arg(long, default_value_t = 110)]
         pods: usize,
-        /// Pods in flight at once.
+        /// Pods in flight at once (when all exist first, i.e. `--arrival 0`).
         #[arg(long, default_value_t = 1)]
         concurrency: usize,
+        /// Pods arrive one by one this far apart (e.g. 20ms), each created and mounted at once,
+        /// as during a rollout; 0: every pod exists before the first mount.
+        #[arg(long, default_value = "0", value_parser = parse_arrival)]
+        arrival: std::time::Duration,
+        /// Pods as the kubelet lists them: real (8–15 KB each: containers, probes, status,
+        /// managed fields) or minimal (a few fields).
+        #[arg(long, value_enum, default_value_t = kube::PodSize::Real)]
+        pod_size: kube::PodSize,
         /// Pod key type: p256 or rsa2048.
         #[arg(long, default_value = "p256")]
         key: String,
@@ -102,6 +110,14 @@ enum Command {
         #[arg(long, required = true)]
         node: Vec<String>,
     },
+}
+
+/// `--arrival`: a duration like 20ms, or 0.
+fn parse_arrival(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    athenz_core::refresh::parse_duration(text)
 }
 
 fn main() -> ExitCode {
@@ -216,6 +232,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             components,
             peer_check,
+            arrival,
+            pod_size,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -230,6 +248,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 key,
                 components,
                 peer_check,
+                arrival,
+                pod_size,
             };
             let report = runtime()?.block_on(bench::run(temp.path(), &options))?;
             if json {

@@ -26,6 +26,8 @@ use std::sync::{Arc, RwLock};
 
 #[derive(Default)]
 struct Store {
+    /// Bumped by every write, so readers can reuse what they derived from an unchanged store.
+    generation: u64,
     pods: BTreeMap<(String, String), Pod>,
     services: BTreeMap<(String, String), Service>,
     nodes: BTreeMap<String, Node>,
@@ -62,9 +64,17 @@ impl Cluster {
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Store> {
-        self.store
+        let mut store = self
+            .store
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        store.generation += 1;
+        store
+    }
+
+    /// A number that changes whenever anything in the store may have changed.
+    pub fn generation(&self) -> u64 {
+        self.read().generation
     }
 
     /// Creates or replaces a pod.

@@ -12,6 +12,7 @@
 //! | [`kubelet`] | the kubelet stand-in (`GET /pods`) |
 //! | [`zts`] | the development ZTS |
 //! | [`provider_stub`] | a scripted instance provider that records what ZTS sent it |
+//! | [`real_pods`] | pods the size real kubelets list (specs, statuses, managed fields) |
 //! | [`process`] | SIGTERM and a bounded wait for real processes |
 //! | [`stats`] | latency percentiles for benchmarks |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
@@ -26,5 +27,6 @@ pub mod openssl;
 pub mod pki;
 pub mod process;
 pub mod provider_stub;
+pub mod real_pods;
 pub mod stats;
 pub mod zts;

@@ -1,0 +1,187 @@
+//! The agent's kubelet client against the kubelet stand-in: rotated bearer tokens, pods that
+//! arrive one after another, concurrent misses, and pods that never come — counting the lists
+//! the kubelet served.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_identity_agent::kubelet::{ListRate, PodCache};
+use athenz_testbed::kube_api::{Cluster, KubeApi, running_pod};
+use athenz_testbed::kubelet::Kubelet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn uid(n: usize) -> String {
+    format!("0b6e4c1e-8f57-4d5e-9a51-{n:012x}")
+}
+
+fn put(cluster: &Cluster, n: usize) {
+    cluster.put_pod(running_pod(
+        "media-sports",
+        &format!("web-{n}"),
+        &uid(n),
+        "web",
+        "10.1.2.3",
+        "node-1",
+    ));
+}
+
+async fn kubelet() -> (KubeApi, Kubelet) {
+    let api = KubeApi::start().await.unwrap();
+    let kubelet = Kubelet::start(api.cluster().clone(), "node-1")
+        .await
+        .unwrap();
+    (api, kubelet)
+}
+
+fn cache(
+    kubelet: &Kubelet,
+    ttl: Duration,
+    rate: ListRate,
+    token: Option<std::path::PathBuf>,
+) -> PodCache {
+    PodCache::new(reqwest::Client::new(), &kubelet.url(), token, ttl, rate)
+}
+
+const GENEROUS: ListRate = ListRate {
+    burst: 20,
+    per_second: 50.0,
+};
+
+#[tokio::test]
+async fn a_rotated_token_is_used_without_a_restart() {
+    let (api, kubelet) = kubelet().await;
+    put(api.cluster(), 1);
+    kubelet.controls().require_token(Some("token-1"));
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "token-1\n").unwrap();
+    let cache = cache(&kubelet, Duration::ZERO, GENEROUS, Some(token_file.clone()));
+    let wait = Duration::from_millis(200);
+    let found = cache.find("media-sports", "web-1", wait).await.unwrap();
+    assert_eq!(found.unwrap().uid, uid(1));
+
+    // the kubelet rotates the token: the file changes, the next list presents the new one
+    kubelet.controls().require_token(Some("token-2"));
+    let err = cache
+        .find("media-sports", "web-1", wait)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("401"), "{err}");
+    std::fs::write(&token_file, "token-2\n").unwrap();
+    assert!(
+        cache
+            .find("media-sports", "web-1", wait)
+            .await
+            .unwrap()
+            .is_some()
+    );
+
+    // a token file that disappears is an error naming it, not an anonymous request
+    std::fs::remove_file(&token_file).unwrap();
+    let err = cache
+        .find("media-sports", "web-1", wait)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token"), "{err}");
+}
+
+#[tokio::test]
+async fn pods_arriving_one_after_another_each_get_a_new_list_at_once() {
+    let (api, kubelet) = kubelet().await;
+    // a long TTL: only misses make the cache list again
+    let cache = cache(&kubelet, Duration::from_secs(60), GENEROUS, None);
+    for n in 0..10 {
+        put(api.cluster(), n);
+        let found = cache
+            .find("media-sports", &format!("web-{n}"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(found.unwrap().uid, uid(n));
+    }
+    // one list per arrival, none more (the old agent waited 25 ms between two forced lists)
+    assert_eq!(kubelet.controls().requests(), 10);
+    // a pod already listed is answered from the cache
+    assert!(
+        cache
+            .find("media-sports", "web-3", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(kubelet.controls().requests(), 10);
+}
+
+#[tokio::test]
+async fn concurrent_misses_share_lists() {
+    let (api, kubelet) = kubelet().await;
+    for n in 0..50 {
+        put(api.cluster(), n);
+    }
+    kubelet.controls().set_delay(Duration::from_millis(20));
+    let cache = Arc::new(cache(&kubelet, Duration::from_secs(60), GENEROUS, None));
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..50 {
+        let cache = cache.clone();
+        tasks.spawn(async move {
+            cache
+                .find("media-sports", &format!("web-{n}"), Duration::from_secs(5))
+                .await
+        });
+    }
+    while let Some(found) = tasks.join_next().await {
+        assert!(found.unwrap().unwrap().is_some());
+    }
+    // the first list (made before any other caller) holds every pod; at most a second one for
+    // callers that missed while it was being fetched
+    assert!(
+        kubelet.controls().requests() <= 2,
+        "{}",
+        kubelet.controls().requests()
+    );
+}
+
+#[tokio::test]
+async fn a_pod_that_never_comes_costs_at_most_the_budget() {
+    let (_api, kubelet) = kubelet().await;
+    let rate = ListRate {
+        burst: 3,
+        per_second: 10.0,
+    };
+    let cache = cache(&kubelet, Duration::from_secs(60), rate, None);
+    let started = Instant::now();
+    let found = cache
+        .find("media-sports", "never", Duration::from_millis(500))
+        .await
+        .unwrap();
+    assert!(found.is_none());
+    let elapsed = started.elapsed().as_secs_f64();
+    // the burst, then at most the rate for the time waited
+    let allowed = 3 + (elapsed * 10.0).ceil() as usize;
+    let served = kubelet.controls().requests();
+    assert!(
+        served >= 3 && served <= allowed,
+        "{served} lists in {elapsed:.3} s"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_the_kubelet_lists_late_is_found_within_the_wait() {
+    let (api, kubelet) = kubelet().await;
+    put(api.cluster(), 7);
+    kubelet.controls().hide("media-sports", "web-7");
+    let cache = Arc::new(cache(&kubelet, Duration::from_secs(60), GENEROUS, None));
+    let finder = {
+        let cache = cache.clone();
+        tokio::spawn(async move {
+            cache
+                .find("media-sports", "web-7", Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kubelet.controls().show("media-sports", "web-7");
+    let found = finder.await.unwrap().unwrap();
+    assert_eq!(found.unwrap().uid, uid(7));
+}
