@@ -283,25 +283,36 @@ impl PodCache {
         self.latest().map_or(0, |s| s.pods.len())
     }
 
-    /// Finds the pod `namespace/name`, waiting up to `wait` for the kubelet to list it.
+    /// Finds the pod `namespace/name` with `uid`, waiting up to `wait` for the kubelet to list it.
+    ///
+    /// An entry from a list asked for before this call that is not yet usable (another uid: the
+    /// name was reused; no IP yet: the list predates the pod's sandbox) is checked once against
+    /// a newer list rather than answered from the cache. The entry is returned whatever its
+    /// state once a list newer than the call has it; `None` if none has it by the deadline.
     pub async fn find(
         &self,
         namespace: &str,
         name: &str,
+        uid: &str,
         wait: Duration,
     ) -> Result<Option<Arc<NodePod>>, KubeletError> {
-        let deadline = Instant::now() + wait;
+        let called_at = Instant::now();
+        let deadline = called_at + wait;
         let key = (namespace.to_owned(), name.to_owned());
         let mut after = None;
         loop {
             let Some(snapshot) = self.snapshot(after, deadline).await? else {
                 return Ok(None);
             };
-            if let Some(pod) = snapshot.pods.get(&key) {
-                return Ok(Some(Arc::clone(pod)));
-            }
-            if Instant::now() >= deadline {
-                return Ok(None);
+            match snapshot.pods.get(&key) {
+                Some(pod)
+                    if snapshot.asked_at >= called_at || (pod.uid == uid && pod.ip.is_some()) =>
+                {
+                    return Ok(Some(Arc::clone(pod)));
+                }
+                Some(_) => {}
+                None if Instant::now() >= deadline => return Ok(None),
+                None => {}
             }
             after = Some(snapshot.asked_at);
         }

@@ -329,7 +329,12 @@ impl Agent {
         let started = std::time::Instant::now();
         let found = self
             .pods
-            .find(&data.namespace, &data.pod_name, self.pod_wait)
+            .find(
+                &data.namespace,
+                &data.pod_name,
+                &data.pod_uid,
+                self.pod_wait,
+            )
             .await;
         self.metrics.observe("kubelet", started);
         self.metrics

@@ -57,13 +57,16 @@ async fn a_rotated_token_is_used_without_a_restart() {
     std::fs::write(&token_file, "token-1\n").unwrap();
     let cache = cache(&kubelet, Duration::ZERO, GENEROUS, Some(token_file.clone()));
     let wait = Duration::from_millis(200);
-    let found = cache.find("media-sports", "web-1", wait).await.unwrap();
+    let found = cache
+        .find("media-sports", "web-1", &uid(1), wait)
+        .await
+        .unwrap();
     assert_eq!(found.unwrap().uid, uid(1));
 
     // the kubelet rotates the token: the file changes, the next list presents the new one
     kubelet.controls().require_token(Some("token-2"));
     let err = cache
-        .find("media-sports", "web-1", wait)
+        .find("media-sports", "web-1", &uid(1), wait)
         .await
         .unwrap_err()
         .to_string();
@@ -71,7 +74,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
     std::fs::write(&token_file, "token-2\n").unwrap();
     assert!(
         cache
-            .find("media-sports", "web-1", wait)
+            .find("media-sports", "web-1", &uid(1), wait)
             .await
             .unwrap()
             .is_some()
@@ -80,7 +83,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
     // a token file that disappears is an error naming it, not an anonymous request
     std::fs::remove_file(&token_file).unwrap();
     let err = cache
-        .find("media-sports", "web-1", wait)
+        .find("media-sports", "web-1", &uid(1), wait)
         .await
         .unwrap_err()
         .to_string();
@@ -95,7 +98,12 @@ async fn pods_arriving_one_after_another_each_get_a_new_list_at_once() {
     for n in 0..10 {
         put(api.cluster(), n);
         let found = cache
-            .find("media-sports", &format!("web-{n}"), Duration::from_secs(5))
+            .find(
+                "media-sports",
+                &format!("web-{n}"),
+                &uid(n),
+                Duration::from_secs(5),
+            )
             .await
             .unwrap();
         assert_eq!(found.unwrap().uid, uid(n));
@@ -105,7 +113,7 @@ async fn pods_arriving_one_after_another_each_get_a_new_list_at_once() {
     // a pod already listed is answered from the cache
     assert!(
         cache
-            .find("media-sports", "web-3", Duration::from_secs(5))
+            .find("media-sports", "web-3", &uid(3), Duration::from_secs(5))
             .await
             .unwrap()
             .is_some()
@@ -126,7 +134,12 @@ async fn concurrent_misses_share_lists() {
         let cache = cache.clone();
         tasks.spawn(async move {
             cache
-                .find("media-sports", &format!("web-{n}"), Duration::from_secs(5))
+                .find(
+                    "media-sports",
+                    &format!("web-{n}"),
+                    &uid(n),
+                    Duration::from_secs(5),
+                )
                 .await
         });
     }
@@ -152,7 +165,7 @@ async fn a_pod_that_never_comes_costs_at_most_the_budget() {
     let cache = cache(&kubelet, Duration::from_secs(60), rate, None);
     let started = Instant::now();
     let found = cache
-        .find("media-sports", "never", Duration::from_millis(500))
+        .find("media-sports", "never", &uid(0), Duration::from_millis(500))
         .await
         .unwrap();
     assert!(found.is_none());
@@ -176,7 +189,7 @@ async fn a_pod_the_kubelet_lists_late_is_found_within_the_wait() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .find("media-sports", "web-7", Duration::from_secs(5))
+                .find("media-sports", "web-7", &uid(7), Duration::from_secs(5))
                 .await
         })
     };
@@ -184,4 +197,61 @@ async fn a_pod_the_kubelet_lists_late_is_found_within_the_wait() {
     kubelet.controls().show("media-sports", "web-7");
     let found = finder.await.unwrap().unwrap();
     assert_eq!(found.unwrap().uid, uid(7));
+}
+
+#[tokio::test]
+async fn a_cached_entry_without_an_ip_or_of_an_old_pod_is_checked_against_a_new_list() {
+    let (api, kubelet) = kubelet().await;
+    let cluster = api.cluster();
+    // listed before its sandbox had an IP
+    cluster.put_pod(running_pod(
+        "media-sports",
+        "web-1",
+        &uid(1),
+        "web",
+        "",
+        "node-1",
+    ));
+    // listed, then deleted and recreated under the same name
+    put(cluster, 2);
+    let cache = cache(&kubelet, Duration::from_secs(60), GENEROUS, None);
+    let wait = Duration::from_secs(5);
+    let early = cache
+        .find("media-sports", "web-1", &uid(1), wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        early.ip, None,
+        "a list newer than the call is answered as it is"
+    );
+    put(cluster, 1);
+    cluster.put_pod(running_pod(
+        "media-sports",
+        "web-2",
+        &uid(22),
+        "web",
+        "10.1.2.4",
+        "node-1",
+    ));
+    let served = kubelet.controls().requests();
+
+    let now = cache
+        .find("media-sports", "web-1", &uid(1), wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(now.ip.as_deref(), Some("10.1.2.3"));
+    assert_eq!(kubelet.controls().requests(), served + 1);
+    let replaced = cache
+        .find("media-sports", "web-2", &uid(2), wait)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        replaced.uid,
+        uid(22),
+        "the new pod, for the caller to refuse"
+    );
+    assert_eq!(kubelet.controls().requests(), served + 2);
 }

@@ -26,8 +26,6 @@ use std::sync::{Arc, RwLock};
 
 #[derive(Default)]
 struct Store {
-    /// Bumped by every write, so readers can reuse what they derived from an unchanged store.
-    generation: u64,
     pods: BTreeMap<(String, String), Pod>,
     services: BTreeMap<(String, String), Service>,
     nodes: BTreeMap<String, Node>,
@@ -64,17 +62,9 @@ impl Cluster {
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Store> {
-        let mut store = self
-            .store
+        self.store
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        store.generation += 1;
-        store
-    }
-
-    /// A number that changes whenever anything in the store may have changed.
-    pub fn generation(&self) -> u64 {
-        self.read().generation
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Creates or replaces a pod.
@@ -153,6 +143,16 @@ impl Cluster {
             .pods
             .get(&(namespace.to_owned(), name.to_owned()))
             .cloned()
+    }
+
+    /// Calls `visit` with every pod on `node`, under the store's read lock (no copies).
+    pub fn visit_pods_on(&self, node: &str, mut visit: impl FnMut(&Pod)) {
+        let store = self.read();
+        for pod in store.pods.values() {
+            if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) {
+                visit(pod);
+            }
+        }
     }
 
     /// Every pod, optionally only those on `node`.

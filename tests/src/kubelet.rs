@@ -6,7 +6,8 @@ use crate::kube_api::Cluster;
 use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, error_response};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use std::collections::BTreeSet;
+use k8s_openapi::api::core::v1::Pod;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -66,52 +67,51 @@ struct KubeletHandler {
     cluster: Cluster,
     node: String,
     controls: Arc<KubeletControls>,
-    /// The last list served and the store generation it was made from: a real kubelet answers
-    /// from its own pod cache, so the stand-in must not spend a core re-serialising an unchanged
-    /// store on the same two-core machine as the system being measured.
-    last_list: Mutex<Option<(u64, Bytes)>>,
+    /// Each pod's JSON as last served, with the pod it was made from. A real kubelet answers
+    /// from its own pod cache; the stand-in must not spend a core re-serialising unchanged pods
+    /// on the same two-core machine as the system being measured.
+    encoded: Mutex<HashMap<(String, String), (Pod, Bytes)>>,
 }
 
 impl KubeletHandler {
-    /// `GET /pods`'s body: this node's pods without the hidden ones.
+    /// `GET /pods`'s body: this node's pods without the hidden ones, as a `PodList`.
     fn pod_list(&self, hidden: &BTreeSet<(String, String)>) -> Bytes {
-        let generation = self.cluster.generation();
-        let cached = self
-            .last_list
+        let mut encoded = self
+            .encoded
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        if hidden.is_empty()
-            && let Some((at, body)) = cached
-            && at == generation
-        {
-            return body;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut items: Vec<Bytes> = Vec::new();
+        let mut listed = HashSet::new();
+        self.cluster.visit_pods_on(&self.node, |pod| {
+            let key = (
+                pod.metadata.namespace.clone().unwrap_or_default(),
+                pod.metadata.name.clone().unwrap_or_default(),
+            );
+            if hidden.contains(&key) {
+                return;
+            }
+            let json = match encoded.get(&key) {
+                Some((seen, json)) if seen == pod => json.clone(),
+                _ => {
+                    let json = Bytes::from(serde_json::to_vec(pod).unwrap_or_default());
+                    encoded.insert(key.clone(), (pod.clone(), json.clone()));
+                    json
+                }
+            };
+            listed.insert(key);
+            items.push(json);
+        });
+        encoded.retain(|key, _| listed.contains(key) || hidden.contains(key));
+        let mut body = Vec::with_capacity(items.iter().map(|i| i.len() + 1).sum::<usize>() + 64);
+        body.extend_from_slice(br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#);
+        for (n, item) in items.iter().enumerate() {
+            if n > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(item);
         }
-        let pods: Vec<_> = self
-            .cluster
-            .pods(None, Some(&self.node))
-            .into_iter()
-            .filter(|p| {
-                !hidden.contains(&(
-                    p.metadata.namespace.clone().unwrap_or_default(),
-                    p.metadata.name.clone().unwrap_or_default(),
-                ))
-            })
-            .collect();
-        let body = Bytes::from(
-            serde_json::to_vec(&serde_json::json!({
-                "kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods
-            }))
-            .unwrap_or_default(),
-        );
-        if hidden.is_empty() {
-            *self
-                .last_list
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) =
-                Some((generation, body.clone()));
-        }
-        body
+        body.extend_from_slice(b"]}");
+        Bytes::from(body)
     }
 }
 
@@ -179,7 +179,7 @@ impl Kubelet {
                     cluster,
                     node: node.to_owned(),
                     controls: controls.clone(),
-                    last_list: Mutex::new(None),
+                    encoded: Mutex::new(HashMap::new()),
                 }),
             )
             .serve(async {
