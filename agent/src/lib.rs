@@ -87,6 +87,12 @@ pub struct Config {
     /// CA bundle verifying ZTS.
     #[arg(long, env = "ZTS_CA_FILE")]
     pub zts_ca: PathBuf,
+    /// CA bundle that issues Athenz instance certificates: a certificate a pod presents for
+    /// refresh must chain to it, or it is refused before ZTS sees it. Default: the --zts-ca
+    /// bundle (right when one CA signs both, as in the devstack; set it when ZTS's server
+    /// certificate comes from another CA).
+    #[arg(long, env = "ATHENZ_CA_FILE")]
+    pub athenz_ca: Option<PathBuf>,
     /// Provider, DNS suffix and namespace mapping (shared with the callback).
     #[command(flatten)]
     pub identity: athenz_core::daemon::PodIdentityArgs,
@@ -160,6 +166,12 @@ pub async fn start(
         connect_timeout: config.upstream_timeout.min(Duration::from_secs(5)),
     })
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
+    let athenz_ca = match &config.athenz_ca {
+        Some(path) => read_cas(path, "--athenz-ca (ATHENZ_CA_FILE)")?,
+        None => read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
+    };
+    let athenz_ca = tls::IssuerCheck::new(&athenz_ca)
+        .map_err(|e| StartError::new("--athenz-ca (ATHENZ_CA_FILE)", e))?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
     let readiness = Readiness::default();
     let node = Arc::new(
@@ -299,6 +311,7 @@ pub async fn start(
         jwt_client,
         jwt_url: service::jwt_url(&config.jwt_service_url),
         zts,
+        athenz_ca,
         node: Arc::clone(&node),
         peer_check: config.peer_check,
         issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),

@@ -61,14 +61,19 @@ impl Failure {
     }
 }
 
+/// What a pod is told when ZTS did not issue: a refusal (any 4xx but 429, or a client
+/// certificate refused in the handshake) is 403, final; only unavailability (no answer, 429,
+/// 5xx) is 503, "try again"; an answer that is not ZTS's API is 502.
 fn zts_failure(e: ZtsError) -> Failure {
     match &e {
-        ZtsError::Rejected {
-            status: 403,
-            message,
-            ..
-        } => fail(StatusCode::FORBIDDEN, format!("ZTS refused: {message}")),
         _ if e.is_transient() => fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        ZtsError::Rejected { status: 500, .. } => {
+            fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+        }
+        ZtsError::Rejected { status, .. } if (400..500).contains(status) => {
+            fail(StatusCode::FORBIDDEN, e.to_string())
+        }
+        ZtsError::CertificateRefused(_) => fail(StatusCode::FORBIDDEN, e.to_string()),
         _ => fail(StatusCode::BAD_GATEWAY, e.to_string()),
     }
 }
@@ -230,6 +235,9 @@ pub struct Agent {
     pub jwt_url: String,
     /// ZTS.
     pub zts: ZtsClient,
+    /// The CA bundle Athenz issues instance certificates under: presented certificates must
+    /// chain to it.
+    pub athenz_ca: tls::IssuerCheck,
     /// The node's own identity (the jwt-service client certificate).
     pub node: Arc<crate::node_identity::NodeIdentity>,
     /// Whether callers must be processes of the volume's pod.
@@ -432,11 +440,12 @@ impl Agent {
             .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, format!("jwt-service: {e}")))?;
         if !status.is_success() {
             let why = String::from_utf8_lossy(&body).into_owned();
+            // its refusal is final (403); its trouble is "try again" (503)
             return Err(fail(
-                if status.is_server_error() {
+                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
                     StatusCode::SERVICE_UNAVAILABLE
                 } else {
-                    StatusCode::BAD_GATEWAY
+                    StatusCode::FORBIDDEN
                 },
                 format!("jwt-service answered {status}: {why}"),
             ));
@@ -480,7 +489,7 @@ impl Agent {
         subject: &PodSubject,
         key: &PrivateKey,
         identity: &InstanceIdentity,
-        fallback_ntoken: Option<Secret>,
+        previous_serial: Option<String>,
     ) -> Result<IdentityResponse, Failure> {
         let leaf = identity
             .x509_certificate
@@ -505,6 +514,7 @@ impl Agent {
             service: subject.service.clone(),
             pod_uid: subject.uid.clone(),
             cert_serial: info.serial_hex.clone(),
+            previous_cert_serial: previous_serial.filter(|s| *s != info.serial_hex),
             cert_expiry: info.not_after,
             updated_at: time::OffsetDateTime::now_utc(),
         };
@@ -519,11 +529,7 @@ impl Agent {
                 .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
             cert_pem,
             ca_cert_pem: signer,
-            ntoken: identity
-                .service_token
-                .clone()
-                .or(fallback_ntoken)
-                .unwrap_or_default(),
+            ntoken: identity.service_token.clone().unwrap_or_default(),
             expires_at: info
                 .not_after
                 .format(&time::format_description::well_known::Rfc3339)
@@ -550,7 +556,8 @@ impl Agent {
         {
             return Ok(answer.clone());
         }
-        if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
+        let earlier = read_json_file::<VolumeState>(&paths.state_json).ok();
+        if let Some(state) = &earlier
             && state.pod_uid != data.pod_uid
         {
             return Err(fail(
@@ -580,9 +587,54 @@ impl Agent {
             .await;
         self.metrics.observe("zts_register", started);
         let registered = registered.map_err(zts_failure)?;
+        // a registration starts a new record in ZTS: no earlier certificate refreshes
         let answer = self.finish(&paths, &subject, &key, &registered.identity, None)?;
         recent.0 = Some((std::time::Instant::now(), answer.clone()));
         Ok(answer)
+    }
+
+    /// A certificate presented for refresh is one this agent got from Athenz for this volume and
+    /// may still use (DESIGN.md 6): valid now, chaining to the Athenz CA, and the latest issued
+    /// for the volume or the one before it. Checked before anything leaves the node, so a pod
+    /// cannot use the agent to show ZTS a certificate it made itself, or one it was issued long
+    /// ago, and a refusal is final (403), not "try again".
+    fn check_presented(
+        &self,
+        chain_pem: &str,
+        info: &CertInfo,
+        state: &VolumeState,
+    ) -> Result<(), Failure> {
+        let now = time::OffsetDateTime::now_utc();
+        if info.not_after <= now {
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                format!("the certificate expired at {}", info.not_after),
+            ));
+        }
+        if info.not_before > now {
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                format!("the certificate is not valid before {}", info.not_before),
+            ));
+        }
+        self.athenz_ca.check(chain_pem).map_err(|e| {
+            fail(
+                StatusCode::FORBIDDEN,
+                format!("the certificate was not issued by the Athenz CA: {e}"),
+            )
+        })?;
+        if info.serial_hex != state.cert_serial
+            && state.previous_cert_serial.as_deref() != Some(info.serial_hex.as_str())
+        {
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "the certificate (serial {}) has been superseded: the latest issued for this volume is {}",
+                    info.serial_hex, state.cert_serial
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `POST /v1/refresh/{id}`.
@@ -629,6 +681,7 @@ impl Agent {
                 "the certificate is not this volume's identity",
             ));
         }
+        self.check_presented(&request.cert_pem, &info, &state)?;
         let (subject, service_ip) = self.pod_subject(&data).await?;
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
@@ -659,7 +712,8 @@ impl Agent {
             .await;
         self.metrics.observe("zts_refresh", started);
         let identity = identity.map_err(zts_failure)?;
-        self.finish(&paths, &subject, &new_key, &identity, None)
+        // as ZTS does: the certificate just presented stays usable once (its answer may be lost)
+        self.finish(&paths, &subject, &new_key, &identity, Some(info.serial_hex))
     }
 }
 

@@ -15,7 +15,16 @@ pub enum ReadError {
 
 /// Reads a whole response body, refusing more than `max` bytes (never trusting Content-Length).
 pub async fn read_limited(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, ReadError> {
-    let mut body = Vec::new();
+    // sized once from Content-Length when the server sent one (a pod list is megabytes: growing
+    // the buffer chunk by chunk copied it over and over)
+    let declared = resp
+        .content_length()
+        .and_then(|n| usize::try_from(n).ok())
+        .unwrap_or(0);
+    if declared > max {
+        return Err(ReadError::TooLarge(max));
+    }
+    let mut body = Vec::with_capacity(declared);
     while let Some(chunk) = resp
         .chunk()
         .await

@@ -55,6 +55,9 @@ pub enum TlsError {
     /// rustls refused the configuration.
     #[error("TLS configuration: {0}")]
     Config(String),
+    /// A certificate does not chain to the trusted bundle, or is not valid now.
+    #[error("not a valid certificate of the trusted CA: {0}")]
+    Untrusted(String),
 }
 
 /// The crypto provider used by every config here.
@@ -360,6 +363,37 @@ pub enum ClientAuth {
     /// A client may connect without a certificate, but one it presents must chain to the client
     /// CAs. Only for ZTS stand-ins: real ZTS serves register calls to clients without one.
     Optional,
+}
+
+/// Checks that a certificate was issued under a CA bundle, as a TLS server checking a client
+/// certificate would (chain, validity now, client-auth usage): the agent asks it of every pair a
+/// pod presents for refresh, before the pair is shown to ZTS.
+#[derive(Debug, Clone)]
+pub struct IssuerCheck {
+    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+}
+
+impl IssuerCheck {
+    /// Certificates must chain to one of `cas`.
+    pub fn new(cas: &[CertificateDer<'static>]) -> Result<Self, TlsError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(root_store(cas)?, provider())
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        Ok(Self { verifier })
+    }
+
+    /// Whether `chain_pem` (the leaf, then any intermediates) chains to the bundle and is valid
+    /// now; the error says why not.
+    pub fn check(&self, chain_pem: &str) -> Result<(), TlsError> {
+        let chain = pem_certificates(chain_pem).map_err(|e| TlsError::BadPem(e.to_string()))?;
+        let (leaf, intermediates) = chain
+            .split_first()
+            .ok_or_else(|| TlsError::BadPem("no certificate".into()))?;
+        self.verifier
+            .verify_client_cert(leaf, intermediates, rustls_pki_types::UnixTime::now())
+            .map(|_| ())
+            .map_err(|e| TlsError::Untrusted(e.to_string()))
+    }
 }
 
 /// A server config that requires a client certificate chaining to `client_cas`.

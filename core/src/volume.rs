@@ -382,6 +382,11 @@ pub struct VolumeState {
     pub pod_uid: String,
     /// Serial of the current certificate, lowercase hex.
     pub cert_serial: String,
+    /// Serial of the certificate presented for the last refresh, which ZTS too still accepts
+    /// (Athenz's `prevSerial`): a pod whose files were not updated after that refresh (its
+    /// answer lost, its write failed) presents it again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_cert_serial: Option<String>,
     /// When the current certificate expires.
     #[serde(with = "time::serde::rfc3339")]
     pub cert_expiry: OffsetDateTime,

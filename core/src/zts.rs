@@ -184,6 +184,10 @@ pub enum ZtsError {
     /// ZTS could not be reached, or did not answer in time.
     #[error("ZTS unreachable: {0}")]
     Unreachable(String),
+    /// ZTS ended the TLS handshake refusing the client certificate presented (a refresh with a
+    /// certificate it does not accept): a refusal, not unavailability.
+    #[error("ZTS refused the client certificate in the TLS handshake: {0}")]
+    CertificateRefused(String),
     /// ZTS answered something that is not the expected JSON.
     #[error("ZTS answered an unreadable {context}: {reason}")]
     BadResponse {
@@ -359,9 +363,48 @@ fn build_http_client(
 }
 
 async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, ZtsError> {
-    req.send()
-        .await
-        .map_err(|e| ZtsError::Unreachable(error_chain(&e)))
+    req.send().await.map_err(|e| {
+        if certificate_alert(&e).is_some() {
+            ZtsError::CertificateRefused(error_chain(&e))
+        } else {
+            ZtsError::Unreachable(error_chain(&e))
+        }
+    })
+}
+
+/// The TLS alert in an error's chain by which a server refused the client's certificate.
+/// (`io::Error::source` skips the error it wraps, so wrapped errors are looked into too.)
+fn certificate_alert(
+    error: &(dyn std::error::Error + 'static),
+) -> Option<rustls::AlertDescription> {
+    use rustls::AlertDescription as A;
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let wrapped = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        for candidate in [Some(e), wrapped].into_iter().flatten() {
+            if let Some(rustls::Error::AlertReceived(alert)) =
+                candidate.downcast_ref::<rustls::Error>()
+                && matches!(
+                    alert,
+                    A::BadCertificate
+                        | A::UnsupportedCertificate
+                        | A::CertificateRevoked
+                        | A::CertificateExpired
+                        | A::CertificateUnknown
+                        | A::UnknownCA
+                        | A::AccessDenied
+                        | A::CertificateRequired
+                )
+            {
+                return Some(*alert);
+            }
+        }
+        next = wrapped.and_then(|w| w.source()).or_else(|| e.source());
+    }
+    None
 }
 
 async fn read_json<T: DeserializeOwned>(

@@ -334,7 +334,8 @@ async fn refresh_checks_the_pair_before_anything_leaves_the_node() {
     );
     assert_eq!(raw(&node.socket, big.as_bytes()).await.0, 413);
 
-    // the happy refresh, twice; then the first certificate again: ZTS revokes → 403
+    // the happy refresh, twice; then the first certificate again, superseded twice: refused by
+    // the agent (ZTS never sees it, so it does not revoke the instance)
     let second = client(&node, &id)
         .refresh(&pair(&mine.key_pem, &mine.cert_pem))
         .await
@@ -352,14 +353,104 @@ async fn refresh_checks_the_pair_before_anything_leaves_the_node() {
             .unwrap_err(),
     );
     assert_eq!(code, 403, "{message}");
-    assert!(message.contains("Certificate revoked"), "{message}");
-    let (code, _) = refused(
+    assert!(message.contains("superseded"), "{message}");
+    assert_eq!(refreshes(&node).await, 2.0, "ZTS was called");
+    // the one presented for the latest refresh is still accepted (an answer the pod never
+    // wrote), as ZTS accepts its previous serial; then the one before is superseded
+    let fourth = client(&node, &id)
+        .refresh(&pair(&second.key_pem, &second.cert_pem))
+        .await
+        .unwrap();
+    assert_ne!(fourth.cert_pem, third.cert_pem);
+    let (code, message) = refused(
         client(&node, &id)
             .refresh(&pair(&third.key_pem, &third.cert_pem))
             .await
             .unwrap_err(),
     );
-    assert_eq!(code, 403);
+    assert_eq!(
+        (code, message.contains("superseded")),
+        (403, true),
+        "{message}"
+    );
+}
+
+/// A certificate of this volume's exact names that Athenz did not issue now — self-signed, from
+/// another CA, or expired — is refused by the agent with the reason, and ZTS is never called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_refuses_certificates_athenz_did_not_issue_without_asking_zts() {
+    use athenz_testbed::pki::{CertAuthority, LeafSpec};
+    let node = node("p256").await;
+    let id = pod_with_volume(&node, "web-12", &uid(12), "10.1.2.12");
+    let mine = client(&node, &id).init().await.unwrap();
+    let info = CertInfo::from_pem(&mine.cert_pem).unwrap();
+    let key = PrivateKey::from_pem(mine.key_pem.expose()).unwrap();
+    let spec = |validity: time::Duration, backdate: time::Duration| LeafSpec {
+        common_name: info.common_name.clone(),
+        organizational_units: info.organizational_units.clone(),
+        dns_names: info.dns_names.clone(),
+        ip_addresses: info.ip_addresses.clone(),
+        uris: info.uris.clone(),
+        validity,
+        backdate,
+    };
+    let day = time::Duration::days(1);
+    // the right CA, the right names and key, but expired
+    let expired = node
+        .zts
+        .ca()
+        .issue_for_key(&spec(-day, day * 2), &key.public_key_der())
+        .unwrap();
+    // the right names and key under a CA Athenz does not use
+    let other_ca = CertAuthority::new_root("Not Athenz")
+        .unwrap()
+        .issue_for_key(
+            &spec(day, time::Duration::minutes(1)),
+            &key.public_key_der(),
+        )
+        .unwrap();
+    // self-signed by the pod's own key, made by openssl
+    let uri_sans: Vec<String> = info.uris.iter().map(|u| format!("URI:{u}")).collect();
+    let self_signed = openssl::run(
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "/dev/stdin",
+            "-days",
+            "1",
+            "-subj",
+            &format!("/CN={}", info.common_name),
+            "-addext",
+            &format!("subjectAltName={}", uri_sans.join(",")),
+        ],
+        mine.key_pem.expose().as_bytes(),
+    )
+    .unwrap();
+    let self_signed =
+        self_signed[self_signed.find("-----BEGIN CERTIFICATE-----").unwrap()..].to_owned();
+    for (cert, why) in [
+        (expired.chain_pem.as_str(), "expired"),
+        (other_ca.chain_pem.as_str(), "not issued by the Athenz CA"),
+        (self_signed.as_str(), "not issued by the Athenz CA"),
+    ] {
+        let request = RefreshRequest {
+            key_pem: mine.key_pem.clone(),
+            cert_pem: cert.to_owned(),
+        };
+        let (code, message) = refused(client(&node, &id).refresh(&request).await.unwrap_err());
+        assert_eq!(code, 403, "{why}: {message}");
+        assert!(message.contains(why), "{why}: {message}");
+    }
+    assert_eq!(refreshes(&node).await, 0.0, "ZTS was called");
+    // and the real one still refreshes
+    let request = RefreshRequest {
+        key_pem: mine.key_pem.clone(),
+        cert_pem: mine.cert_pem.clone(),
+    };
+    client(&node, &id).refresh(&request).await.unwrap();
+    assert_eq!(refreshes(&node).await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
