@@ -26,19 +26,73 @@ pub enum AgentError {
         /// Its Retry-After, seconds.
         retry_after: Option<u64>,
     },
-    /// No answer.
+    /// No answer, for a reason that may pass (the agent starting or restarting, a timeout).
     #[error("agent unreachable: {0}")]
     Unreachable(String),
+    /// The socket cannot be reached as configured (a path too long for a Unix socket, a path
+    /// through something that is not a directory): retrying cannot help.
+    #[error("agent socket unusable: {0}")]
+    BadEndpoint(String),
     /// An answer that is not the API's.
     #[error("agent answered something unreadable: {0}")]
     BadAnswer(String),
 }
 
 impl AgentError {
-    /// Whether trying again may work: 503, or no answer (the agent may be restarting).
+    /// Whether trying again may work: no answer (the agent may be starting), 503 and the other
+    /// "try later" statuses (429, 500, 502, 504). A refusal (400, 403, 404, 413), an endpoint
+    /// that cannot work and an answer that is not the API's are permanent.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Refused { code: 503, .. } | Self::Unreachable(_))
+        match self {
+            Self::Refused { code, .. } => matches!(code, 429 | 500 | 502 | 503 | 504),
+            Self::Unreachable(_) => true,
+            Self::BadEndpoint(_) | Self::BadAnswer(_) => false,
+        }
     }
+}
+
+/// Longest path a Unix socket address holds (`sun_path` is 108 bytes with its NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Checks a socket path before any call: a path over [`MAX_SOCKET_PATH`] bytes can never be
+/// connected to.
+pub fn check_endpoint(socket: &std::path::Path) -> Result<(), AgentError> {
+    let len = socket.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(AgentError::BadEndpoint(format!(
+            "{} is {len} bytes, longer than the {MAX_SOCKET_PATH} a Unix socket path may be",
+            socket.display()
+        )));
+    }
+    Ok(())
+}
+
+/// A connection failure, sorted: the kinds of error a starting or restarting agent causes
+/// (nothing listening yet, no socket file yet, reset, timeout, not yet accessible) are worth
+/// retrying; any other (an invalid path, a component that is not a directory) is not.
+fn connect_error(e: &(dyn std::error::Error + 'static)) -> AgentError {
+    use std::io::ErrorKind as K;
+    let text = athenz_core::client::error_chain(e);
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                K::ConnectionRefused
+                | K::NotFound
+                | K::ConnectionReset
+                | K::ConnectionAborted
+                | K::BrokenPipe
+                | K::TimedOut
+                | K::Interrupted
+                | K::WouldBlock
+                | K::PermissionDenied
+                | K::UnexpectedEof => AgentError::Unreachable(text),
+                _ => AgentError::BadEndpoint(text),
+            };
+        }
+        next = err.source();
+    }
+    AgentError::Unreachable(text)
 }
 
 /// A client of one volume's identity.
@@ -61,6 +115,7 @@ impl AgentClient {
     }
 
     async fn post(&self, path: &str, body: Vec<u8>) -> Result<IdentityResponse, AgentError> {
+        check_endpoint(&self.socket)?;
         let uri: hyper::Uri = hyperlocal::Uri::new(&self.socket, path).into();
         let req = http::Request::post(uri)
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -71,7 +126,7 @@ impl AgentClient {
                 .client
                 .request(req)
                 .await
-                .map_err(|e| AgentError::Unreachable(athenz_core::client::error_chain(&e)))?;
+                .map_err(|e| connect_error(&e))?;
             let status = resp.status().as_u16();
             let retry_after = resp
                 .headers()

@@ -22,6 +22,8 @@ pub struct Sia {
 impl Sia {
     /// Reads the volume id and resolves the owner; errors name the setting.
     pub fn load(settings: Settings) -> Result<Self, String> {
+        crate::client::check_endpoint(&settings.endpoint)
+            .map_err(|e| format!("--endpoint (ENDPOINT): {e}"))?;
         let raw = std::fs::read_to_string(&settings.id_file)
             .map_err(|e| format!("--id-file (ID_FILE) {}: {e}", settings.id_file.display()))?;
         let id = VolumeId::parse(raw.trim()).map_err(|e| format!("--id-file (ID_FILE): {e}"))?;
@@ -92,7 +94,7 @@ impl Sia {
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(format!("{e} (not retried: it cannot heal)")),
             }
         }
     }
@@ -140,7 +142,15 @@ impl Sia {
                 _ = tokio::time::sleep(wait) => {}
             }
             let outcome = match self.current() {
-                Ok((pair, _)) => self.client.refresh(&pair).await.map_err(|e| e.to_string()),
+                Ok((pair, _)) => match self.client.refresh(&pair).await {
+                    Ok(answer) => Ok(answer),
+                    // refused for good (the pod replaced or being deleted, its certificate no
+                    // longer accepted): say so and stop, rather than retry for ever
+                    Err(e) if !e.is_transient() => {
+                        return Err(format!("{e} (not retried: it cannot heal)"));
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
                 Err(e) => Err(e),
             };
             match outcome.and_then(|answer| self.write(&answer).map(|()| answer)) {
