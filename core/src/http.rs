@@ -8,7 +8,7 @@
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -483,42 +483,89 @@ async fn handle_request<H: Handler>(
     resp
 }
 
+/// Most bytes of an oversized body read and thrown away so its sender sees the 413: a client
+/// still sending when the server closes gets a reset ("broken pipe"), not the answer. Beyond
+/// this the connection is closed unread.
+const MAX_DRAIN: u64 = 16 * 1024 * 1024;
+
 /// Reads the whole body within the size and time limits, or answers 413 / 408 / 400.
+///
+/// An oversized body is answered 413 after reading and discarding the rest of it (up to
+/// [`MAX_DRAIN`], within the body timeout), with `Connection: close`; a client that asked
+/// `Expect: 100-continue` has sent nothing yet and gets the 413 at once.
 async fn read_body(
     parts: &http::request::Parts,
-    body: Incoming,
+    mut body: Incoming,
     limits: &ServerLimits,
 ) -> Result<Bytes, Response<Body>> {
     let too_large = || {
-        error_response(
+        let mut resp = error_response(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("request body is larger than {} bytes", limits.max_body),
-        )
+        );
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+        resp
     };
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
+    let expects_continue = parts
+        .headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    let deadline = tokio::time::Instant::now() + limits.body_timeout;
     if declared.is_some_and(|len| len > limits.max_body as u64) {
+        if !expects_continue && declared.is_some_and(|len| len <= MAX_DRAIN) {
+            drain(&mut body, 0, deadline).await;
+        }
         return Err(too_large());
     }
-    let collected = tokio::time::timeout(
-        limits.body_timeout,
-        Limited::new(body, limits.max_body).collect(),
-    )
-    .await;
-    match collected {
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(error_response(
-            StatusCode::BAD_REQUEST,
-            format!("could not read the request body: {e}"),
-        )),
-        Err(_) => Err(error_response(
-            StatusCode::REQUEST_TIMEOUT,
-            "the request body did not arrive in time",
-        )),
+    let mut collected = bytes::BytesMut::new();
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Err(_) => {
+                return Err(error_response(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body did not arrive in time",
+                ));
+            }
+            Ok(None) => return Ok(collected.freeze()),
+            Ok(Some(Err(e))) => {
+                return Err(error_response(
+                    StatusCode::BAD_REQUEST,
+                    format!("could not read the request body: {e}"),
+                ));
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        if let Ok(data) = frame.into_data() {
+            if collected.len() + data.len() > limits.max_body {
+                let seen = (collected.len() + data.len()) as u64;
+                drain(&mut body, seen, deadline).await;
+                return Err(too_large());
+            }
+            collected.extend_from_slice(&data);
+        }
+    }
+}
+
+/// Reads and discards the rest of `body` until it ends, [`MAX_DRAIN`] bytes were seen in all,
+/// or `deadline`.
+async fn drain(body: &mut Incoming, mut seen: u64, deadline: tokio::time::Instant) {
+    while seen <= MAX_DRAIN {
+        match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    seen += data.len() as u64;
+                }
+            }
+            _ => return,
+        }
     }
 }
 
@@ -711,6 +758,55 @@ mod tests {
             "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3c\r\n{chunk}\r\n3c\r\n{chunk}\r\n0\r\n\r\n"
         );
         let resp = raw_exchange(addr, req.as_bytes()).await;
+        assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
+    }
+
+    /// A client still sending an oversized body reads the 413 (the server read and discarded
+    /// the rest) instead of a reset; one that waits on `Expect: 100-continue` gets it at once.
+    #[tokio::test]
+    async fn a_client_sending_an_oversized_body_reads_the_413() {
+        let limits = ServerLimits {
+            max_body: 64 * 1024,
+            body_timeout: Duration::from_secs(10),
+            ..ServerLimits::default()
+        };
+        let (addr, _) = start(limits).await;
+        let body = vec![b'x'; 3 * 1024 * 1024];
+        for framing in ["declared", "chunked"] {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let head = match framing {
+                "declared" => format!(
+                    "POST / HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                ),
+                _ => "POST / HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n".into(),
+            };
+            s.write_all(head.as_bytes()).await.unwrap();
+            for piece in body.chunks(256 * 1024) {
+                if framing == "chunked" {
+                    s.write_all(format!("{:x}\r\n", piece.len()).as_bytes())
+                        .await
+                        .unwrap();
+                    s.write_all(piece).await.unwrap();
+                    s.write_all(b"\r\n").await.unwrap();
+                } else {
+                    s.write_all(piece).await.unwrap();
+                }
+            }
+            if framing == "chunked" {
+                s.write_all(b"0\r\n\r\n").await.unwrap();
+            }
+            let mut out = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+            let resp = String::from_utf8_lossy(&out);
+            assert!(resp.starts_with("HTTP/1.1 413"), "{framing}: {resp}");
+            assert!(resp.contains("connection: close"), "{framing}: {resp}");
+        }
+        let resp = raw_exchange(
+            addr,
+            b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 3145728\r\nexpect: 100-continue\r\n\r\n",
+        )
+        .await;
         assert!(resp.starts_with("HTTP/1.1 413"), "{resp}");
     }
 
