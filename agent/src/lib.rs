@@ -4,6 +4,7 @@
 //! instance with ZTS.
 
 pub mod install;
+pub mod key_pool;
 pub mod kubelet;
 pub mod node_identity;
 pub mod service;
@@ -107,6 +108,10 @@ pub struct Config {
     /// Key type for pods: p256 or rsa2048.
     #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
     pub key_algorithm: KeyAlgorithm,
+    /// Most RSA keys made ahead in the background (the pool follows recent demand up to this;
+    /// 0: none). P-256 keys are cheap and always made on the request path.
+    #[arg(long, env = "KEY_POOL_MAX", default_value_t = 32)]
+    pub key_pool_max: usize,
     /// Most identities issued at once (each holds one jwt-service call, a key generation and one
     /// ZTS call); the rest queue. Bounds upstream connections and memory when many pods start.
     #[arg(long, env = "MAX_ZTS_CALLS", default_value_t = 8)]
@@ -286,6 +291,7 @@ pub async fn start(
             .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
     };
 
+    let keys = key_pool::KeyPool::new(config.key_algorithm, config.key_pool_max);
     let agent = Arc::new(service::Agent {
         metrics: service::AgentMetrics::register(&mut registry),
         volumes,
@@ -307,7 +313,7 @@ pub async fn start(
             .cluster_domain
             .clone()
             .map(|domain| service::ServiceDns::new(domain, config.dns_resolver)),
-        key_algorithm: config.key_algorithm,
+        keys: Arc::clone(&keys),
         jwt_client,
         jwt_url: service::jwt_url(&config.jwt_service_url),
         zts,
@@ -318,6 +324,7 @@ pub async fn start(
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
     let http_metrics = HttpMetrics::register(&mut registry);
+    let filler = tokio::spawn(Arc::clone(&keys).fill(shutdown.wait()));
     let registry = Arc::new(registry);
     tracing::info!(socket = %socket.display(), ops = %bound.ops, node = %config.node_name, peer_check = %config.peer_check, "agent listening");
     let task = tokio::spawn(async move {
@@ -337,6 +344,7 @@ pub async fn start(
         .serve(shutdown.wait())
         .await;
         let _ = watcher.await;
+        let _ = filler.await;
         let _ = std::fs::remove_file(&socket);
         let _ = ops.await;
     });

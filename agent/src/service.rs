@@ -4,7 +4,7 @@
 
 use crate::kubelet::PodCache;
 use athenz_core::agent_api::{AgentRoute, IdentityResponse, RefreshRequest};
-use athenz_core::crypto::{CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert};
+use athenz_core::crypto::{CertInfo, PrivateKey, build_csr, key_matches_cert};
 use athenz_core::http::{
     Body, ConnInfo, Handler, Peer, error_response, json_response, unavailable_response,
 };
@@ -98,6 +98,18 @@ pub struct AgentMetrics {
         PeerCheckLabels,
         prometheus_client::metrics::counter::Counter,
     >,
+    keys_taken: prometheus_client::metrics::family::Family<
+        KeySourceLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    key_pool_ready: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// Labels of the pod-key counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct KeySourceLabels {
+    /// `pool` (made ahead) or `on_path` (made while the pod waited).
+    pub source: &'static str,
 }
 
 /// Labels of the peer-check counter.
@@ -121,7 +133,19 @@ impl AgentMetrics {
             cached_pods: Default::default(),
             cert_expiry: Default::default(),
             peer_checks: Default::default(),
+            keys_taken: Default::default(),
+            key_pool_ready: Default::default(),
         };
+        registry.register(
+            "pod_keys",
+            "Pod keys handed out, by where they were made",
+            m.keys_taken.clone(),
+        );
+        registry.register(
+            "key_pool_ready",
+            "RSA keys made ahead and ready",
+            m.key_pool_ready.clone(),
+        );
         registry.register(
             "peer_checks",
             "Callers on the socket checked against their volume's pod, by outcome",
@@ -143,6 +167,18 @@ impl AgentMetrics {
             m.cert_expiry.clone(),
         );
         m
+    }
+
+    fn key_taken(&self, source: crate::key_pool::KeySource, ready: usize) {
+        let source = match source {
+            crate::key_pool::KeySource::Pool => "pool",
+            crate::key_pool::KeySource::OnPath => "on_path",
+        };
+        self.keys_taken
+            .get_or_create(&KeySourceLabels { source })
+            .inc();
+        self.key_pool_ready
+            .set(i64::try_from(ready).unwrap_or(i64::MAX));
     }
 
     fn observe(&self, upstream: &'static str, started: std::time::Instant) {
@@ -227,8 +263,8 @@ pub struct Agent {
     pub dns_suffix: String,
     /// The optional service IP lookup (`None`: no lookup).
     pub service_dns: Option<ServiceDns>,
-    /// Key type for pods.
-    pub key_algorithm: KeyAlgorithm,
+    /// Pods' keys (RSA ones made ahead).
+    pub keys: Arc<crate::key_pool::KeyPool>,
     /// The jwt-service client (mutual TLS with the node's certificate).
     pub jwt_client: reqwest::Client,
     /// `https://.../v1/jwt`.
@@ -460,7 +496,7 @@ impl Agent {
             })
     }
 
-    fn csr(
+    async fn csr(
         &self,
         subject: &PodSubject,
         service_ip: Option<IpAddr>,
@@ -475,8 +511,12 @@ impl Agent {
             service_ip,
         })
         .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
-        let key = PrivateKey::generate(self.key_algorithm)
+        let (key, source) = self
+            .keys
+            .take()
+            .await
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        self.metrics.key_taken(source, self.keys.ready());
         let csr = build_csr(&identity, &key)
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         Ok((key, csr))
@@ -538,11 +578,18 @@ impl Agent {
     }
 
     /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer).
-    async fn issuance_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, Failure> {
-        self.issuance_slots
+    ///
+    /// While one is held the key pool does not refill: pods waiting now come first.
+    async fn issuance_slot(
+        &self,
+    ) -> Result<(tokio::sync::SemaphorePermit<'_>, crate::key_pool::Busy<'_>), Failure> {
+        let busy = self.keys.busy();
+        let slot = self
+            .issuance_slots
             .acquire()
             .await
-            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))
+            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
+        Ok((slot, busy))
     }
 
     /// `POST /v1/init/{id}`.
@@ -571,7 +618,7 @@ impl Agent {
         // many pods start at once, and a JWT is used moments after it is signed.
         let _slot = self.issuance_slot().await?;
         let jwt = self.jwt(&subject).await?;
-        let (key, csr) = self.csr(&subject, service_ip)?;
+        let (key, csr) = self.csr(&subject, service_ip).await?;
         let started = std::time::Instant::now();
         let registered = self
             .zts
@@ -690,7 +737,7 @@ impl Agent {
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         let _slot = self.issuance_slot().await?;
         let jwt = self.jwt(&subject).await?;
-        let (new_key, csr) = self.csr(&subject, service_ip)?;
+        let (new_key, csr) = self.csr(&subject, service_ip).await?;
         let started = std::time::Instant::now();
         let identity = self
             .zts
