@@ -178,3 +178,54 @@ fn a_normal_user_gets_a_user_namespace_or_a_clear_refusal() {
         );
     }
 }
+
+/// `bench` with pods arriving one by one at real size runs the whole path and reports the
+/// daemons against their own cryptography (a smoke run: 3 pods; the figures are for people).
+#[test]
+fn bench_reports_arrivals_of_real_size_pods() {
+    let out = Command::new(DEVSTACK)
+        .args([
+            "bench",
+            "--pods",
+            "3",
+            "--arrival",
+            "20ms",
+            "--pod-size",
+            "real",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pods"], 3);
+    assert_eq!(report["arrival_ms"], 20.0);
+    assert_eq!(report["pod_size"], "real");
+    let daemons = report["daemons"].as_array().unwrap();
+    let names: Vec<&str> = daemons
+        .iter()
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "agent",
+            "jwt-service",
+            "callback",
+            "agent + jwt-service + callback"
+        ]
+    );
+    for d in daemons {
+        assert!(d["floor_ms"].as_f64().unwrap() > 0.0, "{d}");
+    }
+    assert!(report["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
+
+    let out = Command::new(DEVSTACK)
+        .args(["bench", "--pods", "1", "--arrival", "soon"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--arrival") && err.contains("soon"), "{err}");
+}
