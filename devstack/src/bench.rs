@@ -194,7 +194,7 @@ fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
 /// Pod `n` of the run: alternating between two namespaces (two Athenz domains).
 fn bench_pod(n: usize) -> NewPod {
     NewPod {
-        namespace: if n % 2 == 0 {
+        namespace: if n.is_multiple_of(2) {
             "media-sports"
         } else {
             "finance-ledger"
