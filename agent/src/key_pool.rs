@@ -30,6 +30,16 @@ pub enum KeySource {
     OnPath,
 }
 
+impl KeySource {
+    /// Its metric label: `pool` or `on_path`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Pool => "pool",
+            Self::OnPath => "on_path",
+        }
+    }
+}
+
 /// The pool.
 pub struct KeyPool {
     algorithm: KeyAlgorithm,

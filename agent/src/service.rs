@@ -170,12 +170,10 @@ impl AgentMetrics {
     }
 
     fn key_taken(&self, source: crate::key_pool::KeySource, ready: usize) {
-        let source = match source {
-            crate::key_pool::KeySource::Pool => "pool",
-            crate::key_pool::KeySource::OnPath => "on_path",
-        };
         self.keys_taken
-            .get_or_create(&KeySourceLabels { source })
+            .get_or_create(&KeySourceLabels {
+                source: source.label(),
+            })
             .inc();
         self.key_pool_ready
             .set(i64::try_from(ready).unwrap_or(i64::MAX));
@@ -603,8 +601,7 @@ impl Agent {
         {
             return Ok(answer.clone());
         }
-        let earlier = read_json_file::<VolumeState>(&paths.state_json).ok();
-        if let Some(state) = &earlier
+        if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
             && state.pod_uid != data.pod_uid
         {
             return Err(fail(
@@ -642,12 +639,12 @@ impl Agent {
 
     /// A certificate presented for refresh is one this agent got from Athenz for this volume and
     /// may still use (DESIGN.md 6): valid now, chaining to the Athenz CA, and the latest issued
-    /// for the volume or the one before it. Checked before anything leaves the node, so a pod
+    /// for the volume or the one presented for the last refresh. Checked before anything leaves the node, so a pod
     /// cannot use the agent to show ZTS a certificate it made itself, or one it was issued long
     /// ago, and a refusal is final (403), not "try again".
     fn check_presented(
         &self,
-        chain_pem: &str,
+        chain: &[rustls_pki_types::CertificateDer<'static>],
         info: &CertInfo,
         state: &VolumeState,
     ) -> Result<(), Failure> {
@@ -664,7 +661,7 @@ impl Agent {
                 format!("the certificate is not valid before {}", info.not_before),
             ));
         }
-        self.athenz_ca.check(chain_pem).map_err(|e| {
+        self.athenz_ca.check(chain).map_err(|e| {
             fail(
                 StatusCode::FORBIDDEN,
                 format!("the certificate was not issued by the Athenz CA: {e}"),
@@ -728,13 +725,14 @@ impl Agent {
                 "the certificate is not this volume's identity",
             ));
         }
-        self.check_presented(&request.cert_pem, &info, &state)?;
+        // the pair in the form ZTS will be shown it; its chain is the one checked below
+        let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        self.check_presented(&presented.cert, &info, &state)?;
         let (subject, service_ip) = self.pod_subject(&data).await?;
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
         }
-        let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         let _slot = self.issuance_slot().await?;
         let jwt = self.jwt(&subject).await?;
         let (new_key, csr) = self.csr(&subject, service_ip).await?;

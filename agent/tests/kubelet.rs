@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_identity_agent::kubelet::{ListRate, PodCache};
+use athenz_identity_agent::kubelet::{ListRate, NodePod, PodCache};
 use athenz_testbed::kube_api::{Cluster, KubeApi, running_pod};
 use athenz_testbed::kubelet::Kubelet;
 use std::sync::Arc;
@@ -40,6 +40,21 @@ fn cache(
     token: Option<std::path::PathBuf>,
 ) -> PodCache {
     PodCache::new(reqwest::Client::new(), &kubelet.url(), token, ttl, rate)
+}
+
+/// Pod `web-<n>` (uid `uid(n)`), waiting up to 5 s.
+async fn find_web(
+    cache: &PodCache,
+    n: usize,
+) -> Result<Option<Arc<NodePod>>, athenz_identity_agent::kubelet::KubeletError> {
+    cache
+        .find(
+            "media-sports",
+            &format!("web-{n}"),
+            &uid(n),
+            Duration::from_secs(5),
+        )
+        .await
 }
 
 const GENEROUS: ListRate = ListRate {
@@ -97,27 +112,13 @@ async fn pods_arriving_one_after_another_each_get_a_new_list_at_once() {
     let cache = cache(&kubelet, Duration::from_secs(60), GENEROUS, None);
     for n in 0..10 {
         put(api.cluster(), n);
-        let found = cache
-            .find(
-                "media-sports",
-                &format!("web-{n}"),
-                &uid(n),
-                Duration::from_secs(5),
-            )
-            .await
-            .unwrap();
+        let found = find_web(&cache, n).await.unwrap();
         assert_eq!(found.unwrap().uid, uid(n));
     }
     // one list per arrival, none more (the old agent waited 25 ms between two forced lists)
     assert_eq!(kubelet.controls().requests(), 10);
     // a pod already listed is answered from the cache
-    assert!(
-        cache
-            .find("media-sports", "web-3", &uid(3), Duration::from_secs(5))
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(find_web(&cache, 3).await.unwrap().is_some());
     assert_eq!(kubelet.controls().requests(), 10);
 }
 
@@ -132,16 +133,7 @@ async fn concurrent_misses_share_lists() {
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..50 {
         let cache = cache.clone();
-        tasks.spawn(async move {
-            cache
-                .find(
-                    "media-sports",
-                    &format!("web-{n}"),
-                    &uid(n),
-                    Duration::from_secs(5),
-                )
-                .await
-        });
+        tasks.spawn(async move { find_web(&cache, n).await });
     }
     while let Some(found) = tasks.join_next().await {
         assert!(found.unwrap().unwrap().is_some());

@@ -38,6 +38,23 @@ pub async fn read_limited(mut resp: reqwest::Response, max: usize) -> Result<Vec
     Ok(body)
 }
 
+/// An error and every cause under it, outermost first. `io::Error::source` skips the error an
+/// `io::Error` wraps (it answers that error's own source), so the wrapped one is visited too:
+/// that is where a TLS alert or a connect failure sits under reqwest and hyper.
+pub fn causes<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |e| {
+        match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(wrapped) => Some(wrapped as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        }
+    })
+}
+
 /// An error and its causes on one line; reqwest's top-level message alone ("error sending
 /// request") does not say what failed.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
@@ -54,6 +71,17 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn causes_look_inside_io_errors() {
+        #[derive(Debug, Error)]
+        #[error("wrapped")]
+        struct Wrapped;
+        let io = std::io::Error::new(std::io::ErrorKind::InvalidInput, Wrapped);
+        let found: Vec<String> = causes(&io).map(ToString::to_string).collect();
+        assert_eq!(found, ["wrapped", "wrapped"]);
+        assert!(causes(&io).any(|c| c.downcast_ref::<Wrapped>().is_some()));
+    }
 
     #[derive(Debug, Error)]
     #[error("outer")]

@@ -382,13 +382,12 @@ impl IssuerCheck {
         Ok(Self { verifier })
     }
 
-    /// Whether `chain_pem` (the leaf, then any intermediates) chains to the bundle and is valid
+    /// Whether `chain` (the leaf, then any intermediates) chains to the bundle and is valid
     /// now; the error says why not.
-    pub fn check(&self, chain_pem: &str) -> Result<(), TlsError> {
-        let chain = pem_certificates(chain_pem).map_err(|e| TlsError::BadPem(e.to_string()))?;
+    pub fn check(&self, chain: &[CertificateDer<'static>]) -> Result<(), TlsError> {
         let (leaf, intermediates) = chain
             .split_first()
-            .ok_or_else(|| TlsError::BadPem("no certificate".into()))?;
+            .ok_or_else(|| TlsError::Untrusted("no certificate".into()))?;
         self.verifier
             .verify_client_cert(leaf, intermediates, rustls_pki_types::UnixTime::now())
             .map(|_| ())

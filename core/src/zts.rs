@@ -373,38 +373,23 @@ async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, ZtsErro
 }
 
 /// The TLS alert in an error's chain by which a server refused the client's certificate.
-/// (`io::Error::source` skips the error it wraps, so wrapped errors are looked into too.)
 fn certificate_alert(
     error: &(dyn std::error::Error + 'static),
 ) -> Option<rustls::AlertDescription> {
     use rustls::AlertDescription as A;
-    let mut next = Some(error);
-    while let Some(e) = next {
-        let wrapped = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .map(|inner| inner as &(dyn std::error::Error + 'static));
-        for candidate in [Some(e), wrapped].into_iter().flatten() {
-            if let Some(rustls::Error::AlertReceived(alert)) =
-                candidate.downcast_ref::<rustls::Error>()
-                && matches!(
-                    alert,
-                    A::BadCertificate
-                        | A::UnsupportedCertificate
-                        | A::CertificateRevoked
-                        | A::CertificateExpired
-                        | A::CertificateUnknown
-                        | A::UnknownCA
-                        | A::AccessDenied
-                        | A::CertificateRequired
-                )
-            {
-                return Some(*alert);
-            }
-        }
-        next = wrapped.and_then(|w| w.source()).or_else(|| e.source());
-    }
-    None
+    crate::client::causes(error).find_map(|cause| match cause.downcast_ref::<rustls::Error>() {
+        Some(rustls::Error::AlertReceived(
+            alert @ (A::BadCertificate
+            | A::UnsupportedCertificate
+            | A::CertificateRevoked
+            | A::CertificateExpired
+            | A::CertificateUnknown
+            | A::UnknownCA
+            | A::AccessDenied
+            | A::CertificateRequired),
+        )) => Some(*alert),
+        _ => None,
+    })
 }
 
 async fn read_json<T: DeserializeOwned>(

@@ -73,26 +73,25 @@ pub fn check_endpoint(socket: &std::path::Path) -> Result<(), AgentError> {
 fn connect_error(e: &(dyn std::error::Error + 'static)) -> AgentError {
     use std::io::ErrorKind as K;
     let text = athenz_core::client::error_chain(e);
-    let mut next = Some(e);
-    while let Some(err) = next {
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            return match io.kind() {
-                K::ConnectionRefused
-                | K::NotFound
-                | K::ConnectionReset
-                | K::ConnectionAborted
-                | K::BrokenPipe
-                | K::TimedOut
-                | K::Interrupted
-                | K::WouldBlock
-                | K::PermissionDenied
-                | K::UnexpectedEof => AgentError::Unreachable(text),
-                _ => AgentError::BadEndpoint(text),
-            };
-        }
-        next = err.source();
+    let kind = athenz_core::client::causes(e)
+        .find_map(|cause| cause.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind);
+    match kind {
+        None
+        | Some(
+            K::ConnectionRefused
+            | K::NotFound
+            | K::ConnectionReset
+            | K::ConnectionAborted
+            | K::BrokenPipe
+            | K::TimedOut
+            | K::Interrupted
+            | K::WouldBlock
+            | K::PermissionDenied
+            | K::UnexpectedEof,
+        ) => AgentError::Unreachable(text),
+        Some(_) => AgentError::BadEndpoint(text),
     }
-    AgentError::Unreachable(text)
 }
 
 /// A client of one volume's identity.
