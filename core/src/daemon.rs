@@ -244,7 +244,8 @@ where
     run_until_terminated(format, |shutdown| start(config, shutdown))
 }
 
-/// The `main` of every daemon: installs the crypto provider and logging, starts the daemon on a
+/// The `main` of every daemon: installs the crypto provider and logging, seeds the crypto
+/// generator (see [`crate::random::seed_crypto_generator`]), starts the daemon on a
 /// multi-threaded runtime, runs until SIGTERM or SIGINT, then drains it. A start-up error is logged
 /// and ends the process with exit code 2 (a usage error: it names the setting).
 pub fn run_until_terminated<S, Fut, B>(
@@ -257,6 +258,10 @@ where
 {
     crate::install_crypto_provider();
     let _ = crate::telemetry::init_logging(log_format);
+    if let Err(e) = crate::random::seed_crypto_generator() {
+        // Not fatal here: whatever needs randomness later fails with its own error.
+        tracing::warn!(error = %e, "seeding the crypto generator at start failed");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

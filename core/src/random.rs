@@ -16,6 +16,18 @@ pub fn fill(buf: &mut [u8]) -> Result<(), RandomError> {
     getrandom::fill(buf).map_err(|e| RandomError(e.to_string()))
 }
 
+/// Draws once from aws-lc-rs's generator (the one rustls and key generation use), so that its
+/// one-time seeding — jitter entropy, tens of milliseconds of CPU — happens now rather than inside
+/// the first TLS handshake or key a request needs. Daemons call it before they listen: otherwise
+/// their first pod waits for it and the cost lands in the first request's CPU.
+pub fn seed_crypto_generator() -> Result<(), RandomError> {
+    use aws_lc_rs::rand::SecureRandom;
+    let mut byte = [0u8; 1];
+    aws_lc_rs::rand::SystemRandom::new()
+        .fill(&mut byte)
+        .map_err(|_| RandomError("aws-lc-rs's generator could not be seeded".into()))
+}
+
 /// `N` random bytes as lowercase hex, for unique temporary names. Falls back to the time and pid
 /// if the generator fails: such names are created exclusively, so a clash is an error, never a
 /// hazard.
