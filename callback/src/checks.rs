@@ -3,12 +3,12 @@
 //! message, so an operator sees at once which rule refused a pod.
 
 use crate::keys::PublicKeys;
+use crate::pods::PodFacts;
 use crate::replay::{ReplayCache, ReplayRefusal};
 use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
 use athenz_core::subject::PodSubject;
 use athenz_core::zts::{InstanceConfirmation, attr};
 use jsonwebtoken::{Algorithm, Validation};
-use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -275,7 +275,7 @@ pub fn check_namespace(policy: &Policy, subject: &PodSubject) -> Result<(), Deny
 
 /// The pod read from the API is the subject: exists with that uid, is not terminating, is Pending or
 /// Running, runs as the subject's service account, and has the subject's IP.
-pub fn check_pod(subject: &PodSubject, pod: Option<&Pod>) -> Result<(), Deny> {
+pub fn check_pod(subject: &PodSubject, pod: Option<&PodFacts>) -> Result<(), Deny> {
     let pod = pod.ok_or_else(|| {
         deny(
             "pod_exists",
@@ -291,7 +291,7 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&Pod>) -> Result<(), Deny> {
             ),
         ));
     }
-    if pod.metadata.deletion_timestamp.is_some() {
+    if pod.metadata.deletion_timestamp {
         return Err(deny("pod_terminating", "the pod is being deleted"));
     }
     let status = pod.status.as_ref();
@@ -334,7 +334,7 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&Pod>) -> Result<(), Deny> {
 pub fn check_pod_node(
     subject: &PodSubject,
     claims: &ReceivedClaims,
-    pod: &Pod,
+    pod: &PodFacts,
 ) -> Result<(), Deny> {
     let node = claims
         .node

@@ -5,10 +5,11 @@
 //! for then carry that node, which the pod checks hold against the pod's `spec.nodeName`.
 
 use crate::checks::{Deny, Policy, deny, split};
+use crate::pods::PodFacts;
 use athenz_core::names::CsrIdentity;
 use athenz_core::zts::{InstanceConfirmation, attr};
 use k8s_openapi::api::authentication::v1::{TokenReview, UserInfo};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 
 /// `status.user.extra` keys a real API server sets for a token bound to a pod.
 pub mod extra {
@@ -173,7 +174,7 @@ pub fn check_pod_claims(user: &UserInfo) -> Result<PodClaims, Deny> {
 pub fn check_agent_pod(
     policy: &NodePolicy,
     claims: &PodClaims,
-    pod: Option<&Pod>,
+    pod: Option<&PodFacts>,
 ) -> Result<String, Deny> {
     let name = format!("{}/{}", policy.namespace, claims.pod_name);
     let pod =
@@ -187,7 +188,7 @@ pub fn check_agent_pod(
             ),
         ));
     }
-    if pod.metadata.deletion_timestamp.is_some() {
+    if pod.metadata.deletion_timestamp {
         return Err(deny(
             "node_pod",
             format!("the agent pod {name} is being deleted"),

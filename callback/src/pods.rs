@@ -1,11 +1,104 @@
 //! Reading pods and services from the Kubernetes API (kube-rs), with a timeout on every call and
 //! the call's latency recorded.
 
+use http_body_util::BodyExt;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::core::v1::{Node, Pod, Service};
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use prometheus_client::metrics::histogram::Histogram;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
 use std::time::{Duration, Instant};
+
+/// Most bytes of a pod object read from the API. etcd refuses objects over 1.5 MiB, so a larger
+/// answer is not a pod.
+pub const MAX_POD_JSON: usize = 2 * 1024 * 1024;
+
+/// Most bytes of an API error answer kept for the message.
+const MAX_ERROR_BODY: usize = 4 * 1024;
+
+/// The fields of a pod the checks read, and nothing else.
+///
+/// A real pod's JSON is 8–15 KB (containers, env, probes, volumes, full status, managed
+/// fields); k8s-openapi's `Pod` allocated all of it for every identity confirmed. This type
+/// keeps the API's field names and nesting (so a check reads `pod.spec.node_name` as it would
+/// on a `Pod`), and serde skips every other field without building it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct PodFacts {
+    /// `metadata`.
+    #[serde(default)]
+    pub metadata: PodMetaFacts,
+    /// `spec`.
+    #[serde(default)]
+    pub spec: Option<PodSpecFacts>,
+    /// `status`.
+    #[serde(default)]
+    pub status: Option<PodStatusFacts>,
+}
+
+/// `metadata` of [`PodFacts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodMetaFacts {
+    /// `metadata.uid`.
+    #[serde(default)]
+    pub uid: Option<String>,
+    /// Whether `metadata.deletionTimestamp` is set (its value does not matter).
+    #[serde(default, deserialize_with = "present")]
+    pub deletion_timestamp: bool,
+}
+
+/// `spec` of [`PodFacts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpecFacts {
+    /// `spec.nodeName`.
+    #[serde(default)]
+    pub node_name: Option<String>,
+    /// `spec.serviceAccountName`.
+    #[serde(default)]
+    pub service_account_name: Option<String>,
+}
+
+/// `status` of [`PodFacts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct PodStatusFacts {
+    /// `status.phase`.
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// `status.podIP`.
+    #[serde(default, rename = "podIP")]
+    pub pod_ip: Option<String>,
+    /// `status.podIPs[].ip`.
+    #[serde(default, rename = "podIPs")]
+    pub pod_ips: Option<Vec<PodIpFacts>>,
+}
+
+/// One entry of `status.podIPs`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct PodIpFacts {
+    /// `ip`.
+    #[serde(default)]
+    pub ip: String,
+}
+
+/// A field that is present and not `null`, whatever its value.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<IgnoredAny>::deserialize(d)?.is_some())
+}
+
+impl PodFacts {
+    /// Parses a pod as the API returns it (`GET /api/v1/namespaces/{ns}/pods/{name}`).
+    pub fn from_json(json: &[u8]) -> Result<Self, String> {
+        if json.len() > MAX_POD_JSON {
+            return Err(format!(
+                "the pod's JSON is {} bytes, more than {MAX_POD_JSON}",
+                json.len()
+            ));
+        }
+        serde_json::from_slice(json).map_err(|e| format!("the pod's JSON: {e}"))
+    }
+}
 
 /// What the checks need from the cluster.
 #[derive(Clone)]
@@ -52,19 +145,77 @@ impl Cluster {
         &self,
         call: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ApiError> {
+        self.timed_raw(async { call.await.map_err(|e| ApiError(e.to_string())) })
+            .await
+    }
+
+    async fn timed_raw<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, call).await;
         self.latency.observe(started.elapsed().as_secs_f64());
-        match result {
-            Ok(r) => r.map_err(|e| ApiError(e.to_string())),
-            Err(_) => Err(ApiError(format!("no answer within {:?}", self.timeout))),
-        }
+        result.unwrap_or_else(|_| Err(ApiError(format!("no answer within {:?}", self.timeout))))
     }
 
-    /// A pod, or `None` if it does not exist.
-    pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<Pod>, ApiError> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        self.timed(api.get_opt(name)).await
+    /// A pod's [`PodFacts`], or `None` if it does not exist. `namespace` and `name` must be
+    /// valid Kubernetes names (they become the request path).
+    pub async fn pod(&self, namespace: &str, name: &str) -> Result<Option<PodFacts>, ApiError> {
+        athenz_core::names::validate_dns_label("namespace", namespace)
+            .and_then(|()| athenz_core::names::validate_dns_subdomain("pod name", name))
+            .map_err(|e| ApiError(format!("not asking for pod {namespace:?}/{name:?}: {e}")))?;
+        let what = format!("pod {namespace}/{name}");
+        let request = http::Request::get(format!("/api/v1/namespaces/{namespace}/pods/{name}"))
+            .body(Vec::new())
+            .map_err(|e| ApiError(format!("{what}: {e}")))?;
+        self.timed_raw(async {
+            match self.get_limited(request, MAX_POD_JSON, &what).await? {
+                Some(body) => PodFacts::from_json(&body)
+                    .map(Some)
+                    .map_err(|e| ApiError(format!("{what}: {e}"))),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// `GET` with the body read up to `limit` bytes; `None` on 404.
+    async fn get_limited(
+        &self,
+        request: http::Request<Vec<u8>>,
+        limit: usize,
+        what: &str,
+    ) -> Result<Option<bytes::Bytes>, ApiError> {
+        let response = self
+            .client
+            .send(request.map(kube::client::Body::from))
+            .await
+            .map_err(|e| ApiError(format!("{what}: {e}")))?;
+        let status = response.status();
+        if status == http::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        let read_limit = if status.is_success() {
+            limit
+        } else {
+            MAX_ERROR_BODY
+        };
+        let body = http_body_util::Limited::new(response.into_body(), read_limit)
+            .collect()
+            .await
+            .map(|collected| collected.to_bytes());
+        if !status.is_success() {
+            let why = body
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            return Err(ApiError(format!("{what}: answered {status}: {why}")));
+        }
+        body.map(Some).map_err(|e| {
+            ApiError(format!(
+                "{what}: reading the answer (at most {limit} bytes): {e}"
+            ))
+        })
     }
 
     /// A service, or `None` if it does not exist.
@@ -98,5 +249,222 @@ impl Cluster {
     /// Whether the API answers (readiness).
     pub async fn reachable(&self) -> bool {
         self.timed(self.client.apiserver_version()).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use athenz_testbed::real_pods::{RealPod, real_pod, real_status};
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn real_json(deleting: bool) -> Vec<u8> {
+        let mut pod: Pod = real_pod(&RealPod {
+            namespace: "payments",
+            name: "web-7d9f8b6c5-x2x4q",
+            service_account: "web",
+            node: "node-a",
+        })
+        .expect("real pod");
+        pod.metadata.uid = Some("0e5a7c1d-3a4b-4c5d-8e9f-0123456789ab".into());
+        pod.status =
+            Some(serde_json::from_value(real_status("10.1.2.3", "192.0.2.10")).expect("status"));
+        if deleting {
+            pod.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        serde_json::to_vec(&pod).expect("json")
+    }
+
+    #[test]
+    fn a_real_size_pod_yields_exactly_the_fields_the_checks_read() {
+        let json = real_json(false);
+        assert!(
+            json.len() > 8 * 1024,
+            "a real-size pod: {} bytes",
+            json.len()
+        );
+        let full: Pod = serde_json::from_slice(&json).expect("k8s-openapi parses it");
+        let facts = PodFacts::from_json(&json).expect("facts");
+        let status = full.status.expect("status");
+        let spec = full.spec.expect("spec");
+        assert_eq!(facts.metadata.uid, full.metadata.uid);
+        assert!(!facts.metadata.deletion_timestamp);
+        let fspec = facts.spec.expect("spec facts");
+        assert_eq!(fspec.node_name, spec.node_name);
+        assert_eq!(fspec.service_account_name, spec.service_account_name);
+        let fstatus = facts.status.expect("status facts");
+        assert_eq!(fstatus.phase, status.phase);
+        assert_eq!(fstatus.pod_ip.as_deref(), Some("10.1.2.3"));
+        let ips: Vec<String> = fstatus
+            .pod_ips
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| p.ip)
+            .collect();
+        let want: Vec<String> = status
+            .pod_ips
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| p.ip)
+            .collect();
+        assert_eq!(ips, want);
+        assert!(!ips.is_empty());
+
+        assert!(
+            PodFacts::from_json(&real_json(true))
+                .expect("deleting")
+                .metadata
+                .deletion_timestamp
+        );
+    }
+
+    #[test]
+    fn nulls_and_missing_sections_are_absent_fields() {
+        let facts = PodFacts::from_json(
+            br#"{"metadata":{"uid":null,"deletionTimestamp":null},"spec":null,"status":{"podIPs":null}}"#,
+        )
+        .expect("nulls");
+        assert_eq!(facts.metadata, PodMetaFacts::default());
+        assert_eq!(facts.spec, None);
+        assert_eq!(facts.status.expect("status").pod_ips, None);
+        assert_eq!(
+            PodFacts::from_json(b"{}").expect("empty"),
+            PodFacts::default()
+        );
+    }
+
+    #[test]
+    fn malformed_hostile_and_oversized_pods_are_errors_that_say_so() {
+        for (json, says) in [
+            (&b"not json"[..], "the pod's JSON"),
+            (br#"{"metadata":{"uid":7}}"#, "invalid type"),
+            (
+                br#"{"status":{"podIPs":[{"ip":["10.0.0.1"]}]}}"#,
+                "invalid type",
+            ),
+            (br#"{"spec":{"nodeName":"a"}"#, "EOF"),
+            (br#""a pod""#, "invalid type"),
+        ] {
+            let err = PodFacts::from_json(json).expect_err("refused");
+            assert!(err.contains(says), "{err}");
+        }
+        // deep nesting: skipped without recursing (no stack overflow), refused where parsed
+        let deep = format!("{{\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(
+            PodFacts::from_json(deep.as_bytes()).expect("skipped"),
+            PodFacts::default()
+        );
+        let deep = format!(
+            "{{\"spec\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert!(PodFacts::from_json(deep.as_bytes()).is_err());
+        let big = vec![b' '; MAX_POD_JSON + 1];
+        assert!(
+            PodFacts::from_json(&big)
+                .expect_err("big")
+                .contains("more than")
+        );
+    }
+
+    /// A Kubernetes API that answers every request with `status` and `body`, on loopback.
+    async fn api_answering(status: u16, body: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                    let _ = conn.write_all(&body).await;
+                });
+            }
+        });
+        url
+    }
+
+    async fn ask(status: u16, body: Vec<u8>) -> Result<Option<PodFacts>, ApiError> {
+        athenz_core::install_crypto_provider();
+        let url = api_answering(status, body).await;
+        let cluster = Cluster::connect(
+            Some(&url),
+            Duration::from_secs(5),
+            Histogram::new([0.1]),
+        )
+        .await
+        .unwrap();
+        cluster.pod("payments", "web-0").await
+    }
+
+    #[tokio::test]
+    async fn the_api_answers_are_read_within_bounds_and_named_in_errors() {
+        let facts = ask(200, real_json(false)).await.unwrap().unwrap();
+        assert_eq!(facts.spec.unwrap().node_name.as_deref(), Some("node-a"));
+        assert_eq!(
+            ask(404, br#"{"kind":"Status","code":404}"#.to_vec())
+                .await
+                .unwrap(),
+            None
+        );
+
+        let err = ask(500, b"etcd is down".to_vec())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("pod payments/web-0")
+                && err.contains("500")
+                && err.contains("etcd is down"),
+            "{err}"
+        );
+        let err = ask(200, vec![b' '; MAX_POD_JSON + 1])
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("at most"), "{err}");
+        let err = ask(200, b"{\"metadata\":".to_vec())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("the pod's JSON"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn names_that_are_not_kubernetes_names_never_reach_the_request_path() {
+        athenz_core::install_crypto_provider();
+        // nothing listens here: a request would fail differently
+        let cluster = Cluster::connect(
+            Some("http://127.0.0.1:9"),
+            Duration::from_secs(1),
+            Histogram::new([0.1]),
+        )
+        .await
+        .unwrap();
+        for (ns, name) in [
+            ("payments", "../../nodes/a"),
+            ("a/b", "web"),
+            ("payments", "web?watch=1"),
+            ("", "web"),
+        ] {
+            let err = cluster.pod(ns, name).await.unwrap_err().to_string();
+            assert!(err.contains("not asking for pod"), "{ns}/{name}: {err}");
+        }
     }
 }

@@ -24,9 +24,56 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
+/// The pods, each with a revision that changes whenever it may have changed (any write or
+/// mutable access), so readers that cache a pod's encoding compare one number instead of the
+/// whole pod (the kubelet stand-in did that for every pod of every list: most of its CPU with
+/// real-size pods).
+#[derive(Default)]
+struct PodStore {
+    pods: BTreeMap<(String, String), (Pod, u64)>,
+    last_revision: u64,
+}
+
+impl PodStore {
+    fn next_revision(&mut self) -> u64 {
+        self.last_revision += 1;
+        self.last_revision
+    }
+
+    fn insert(&mut self, key: (String, String), pod: Pod) {
+        let revision = self.next_revision();
+        self.pods.insert(key, (pod, revision));
+    }
+
+    fn get(&self, key: &(String, String)) -> Option<&Pod> {
+        self.pods.get(key).map(|(pod, _)| pod)
+    }
+
+    /// The pod to change: counted as changed.
+    fn get_mut(&mut self, key: &(String, String)) -> Option<&mut Pod> {
+        let revision = self.next_revision();
+        self.pods.get_mut(key).map(|(pod, seen)| {
+            *seen = revision;
+            pod
+        })
+    }
+
+    fn remove(&mut self, key: &(String, String)) -> Option<Pod> {
+        self.pods.remove(key).map(|(pod, _)| pod)
+    }
+
+    fn contains_key(&self, key: &(String, String)) -> bool {
+        self.pods.contains_key(key)
+    }
+
+    fn values(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values().map(|(pod, _)| pod)
+    }
+}
+
 #[derive(Default)]
 struct Store {
-    pods: BTreeMap<(String, String), Pod>,
+    pods: PodStore,
     services: BTreeMap<(String, String), Service>,
     nodes: BTreeMap<String, Node>,
 }
@@ -145,12 +192,13 @@ impl Cluster {
             .cloned()
     }
 
-    /// Calls `visit` with every pod on `node`, under the store's read lock (no copies).
-    pub fn visit_pods_on(&self, node: &str, mut visit: impl FnMut(&Pod)) {
+    /// Calls `visit` with every pod on `node` and its revision (a number that changes whenever
+    /// the pod may have changed), under the store's read lock (no copies).
+    pub fn visit_pods_on(&self, node: &str, mut visit: impl FnMut(&Pod, u64)) {
         let store = self.read();
-        for pod in store.pods.values() {
+        for (pod, revision) in store.pods.pods.values() {
             if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node) {
-                visit(pod);
+                visit(pod, *revision);
             }
         }
     }

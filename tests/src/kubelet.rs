@@ -6,7 +6,6 @@ use crate::kube_api::Cluster;
 use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, error_response};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::Pod;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -67,10 +66,10 @@ struct KubeletHandler {
     cluster: Cluster,
     node: String,
     controls: Arc<KubeletControls>,
-    /// Each pod's JSON as last served, with the pod it was made from. A real kubelet answers
+    /// Each pod's JSON as last served, with the store revision it was made from. A real kubelet answers
     /// from its own pod cache; the stand-in must not spend a core re-serialising unchanged pods
     /// on the same two-core machine as the system being measured.
-    encoded: Mutex<HashMap<(String, String), (Pod, Bytes)>>,
+    encoded: Mutex<HashMap<(String, String), (u64, Bytes)>>,
 }
 
 impl KubeletHandler {
@@ -82,7 +81,7 @@ impl KubeletHandler {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut items: Vec<Bytes> = Vec::new();
         let mut listed = HashSet::new();
-        self.cluster.visit_pods_on(&self.node, |pod| {
+        self.cluster.visit_pods_on(&self.node, |pod, revision| {
             let key = (
                 pod.metadata.namespace.clone().unwrap_or_default(),
                 pod.metadata.name.clone().unwrap_or_default(),
@@ -91,10 +90,10 @@ impl KubeletHandler {
                 return;
             }
             let json = match encoded.get(&key) {
-                Some((seen, json)) if seen == pod => json.clone(),
+                Some((seen, json)) if *seen == revision => json.clone(),
                 _ => {
                     let json = Bytes::from(serde_json::to_vec(pod).unwrap_or_default());
-                    encoded.insert(key.clone(), (pod.clone(), json.clone()));
+                    encoded.insert(key.clone(), (revision, json.clone()));
                     json
                 }
             };

@@ -497,3 +497,70 @@ async fn service_account_tokens_are_minted_and_reviewed_as_the_api_server_does()
         .unwrap();
     assert_eq!(resp.status(), 404);
 }
+
+/// The kubelet stand-in serves each pod's JSON from a cache; every change made through the API
+/// (create, status, patch, delete) or by a test shows in the next list.
+#[tokio::test]
+async fn the_kubelet_list_follows_every_change() {
+    use athenz_testbed::kubelet::Kubelet;
+    let api = KubeApi::start().await.unwrap();
+    let kubelet = Kubelet::start(api.cluster().clone(), "node-1")
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let list = || async {
+        let body: serde_json::Value = http
+            .get(format!("{}/pods", kubelet.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        body["items"].as_array().unwrap().clone()
+    };
+    let pods = format!("{}/api/v1/namespaces/media-sports/pods", api.url());
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+        "spec": {"serviceAccountName": "web", "nodeName": "node-1",
+                 "containers": [{"name": "app", "image": "app:1"}]}
+    });
+    assert!(list().await.is_empty());
+    assert_eq!(
+        http.post(&pods).json(&pod).send().await.unwrap().status(),
+        201
+    );
+    let items = list().await;
+    assert_eq!(items.len(), 1);
+    assert!(items[0]["status"]["podIP"].is_null());
+
+    // the status written through the API
+    let patch = serde_json::json!({"status": {"phase": "Running", "podIP": "10.1.2.3"}});
+    let resp = http
+        .patch(format!("{pods}/web/status"))
+        .header("content-type", "application/merge-patch+json")
+        .json(&patch)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(list().await[0]["status"]["podIP"], "10.1.2.3");
+
+    // a change made by a test in the store
+    assert!(api.cluster().update_pod("media-sports", "web", |p| {
+        p.status.as_mut().unwrap().pod_ip = Some("10.1.2.4".into());
+    }));
+    assert_eq!(list().await[0]["status"]["podIP"], "10.1.2.4");
+
+    // deletion: terminating first, then gone
+    let resp = http.delete(format!("{pods}/web")).send().await.unwrap();
+    assert!(resp.status().is_success());
+    assert!(!list().await[0]["metadata"]["deletionTimestamp"].is_null());
+    let resp = http
+        .delete(format!("{pods}/web?gracePeriodSeconds=0"))
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    assert!(list().await.is_empty());
+}
