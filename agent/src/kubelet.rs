@@ -11,7 +11,7 @@
 //! the kubelet. A token bucket ([`ListBudget`]) allows bursts and bounds the sustained rate; and
 //! concurrent misses share one list: a caller that finds a list begun after its own miss uses it.
 
-use athenz_core::client::{error_chain, read_limited};
+use athenz_core::client::{error_chain, read_limited_into};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use std::borrow::Cow;
@@ -189,7 +189,14 @@ pub struct PodCache {
     /// The latest list; read without waiting for a list being fetched.
     latest: std::sync::Mutex<Option<Snapshot>>,
     /// Held by the one caller fetching a list; the others wait for its answer.
-    fetching: tokio::sync::Mutex<ListBudget>,
+    fetching: tokio::sync::Mutex<Lister>,
+}
+
+/// What the one caller fetching a list uses: the budget of forced lists, and the body buffer
+/// every list is read into.
+struct Lister {
+    budget: ListBudget,
+    body: Vec<u8>,
 }
 
 impl PodCache {
@@ -208,11 +215,16 @@ impl PodCache {
             token_file,
             ttl,
             latest: std::sync::Mutex::new(None),
-            fetching: tokio::sync::Mutex::new(ListBudget::new(rate, Instant::now())),
+            fetching: tokio::sync::Mutex::new(Lister {
+                budget: ListBudget::new(rate, Instant::now()),
+                body: Vec::new(),
+            }),
         }
     }
 
-    async fn fetch(&self) -> Result<PodIndex, KubeletError> {
+    /// Lists the node's pods, reading the body into `body` (kept between lists: see
+    /// [`read_limited_into`]).
+    async fn fetch(&self, body: &mut Vec<u8>) -> Result<PodIndex, KubeletError> {
         let mut req = self.client.get(&self.url);
         if let Some(path) = &self.token_file {
             let token = std::fs::read_to_string(path)
@@ -224,13 +236,13 @@ impl PodCache {
             .await
             .map_err(|e| KubeletError(error_chain(&e)))?;
         let status = resp.status();
-        let body = read_limited(resp, MAX_POD_LIST)
+        read_limited_into(resp, MAX_POD_LIST, body)
             .await
             .map_err(|e| KubeletError(e.to_string()))?;
         if !status.is_success() {
             return Err(KubeletError(format!("GET /pods answered {status}")));
         }
-        parse_pod_list(&body)
+        parse_pod_list(body)
     }
 
     fn latest(&self) -> Option<Snapshot> {
@@ -254,14 +266,14 @@ impl PodCache {
         if let Some(s) = self.latest().filter(usable) {
             return Ok(Some(s));
         }
-        let mut budget = self.fetching.lock().await;
+        let mut lister = self.fetching.lock().await;
         // another caller may have fetched while this one waited for the lock
         if let Some(s) = self.latest().filter(usable) {
             return Ok(Some(s));
         }
         if after.is_some() {
             loop {
-                match budget.take(Instant::now()) {
+                match lister.budget.take(Instant::now()) {
                     Ok(()) => break,
                     Err(wait) if Instant::now() + wait > deadline => return Ok(None),
                     Err(wait) => tokio::time::sleep(wait).await,
@@ -269,7 +281,7 @@ impl PodCache {
             }
         }
         let asked_at = Instant::now();
-        let pods = Arc::new(self.fetch().await?);
+        let pods = Arc::new(self.fetch(&mut lister.body).await?);
         let snapshot = Snapshot { asked_at, pods };
         *self
             .latest

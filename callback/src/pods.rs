@@ -403,13 +403,9 @@ mod tests {
     async fn ask(status: u16, body: Vec<u8>) -> Result<Option<PodFacts>, ApiError> {
         athenz_core::install_crypto_provider();
         let url = api_answering(status, body).await;
-        let cluster = Cluster::connect(
-            Some(&url),
-            Duration::from_secs(5),
-            Histogram::new([0.1]),
-        )
-        .await
-        .unwrap();
+        let cluster = Cluster::connect(Some(&url), Duration::from_secs(5), Histogram::new([0.1]))
+            .await
+            .unwrap();
         cluster.pod("payments", "web-0").await
     }
 

@@ -14,17 +14,35 @@ pub enum ReadError {
 }
 
 /// Reads a whole response body, refusing more than `max` bytes (never trusting Content-Length).
-pub async fn read_limited(mut resp: reqwest::Response, max: usize) -> Result<Vec<u8>, ReadError> {
+pub async fn read_limited(resp: reqwest::Response, max: usize) -> Result<Vec<u8>, ReadError> {
+    let mut body = Vec::new();
+    read_limited_into(resp, max, &mut body).await?;
+    Ok(body)
+}
+
+/// [`read_limited`] into `body`, which is cleared first and keeps its capacity: a caller that
+/// reads megabyte bodies again and again (the agent's kubelet pod lists) reuses one buffer
+/// instead of allocating and freeing megabytes each time, which left the allocator's heap
+/// fragmented and the process's memory higher after every list. The buffer gives memory back
+/// when a body is much smaller than it.
+pub async fn read_limited_into(
+    mut resp: reqwest::Response,
+    max: usize,
+    body: &mut Vec<u8>,
+) -> Result<(), ReadError> {
+    body.clear();
     // sized once from Content-Length when the server sent one (a pod list is megabytes: growing
     // the buffer chunk by chunk copied it over and over)
-    let declared = resp
-        .content_length()
-        .and_then(|n| usize::try_from(n).ok())
-        .unwrap_or(0);
-    if declared > max {
+    let declared = resp.content_length().and_then(|n| usize::try_from(n).ok());
+    if declared.is_some_and(|n| n > max) {
         return Err(ReadError::TooLarge(max));
     }
-    let mut body = Vec::with_capacity(declared);
+    if let Some(declared) = declared {
+        if body.capacity() > 4 * declared.max(64 * 1024) {
+            body.shrink_to(declared);
+        }
+        body.reserve(declared);
+    }
     while let Some(chunk) = resp
         .chunk()
         .await
@@ -35,7 +53,7 @@ pub async fn read_limited(mut resp: reqwest::Response, max: usize) -> Result<Vec
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body)
+    Ok(())
 }
 
 /// An error and every cause under it, outermost first. `io::Error::source` skips the error an
@@ -91,5 +109,102 @@ mod tests {
     fn chain_includes_causes() {
         let e = Outer(std::io::Error::other("inner cause"));
         assert_eq!(error_chain(&e), "outer: inner cause");
+    }
+
+    /// A loopback HTTP server answering every request with `body` (chunked when `chunked`).
+    async fn serve(body: Vec<u8>, chunked: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let body = body.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let head = if chunked {
+                        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+                            .to_owned()
+                    } else {
+                        format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                            body.len()
+                        )
+                    };
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    if chunked {
+                        for part in body.chunks(1000) {
+                            let _ = conn
+                                .write_all(format!("{:x}\r\n", part.len()).as_bytes())
+                                .await;
+                            let _ = conn.write_all(part).await;
+                            let _ = conn.write_all(b"\r\n").await;
+                        }
+                        let _ = conn.write_all(b"0\r\n\r\n").await;
+                    } else {
+                        let _ = conn.write_all(&body).await;
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_within_the_limit_into_a_reused_buffer() {
+        let client = reqwest::Client::new();
+        let get = |url: String| {
+            let client = client.clone();
+            async move { client.get(url).send().await.unwrap() }
+        };
+        let big = vec![b'x'; 1024 * 1024];
+        let mut buffer = Vec::new();
+        read_limited_into(
+            get(serve(big.clone(), false).await).await,
+            2 << 20,
+            &mut buffer,
+        )
+        .await
+        .unwrap();
+        assert_eq!(buffer, big);
+        let capacity = buffer.capacity();
+        // a body of the same size again: the same allocation
+        read_limited_into(
+            get(serve(big.clone(), true).await).await,
+            2 << 20,
+            &mut buffer,
+        )
+        .await
+        .unwrap();
+        assert_eq!(buffer, big);
+        assert_eq!(buffer.capacity(), capacity);
+        // a much smaller one gives the memory back
+        read_limited_into(
+            get(serve(b"small".to_vec(), false).await).await,
+            2 << 20,
+            &mut buffer,
+        )
+        .await
+        .unwrap();
+        assert_eq!(buffer, b"small");
+        assert!(buffer.capacity() < capacity / 4, "{}", buffer.capacity());
+
+        // over the limit, declared or not
+        for chunked in [false, true] {
+            let err = read_limited_into(
+                get(serve(big.clone(), chunked).await).await,
+                1000,
+                &mut buffer,
+            )
+            .await
+            .unwrap_err();
+            assert!(matches!(err, ReadError::TooLarge(1000)), "{err}");
+        }
+        assert_eq!(
+            read_limited(get(serve(b"whole".to_vec(), true).await).await, 10)
+                .await
+                .unwrap(),
+            b"whole"
+        );
     }
 }
