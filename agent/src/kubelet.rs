@@ -2,7 +2,7 @@
 //!
 //! A real node lists 110 pods in a megabyte or more (full specs, statuses, managed fields), and
 //! the agent needs five fields of one of them. So the list is parsed borrowing from the body and
-//! skipping everything else ([`ListedPod`]), and kept as a small index by namespace and name.
+//! skipping everything else (`athenz_core::pod_fields`), and kept as a small index by namespace and name.
 //!
 //! A pod the index lacks is usually newer than it (the kubelet mounts a new pod's volumes right
 //! after listing it), so a miss asks the kubelet again at once. During a rollout pods arrive every
@@ -12,8 +12,7 @@
 //! concurrent misses share one list: a caller that finds a list begun after its own miss uses it.
 
 use athenz_core::client::{error_chain, read_limited_into};
-use serde::Deserialize;
-use serde::de::IgnoredAny;
+use athenz_core::pod_fields::PodListFields;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,51 +28,6 @@ const MAX_PODS: usize = 5000;
 #[derive(Debug, thiserror::Error)]
 #[error("kubelet: {0}")]
 pub struct KubeletError(pub String);
-
-/// What the agent uses of a listed pod, borrowed from the list's bytes where no JSON escape
-/// forces a copy; every other field is skipped unread.
-#[derive(Deserialize)]
-struct ListedPod<'a> {
-    #[serde(borrow)]
-    metadata: ListedMeta<'a>,
-    #[serde(default, borrow)]
-    spec: Option<ListedSpec<'a>>,
-    #[serde(default, borrow)]
-    status: Option<ListedStatus<'a>>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListedMeta<'a> {
-    #[serde(default, borrow)]
-    namespace: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    name: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    uid: Option<Cow<'a, str>>,
-    #[serde(default)]
-    deletion_timestamp: Option<IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListedSpec<'a> {
-    #[serde(default, borrow)]
-    service_account_name: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ListedStatus<'a> {
-    #[serde(default, rename = "podIP", borrow)]
-    pod_ip: Option<Cow<'a, str>>,
-}
-
-#[derive(Deserialize)]
-struct ListedPods<'a> {
-    #[serde(borrow)]
-    items: Vec<ListedPod<'a>>,
-}
 
 /// A pod as the agent knows it from the kubelet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +47,7 @@ type PodIndex = HashMap<(String, String), Arc<NodePod>>;
 
 /// Parses a kubelet `PodList`, keeping only what the agent uses.
 pub fn parse_pod_list(body: &[u8]) -> Result<PodIndex, KubeletError> {
-    let list: ListedPods<'_> = serde_json::from_slice(body)
+    let list: PodListFields<'_> = serde_json::from_slice(body)
         .map_err(|e| KubeletError(format!("unreadable pod list: {e}")))?;
     if list.items.len() > MAX_PODS {
         return Err(KubeletError(format!(
@@ -102,22 +56,21 @@ pub fn parse_pod_list(body: &[u8]) -> Result<PodIndex, KubeletError> {
         )));
     }
     let mut index = HashMap::with_capacity(list.items.len());
-    for pod in list.items {
-        let (Some(namespace), Some(name)) = (pod.metadata.namespace, pod.metadata.name) else {
+    for mut pod in list.items {
+        let (Some(namespace), Some(name)) =
+            (pod.metadata.namespace.take(), pod.metadata.name.take())
+        else {
             continue;
         };
         let node_pod = NodePod {
-            uid: pod.metadata.uid.map(Cow::into_owned).unwrap_or_default(),
-            service_account: pod
-                .spec
-                .and_then(|s| s.service_account_name)
-                .map_or_else(|| "default".to_owned(), Cow::into_owned),
+            uid: pod.metadata.uid.as_deref().unwrap_or_default().to_owned(),
+            service_account: pod.service_account().to_owned(),
             ip: pod
                 .status
                 .and_then(|s| s.pod_ip)
                 .filter(|ip| !ip.is_empty())
                 .map(Cow::into_owned),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
+            terminating: pod.metadata.deletion_timestamp,
         };
         index.insert(
             (namespace.into_owned(), name.into_owned()),

@@ -299,11 +299,7 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&PodFacts>) -> Result<(), Den
     if phase != "Pending" && phase != "Running" {
         return Err(deny("pod_phase", format!("the pod is in phase {phase:?}")));
     }
-    let account = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.service_account_name.as_deref())
-        .unwrap_or("default");
+    let account = pod.service_account();
     if account != subject.service {
         return Err(deny(
             "service_account",
@@ -341,7 +337,7 @@ pub fn check_pod_node(
         .as_deref()
         .filter(|n| !n.is_empty())
         .ok_or_else(|| deny("pod_node", "the JWT names no node"))?;
-    let scheduled = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+    let scheduled = pod.node_name();
     if scheduled == Some(node) {
         Ok(())
     } else {

@@ -194,10 +194,7 @@ pub fn check_agent_pod(
             format!("the agent pod {name} is being deleted"),
         ));
     }
-    let spec = pod.spec.as_ref();
-    let account = spec
-        .and_then(|s| s.service_account_name.as_deref())
-        .unwrap_or("default");
+    let account = pod.service_account();
     if account != policy.service_account {
         return Err(deny(
             "node_pod",
@@ -207,8 +204,9 @@ pub fn check_agent_pod(
             ),
         ));
     }
-    spec.and_then(|s| s.node_name.clone())
+    pod.node_name()
         .filter(|n| !n.is_empty())
+        .map(str::to_owned)
         .ok_or_else(|| deny("node_pod", format!("the agent pod {name} is on no node")))
 }
 

@@ -1,13 +1,12 @@
 //! Reading pods and services from the Kubernetes API (kube-rs), with a timeout on every call and
 //! the call's latency recorded.
 
+use athenz_core::pod_fields::PodFields;
 use http_body_util::BodyExt;
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use prometheus_client::metrics::histogram::Histogram;
-use serde::Deserialize;
-use serde::de::IgnoredAny;
 use std::time::{Duration, Instant};
 
 /// Most bytes of a pod object read from the API. etcd refuses objects over 1.5 MiB, so a larger
@@ -17,87 +16,20 @@ pub const MAX_POD_JSON: usize = 2 * 1024 * 1024;
 /// Most bytes of an API error answer kept for the message.
 const MAX_ERROR_BODY: usize = 4 * 1024;
 
-/// The fields of a pod the checks read, and nothing else.
-///
-/// A real pod's JSON is 8–15 KB (containers, env, probes, volumes, full status, managed
-/// fields); k8s-openapi's `Pod` allocated all of it for every identity confirmed. This type
-/// keeps the API's field names and nesting (so a check reads `pod.spec.node_name` as it would
-/// on a `Pod`), and serde skips every other field without building it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct PodFacts {
-    /// `metadata`.
-    #[serde(default)]
-    pub metadata: PodMetaFacts,
-    /// `spec`.
-    #[serde(default)]
-    pub spec: Option<PodSpecFacts>,
-    /// `status`.
-    #[serde(default)]
-    pub status: Option<PodStatusFacts>,
-}
+/// The fields of a pod the checks read (`athenz_core::pod_fields`), owned.
+pub type PodFacts = PodFields<'static>;
 
-/// `metadata` of [`PodFacts`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodMetaFacts {
-    /// `metadata.uid`.
-    #[serde(default)]
-    pub uid: Option<String>,
-    /// Whether `metadata.deletionTimestamp` is set (its value does not matter).
-    #[serde(default, deserialize_with = "present")]
-    pub deletion_timestamp: bool,
-}
-
-/// `spec` of [`PodFacts`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodSpecFacts {
-    /// `spec.nodeName`.
-    #[serde(default)]
-    pub node_name: Option<String>,
-    /// `spec.serviceAccountName`.
-    #[serde(default)]
-    pub service_account_name: Option<String>,
-}
-
-/// `status` of [`PodFacts`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct PodStatusFacts {
-    /// `status.phase`.
-    #[serde(default)]
-    pub phase: Option<String>,
-    /// `status.podIP`.
-    #[serde(default, rename = "podIP")]
-    pub pod_ip: Option<String>,
-    /// `status.podIPs[].ip`.
-    #[serde(default, rename = "podIPs")]
-    pub pod_ips: Option<Vec<PodIpFacts>>,
-}
-
-/// One entry of `status.podIPs`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct PodIpFacts {
-    /// `ip`.
-    #[serde(default)]
-    pub ip: String,
-}
-
-/// A field that is present and not `null`, whatever its value.
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
-    Ok(Option::<IgnoredAny>::deserialize(d)?.is_some())
-}
-
-impl PodFacts {
-    /// Parses a pod as the API returns it (`GET /api/v1/namespaces/{ns}/pods/{name}`).
-    pub fn from_json(json: &[u8]) -> Result<Self, String> {
-        if json.len() > MAX_POD_JSON {
-            return Err(format!(
-                "the pod's JSON is {} bytes, more than {MAX_POD_JSON}",
-                json.len()
-            ));
-        }
-        serde_json::from_slice(json).map_err(|e| format!("the pod's JSON: {e}"))
+/// Parses a pod as the API returns it (`GET /api/v1/namespaces/{ns}/pods/{name}`).
+pub fn pod_facts(json: &[u8]) -> Result<PodFacts, String> {
+    if json.len() > MAX_POD_JSON {
+        return Err(format!(
+            "the pod's JSON is {} bytes, more than {MAX_POD_JSON}",
+            json.len()
+        ));
     }
+    serde_json::from_slice::<PodFields<'_>>(json)
+        .map(PodFields::into_owned)
+        .map_err(|e| format!("the pod's JSON: {e}"))
 }
 
 /// What the checks need from the cluster.
@@ -171,7 +103,7 @@ impl Cluster {
             .map_err(|e| ApiError(format!("{what}: {e}")))?;
         self.timed_raw(async {
             match self.get_limited(request, MAX_POD_JSON, &what).await? {
-                Some(body) => PodFacts::from_json(&body)
+                Some(body) => pod_facts(&body)
                     .map(Some)
                     .map_err(|e| ApiError(format!("{what}: {e}"))),
                 None => Ok(None),
@@ -287,22 +219,25 @@ mod tests {
             json.len()
         );
         let full: Pod = serde_json::from_slice(&json).expect("k8s-openapi parses it");
-        let facts = PodFacts::from_json(&json).expect("facts");
+        let facts = pod_facts(&json).expect("facts");
         let status = full.status.expect("status");
         let spec = full.spec.expect("spec");
-        assert_eq!(facts.metadata.uid, full.metadata.uid);
+        assert_eq!(facts.metadata.uid.as_deref(), full.metadata.uid.as_deref());
         assert!(!facts.metadata.deletion_timestamp);
         let fspec = facts.spec.expect("spec facts");
-        assert_eq!(fspec.node_name, spec.node_name);
-        assert_eq!(fspec.service_account_name, spec.service_account_name);
+        assert_eq!(fspec.node_name.as_deref(), spec.node_name.as_deref());
+        assert_eq!(
+            fspec.service_account_name.as_deref(),
+            spec.service_account_name.as_deref()
+        );
         let fstatus = facts.status.expect("status facts");
-        assert_eq!(fstatus.phase, status.phase);
+        assert_eq!(fstatus.phase.as_deref(), status.phase.as_deref());
         assert_eq!(fstatus.pod_ip.as_deref(), Some("10.1.2.3"));
         let ips: Vec<String> = fstatus
             .pod_ips
             .unwrap_or_default()
             .into_iter()
-            .map(|p| p.ip)
+            .map(|p| p.ip.into_owned())
             .collect();
         let want: Vec<String> = status
             .pod_ips
@@ -314,7 +249,7 @@ mod tests {
         assert!(!ips.is_empty());
 
         assert!(
-            PodFacts::from_json(&real_json(true))
+            pod_facts(&real_json(true))
                 .expect("deleting")
                 .metadata
                 .deletion_timestamp
@@ -323,17 +258,17 @@ mod tests {
 
     #[test]
     fn nulls_and_missing_sections_are_absent_fields() {
-        let facts = PodFacts::from_json(
+        let facts = pod_facts(
             br#"{"metadata":{"uid":null,"deletionTimestamp":null},"spec":null,"status":{"podIPs":null}}"#,
         )
         .expect("nulls");
-        assert_eq!(facts.metadata, PodMetaFacts::default());
+        assert_eq!(
+            facts.metadata,
+            athenz_core::pod_fields::MetaFields::default()
+        );
         assert_eq!(facts.spec, None);
         assert_eq!(facts.status.expect("status").pod_ips, None);
-        assert_eq!(
-            PodFacts::from_json(b"{}").expect("empty"),
-            PodFacts::default()
-        );
+        assert_eq!(pod_facts(b"{}").expect("empty"), PodFacts::default());
     }
 
     #[test]
@@ -348,13 +283,13 @@ mod tests {
             (br#"{"spec":{"nodeName":"a"}"#, "EOF"),
             (br#""a pod""#, "invalid type"),
         ] {
-            let err = PodFacts::from_json(json).expect_err("refused");
+            let err = pod_facts(json).expect_err("refused");
             assert!(err.contains(says), "{err}");
         }
         // deep nesting: skipped without recursing (no stack overflow), refused where parsed
         let deep = format!("{{\"x\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
         assert_eq!(
-            PodFacts::from_json(deep.as_bytes()).expect("skipped"),
+            pod_facts(deep.as_bytes()).expect("skipped"),
             PodFacts::default()
         );
         let deep = format!(
@@ -362,13 +297,9 @@ mod tests {
             "[".repeat(100_000),
             "]".repeat(100_000)
         );
-        assert!(PodFacts::from_json(deep.as_bytes()).is_err());
+        assert!(pod_facts(deep.as_bytes()).is_err());
         let big = vec![b' '; MAX_POD_JSON + 1];
-        assert!(
-            PodFacts::from_json(&big)
-                .expect_err("big")
-                .contains("more than")
-        );
+        assert!(pod_facts(&big).expect_err("big").contains("more than"));
     }
 
     /// A Kubernetes API that answers every request with `status` and `body`, on loopback.

@@ -33,6 +33,7 @@ pub mod identity_jwt;
 pub mod names;
 pub mod ntoken;
 pub mod peer;
+pub mod pod_fields;
 pub mod random;
 pub mod refresh;
 pub mod secret;
