@@ -38,6 +38,7 @@ fn an_agent_in_another_pid_namespace_refuses_with_the_host_pid_hint() {
             mount_dir,
             read_write: false,
             created_at: time::OffsetDateTime::now_utc(),
+            csi: None,
         },
         0o600,
     )

@@ -8,6 +8,8 @@
 //! | [`names`] | Athenz and Kubernetes name rules, namespace ↔ domain mapping, the pod CSR identity |
 //! | [`subject`] | the attested pod subject and its `pod:` URI form |
 //! | [`volume`] | the identity-volume layout shared by the flex driver and the agent |
+//! | [`volume_mount`] | mounting identity volumes: the flex layout and the CSI files layout |
+//! | [`pod_info`] | the pod a volume is for, as kubelet names it (flex options, CSI context) |
 //! | [`crypto`] | key generation, CSRs, certificate and CSR reading |
 //! | [`ntoken`] | Athenz principal tokens: build, sign, parse, verify |
 //! | [`files`] | atomic replacement of a set of files (`..data` symlink swap) |
@@ -34,6 +36,7 @@ pub mod names;
 pub mod ntoken;
 pub mod peer;
 pub mod pod_fields;
+pub mod pod_info;
 pub mod random;
 pub mod refresh;
 pub mod secret;
@@ -41,6 +44,7 @@ pub mod subject;
 pub mod telemetry;
 pub mod tls;
 pub mod volume;
+pub mod volume_mount;
 pub mod zts;
 
 /// Installs aws-lc-rs as the process-wide rustls crypto provider.

@@ -10,6 +10,8 @@
 //!     mount/                     bind-mounted read-only into the pod
 //!       id                       0444: the id, for the SIA to present
 //!       connect/                 bind of the agent dir (holds agent.sock)
+//!     files/                     CSI files mode instead of mount/: a size-capped tmpfs holding
+//!                                the credential set (`..data` swap), bound read-only at the target
 //! ```
 //!
 //! A pod sees only `mount/`. The id it presents is parsed by [`VolumeId::parse`] before any path is
@@ -268,6 +270,7 @@ impl VolumesDir {
             mount: dir.join("mount"),
             id_file: dir.join("mount").join("id"),
             connect: dir.join("mount").join("connect"),
+            files: dir.join("files"),
             dir,
         }
     }
@@ -332,6 +335,9 @@ pub struct VolumePaths {
     pub id_file: PathBuf,
     /// `mount/connect`: where the agent dir is bound.
     pub connect: PathBuf,
+    /// `files/`: in CSI files mode, the memory-backed directory the agent writes the credential
+    /// set into, bound read-only at the target.
+    pub files: PathBuf,
 }
 
 /// `data.json`: written by the driver at mount, read by the agent. Fields are what kubelet passed.
@@ -353,6 +359,44 @@ pub struct VolumeData {
     /// When the volume was mounted.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
+    /// Set when the CSI driver published the volume (absent for flex volumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi: Option<CsiVolume>,
+}
+
+/// How a CSI volume was published (DESIGN.md 4.10): what a repeated publish of the same target
+/// must match, and what the agent needs to find its files-mode volumes again after a restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CsiVolume {
+    /// Kubelet's `volume_id` (`csi-<sha256>` for an inline ephemeral volume).
+    pub volume_id: String,
+    /// `socket` (the flex layout) or `files` (the agent writes the credentials).
+    pub mode: CsiMode,
+    /// The group (kubelet's `volume_mount_group`, the pod's fsGroup) that may read the key in
+    /// files mode; without it the key is readable by root only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<u32>,
+}
+
+/// The two CSI volume modes (`volumeAttributes.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CsiMode {
+    /// The flex layout: the in-pod SIA talks to the agent socket.
+    Socket,
+    /// The agent issues, writes and rotates the credential files itself.
+    Files,
+}
+
+impl CsiMode {
+    /// The attribute value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Socket => "socket",
+            Self::Files => "files",
+        }
+    }
 }
 
 impl VolumeData {
@@ -622,6 +666,7 @@ mod tests {
             mount_dir: "/var/lib/kubelet/pods/x".into(),
             read_write: false,
             created_at: OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap(),
+            csi: None,
         };
         data.validate().unwrap();
         write_json_file(&path, &data, 0o600).unwrap();
@@ -636,6 +681,22 @@ mod tests {
             text.contains("\"createdAt\": \"2023-11-14T22:13:20Z\""),
             "{text}"
         );
+        assert!(
+            !text.contains("csi"),
+            "a flex volume's data.json is unchanged: {text}"
+        );
+        let csi = VolumeData {
+            csi: Some(CsiVolume {
+                volume_id: "csi-abc".into(),
+                mode: CsiMode::Files,
+                group: Some(2000),
+            }),
+            ..data.clone()
+        };
+        write_json_file(&path, &csi, 0o600).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"mode\": \"files\""), "{text}");
+        assert_eq!(read_json_file::<VolumeData>(&path).unwrap(), csi);
 
         fs::write(&path, vec![b' '; 70 * 1024]).unwrap();
         let err = read_json_file::<VolumeData>(&path).unwrap_err();

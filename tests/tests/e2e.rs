@@ -153,7 +153,7 @@ fn openssl_verifies(stack: &StackInfo, volume: &PodVolume) -> CertInfo {
 }
 
 fn is_mount_point(path: &Path) -> bool {
-    athenz_volume_driver::mountinfo::MountTable::read()
+    athenz_core::volume_mount::mountinfo::MountTable::read()
         .unwrap()
         .is_mounted(path)
 }

@@ -3,18 +3,17 @@
 //! Kubelet execs it once per pod volume — `init`, `mount <dir> <json>`, `unmount <dir>` — and
 //! reads its stdout and stderr together with no timeout. [`run`] turns the arguments into exactly
 //! one [`Reply`]; `main` prints it and exits with its code. Everything else goes to the log file in
-//! the volumes dir.
+//! the volumes dir. The mount steps themselves are `athenz_core::volume_mount`, shared with the
+//! CSI driver's socket mode.
 
-pub mod driver;
 pub mod lock;
 pub mod log;
-pub mod mount_dir;
-pub mod mountinfo;
 pub mod options;
 pub mod reply;
 
 use athenz_core::volume::{VolumesDir, agent_dir_from_env};
-use driver::HostDirs;
+pub use athenz_core::volume_mount::HostDirs;
+use athenz_core::volume_mount::{mount_dir, steps as driver};
 use options::MountOptions;
 pub use reply::Reply;
 use std::ffi::OsString;
@@ -115,7 +114,7 @@ fn mount(host: &HostDirs, dir: &str, options: &str) -> Result<(), String> {
     mount_dir::check_form(dir)?;
     let opts = MountOptions::parse(options).map_err(|e| e.to_string())?;
     mount_dir::check_on_disk(Path::new(dir), host.volumes.root(), &host.agent)?;
-    driver::mount_volume(host, dir, &opts)
+    driver::mount_volume(host, dir, &opts.request())
         .map(|_| ())
         .map_err(|e| e.to_string())
 }

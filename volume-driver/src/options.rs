@@ -1,17 +1,15 @@
 //! The mount options kubelet passes: a JSON object of string values. Only the pod's identity is
 //! read (namespace, name, uid, service account, readwrite); every other key is ignored.
 
-use athenz_core::names::{self, NameError, Quoted};
-use serde_json::{Map, Value};
+use athenz_core::names::Quoted;
+use athenz_core::pod_info::{FLEX_KEYS, PodInfo, PodInfoError};
+use athenz_core::volume_mount::VolumeRequest;
+use serde_json::Value;
 use thiserror::Error;
 
 /// Largest options argument accepted; kubelet's are a few hundred bytes.
 pub const MAX_OPTIONS_LEN: usize = 64 * 1024;
 
-const NAMESPACE: &str = "kubernetes.io/pod.namespace";
-const POD_NAME: &str = "kubernetes.io/pod.name";
-const POD_UID: &str = "kubernetes.io/pod.uid";
-const SERVICE_ACCOUNT: &str = "kubernetes.io/serviceAccount.name";
 const READ_WRITE: &str = "kubernetes.io/readwrite";
 
 /// Why the options were refused.
@@ -29,12 +27,9 @@ pub enum OptionsError {
     /// A value that is not a string.
     #[error("mount option {0} must be a string")]
     NotString(Quoted),
-    /// A required key is missing or empty.
-    #[error("mount option {0:?} is missing or empty")]
-    Missing(&'static str),
-    /// A name broke its rule.
+    /// A pod field is missing or broke its rule.
     #[error("mount option {0}")]
-    Name(#[from] NameError),
+    Pod(#[from] PodInfoError),
     /// `readwrite` is neither `ro` nor `rw`.
     #[error("mount option {READ_WRITE:?} must be \"ro\" or \"rw\" (got {0})")]
     BadReadWrite(Quoted),
@@ -43,14 +38,8 @@ pub enum OptionsError {
 /// The pod a volume is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountOptions {
-    /// Namespace (DNS label).
-    pub namespace: String,
-    /// Pod name (DNS subdomain).
-    pub pod_name: String,
-    /// Pod UID (lowercase UUID).
-    pub pod_uid: String,
-    /// Service account (DNS subdomain).
-    pub service_account: String,
+    /// The pod (the same rules as the CSI driver's pod info).
+    pub pod: PodInfo,
     /// Whether kubelet asked for read-write; the pod's view is read-only regardless.
     pub read_write: bool,
 }
@@ -70,35 +59,23 @@ impl MountOptions {
         if let Some((key, _)) = map.iter().find(|(_, v)| !v.is_string()) {
             return Err(OptionsError::NotString(Quoted::new(key)));
         }
-        let namespace = required(&map, NAMESPACE)?;
-        names::validate_dns_label(NAMESPACE, &namespace)?;
-        let pod_name = required(&map, POD_NAME)?;
-        names::validate_dns_subdomain(POD_NAME, &pod_name)?;
-        let pod_uid = required(&map, POD_UID)?;
-        names::validate_uid(POD_UID, &pod_uid)?;
-        let service_account = required(&map, SERVICE_ACCOUNT)?;
-        names::validate_dns_subdomain(SERVICE_ACCOUNT, &service_account)?;
+        let pod = PodInfo::from_attributes(&FLEX_KEYS, |k| map.get(k).and_then(Value::as_str))?;
         let read_write = match map.get(READ_WRITE).and_then(Value::as_str) {
             None | Some("") | Some("ro") => false,
             Some("rw") => true,
             Some(other) => return Err(OptionsError::BadReadWrite(Quoted::new(other))),
         };
-        Ok(Self {
-            namespace,
-            pod_name,
-            pod_uid,
-            service_account,
-            read_write,
-        })
+        Ok(Self { pod, read_write })
     }
-}
 
-fn required(map: &Map<String, Value>, key: &'static str) -> Result<String, OptionsError> {
-    map.get(key)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .ok_or(OptionsError::Missing(key))
+    /// What to mount for these options.
+    pub fn request(&self) -> VolumeRequest {
+        VolumeRequest {
+            pod: self.pod.clone(),
+            read_write: self.read_write,
+            csi: None,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -110,10 +87,10 @@ mod tests {
     #[test]
     fn kubelet_options() {
         let o = MountOptions::parse(KUBELET).unwrap();
-        assert_eq!(o.namespace, "media-sports");
-        assert_eq!(o.pod_name, "web-7d9f");
-        assert_eq!(o.pod_uid, "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c");
-        assert_eq!(o.service_account, "web");
+        assert_eq!(o.pod.namespace, "media-sports");
+        assert_eq!(o.pod.pod_name, "web-7d9f");
+        assert_eq!(o.pod.pod_uid, "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c");
+        assert_eq!(o.pod.service_account, "web");
         assert!(!o.read_write);
         let extra = KUBELET.replace('}', r#","custom/key":"anything""#) + "}";
         assert_eq!(MountOptions::parse(&extra).unwrap(), o);

@@ -104,7 +104,7 @@ impl Node {
 
     /// Mount points below this node's root.
     fn mounts(&self) -> Vec<PathBuf> {
-        athenz_volume_driver::mountinfo::MountTable::read()
+        athenz_core::volume_mount::mountinfo::MountTable::read()
             .unwrap()
             .under(&self.root)
             .map(Path::to_owned)
@@ -447,7 +447,7 @@ fn hostile_input_is_refused_and_leaves_nothing() {
 
     // 1 MiB arguments, in-process (exec cannot carry them)
     let mib = "y".repeat(1 << 20);
-    let host = athenz_volume_driver::driver::HostDirs {
+    let host = athenz_volume_driver::HostDirs {
         volumes: athenz_core::volume::VolumesDir::new(&node.volumes),
         agent: node.agent.clone(),
     };

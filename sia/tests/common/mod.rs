@@ -324,6 +324,7 @@ pub fn volume_in(volumes: &VolumesDir, name: &str, uid: &str) -> VolumeId {
             mount_dir,
             read_write: false,
             created_at: time::OffsetDateTime::now_utc(),
+            csi: None,
         },
         0o600,
     )

@@ -11,7 +11,7 @@ pub const MAX_DIR_LEN: usize = 4096;
 
 /// Checks the text of a mount dir: absolute and normalised (no `.`, `..`, `//` or trailing `/`).
 pub fn check_form(dir: &str) -> Result<(), String> {
-    let quoted = athenz_core::names::Quoted::new(dir);
+    let quoted = crate::names::Quoted::new(dir);
     if dir.len() > MAX_DIR_LEN {
         return Err(format!("mount dir is longer than {MAX_DIR_LEN} bytes"));
     }

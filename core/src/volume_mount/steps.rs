@@ -12,9 +12,9 @@
 //! mounted" as done at every step (kubelet's shared propagation may have removed a mount already),
 //! and removes `volumes/<id>` only when nothing is mounted below it, without following symlinks.
 
-use crate::mountinfo::MountTable;
-use crate::options::MountOptions;
-use athenz_core::volume::{VolumeData, VolumeId, VolumePaths, VolumesDir, write_new_file};
+use super::mountinfo::MountTable;
+use crate::pod_info::PodInfo;
+use crate::volume::{CsiVolume, VolumeData, VolumeId, VolumePaths, VolumesDir, write_new_file};
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use std::fs;
@@ -30,37 +30,37 @@ const MAX_STACKED: usize = 8;
 #[error("{0}")]
 pub struct StepError(pub String);
 
-fn step(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> StepError {
+pub(super) fn step(what: impl std::fmt::Display) -> impl FnOnce(std::io::Error) -> StepError {
     let what = what.to_string();
     move |e| StepError(format!("{what}: {e}"))
 }
 
-fn errno_step(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> StepError {
+pub(super) fn errno_step(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> StepError {
     let what = what.to_string();
     move |e| StepError(format!("{what}: {}", e.desc()))
 }
 
 /// What to undo if a later step fails.
-enum Undo {
+pub(super) enum Undo {
     RemoveVolume(VolumePaths),
     Unmount(PathBuf),
 }
 
 /// The undo log of one mount; rolled back on drop unless committed.
-struct Rollback {
+pub(super) struct Rollback {
     steps: Vec<Undo>,
 }
 
 impl Rollback {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self { steps: Vec::new() }
     }
 
-    fn push(&mut self, undo: Undo) {
+    pub(super) fn push(&mut self, undo: Undo) {
         self.steps.push(undo);
     }
 
-    fn commit(mut self) {
+    pub(super) fn commit(mut self) {
         self.steps.clear();
     }
 }
@@ -80,6 +80,43 @@ impl Drop for Rollback {
     }
 }
 
+/// What a volume is mounted for: the pod, and how the kubelet asked for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeRequest {
+    /// The pod.
+    pub pod: PodInfo,
+    /// Whether kubelet asked for read-write (the pod's view is read-only regardless).
+    pub read_write: bool,
+    /// The CSI publish, when the CSI driver mounts it.
+    pub csi: Option<CsiVolume>,
+}
+
+impl VolumeRequest {
+    /// Whether `data` (a volume's `data.json`) records this same request for `mount_dir`.
+    pub fn matches(&self, data: &VolumeData, mount_dir: &str) -> bool {
+        data.namespace == self.pod.namespace
+            && data.pod_name == self.pod.pod_name
+            && data.pod_uid == self.pod.pod_uid
+            && data.service_account == self.pod.service_account
+            && data.read_write == self.read_write
+            && data.mount_dir == mount_dir
+            && data.csi == self.csi
+    }
+
+    pub(super) fn data(&self, mount_dir: &str) -> VolumeData {
+        VolumeData {
+            namespace: self.pod.namespace.clone(),
+            pod_name: self.pod.pod_name.clone(),
+            pod_uid: self.pod.pod_uid.clone(),
+            service_account: self.pod.service_account.clone(),
+            mount_dir: mount_dir.to_owned(),
+            read_write: self.read_write,
+            created_at: time::OffsetDateTime::now_utc(),
+            csi: self.csi.clone(),
+        }
+    }
+}
+
 /// The host directories the driver works in.
 #[derive(Debug, Clone)]
 pub struct HostDirs {
@@ -90,12 +127,12 @@ pub struct HostDirs {
 }
 
 /// Whether a volume is fully in place: exactly one mount of each kind and the same pod.
-fn complete(table: &MountTable, dir: &Path, paths: &VolumePaths, opts: &MountOptions) -> bool {
-    let data: Option<VolumeData> = athenz_core::volume::read_json_file(&paths.data_json).ok();
+fn complete(table: &MountTable, dir: &Path, paths: &VolumePaths, request: &VolumeRequest) -> bool {
+    let data: Option<VolumeData> = crate::volume::read_json_file(&paths.data_json).ok();
     table.count(dir) == 1
         && table.count(&dir.join("connect")) == 1
         && table.count(&paths.connect) == 1
-        && data.is_some_and(|d| d.pod_uid == opts.pod_uid)
+        && data.is_some_and(|d| d.pod_uid == request.pod.pod_uid && d.csi == request.csi)
 }
 
 /// The steps of a mount after which a failure must roll back; named so that tests can make each
@@ -116,19 +153,20 @@ fn checkpoint(step: Step, fail_at: Option<Step>) -> Result<(), StepError> {
     Ok(())
 }
 
-/// Mounts the identity volume for `opts` onto `dir` (`dir_text` exactly as kubelet passed it).
+/// Mounts the identity volume for `request` onto `dir` (`dir_text` exactly as kubelet passed
+/// it). A complete volume for the same pod is left as it is; anything partial is cleared first.
 pub fn mount_volume(
     host: &HostDirs,
     dir_text: &str,
-    opts: &MountOptions,
+    request: &VolumeRequest,
 ) -> Result<VolumeId, StepError> {
-    mount_volume_failing(host, dir_text, opts, None)
+    mount_volume_failing(host, dir_text, request, None)
 }
 
 pub(crate) fn mount_volume_failing(
     host: &HostDirs,
     dir_text: &str,
-    opts: &MountOptions,
+    request: &VolumeRequest,
     fail_at: Option<Step>,
 ) -> Result<VolumeId, StepError> {
     let dir = Path::new(dir_text);
@@ -153,7 +191,7 @@ pub(crate) fn mount_volume_failing(
     let ours_present = paths.dir.exists() || fs::symlink_metadata(dir.join("id")).is_ok();
     if ours_present {
         let table = MountTable::read().map_err(step("reading /proc/self/mountinfo"))?;
-        if complete(&table, dir, &paths, opts) {
+        if complete(&table, dir, &paths, request) {
             return Ok(id);
         }
         // Partly there (an interrupted mount, or a stacked one): clear it and start over.
@@ -167,15 +205,7 @@ pub(crate) fn mount_volume_failing(
         .map_err(step(format!("creating {}", paths.dir.display())))?;
     rollback.push(Undo::RemoveVolume(paths.clone()));
 
-    let data = VolumeData {
-        namespace: opts.namespace.clone(),
-        pod_name: opts.pod_name.clone(),
-        pod_uid: opts.pod_uid.clone(),
-        service_account: opts.service_account.clone(),
-        mount_dir: dir_text.to_owned(),
-        read_write: opts.read_write,
-        created_at: time::OffsetDateTime::now_utc(),
-    };
+    let data = request.data(dir_text);
     let json = serde_json::to_vec_pretty(&data).map_err(|e| StepError(e.to_string()))?;
     // The volume dir is new and nobody reads it before this mount reports success, so the files
     // are written directly: no temporary names, no fsync (an interrupted mount is cleared by the
@@ -210,7 +240,7 @@ pub(crate) fn mount_volume_failing(
     Ok(id)
 }
 
-fn bind(source: &Path, target: &Path, recursive: bool) -> Result<(), StepError> {
+pub(super) fn bind(source: &Path, target: &Path, recursive: bool) -> Result<(), StepError> {
     let mut flags = MsFlags::MS_BIND;
     if recursive {
         flags |= MsFlags::MS_REC;
@@ -222,7 +252,7 @@ fn bind(source: &Path, target: &Path, recursive: bool) -> Result<(), StepError> 
     )))
 }
 
-fn remount_read_only(target: &Path) -> Result<(), StepError> {
+pub(super) fn remount_read_only(target: &Path) -> Result<(), StepError> {
     let flags = MsFlags::MS_BIND
         | MsFlags::MS_REMOUNT
         | MsFlags::MS_RDONLY
@@ -236,7 +266,7 @@ fn remount_read_only(target: &Path) -> Result<(), StepError> {
 }
 
 /// Unmounts everything stacked on `path`; "not mounted" and "no such path" are success.
-fn unmount_all(path: &Path) -> Result<(), StepError> {
+pub(super) fn unmount_all(path: &Path) -> Result<(), StepError> {
     for _ in 0..MAX_STACKED {
         match umount2(path, MntFlags::UMOUNT_NOFOLLOW) {
             Ok(()) => continue,
@@ -264,7 +294,7 @@ fn unmount_all(path: &Path) -> Result<(), StepError> {
 /// are removed with `rmdir`, which fails with EBUSY on a mount point and ENOTEMPTY on anything
 /// unexpected — so if the agent dir is somehow still bound onto `connect`, its contents survive and
 /// the unmount reports why. A symlink in place of `volumes/<id>` is removed as a link.
-fn remove_volume_dir(paths: &VolumePaths) -> Result<(), StepError> {
+pub(super) fn remove_volume_dir(paths: &VolumePaths) -> Result<(), StepError> {
     match fs::symlink_metadata(&paths.dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(step(format!("inspecting {}", paths.dir.display()))(e)),
@@ -279,6 +309,8 @@ fn remove_volume_dir(paths: &VolumePaths) -> Result<(), StepError> {
         rmdir_if_present(&paths.connect)?;
         rmdir_if_present(&paths.mount)?;
     }
+    // files mode: the tmpfs is unmounted by now, so this is the empty directory under it
+    rmdir_if_present(&paths.files)?;
     unlink_plain_files(&paths.dir)?;
     rmdir_if_present(&paths.dir)
 }
@@ -303,8 +335,8 @@ fn rmdir_if_present(dir: &Path) -> Result<(), StepError> {
     }
 }
 
-/// Unmounts the identity volume at `dir_text` and removes its host directory. Success when it is
-/// already gone or was never mounted.
+/// Unmounts the identity volume at `dir_text` (either layout) and removes its host directory.
+/// Success when it is already gone or was never mounted.
 pub fn unmount_volume(host: &HostDirs, dir_text: &str) -> Result<VolumeId, StepError> {
     let dir = Path::new(dir_text);
     let key = host
@@ -316,6 +348,7 @@ pub fn unmount_volume(host: &HostDirs, dir_text: &str) -> Result<VolumeId, StepE
     unmount_all(&dir.join("connect"))?;
     unmount_all(dir)?;
     unmount_all(&paths.connect)?;
+    unmount_all(&paths.files)?;
     remove_volume_dir(&paths)?;
     Ok(id)
 }
@@ -324,13 +357,16 @@ pub fn unmount_volume(host: &HostDirs, dir_text: &str) -> Result<VolumeId, StepE
 mod tests {
     use super::*;
 
-    fn opts() -> MountOptions {
-        MountOptions {
-            namespace: "media-sports".into(),
-            pod_name: "web".into(),
-            pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
-            service_account: "web".into(),
+    fn opts() -> VolumeRequest {
+        VolumeRequest {
+            pod: PodInfo {
+                namespace: "media-sports".into(),
+                pod_name: "web".into(),
+                pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
+                service_account: "web".into(),
+            },
             read_write: false,
+            csi: None,
         }
     }
 
