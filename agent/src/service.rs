@@ -243,6 +243,16 @@ impl ServiceDns {
     }
 }
 
+/// Whether an identity may be issued to a pod that has no IP yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodIp {
+    /// The socket API: the SIA runs inside the pod's network, so a missing IP is transient.
+    Required,
+    /// CSI files mode: the volume is published before the sandbox has an IP; the first
+    /// certificate carries none and is re-issued once the kubelet lists one.
+    Optional,
+}
+
 /// What the agent needs to issue identities.
 pub struct Agent {
     /// Metrics.
@@ -363,10 +373,13 @@ impl Agent {
         }
     }
 
-    /// The pod of a volume, checked: on this node, same uid, has an IP.
-    async fn pod_subject(
+    /// The pod of a volume, checked: on this node, same uid, not terminating, and with an IP
+    /// unless `ip` is [`PodIp::Optional`] (a CSI files-mode volume is published before the pod
+    /// has one).
+    pub(crate) async fn pod_subject(
         &self,
         data: &VolumeData,
+        ip: PodIp,
     ) -> Result<(PodSubject, Option<IpAddr>), Failure> {
         let started = std::time::Instant::now();
         let found = self
@@ -405,10 +418,13 @@ impl Agent {
         if pod.terminating {
             return Err(fail(StatusCode::FORBIDDEN, "the pod is being deleted"));
         }
-        let ip = pod
-            .ip
-            .as_deref()
-            .ok_or_else(|| fail(StatusCode::SERVICE_UNAVAILABLE, "the pod has no IP yet"))?;
+        let pod_ip = pod.ip.as_deref();
+        if pod_ip.is_none() && ip == PodIp::Required {
+            return Err(fail(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the pod has no IP yet",
+            ));
+        }
         let domain = self
             .mapper
             .namespace_to_domain(&data.namespace)
@@ -420,7 +436,7 @@ impl Agent {
             data.pod_uid.clone(),
             domain,
             account,
-            ip,
+            pod_ip,
         )
         .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
         let service_ip = self.service_ip(&subject).await;
@@ -609,7 +625,7 @@ impl Agent {
                 "this volume was initialised for another pod",
             ));
         }
-        let (subject, service_ip) = self.pod_subject(&data).await?;
+        let (subject, service_ip) = self.pod_subject(&data, PodIp::Required).await?;
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
@@ -729,7 +745,7 @@ impl Agent {
         let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         self.check_presented(&presented.cert, &info, &state)?;
-        let (subject, service_ip) = self.pod_subject(&data).await?;
+        let (subject, service_ip) = self.pod_subject(&data, PodIp::Required).await?;
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
         }

@@ -316,13 +316,22 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&PodFacts>) -> Result<(), Den
                 .filter_map(|p| p.ip.parse::<IpAddr>().ok()),
         );
     }
-    if !ips.contains(&subject.ip) {
-        return Err(deny(
+    match subject.ip {
+        Some(ip) if !ips.contains(&ip) => {
+            Err(deny("pod_ip", format!("the pod does not have IP {ip}")))
+        }
+        // An identity without an IP is for a pod whose network does not exist yet (a CSI
+        // files-mode volume is published before the sandbox has an IP, DESIGN.md 4.10). Once
+        // the pod has an IP, every identity must carry it.
+        None if !ips.is_empty() => Err(deny(
             "pod_ip",
-            format!("the pod does not have IP {}", subject.ip),
-        ));
+            format!(
+                "the pod has IP {}; an identity without an IP is only for a pod that has none yet",
+                sorted(&ips)
+            ),
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The pod is scheduled on the node whose agent asked for the JWT (`spec.nodeName` equals the
@@ -360,11 +369,18 @@ pub fn extra_san_ips(subject: &PodSubject, c: &InstanceConfirmation) -> Result<V
         let ip: IpAddr = item
             .parse()
             .map_err(|_| deny("san_ip", format!("{item:?} is not an IP address")))?;
-        if ip != subject.ip {
+        if Some(ip) != subject.ip {
             extra.push(ip);
         }
     }
     Ok(extra)
+}
+
+/// The addresses, in a stable order, for a message.
+fn sorted(ips: &HashSet<IpAddr>) -> String {
+    let mut ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+    ips.sort();
+    ips.join(", ")
 }
 
 pub(crate) fn split(value: Option<&String>) -> impl Iterator<Item = &str> {

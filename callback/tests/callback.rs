@@ -199,7 +199,7 @@ fn confirmation(jwt: String) -> InstanceConfirmation {
             provider: PROVIDER,
             dns_suffix: fixtures::DNS_SUFFIX,
             instance_id: POD_UID,
-            pod_ip: fixtures::POD_IP,
+            pod_ip: Some(fixtures::POD_IP),
             service_ip: None,
         })
         .unwrap();
@@ -888,5 +888,52 @@ async fn readiness_follows_the_kubernetes_api() {
     assert!(
         metrics.contains("athenz_callback_kube_api_duration_seconds"),
         "{metrics}"
+    );
+}
+
+/// A CSI files-mode volume is published before the pod has an IP: a launch without an IP (in
+/// the JWT and in the SANs) is confirmed only while the pod has none; once it has one, every
+/// identity must carry it, and an IP SAN never appears without the JWT naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_without_an_ip_only_while_the_pod_has_none() {
+    let f = start().await;
+    let cluster = f.kube.cluster().clone();
+    let without_ip_claims = || {
+        let mut c = claims();
+        c.sub = c.sub.replace(&format!("i={}", fixtures::POD_IP), "i=");
+        c
+    };
+    let without_ip = |jwt: String| {
+        let mut c = confirmation(jwt);
+        c.attributes.remove("sanIP");
+        c
+    };
+    // the pod has its IP: an identity without one is refused
+    assert_denied(
+        f.confirm(&without_ip(es256(&f, &without_ip_claims())))
+            .await,
+        "pod_ip",
+    );
+    // the sandbox has no IP yet (as the API shows a pod while its volumes are set up)
+    cluster.update_pod(NAMESPACE, POD_NAME, |p| {
+        let s = p.status.as_mut().unwrap();
+        s.pod_ip = None;
+        s.pod_ips = None;
+        s.phase = Some("Pending".into());
+    });
+    let (status, body) = f
+        .confirm(&without_ip(es256(&f, &without_ip_claims())))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // an IP SAN the JWT does not vouch for is still refused
+    assert_denied(
+        f.confirm(&confirmation(es256(&f, &without_ip_claims())))
+            .await,
+        "san_ip",
+    );
+    // and a JWT naming an IP the pod does not have is refused
+    assert_denied(
+        f.confirm(&confirmation(es256(&f, &claims()))).await,
+        "pod_ip",
     );
 }

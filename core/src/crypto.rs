@@ -573,7 +573,7 @@ mod tests {
             provider: "k8s.admin.athenz-callback",
             dns_suffix: "athenz.cloud",
             instance_id: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c",
-            pod_ip: "10.1.2.3".parse().unwrap(),
+            pod_ip: Some("10.1.2.3".parse().unwrap()),
             service_ip: Some("fd00::10".parse().unwrap()),
         })
         .unwrap()

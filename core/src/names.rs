@@ -428,8 +428,8 @@ pub struct PodIdentityInput<'a> {
     pub dns_suffix: &'a str,
     /// Instance id: the pod UID.
     pub instance_id: &'a str,
-    /// The pod IP.
-    pub pod_ip: IpAddr,
+    /// The pod IP (`None` for a pod that has none yet: no pod IP SAN).
+    pub pod_ip: Option<IpAddr>,
     /// The cluster IP of the pod's Kubernetes service, when looked up and found.
     pub service_ip: Option<IpAddr>,
 }
@@ -437,8 +437,8 @@ pub struct PodIdentityInput<'a> {
 impl CsrIdentity {
     /// The identity a pod's certificate carries (DESIGN.md section 3); validates every input.
     pub fn for_pod(input: &PodIdentityInput<'_>) -> Result<Self, NameError> {
-        let mut ip_addresses = vec![input.pod_ip];
-        if let Some(ip) = input.service_ip.filter(|ip| *ip != input.pod_ip) {
+        let mut ip_addresses: Vec<IpAddr> = input.pod_ip.into_iter().collect();
+        if let Some(ip) = input.service_ip.filter(|ip| Some(*ip) != input.pod_ip) {
             ip_addresses.push(ip);
         }
         Self::for_instance(
@@ -706,7 +706,7 @@ mod tests {
             provider: "k8s.admin.athenz-callback",
             dns_suffix: "athenz.cloud",
             instance_id: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c",
-            pod_ip: "10.1.2.3".parse().unwrap(),
+            pod_ip: Some("10.1.2.3".parse().unwrap()),
             service_ip: Some("10.96.0.10".parse().unwrap()),
         })
         .unwrap();
@@ -740,12 +740,32 @@ mod tests {
             provider: "k8s.admin.athenz-callback",
             dns_suffix: "athenz.cloud",
             instance_id: "uid-1",
-            pod_ip: "10.1.2.3".parse().unwrap(),
+            pod_ip: Some("10.1.2.3".parse().unwrap()),
             service_ip: None,
         };
         assert_eq!(
             CsrIdentity::for_pod(&base).unwrap().ip_addresses,
-            [base.pod_ip]
+            [base.pod_ip.unwrap()]
+        );
+        // a pod without an IP yet: no IP SAN, unless its service's cluster IP was found
+        let no_ip = PodIdentityInput {
+            pod_ip: None,
+            ..base.clone()
+        };
+        assert!(
+            CsrIdentity::for_pod(&no_ip)
+                .unwrap()
+                .ip_addresses
+                .is_empty()
+        );
+        let service_ip: IpAddr = "10.96.0.10".parse().unwrap();
+        let with_service = PodIdentityInput {
+            service_ip: Some(service_ip),
+            ..no_ip
+        };
+        assert_eq!(
+            CsrIdentity::for_pod(&with_service).unwrap().ip_addresses,
+            [service_ip]
         );
         let bad = [
             PodIdentityInput {

@@ -39,8 +39,11 @@ pub struct PodSubject {
     pub domain: String,
     /// Athenz service: the pod's service account.
     pub service: String,
-    /// Pod IP.
-    pub ip: IpAddr,
+    /// Pod IP; `None` only for a pod that has none yet (a CSI files-mode volume is published
+    /// before the pod's network exists, DESIGN.md 4.10). Absent from the JSON form and empty
+    /// (`i=`) in the URI form.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<IpAddr>,
 }
 
 /// The JSON shape of a subject before validation.
@@ -52,7 +55,8 @@ struct UncheckedPodSubject {
     uid: String,
     domain: String,
     service: String,
-    ip: String,
+    #[serde(default)]
+    ip: Option<String>,
 }
 
 impl TryFrom<UncheckedPodSubject> for PodSubject {
@@ -65,7 +69,7 @@ impl TryFrom<UncheckedPodSubject> for PodSubject {
             raw.uid,
             raw.domain,
             raw.service,
-            &raw.ip,
+            raw.ip.as_deref(),
         )
     }
 }
@@ -105,21 +109,21 @@ pub enum SubjectError {
 }
 
 impl PodSubject {
-    /// Builds a subject, validating every field.
+    /// Builds a subject, validating every field; `ip` is `None` for a pod without one yet.
     pub fn new(
         namespace: String,
         name: String,
         uid: String,
         domain: String,
         service: String,
-        ip: &str,
+        ip: Option<&str>,
     ) -> Result<Self, SubjectError> {
         names::validate_dns_label("namespace", &namespace)?;
         names::validate_dns_subdomain("name", &name)?;
         names::validate_uid("uid", &uid)?;
         names::validate_domain("domain", &domain)?;
         names::validate_service("service", &service)?;
-        let ip = parse_canonical_ip(ip)?;
+        let ip = ip.map(parse_canonical_ip).transpose()?;
         Ok(Self {
             namespace,
             name,
@@ -149,7 +153,7 @@ impl PodSubject {
             enc(&self.name),
             enc(&self.domain),
             enc(&self.service),
-            enc(&self.ip.to_string()),
+            self.ip.map(|ip| enc(&ip.to_string())).unwrap_or_default(),
             enc(&self.uid),
         )
     }
@@ -203,7 +207,8 @@ impl PodSubject {
             uid.ok_or(SubjectError::MissingKey("u"))?,
             domain.ok_or(SubjectError::MissingKey("d"))?,
             service.ok_or(SubjectError::MissingKey("n"))?,
-            &ip,
+            // `i=` (empty): the pod had no IP yet
+            Some(ip.as_str()).filter(|ip| !ip.is_empty()),
         )
     }
 }
@@ -260,7 +265,7 @@ mod tests {
             "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
             "media.sports".into(),
             "web".into(),
-            "10.1.2.3",
+            Some("10.1.2.3"),
         )
         .unwrap()
     }
@@ -273,10 +278,35 @@ mod tests {
         assert_eq!(PodSubject::parse_uri(URI).unwrap(), subject());
     }
 
+    /// A pod without an IP yet: `i=` in the URI, no `ip` in the JSON; an empty IP in JSON is
+    /// still refused (absent is the one spelling of "none").
+    #[test]
+    fn a_subject_without_an_ip() {
+        let s = PodSubject {
+            ip: None,
+            ..subject()
+        };
+        let uri = s.to_uri();
+        assert_eq!(uri, URI.replace("i=10.1.2.3", "i="));
+        assert_eq!(PodSubject::parse_uri(&uri).unwrap(), s);
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(!json.contains("\"ip\""), "{json}");
+        assert_eq!(serde_json::from_str::<PodSubject>(&json).unwrap(), s);
+        let empty = json.replace("}", r#","ip":""}"#);
+        assert!(
+            serde_json::from_str::<PodSubject>(&empty).is_err(),
+            "{empty}"
+        );
+        assert!(
+            PodSubject::parse_uri(&URI.replace("&i=10.1.2.3", "")).is_err(),
+            "i is still required"
+        );
+    }
+
     #[test]
     fn round_trip_with_ipv6_and_underscores() {
         let mut s = subject();
-        s.ip = "fd00::1".parse().unwrap();
+        s.ip = Some("fd00::1".parse().unwrap());
         s.service = "_web_".into();
         let uri = s.to_uri();
         assert!(uri.contains("i=fd00%3A%3A1"), "{uri}");
@@ -312,7 +342,7 @@ mod tests {
                                 "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
                                 domain.into(),
                                 service.into(),
-                                ip,
+                                Some(ip),
                             )
                             .unwrap();
                             let uri = s.to_uri();

@@ -27,7 +27,7 @@ pub fn subject_of(info: &StackInfo, pod: &NewPod, uid: &str) -> anyhow::Result<P
         uid.to_owned(),
         mapper.namespace_to_domain(&pod.namespace)?,
         pod.service_account.clone(),
-        &pod.ip,
+        Some(pod.ip.as_str()),
     )?)
 }
 

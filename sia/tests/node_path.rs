@@ -106,7 +106,7 @@ async fn sia_init_writes_a_verified_identity() {
         provider: fixtures::PROVIDER,
         dns_suffix: fixtures::DNS_SUFFIX,
         instance_id: &uid(1),
-        pod_ip: IP.parse().unwrap(),
+        pod_ip: Some(IP.parse().unwrap()),
         service_ip: None,
     })
     .unwrap();

@@ -41,7 +41,7 @@ fn csr_for(i: usize) -> String {
         provider: PROVIDER,
         dns_suffix: DNS_SUFFIX,
         instance_id: &uid,
-        pod_ip: POD_IP,
+        pod_ip: Some(POD_IP),
         service_ip: None,
     })
     .unwrap();

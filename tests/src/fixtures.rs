@@ -41,7 +41,7 @@ pub fn pod_identity() -> CsrIdentity {
         provider: PROVIDER,
         dns_suffix: DNS_SUFFIX,
         instance_id: POD_UID,
-        pod_ip: POD_IP,
+        pod_ip: Some(POD_IP),
         service_ip: Some(SERVICE_IP),
     })
     .unwrap_or_else(|e| unreachable!("the sample identity is valid: {e}"))
@@ -56,7 +56,7 @@ pub fn pod_identity_without_service_ip() -> CsrIdentity {
         provider: PROVIDER,
         dns_suffix: DNS_SUFFIX,
         instance_id: POD_UID,
-        pod_ip: POD_IP,
+        pod_ip: Some(POD_IP),
         service_ip: None,
     })
     .unwrap_or_else(|e| unreachable!("the sample identity is valid: {e}"))

@@ -335,7 +335,7 @@ fn pod_input() -> PodIdentityInput<'static> {
         provider: PROVIDER,
         dns_suffix: fixtures::DNS_SUFFIX,
         instance_id: POD_UID,
-        pod_ip: fixtures::POD_IP,
+        pod_ip: Some(fixtures::POD_IP),
         service_ip: None,
     }
 }
