@@ -10,6 +10,7 @@
 //! | [`volume`] | the identity-volume layout shared by the flex driver and the agent |
 //! | [`volume_mount`] | mounting identity volumes: the flex layout and the CSI files layout |
 //! | [`pod_info`] | the pod a volume is for, as kubelet names it (flex options, CSI context) |
+//! | `csi` | CSI v1 messages and gRPC stubs (feature `csi`) |
 //! | [`crypto`] | key generation, CSRs, certificate and CSR reading |
 //! | [`ntoken`] | Athenz principal tokens: build, sign, parse, verify |
 //! | [`files`] | atomic replacement of a set of files (`..data` symlink swap) |
@@ -28,6 +29,8 @@
 pub mod agent_api;
 pub mod client;
 pub mod crypto;
+#[cfg(feature = "csi")]
+pub mod csi;
 pub mod daemon;
 pub mod files;
 pub mod http;

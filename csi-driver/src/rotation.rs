@@ -1,0 +1,405 @@
+//! Files mode keeps a pod's credentials fresh with no process in the pod (DESIGN.md 4.10): one
+//! task per published volume re-issues the identity
+//!
+//! - at the usual fraction of the certificate's lifetime (with jitter), retrying failures with
+//!   exponential backoff while the old set stays in place;
+//! - as soon as the kubelet lists a pod IP the certificate lacks: the first certificate is
+//!   issued before the pod has an IP, and a new sandbox may change it. The IP is looked at every
+//!   [`IpWatch::without_ip`] until the certificate carries one, then every [`IpWatch::with_ip`].
+//!
+//! A re-issue presents the pair the volume holds (a refresh); a refusal of that (e.g. the
+//! certificate expired while the agent was down) falls back to a fresh registration. Each task
+//! records the volume's health, which `NodeGetVolumeStats` and the metrics report. Unpublish
+//! stops the task; after an agent restart [`Rotation::resume`] finds the volumes again.
+
+use crate::{CurrentPair, IssueError, Issuer};
+use athenz_core::agent_api::IdentityResponse;
+use athenz_core::crypto::CertInfo;
+use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
+use athenz_core::refresh::{Backoff, RefreshPolicy};
+use athenz_core::secret::Secret;
+use athenz_core::volume::{CsiMode, VolumeData, VolumeId, VolumesDir, read_json_file};
+use athenz_core::volume_mount::mountinfo::MountTable;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use time::OffsetDateTime;
+use tokio::time::Instant;
+
+/// How often the pod's IP is looked at.
+#[derive(Debug, Clone, Copy)]
+pub struct IpWatch {
+    /// While the certificate has no IP (the pod is starting): soon after the sandbox is up.
+    pub without_ip: Duration,
+    /// Once it has one (a new sandbox may change it).
+    pub with_ip: Duration,
+}
+
+impl Default for IpWatch {
+    fn default() -> Self {
+        Self {
+            without_ip: Duration::from_millis(500),
+            with_ip: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A volume's health, as `NodeGetVolumeStats` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Health {
+    /// When the certificate in the volume expires.
+    pub not_after: OffsetDateTime,
+    /// The last re-issue's failure, cleared by the next success.
+    pub last_error: Option<String>,
+    /// Re-issues that succeeded.
+    pub rotations: u64,
+}
+
+impl Health {
+    /// Why the volume is abnormal now, if it is.
+    pub fn abnormal(&self, now: OffsetDateTime) -> Option<String> {
+        if self.not_after <= now {
+            return Some(format!(
+                "the certificate expired at {}{}",
+                self.not_after,
+                self.last_error
+                    .as_deref()
+                    .map(|e| format!("; the last refresh failed: {e}"))
+                    .unwrap_or_default()
+            ));
+        }
+        self.last_error
+            .as_deref()
+            .map(|e| format!("the last refresh failed: {e}"))
+    }
+}
+
+/// What a certificate says that rotation needs.
+#[derive(Debug, Clone)]
+struct CertSummary {
+    not_before: OffsetDateTime,
+    not_after: OffsetDateTime,
+    ips: Vec<IpAddr>,
+}
+
+impl From<&CertInfo> for CertSummary {
+    fn from(info: &CertInfo) -> Self {
+        Self {
+            not_before: info.not_before,
+            not_after: info.not_after,
+            ips: info.ip_addresses.clone(),
+        }
+    }
+}
+
+struct Tracked {
+    task: tokio::task::AbortHandle,
+    health: Arc<Mutex<Health>>,
+}
+
+/// The rotation tasks of the files-mode volumes on this node.
+pub struct Rotation<I: Issuer> {
+    issuer: Arc<I>,
+    policy: RefreshPolicy,
+    backoff: Backoff,
+    ip_watch: IpWatch,
+    tracked: Mutex<HashMap<VolumeId, Tracked>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Writes `answer` into the files dir as one set (core::files: a reader never sees a torn set):
+/// key and ntoken 0600, or 0640 with `group` as their group (the pod's fsGroup).
+pub fn write_set(
+    files: &Path,
+    answer: &IdentityResponse,
+    group: Option<u32>,
+) -> Result<(), String> {
+    let owner = group.map(|gid| Owner {
+        uid: None,
+        gid: Some(gid),
+    });
+    write_credentials(
+        &FileSet::new(files),
+        &Credentials {
+            key_pem: Some(&answer.key_pem),
+            cert_pem: &answer.cert_pem,
+            ca_pem: &answer.ca_cert_pem,
+            ntoken: &answer.ntoken,
+        },
+        owner,
+    )
+    .map_err(|e| format!("writing the credentials into {}: {e}", files.display()))
+}
+
+/// The leaf of an answer.
+pub fn leaf_info(cert_pem: &str) -> Result<CertInfo, String> {
+    CertInfo::from_pem(cert_pem).map_err(|e| format!("the issued certificate: {e}"))
+}
+
+impl<I: Issuer> Rotation<I> {
+    /// No volumes yet.
+    pub fn new(issuer: Arc<I>, policy: RefreshPolicy, backoff: Backoff, ip_watch: IpWatch) -> Self {
+        Self {
+            issuer,
+            policy,
+            backoff,
+            ip_watch,
+            tracked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts (or restarts) rotating volume `id`, whose set in `files` holds `cert`.
+    pub fn track(
+        self: &Arc<Self>,
+        id: VolumeId,
+        data: VolumeData,
+        files: PathBuf,
+        cert: &CertInfo,
+    ) {
+        let health = Arc::new(Mutex::new(Health {
+            not_after: cert.not_after,
+            last_error: None,
+            rotations: 0,
+        }));
+        let task = tokio::spawn(Arc::clone(self).run(
+            id.clone(),
+            data,
+            files,
+            CertSummary::from(cert),
+            Arc::clone(&health),
+        ));
+        if let Some(old) = lock(&self.tracked).insert(
+            id,
+            Tracked {
+                task: task.abort_handle(),
+                health,
+            },
+        ) {
+            old.task.abort();
+        }
+    }
+
+    /// Stops rotating volume `id` (unpublish).
+    pub fn forget(&self, id: &VolumeId) {
+        if let Some(old) = lock(&self.tracked).remove(id) {
+            old.task.abort();
+        }
+    }
+
+    /// Whether volume `id` is being rotated.
+    pub fn is_tracked(&self, id: &VolumeId) -> bool {
+        lock(&self.tracked).contains_key(id)
+    }
+
+    /// The health of volume `id`, if tracked.
+    pub fn health(&self, id: &VolumeId) -> Option<Health> {
+        lock(&self.tracked).get(id).map(|t| lock(&t.health).clone())
+    }
+
+    /// How many volumes are tracked, and how many of them are abnormal now.
+    pub fn counts(&self) -> (usize, usize) {
+        let now = OffsetDateTime::now_utc();
+        let tracked = lock(&self.tracked);
+        let abnormal = tracked
+            .values()
+            .filter(|t| lock(&t.health).abnormal(now).is_some())
+            .count();
+        (tracked.len(), abnormal)
+    }
+
+    /// After an agent restart: finds the files-mode volumes in `volumes` whose tmpfs is still
+    /// mounted and resumes rotating them from the set on disk. Returns how many; volumes that
+    /// cannot be resumed (lost mounts after a reboot, an unreadable set) are left for kubelet's
+    /// next publish or unpublish, and logged.
+    pub fn resume(self: &Arc<Self>, volumes: &VolumesDir) -> usize {
+        let Ok(entries) = std::fs::read_dir(volumes.root()) else {
+            return 0;
+        };
+        let table = match MountTable::read() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the mount table; files-mode volumes not resumed");
+                return 0;
+            }
+        };
+        let mut resumed = 0;
+        for entry in entries.flatten() {
+            let Some(id) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| VolumeId::parse(n).ok())
+            else {
+                continue;
+            };
+            let paths = volumes.volume(&id);
+            let Ok(data) = read_json_file::<VolumeData>(&paths.data_json) else {
+                continue;
+            };
+            if data.csi.as_ref().map(|c| c.mode) != Some(CsiMode::Files) {
+                continue;
+            }
+            if !table.is_mounted(&paths.files) {
+                tracing::warn!(%id, "files-mode volume lost its tmpfs (a reboot?); left for kubelet");
+                continue;
+            }
+            match FileSet::new(&paths.files)
+                .read(&[CERT_FILE])
+                .map_err(|e| e.to_string())
+                .and_then(|files| leaf_info(&String::from_utf8_lossy(&files[0])))
+            {
+                Ok(cert) => {
+                    self.track(id, data, paths.files.clone(), &cert);
+                    resumed += 1;
+                }
+                Err(e) => tracing::warn!(%id, error = %e, "files-mode volume not resumed"),
+            }
+        }
+        resumed
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        id: VolumeId,
+        data: VolumeData,
+        files: PathBuf,
+        mut cert: CertSummary,
+        health: Arc<Mutex<Health>>,
+    ) {
+        let group = data.csi.as_ref().and_then(|c| c.group);
+        let mut failures: u32 = 0;
+        loop {
+            let wait = if failures == 0 {
+                self.policy.delay(
+                    cert.not_before,
+                    cert.not_after,
+                    OffsetDateTime::now_utc(),
+                    athenz_core::random::unit(),
+                )
+            } else {
+                self.backoff
+                    .delay(failures - 1, athenz_core::random::unit())
+            };
+            let reason = self
+                .wait_for_reason(&data, &cert, Instant::now() + wait)
+                .await;
+            match self.rotate_once(&id, &data, &files, group).await {
+                Ok(info) => {
+                    tracing::info!(%id, reason, expires = %info.not_after, "files-mode identity re-issued");
+                    cert = CertSummary::from(&info);
+                    failures = 0;
+                    let mut h = lock(&health);
+                    h.not_after = info.not_after;
+                    h.last_error = None;
+                    h.rotations += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%id, reason, error = %e, "files-mode re-issue failed; the old set stays");
+                    failures = failures.saturating_add(1);
+                    lock(&health).last_error = Some(e);
+                }
+            }
+        }
+    }
+
+    /// Sleeps until the refresh is due or the pod's IP is one the certificate lacks; says which.
+    async fn wait_for_reason(
+        &self,
+        data: &VolumeData,
+        cert: &CertSummary,
+        due: Instant,
+    ) -> &'static str {
+        loop {
+            let poll = if cert.ips.is_empty() {
+                self.ip_watch.without_ip
+            } else {
+                self.ip_watch.with_ip
+            };
+            let now = Instant::now();
+            if now >= due {
+                return "refresh due";
+            }
+            tokio::time::sleep(poll.min(due - now)).await;
+            if Instant::now() >= due {
+                return "refresh due";
+            }
+            if let Ok(Some(ip)) = self.issuer.pod_ip(data).await
+                && !cert.ips.contains(&ip)
+            {
+                return "pod IP changed";
+            }
+        }
+    }
+
+    /// One re-issue: refresh with the pair on disk, or register anew when that is refused.
+    async fn rotate_once(
+        &self,
+        id: &VolumeId,
+        data: &VolumeData,
+        files: &Path,
+        group: Option<u32>,
+    ) -> Result<CertInfo, String> {
+        let current = FileSet::new(files)
+            .read(&[KEY_FILE, CERT_FILE])
+            .map_err(|e| format!("reading the current set: {e}"))
+            .map(|mut set| {
+                let cert = String::from_utf8_lossy(&set.remove(1)).into_owned();
+                let key = String::from_utf8_lossy(&set.remove(0)).into_owned();
+                CurrentPair {
+                    key_pem: Secret::new(key),
+                    cert_pem: cert,
+                }
+            });
+        let answer = match current {
+            Ok(pair) => match self.issuer.reissue(id, data, &pair).await {
+                Err(IssueError {
+                    transient: false,
+                    message,
+                }) => {
+                    tracing::info!(%id, refusal = %message, "refresh refused; registering anew");
+                    self.issuer.issue(id, data).await
+                }
+                other => other,
+            },
+            Err(e) => {
+                tracing::warn!(%id, error = %e, "registering anew");
+                self.issuer.issue(id, data).await
+            }
+        }
+        .map_err(|e| e.message)?;
+        let info = leaf_info(&answer.cert_pem)?;
+        write_set(files, &answer, group)?;
+        Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_names_what_is_wrong() {
+        let now = OffsetDateTime::now_utc();
+        let fine = Health {
+            not_after: now + time::Duration::hours(1),
+            last_error: None,
+            rotations: 3,
+        };
+        assert_eq!(fine.abnormal(now), None);
+        let failing = Health {
+            last_error: Some("ZTS answered 503".into()),
+            ..fine.clone()
+        };
+        assert!(failing.abnormal(now).unwrap().contains("ZTS answered 503"));
+        let expired = Health {
+            not_after: now - time::Duration::seconds(1),
+            ..failing
+        };
+        let why = expired.abnormal(now).unwrap();
+        assert!(why.contains("expired") && why.contains("503"), "{why}");
+    }
+}
