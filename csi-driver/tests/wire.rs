@@ -1,6 +1,7 @@
 //! The hand-written CSI messages against bindings generated from the official `csi.proto` by a
 //! third party (`bpfman-csi`): every field set, encoded by one, decoded by the other, both ways.
 //! A wrong field number, type or enum value fails here.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use athenz_core::csi::v1 as ours;
 use bpfman_csi::v1 as theirs;
