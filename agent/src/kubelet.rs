@@ -248,6 +248,22 @@ impl PodCache {
         self.latest().map_or(0, |s| s.pods.len())
     }
 
+    /// The pod `namespace/name` as a list at most the TTL old shows it (fetched if the latest is
+    /// older; never forced, so many volumes watching their pod share one list per TTL).
+    pub async fn current(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<NodePod>>, KubeletError> {
+        let deadline = Instant::now() + self.ttl;
+        let snapshot = self.snapshot(None, deadline).await?;
+        Ok(snapshot.and_then(|s| {
+            s.pods
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .map(Arc::clone)
+        }))
+    }
+
     /// Finds the pod `namespace/name` with `uid`, waiting up to `wait` for the kubelet to list it.
     ///
     /// An entry from a list asked for before this call that is not yet usable (another uid: the

@@ -3,6 +3,7 @@
 //! gets an identity JWT from the jwt-service, makes a key and CSR, and registers or refreshes the
 //! instance with ZTS.
 
+pub mod csi;
 pub mod install;
 pub mod key_pool;
 pub mod kubelet;
@@ -129,6 +130,22 @@ pub struct Config {
         default_value = "/usr/libexec/kubernetes/kubelet-plugins/volume/exec"
     )]
     pub flex_plugin_dir: PathBuf,
+    /// Serve the CSI driver csi.athenz.io on this Unix socket (kubelet finds it through the
+    /// node-driver-registrar); unset: no CSI. The usual path is
+    /// /var/lib/kubelet/plugins/csi.athenz.io/csi.sock.
+    #[arg(long, env = "CSI_SOCKET")]
+    pub csi_socket: Option<PathBuf>,
+    /// Size in bytes of each CSI files-mode volume's tmpfs (its credential set is a few KiB).
+    #[arg(long, env = "CSI_TMPFS_BYTES", default_value_t = athenz_core::volume_mount::files_mode::DEFAULT_FILES_TMPFS_BYTES)]
+    pub csi_tmpfs_bytes: u64,
+    /// Longest a CSI files-mode publish waits for the first identity before answering
+    /// UNAVAILABLE, which kubelet retries (its own call timeout is 2 minutes).
+    #[arg(long, env = "CSI_ISSUE_TIMEOUT", default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
+    pub csi_issue_timeout: Duration,
+    /// The latest a CSI files-mode certificate is re-issued, whatever its lifetime (as the
+    /// SIA's REFRESH_INTERVAL); normally it is re-issued at 70 % of its lifetime.
+    #[arg(long, env = "CSI_REFRESH_INTERVAL", default_value = "24h", value_parser = athenz_core::refresh::parse_duration)]
+    pub csi_refresh_interval: Duration,
     /// Operations endpoint and logging.
     #[command(flatten)]
     pub ops: OpsArgs,
@@ -148,6 +165,8 @@ pub struct Bound {
     pub socket: PathBuf,
     /// /healthz, /readyz, /metrics.
     pub ops: std::net::SocketAddr,
+    /// The CSI socket, when served.
+    pub csi_socket: Option<PathBuf>,
 }
 
 /// Starts the agent; it serves until `shutdown` is triggered, then removes its socket.
@@ -289,6 +308,7 @@ pub async fn start(
         ops: ops_listener
             .local_addr()
             .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
+        csi_socket: config.csi_socket.clone(),
     };
 
     let keys = key_pool::KeyPool::new(config.key_algorithm, config.key_pool_max);
@@ -323,12 +343,17 @@ pub async fn start(
         issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
     });
+    let csi = match &config.csi_socket {
+        Some(path) => Some(start_csi(&config, path, &agent, &mut registry)?),
+        None => None,
+    };
     let http_metrics = HttpMetrics::register(&mut registry);
     let filler = tokio::spawn(Arc::clone(&keys).fill(shutdown.wait()));
     let registry = Arc::new(registry);
     tracing::info!(socket = %socket.display(), ops = %bound.ops, node = %config.node_name, peer_check = %config.peer_check, "agent listening");
     let task = tokio::spawn(async move {
         let watcher = tokio::spawn(Arc::clone(&node).run(shutdown.wait()));
+        let csi = csi.map(|serve| tokio::spawn(serve(Box::pin(shutdown.wait()))));
         let ops = tokio::spawn(athenz_core::daemon::serve_ops(
             ops_listener,
             registry,
@@ -345,10 +370,104 @@ pub async fn start(
         .await;
         let _ = watcher.await;
         let _ = filler.await;
+        if let Some(csi) = csi {
+            let _ = csi.await;
+        }
         let _ = std::fs::remove_file(&socket);
         let _ = ops.await;
     });
     Ok((bound, task))
+}
+
+/// A CSI server ready to run until its stop signal.
+type CsiServe = Box<
+    dyn FnOnce(
+            std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        + Send,
+>;
+
+/// Binds the CSI socket, resumes the files-mode volumes an earlier run left mounted, and
+/// registers the CSI metrics (kept current from the rotation tasks).
+fn start_csi(
+    config: &Config,
+    path: &std::path::Path,
+    agent: &Arc<service::Agent>,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<CsiServe, StartError> {
+    use athenz_csi_driver::driver::{Driver, DriverConfig};
+    use athenz_csi_driver::rotation::{IpWatch, Rotation};
+    let setting = "--csi-socket (CSI_SOCKET)";
+    if config.csi_tmpfs_bytes < 64 * 1024 {
+        return Err(StartError::new(
+            "--csi-tmpfs-bytes (CSI_TMPFS_BYTES)",
+            "must be at least 65536",
+        ));
+    }
+    let issuer = Arc::new(csi::AgentIssuer {
+        agent: Arc::clone(agent),
+    });
+    let policy = athenz_core::refresh::RefreshPolicy {
+        max_delay: config.csi_refresh_interval,
+        min_delay: config.csi_refresh_interval.min(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let rotation = Arc::new(Rotation::new(
+        Arc::clone(&issuer),
+        policy,
+        athenz_core::refresh::Backoff::default(),
+        IpWatch::default(),
+    ));
+    let driver = Arc::new(Driver::new(
+        DriverConfig {
+            node_id: config.node_name.clone(),
+            host: athenz_core::volume_mount::HostDirs {
+                volumes: VolumesDir::new(&config.volumes_dir),
+                agent: config.agent_dir.clone(),
+            },
+            tmpfs_bytes: config.csi_tmpfs_bytes,
+            issue_timeout: config.csi_issue_timeout,
+        },
+        issuer,
+        rotation,
+    ));
+    let resumed = driver.resume();
+    let listener = athenz_csi_driver::server::bind(path).map_err(|e| StartError::new(setting, e))?;
+    let volumes = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    let abnormal = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    registry.register(
+        "csi_files_volumes",
+        "CSI files-mode volumes this agent rotates",
+        volumes.clone(),
+    );
+    registry.register(
+        "csi_abnormal_volumes",
+        "CSI files-mode volumes whose certificate expired or whose last refresh failed",
+        abnormal.clone(),
+    );
+    tracing::info!(socket = %path.display(), resumed, "CSI driver csi.athenz.io listening");
+    Ok(Box::new(move |stop| {
+        Box::pin(async move {
+            let counts = {
+                let driver = Arc::clone(&driver);
+                tokio::spawn(async move {
+                    loop {
+                        let (tracked, bad) = driver.rotation().counts();
+                        volumes.set(i64::try_from(tracked).unwrap_or(i64::MAX));
+                        abnormal.set(i64::try_from(bad).unwrap_or(i64::MAX));
+                        tokio::time::sleep(Duration::from_secs(5)).await;
+                    }
+                })
+            };
+            athenz_csi_driver::server::serve(
+                listener,
+                athenz_csi_driver::service::CsiService::new(driver),
+                stop,
+            )
+            .await;
+            counts.abort();
+        })
+    }))
 }
 
 /// The `athenz-identity-agent` command: parses `args` (the program name first; a bad setting exits 2 with

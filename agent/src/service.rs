@@ -40,8 +40,10 @@ const COALESCE: Duration = Duration::from_secs(5);
 /// A failed call: status and message.
 #[derive(Debug)]
 pub struct Failure {
-    status: StatusCode,
-    message: String,
+    /// The HTTP status the socket API answers with.
+    pub status: StatusCode,
+    /// Why.
+    pub message: String,
 }
 
 fn fail(status: StatusCode, message: impl Into<String>) -> Failure {
@@ -297,7 +299,7 @@ pub struct Agent {
 pub struct RecentInit(Option<(std::time::Instant, IdentityResponse)>);
 
 impl Agent {
-    async fn lock_for(&self, id: &VolumeId) -> Arc<Mutex<RecentInit>> {
+    pub(crate) async fn lock_for(&self, id: &VolumeId) -> Arc<Mutex<RecentInit>> {
         let mut locks = self.locks.lock().await;
         // forget locks nobody holds once their answer is stale, so the map does not grow with
         // every pod ever seen (and keys do not stay in memory)
@@ -617,6 +619,20 @@ impl Agent {
         {
             return Ok(answer.clone());
         }
+        let answer = self.register(&paths, &data, PodIp::Required).await?;
+        recent.0 = Some((std::time::Instant::now(), answer.clone()));
+        Ok(answer)
+    }
+
+    /// Registers a new instance for volume `paths` of pod `data` and saves its refresh state:
+    /// the work of an init once the caller is known to be the pod (and of a CSI files-mode
+    /// publish, where the kubelet is the caller).
+    pub(crate) async fn register(
+        &self,
+        paths: &VolumePaths,
+        data: &VolumeData,
+        ip: PodIp,
+    ) -> Result<IdentityResponse, Failure> {
         if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
             && state.pod_uid != data.pod_uid
         {
@@ -625,7 +641,7 @@ impl Agent {
                 "this volume was initialised for another pod",
             ));
         }
-        let (subject, service_ip) = self.pod_subject(&data, PodIp::Required).await?;
+        let (subject, service_ip) = self.pod_subject(data, ip).await?;
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
@@ -648,9 +664,7 @@ impl Agent {
         self.metrics.observe("zts_register", started);
         let registered = registered.map_err(zts_failure)?;
         // a registration starts a new record in ZTS: no earlier certificate refreshes
-        let answer = self.finish(&paths, &subject, &key, &registered.identity, None)?;
-        recent.0 = Some((std::time::Instant::now(), answer.clone()));
-        Ok(answer)
+        self.finish(paths, &subject, &key, &registered.identity, None)
     }
 
     /// A certificate presented for refresh is one this agent got from Athenz for this volume and
@@ -716,6 +730,29 @@ impl Agent {
         recent.0 = None;
         let (paths, data) = self.volume(id)?;
         self.check_peer(id, &data, conn)?;
+        self.refresh_pair(
+            id,
+            &paths,
+            &data,
+            &request.key_pem,
+            &request.cert_pem,
+            PodIp::Required,
+        )
+        .await
+    }
+
+    /// Refreshes volume `id` with the pair it presents: checked to be this volume's latest
+    /// identity before anything leaves the node, then shown to ZTS. The work of a refresh once
+    /// the caller is known to be the pod (and of a CSI files-mode rotation).
+    pub(crate) async fn refresh_pair(
+        &self,
+        id: &VolumeId,
+        paths: &VolumePaths,
+        data: &VolumeData,
+        key_pem: &Secret,
+        cert_pem: &str,
+        ip: PodIp,
+    ) -> Result<IdentityResponse, Failure> {
         let state: VolumeState = read_json_file(&paths.state_json).map_err(|_| {
             fail(
                 StatusCode::NOT_FOUND,
@@ -723,9 +760,9 @@ impl Agent {
             )
         })?;
         // the presented pair must be this volume's identity, before anything leaves the node
-        let info = CertInfo::from_pem(&request.cert_pem)
+        let info = CertInfo::from_pem(cert_pem)
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let key = PrivateKey::from_pem(request.key_pem.expose())
+        let key = PrivateKey::from_pem(key_pem.expose())
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         if !key_matches_cert(&key, &info) {
             return Err(fail(
@@ -742,10 +779,10 @@ impl Agent {
             ));
         }
         // the pair in the form ZTS will be shown it; its chain is the one checked below
-        let presented = tls::certified_key_from_pem(&request.cert_pem, request.key_pem.expose())
+        let presented = tls::certified_key_from_pem(cert_pem, key_pem.expose())
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         self.check_presented(&presented.cert, &info, &state)?;
-        let (subject, service_ip) = self.pod_subject(&data, PodIp::Required).await?;
+        let (subject, service_ip) = self.pod_subject(data, ip).await?;
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
         }
@@ -774,7 +811,7 @@ impl Agent {
         self.metrics.observe("zts_refresh", started);
         let identity = identity.map_err(zts_failure)?;
         // as ZTS does: the certificate just presented stays usable once (its answer may be lost)
-        self.finish(&paths, &subject, &new_key, &identity, Some(info.serial_hex))
+        self.finish(paths, &subject, &new_key, &identity, Some(info.serial_hex))
     }
 }
 
