@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`csi_kubelet`] | a CSI caller making kubelet's calls, in kubelet's order, with kubelet's arguments |
 //! | [`cgroups`] | kubelet-shaped pod cgroups for processes that play pods (the agent's peer check) |
 //! | [`dns`] | a DNS stand-in answering A/AAAA from a table |
 //! | [`fixtures`] | the sample pod every test talks about |
@@ -18,6 +19,7 @@
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
 pub mod cgroups;
+pub mod csi_kubelet;
 pub mod dns;
 pub mod fixtures;
 pub mod kube_api;
