@@ -49,6 +49,10 @@ enum Command {
         /// The agents' peer check; default enforce where pod cgroups can be made, else off.
         #[arg(long, value_enum)]
         peer_check: Option<athenz_core::peer::PeerCheck>,
+        /// Which volume pods get; with csi-socket or csi-files every agent also serves the CSI
+        /// driver at nodes[].agent.csi_socket.
+        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
+        volume: stack::VolumeKind,
     },
     /// Measure the full path for many pods.
     Bench {
@@ -209,6 +213,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             components,
             nodes,
             peer_check,
+            volume,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -220,6 +225,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 components,
                 nodes,
                 peer_check,
+                volume,
                 ..stack::StackOptions::new(state_dir, &key)
             };
             runtime()?.block_on(up(options))?;

@@ -203,6 +203,28 @@ pub struct StackOptions {
     pub nodes: usize,
     /// The agents' `--peer-check`; default `enforce` where pod cgroups can be made, else `off`.
     pub peer_check: Option<PeerCheck>,
+    /// Which volume pods get; with either CSI kind every agent also serves CSI.
+    pub volume: VolumeKind,
+}
+
+/// The volume the demo and bench give their pods (DESIGN.md 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeKind {
+    /// The flex driver and the in-pod SIA.
+    #[default]
+    Flex,
+    /// The CSI driver's socket mode and the in-pod SIA.
+    CsiSocket,
+    /// The CSI driver's files mode: no process in the pod.
+    CsiFiles,
+}
+
+impl VolumeKind {
+    /// Whether the agents serve CSI.
+    pub fn is_csi(self) -> bool {
+        self != Self::Flex
+    }
 }
 
 impl StackOptions {
@@ -214,6 +236,7 @@ impl StackOptions {
             components: None,
             nodes: 1,
             peer_check: None,
+            volume: VolumeKind::Flex,
         }
     }
 }
@@ -509,6 +532,18 @@ impl Stack {
                 "--upstream-timeout=5s".into(),
             ];
             args.extend(identity_args.iter().cloned());
+            // kubelet's plugin dir for the node: <node dir>/plugins/csi.athenz.io/csi.sock
+            let csi_socket = options.volume.is_csi().then(|| {
+                agent_dir
+                    .parent()
+                    .unwrap_or(&state)
+                    .join(format!("plugins-{}", kube_node.name))
+                    .join("csi.athenz.io")
+                    .join("csi.sock")
+            });
+            if let Some(socket) = &csi_socket {
+                args.push(path_arg("csi-socket", socket));
+            }
             let process_name = if i == 0 {
                 "agent".to_owned()
             } else {
@@ -533,7 +568,7 @@ impl Stack {
                 agent: NodeAgentInfo {
                     socket: agent_dir.join(athenz_core::volume::AGENT_SOCKET_NAME),
                     metrics_url: format!("http://127.0.0.1:{agent_ops}/metrics"),
-                    csi_socket: None,
+                    csi_socket,
                     pod: kube_node.agent_pod.clone(),
                 },
                 volumes_dir,

@@ -12,127 +12,15 @@ use athenz_core::crypto::{CertInfo, pem_certificates};
 use athenz_devstack::crossnode;
 use athenz_devstack::demo::count_volumes;
 use athenz_devstack::identity;
-use athenz_devstack::kube::{KubeClient, NewPod};
+use athenz_devstack::kube::NewPod;
 use athenz_devstack::node::{self, NodeDirs, PodVolume};
 use athenz_devstack::stack::StackInfo;
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// The devstack binary next to this test's directory (`target/<profile>/athenz-devstack`).
-fn devstack_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let binary = profile_dir.join("athenz-devstack");
-    assert!(
-        binary.exists(),
-        "{} is missing: build it with `cargo build -p athenz-devstack` (cargo test --workspace \
-         does)",
-        binary.display()
-    );
-    binary
-}
-
-/// A running `athenz-devstack up`, stopped with SIGTERM on drop.
-struct Devstack {
-    up: std::process::Child,
-    dir: tempfile::TempDir,
-    info: StackInfo,
-    kube: KubeClient,
-}
-
-impl Devstack {
-    fn start() -> Self {
-        Self::start_with(&[])
-    }
-
-    /// `athenz-devstack up` with `args` added.
-    fn start_with(args: &[&str]) -> Self {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "the end-to-end tests need root (they bind-mount volumes as kubelet's driver does)"
-        );
-        let dir = tempfile::tempdir().unwrap();
-        let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
-        let mut up = std::process::Command::new(devstack_binary())
-            .args(["up", "--state-dir"])
-            .arg(dir.path().join("state"))
-            .args(args)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let stack_json = dir.path().join("state/stack.json");
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !stack_json.exists() {
-            let log = || std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
-            if let Some(status) = up.try_wait().unwrap() {
-                panic!("athenz-devstack up exited ({status}): {}", log());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the stack did not come up: {}",
-                log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let info: StackInfo = serde_json::from_slice(&std::fs::read(&stack_json).unwrap()).unwrap();
-        let kube = KubeClient::new(&info.kube_api.url).unwrap();
-        Self {
-            up,
-            dir,
-            info,
-            kube,
-        }
-    }
-
-    fn kubelet_root(&self) -> PathBuf {
-        self.dir.path().join("kubelet")
-    }
-
-    /// stack.json as it is now (process ids change on restarts).
-    fn current_info(&self) -> StackInfo {
-        serde_json::from_slice(&std::fs::read(self.dir.path().join("state/stack.json")).unwrap())
-            .unwrap()
-    }
-
-    fn pid(&self, component: &str) -> Pid {
-        Pid::from_raw(self.current_info().processes[component] as i32)
-    }
-
-    /// Creates pod `name` running on the node and mounts its volume through the real driver.
-    async fn pod(&self, namespace: &str, name: &str, ip: &str) -> PodVolume {
-        let pod = NewPod {
-            namespace: namespace.into(),
-            name: name.into(),
-            service_account: "web".into(),
-            ip: ip.into(),
-        };
-        let uid = self
-            .kube
-            .create_running_pod(&pod, &self.info.node_name)
-            .await
-            .unwrap();
-        node::mount(&self.info, &self.kubelet_root(), &pod, &uid)
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for Devstack {
-    fn drop(&mut self) {
-        let _ = kill(Pid::from_raw(self.up.id() as i32), Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.up.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.up.kill();
-    }
-}
+mod common;
+use common::Devstack;
 
 /// openssl verifies the pod's chain to the ZTS root (intermediates untrusted) and the files are
 /// one consistent set.

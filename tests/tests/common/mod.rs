@@ -1,0 +1,134 @@
+//! The running `athenz-devstack up` the end-to-end tests drive (shared by `e2e.rs` and
+//! `csi.rs`).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_devstack::kube::{KubeClient, NewPod};
+use athenz_devstack::node::{self, PodVolume};
+use athenz_devstack::stack::StackInfo;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The devstack binary next to this test's directory (`target/<profile>/athenz-devstack`).
+fn devstack_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
+    let binary = profile_dir.join("athenz-devstack");
+    assert!(
+        binary.exists(),
+        "{} is missing: build it with `cargo build -p athenz-devstack` (cargo test --workspace \
+         does)",
+        binary.display()
+    );
+    binary
+}
+
+/// A running `athenz-devstack up`, stopped with SIGTERM on drop.
+pub struct Devstack {
+    pub up: std::process::Child,
+    pub dir: tempfile::TempDir,
+    pub info: StackInfo,
+    pub kube: KubeClient,
+}
+
+impl Devstack {
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// `athenz-devstack up` with `args` added.
+    pub fn start_with(args: &[&str]) -> Self {
+        Self::start_with_env(args, &[])
+    }
+
+    /// `athenz-devstack up` with `args` added and `env` set (the components inherit it: their
+    /// settings' environment fallbacks).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Self {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the end-to-end tests need root (they bind-mount volumes as kubelet's driver does)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::fs::File::create(dir.path().join("up.log")).unwrap();
+        let mut up = std::process::Command::new(devstack_binary())
+            .args(["up", "--state-dir"])
+            .arg(dir.path().join("state"))
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let stack_json = dir.path().join("state/stack.json");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !stack_json.exists() {
+            let log = || std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
+            if let Some(status) = up.try_wait().unwrap() {
+                panic!("athenz-devstack up exited ({status}): {}", log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stack did not come up: {}",
+                log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let info: StackInfo = serde_json::from_slice(&std::fs::read(&stack_json).unwrap()).unwrap();
+        let kube = KubeClient::new(&info.kube_api.url).unwrap();
+        Self {
+            up,
+            dir,
+            info,
+            kube,
+        }
+    }
+
+    pub fn kubelet_root(&self) -> PathBuf {
+        self.dir.path().join("kubelet")
+    }
+
+    /// stack.json as it is now (process ids change on restarts).
+    pub fn current_info(&self) -> StackInfo {
+        serde_json::from_slice(&std::fs::read(self.dir.path().join("state/stack.json")).unwrap())
+            .unwrap()
+    }
+
+    pub fn pid(&self, component: &str) -> Pid {
+        Pid::from_raw(self.current_info().processes[component] as i32)
+    }
+
+    /// Creates pod `name` running on the node and mounts its volume through the real driver.
+    pub async fn pod(&self, namespace: &str, name: &str, ip: &str) -> PodVolume {
+        let pod = NewPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            service_account: "web".into(),
+            ip: ip.into(),
+        };
+        let uid = self
+            .kube
+            .create_running_pod(&pod, &self.info.node_name)
+            .await
+            .unwrap();
+        node::mount(&self.info, &self.kubelet_root(), &pod, &uid)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Devstack {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.up.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.up.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.up.kill();
+    }
+}
+
