@@ -27,7 +27,11 @@ fn issue_error(f: Failure) -> IssueError {
 }
 
 impl Issuer for AgentIssuer {
-    async fn issue(&self, id: &VolumeId, data: &VolumeData) -> Result<IdentityResponse, IssueError> {
+    async fn issue(
+        &self,
+        id: &VolumeId,
+        data: &VolumeData,
+    ) -> Result<IdentityResponse, IssueError> {
         let paths = self.agent.volumes.volume(id);
         let lock = self.agent.lock_for(id).await;
         let _serialised = lock.lock().await;

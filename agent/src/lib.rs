@@ -432,7 +432,8 @@ fn start_csi(
         rotation,
     ));
     let resumed = driver.resume();
-    let listener = athenz_csi_driver::server::bind(path).map_err(|e| StartError::new(setting, e))?;
+    let listener =
+        athenz_csi_driver::server::bind(path).map_err(|e| StartError::new(setting, e))?;
     let volumes = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     let abnormal = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     registry.register(

@@ -181,9 +181,9 @@ impl KubeletCsi {
             .into_inner()
             .capabilities
             .into_iter()
-            .filter_map(|c| match c.r#type {
-                Some(node_service_capability::Type::Rpc(rpc)) => Some(rpc.r#type),
-                None => None,
+            .filter_map(|c| {
+                c.r#type
+                    .map(|node_service_capability::Type::Rpc(rpc)| rpc.r#type)
             })
             .collect())
     }
@@ -325,7 +325,10 @@ impl KubeletCsi {
     }
 
     /// Sends `request` as is (tests of refusals).
-    pub async fn raw_publish(&mut self, request: NodePublishVolumeRequest) -> Result<(), CsiCallError> {
+    pub async fn raw_publish(
+        &mut self,
+        request: NodePublishVolumeRequest,
+    ) -> Result<(), CsiCallError> {
         self.node.node_publish_volume(request).await?;
         Ok(())
     }

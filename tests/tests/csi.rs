@@ -47,7 +47,9 @@ async fn pending_pod(stack: &Devstack, name: &str) -> (Pod, CsiPod) {
 
 async fn kubelet(stack: &Devstack) -> KubeletCsi {
     let socket = stack.info.nodes[0].agent.csi_socket.clone().unwrap();
-    KubeletCsi::connect(&socket, &stack.kubelet_root()).await.unwrap()
+    KubeletCsi::connect(&socket, &stack.kubelet_root())
+        .await
+        .unwrap()
 }
 
 /// The set in the volume, read as a consumer should (through `..data` once): consistent.
@@ -55,8 +57,8 @@ fn read_set(target: &Path) -> CertInfo {
     let files = FileSet::new(target)
         .read(&[KEY_FILE, CERT_FILE, CA_FILE, NTOKEN_FILE])
         .unwrap();
-    let key = athenz_core::crypto::PrivateKey::from_pem(std::str::from_utf8(&files[0]).unwrap())
-        .unwrap();
+    let key =
+        athenz_core::crypto::PrivateKey::from_pem(std::str::from_utf8(&files[0]).unwrap()).unwrap();
     let cert = CertInfo::from_pem(std::str::from_utf8(&files[1]).unwrap()).unwrap();
     assert!(
         athenz_core::crypto::key_matches_cert(&key, &cert),
@@ -88,32 +90,62 @@ async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_mode_publish_reissue_rotate_unpublish() {
     // every files-mode certificate is re-issued at least every second
-    let stack = Devstack::start_with_env(&["--volume", "csi-files"], &[("CSI_REFRESH_INTERVAL", "1s")]);
+    let stack = Devstack::start_with_env(
+        &["--volume", "csi-files"],
+        &[("CSI_REFRESH_INTERVAL", "1s")],
+    );
     let mut kubelet = kubelet(&stack).await;
     assert_eq!(kubelet.node_id(), stack.info.node_name);
-    assert!(kubelet.probe().await.unwrap(), "the agent holds its node identity");
+    assert!(
+        kubelet.probe().await.unwrap(),
+        "the agent holds its node identity"
+    );
     let (pod, csi_pod) = pending_pod(&stack, "web-files").await;
 
-    let volume = kubelet.publish(&csi_pod, &[("mode", "files")]).await.unwrap();
+    let volume = kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap();
     let first = read_set(&volume.target);
-    assert!(first.ip_addresses.is_empty(), "no IP yet: {:?}", first.ip_addresses);
+    assert!(
+        first.ip_addresses.is_empty(),
+        "no IP yet: {:?}",
+        first.ip_addresses
+    );
     assert_eq!(first.common_name, "media.sports.web");
     let key_mode = std::fs::metadata(volume.target.join(KEY_FILE)).unwrap();
-    assert_eq!(std::os::unix::fs::PermissionsExt::mode(&key_mode.permissions()) & 0o777, 0o600);
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&key_mode.permissions()) & 0o777,
+        0o600
+    );
     let planted = std::fs::write(volume.target.join("planted"), b"x").unwrap_err();
-    assert_eq!(planted.raw_os_error(), Some(nix::errno::Errno::EROFS as i32), "the pod's view is read-only");
+    assert_eq!(
+        planted.raw_os_error(),
+        Some(nix::errno::Errno::EROFS as i32),
+        "the pod's view is read-only"
+    );
 
     // the sandbox gets its IP: the agent re-issues with it
     stack.kube.report_running(pod, "10.1.7.7").await.unwrap();
     let target = volume.target.clone();
-    wait_for("a certificate with the pod IP", Duration::from_secs(15), async || {
-        read_set(&target).ip_addresses == ["10.1.7.7".parse::<std::net::IpAddr>().unwrap()]
-    })
+    wait_for(
+        "a certificate with the pod IP",
+        Duration::from_secs(15),
+        async || {
+            read_set(&target).ip_addresses == ["10.1.7.7".parse::<std::net::IpAddr>().unwrap()]
+        },
+    )
     .await;
 
     // idempotent; other arguments for the same target are ALREADY_EXISTS
-    kubelet.publish(&csi_pod, &[("mode", "files")]).await.unwrap();
-    let err = kubelet.publish(&csi_pod, &[("mode", "socket")]).await.unwrap_err();
+    kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap();
+    let err = kubelet
+        .publish(&csi_pod, &[("mode", "socket")])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(Code::AlreadyExists), "{err}");
 
     let stats = kubelet.stats(&volume).await.unwrap();
@@ -171,7 +203,10 @@ async fn socket_mode_serves_the_real_sia() {
         service_account: "web".into(),
         fs_group: None,
     };
-    let volume = kubelet.publish(&csi_pod, &[("mode", "socket")]).await.unwrap();
+    let volume = kubelet
+        .publish(&csi_pod, &[("mode", "socket")])
+        .await
+        .unwrap();
     assert!(volume.target.join("id").exists());
     assert!(volume.target.join("connect/agent.sock").exists());
     let credentials = stack.dir.path().join("credentials-socket");
@@ -186,7 +221,10 @@ async fn socket_mode_serves_the_real_sia() {
         .await
         .unwrap();
     let cert = read_set(&credentials);
-    assert_eq!(cert.ip_addresses, ["10.1.7.8".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(
+        cert.ip_addresses,
+        ["10.1.7.8".parse::<std::net::IpAddr>().unwrap()]
+    );
     unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
 }
 
@@ -198,13 +236,44 @@ async fn refusals_and_rollback() {
     let mut kubelet = kubelet(&stack).await;
     let (_, csi_pod) = pending_pod(&stack, "web-refused").await;
     let good = kubelet.publish_request(&csi_pod, &[("mode", "files")], false);
-    let cases: Vec<(Box<dyn Fn(&mut athenz_core::csi::v1::NodePublishVolumeRequest)>, Code, &str)> = vec![
-        (Box::new(|r| r.readonly = false), Code::InvalidArgument, "readonly"),
-        (Box::new(|r| r.volume_capability = None), Code::InvalidArgument, "volume_capability"),
-        (Box::new(|r| r.target_path = "relative".into()), Code::InvalidArgument, "target_path"),
-        (Box::new(|r| { r.volume_context.remove("csi.storage.k8s.io/ephemeral"); }), Code::FailedPrecondition, "ephemeral"),
-        (Box::new(|r| { r.volume_context.remove("csi.storage.k8s.io/pod.uid"); }), Code::FailedPrecondition, "podInfoOnMount"),
-        (Box::new(|r| { r.volume_context.insert("mode".into(), "sockets".into()); }), Code::InvalidArgument, "mode"),
+    type Change = Box<dyn Fn(&mut athenz_core::csi::v1::NodePublishVolumeRequest)>;
+    let cases: Vec<(Change, Code, &str)> = vec![
+        (
+            Box::new(|r| r.readonly = false),
+            Code::InvalidArgument,
+            "readonly",
+        ),
+        (
+            Box::new(|r| r.volume_capability = None),
+            Code::InvalidArgument,
+            "volume_capability",
+        ),
+        (
+            Box::new(|r| r.target_path = "relative".into()),
+            Code::InvalidArgument,
+            "target_path",
+        ),
+        (
+            Box::new(|r| {
+                r.volume_context.remove("csi.storage.k8s.io/ephemeral");
+            }),
+            Code::FailedPrecondition,
+            "ephemeral",
+        ),
+        (
+            Box::new(|r| {
+                r.volume_context.remove("csi.storage.k8s.io/pod.uid");
+            }),
+            Code::FailedPrecondition,
+            "podInfoOnMount",
+        ),
+        (
+            Box::new(|r| {
+                r.volume_context.insert("mode".into(), "sockets".into());
+            }),
+            Code::InvalidArgument,
+            "mode",
+        ),
     ];
     for (change, code, field) in cases {
         let mut req = good.clone();
@@ -233,10 +302,15 @@ async fn refusals_and_rollback() {
         uid: created.metadata.uid.unwrap(),
         ..csi_pod.clone()
     };
-    let err = kubelet.publish(&other, &[("mode", "files")]).await.unwrap_err();
+    let err = kubelet
+        .publish(&other, &[("mode", "files")])
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
     assert!(err.to_string().contains("not on this node"), "{err}");
-    let target = kubelet.volume_dir(&other.uid, "athenz-identity").join("mount");
+    let target = kubelet
+        .volume_dir(&other.uid, "athenz-identity")
+        .join("mount");
     assert!(!target.exists(), "the target is removed again");
     assert_eq!(under_kubelet_mounts(&stack), 0);
     let left = std::fs::read_dir(&stack.info.volumes_dir)
@@ -251,24 +325,34 @@ async fn refusals_and_rollback() {
 /// mounts were lost (as after a reboot) still unpublishes cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_restart_resumes_rotation_and_lost_mounts_unpublish() {
-    let stack = Devstack::start_with_env(&["--volume", "csi-files"], &[("CSI_REFRESH_INTERVAL", "1s")]);
+    let stack = Devstack::start_with_env(
+        &["--volume", "csi-files"],
+        &[("CSI_REFRESH_INTERVAL", "1s")],
+    );
     let mut kubelet = kubelet(&stack).await;
     let (pod, csi_pod) = pending_pod(&stack, "web-restart").await;
     stack.kube.report_running(pod, "10.1.7.9").await.unwrap();
-    let volume = kubelet.publish(&csi_pod, &[("mode", "files")]).await.unwrap();
+    let volume = kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap();
     let before = read_set(&volume.target).serial_hex;
 
     let agent = stack.pid("agent");
     nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGKILL).unwrap();
     wait_for("the agent restarted", Duration::from_secs(20), async || {
         let now = stack.current_info();
-        now.processes.get("agent").is_some_and(|p| *p as i32 != agent.as_raw())
+        now.processes
+            .get("agent")
+            .is_some_and(|p| *p as i32 != agent.as_raw())
     })
     .await;
     let target = volume.target.clone();
-    wait_for("a rotation after the restart", Duration::from_secs(20), async || {
-        read_set(&target).serial_hex != before
-    })
+    wait_for(
+        "a rotation after the restart",
+        Duration::from_secs(20),
+        async || read_set(&target).serial_hex != before,
+    )
     .await;
 
     // a reboot-like loss of every mount: unpublish still succeeds and leaves nothing

@@ -131,4 +131,3 @@ impl Drop for Devstack {
         let _ = self.up.kill();
     }
 }
-
