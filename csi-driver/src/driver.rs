@@ -104,15 +104,7 @@ impl<I: Issuer> Driver<I> {
     }
 
     fn volume_id_of(&self, target: &str) -> Result<(VolumeId, VolumePaths), Status> {
-        let key = self
-            .config
-            .host
-            .volumes
-            .load_or_create_node_key()
-            .map_err(internal)?;
-        let id = VolumeId::for_mount_dir(&key, target);
-        let paths = self.config.host.volumes.volume(&id);
-        Ok((id, paths))
+        self.config.host.volume_of(target).map_err(internal)
     }
 
     /// `NodePublishVolume`.

@@ -93,12 +93,7 @@ pub fn begin_failing(
     tmpfs_bytes: u64,
     fail_at: Option<FilesStep>,
 ) -> Result<PendingFilesVolume, StepError> {
-    let key = host
-        .volumes
-        .load_or_create_node_key()
-        .map_err(|e| StepError(e.to_string()))?;
-    let id = VolumeId::for_mount_dir(&key, target_text);
-    let paths = host.volumes.volume(&id);
+    let (id, paths) = host.volume_of(target_text)?;
     let mut rollback = Rollback::new();
     fs::DirBuilder::new()
         .mode(0o700)
@@ -180,7 +175,7 @@ pub fn is_complete(table: &MountTable, target: &Path, paths: &VolumePaths) -> bo
 mod tests {
     use super::*;
     use crate::pod_info::PodInfo;
-    use crate::volume::{CsiMode, CsiVolume, VolumesDir};
+    use crate::volume::{CsiMode, CsiVolume};
 
     fn request() -> VolumeRequest {
         VolumeRequest {
@@ -203,33 +198,11 @@ mod tests {
     /// read-only tmpfs view, removed by the common unmount (real mounts: needs root).
     #[test]
     fn every_step_rolls_back_and_the_unmount_removes_all() {
-        assert!(
-            nix::unistd::geteuid().is_root(),
-            "this test makes real mounts and must run as root (CI does)"
-        );
-        let tmp = tempfile::tempdir().unwrap();
-        let root = fs::canonicalize(tmp.path()).unwrap();
-        let host = HostDirs {
-            volumes: VolumesDir::new(root.join("volumes")),
-            agent: root.join("agent"),
-        };
-        fs::create_dir(&host.agent).unwrap();
-        host.volumes.ensure().unwrap();
+        let (_tmp, root, host) = super::super::test_support::host();
         let target = root.join("mount");
         fs::create_dir(&target).unwrap();
         let target_text = target.to_str().unwrap();
-        let volume_dirs = || {
-            fs::read_dir(host.volumes.root())
-                .unwrap()
-                .filter(|e| {
-                    !e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .starts_with('.')
-                })
-                .count()
-        };
+        let volume_dirs = || super::super::test_support::volume_dirs(&host);
         for at in [
             FilesStep::Dirs,
             FilesStep::Tmpfs,

@@ -14,3 +14,40 @@ pub mod mountinfo;
 pub mod steps;
 
 pub use steps::{HostDirs, StepError, VolumeRequest, mount_volume, unmount_volume};
+
+/// What the mount tests share: a host layout in a fresh temporary dir (they make real mounts, so
+/// they need root, which CI has).
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::HostDirs;
+    use crate::volume::VolumesDir;
+    use std::fs;
+    use std::path::PathBuf;
+
+    /// A temporary dir (kept alive by the caller), its canonical path, and volumes and agent
+    /// dirs inside it.
+    pub fn host() -> (tempfile::TempDir, PathBuf, HostDirs) {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test makes real mounts and must run as root (CI does)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(tmp.path()).unwrap();
+        let host = HostDirs {
+            volumes: VolumesDir::new(root.join("volumes")),
+            agent: root.join("agent"),
+        };
+        fs::create_dir(&host.agent).unwrap();
+        host.volumes.ensure().unwrap();
+        (tmp, root, host)
+    }
+
+    /// Volume dirs in the volumes dir (its dot-files are the driver's own).
+    pub fn volume_dirs(host: &HostDirs) -> usize {
+        fs::read_dir(host.volumes.root())
+            .unwrap()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .count()
+    }
+}

@@ -126,6 +126,19 @@ pub struct HostDirs {
     pub agent: PathBuf,
 }
 
+impl HostDirs {
+    /// The id and paths of the volume mounted at `dir_text` (the node key is made on first use).
+    pub fn volume_of(&self, dir_text: &str) -> Result<(VolumeId, VolumePaths), StepError> {
+        let key = self
+            .volumes
+            .load_or_create_node_key()
+            .map_err(|e| StepError(e.to_string()))?;
+        let id = VolumeId::for_mount_dir(&key, dir_text);
+        let paths = self.volumes.volume(&id);
+        Ok((id, paths))
+    }
+}
+
 /// Whether a volume is fully in place: exactly one mount of each kind and the same pod.
 fn complete(table: &MountTable, dir: &Path, paths: &VolumePaths, request: &VolumeRequest) -> bool {
     let data: Option<VolumeData> = crate::volume::read_json_file(&paths.data_json).ok();
@@ -178,12 +191,7 @@ pub(crate) fn mount_volume_failing(
             host.agent.display()
         )));
     }
-    let key = host
-        .volumes
-        .load_or_create_node_key()
-        .map_err(|e| StepError(e.to_string()))?;
-    let id = VolumeId::for_mount_dir(&key, dir_text);
-    let paths = host.volumes.volume(&id);
+    let (id, paths) = host.volume_of(dir_text)?;
 
     // Fast path: nothing of ours is there (no volume dir, no `id` in the mount dir), so this is a
     // fresh mount and the mount table — hundreds of lines on a busy node, read in milliseconds —
@@ -339,12 +347,7 @@ fn rmdir_if_present(dir: &Path) -> Result<(), StepError> {
 /// Success when it is already gone or was never mounted.
 pub fn unmount_volume(host: &HostDirs, dir_text: &str) -> Result<VolumeId, StepError> {
     let dir = Path::new(dir_text);
-    let key = host
-        .volumes
-        .load_or_create_node_key()
-        .map_err(|e| StepError(e.to_string()))?;
-    let id = VolumeId::for_mount_dir(&key, dir_text);
-    let paths = host.volumes.volume(&id);
+    let (id, paths) = host.volume_of(dir_text)?;
     unmount_all(&dir.join("connect"))?;
     unmount_all(dir)?;
     unmount_all(&paths.connect)?;
@@ -373,36 +376,11 @@ mod tests {
     /// A failure after any step leaves no mount and no directory (real mounts: needs root).
     #[test]
     fn every_step_rolls_back() {
-        let is_root = fs::metadata("/proc/self")
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-            .unwrap_or(false);
-        assert!(
-            is_root,
-            "this test makes real bind mounts and must run as root (CI does)"
-        );
-        let tmp = tempfile::tempdir().unwrap();
-        let root = fs::canonicalize(tmp.path()).unwrap();
-        let host = HostDirs {
-            volumes: VolumesDir::new(root.join("volumes")),
-            agent: root.join("agent"),
-        };
-        fs::create_dir(&host.agent).unwrap();
-        host.volumes.ensure().unwrap();
+        let (_tmp, root, host) = super::super::test_support::host();
         let dir = root.join("pod");
         fs::create_dir(&dir).unwrap();
         let dir_text = dir.to_str().unwrap();
-        let volume_dirs = || {
-            fs::read_dir(host.volumes.root())
-                .unwrap()
-                .filter(|e| {
-                    !e.as_ref()
-                        .unwrap()
-                        .file_name()
-                        .to_string_lossy()
-                        .starts_with('.')
-                })
-                .count()
-        };
+        let volume_dirs = || super::super::test_support::volume_dirs(&host);
         for step in [
             Step::Dirs,
             Step::BindAgent,
