@@ -199,13 +199,9 @@ impl<I: Issuer> Driver<I> {
 
     fn resume_one(&self, id: &VolumeId, paths: &VolumePaths) -> Result<(), Status> {
         let data: VolumeData = read_json_file(&paths.data_json).map_err(internal)?;
-        let files = athenz_core::files::FileSet::new(&paths.files)
-            .read(&[athenz_core::files::CERT_FILE])
-            .map_err(internal)?;
-        let cert = leaf_info(&String::from_utf8_lossy(&files[0])).map_err(internal)?;
         self.rotation
-            .track(id.clone(), data, paths.files.clone(), &cert);
-        Ok(())
+            .track_from_disk(id.clone(), data, &paths.files)
+            .map_err(internal)
     }
 
     /// `NodeUnpublishVolume`: succeeds on a target already gone.

@@ -184,6 +184,22 @@ impl<I: Issuer> Rotation<I> {
         }
     }
 
+    /// Starts rotating volume `id` from the certificate of the set already in `files` (after a
+    /// restart, or a publish that finds the volume in place but untracked).
+    pub fn track_from_disk(
+        self: &Arc<Self>,
+        id: VolumeId,
+        data: VolumeData,
+        files: &Path,
+    ) -> Result<(), String> {
+        let set = FileSet::new(files)
+            .read(&[CERT_FILE])
+            .map_err(|e| format!("reading the set in {}: {e}", files.display()))?;
+        let cert = leaf_info(&String::from_utf8_lossy(&set[0]))?;
+        self.track(id, data, files.to_owned(), &cert);
+        Ok(())
+    }
+
     /// Stops rotating volume `id` (unpublish).
     pub fn forget(&self, id: &VolumeId) {
         if let Some(old) = lock(&self.tracked).remove(id) {
@@ -247,15 +263,8 @@ impl<I: Issuer> Rotation<I> {
                 tracing::warn!(%id, "files-mode volume lost its tmpfs (a reboot?); left for kubelet");
                 continue;
             }
-            match FileSet::new(&paths.files)
-                .read(&[CERT_FILE])
-                .map_err(|e| e.to_string())
-                .and_then(|files| leaf_info(&String::from_utf8_lossy(&files[0])))
-            {
-                Ok(cert) => {
-                    self.track(id, data, paths.files.clone(), &cert);
-                    resumed += 1;
-                }
+            match self.track_from_disk(id.clone(), data, &paths.files) {
+                Ok(()) => resumed += 1,
                 Err(e) => tracing::warn!(%id, error = %e, "files-mode volume not resumed"),
             }
         }

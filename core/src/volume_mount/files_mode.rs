@@ -174,24 +174,14 @@ pub fn is_complete(table: &MountTable, target: &Path, paths: &VolumePaths) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod_info::PodInfo;
     use crate::volume::{CsiMode, CsiVolume};
 
     fn request() -> VolumeRequest {
-        VolumeRequest {
-            pod: PodInfo {
-                namespace: "media-sports".into(),
-                pod_name: "web".into(),
-                pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
-                service_account: "web".into(),
-            },
-            read_write: false,
-            csi: Some(CsiVolume {
-                volume_id: "csi-0123".into(),
-                mode: CsiMode::Files,
-                group: None,
-            }),
-        }
+        super::super::test_support::request(Some(CsiVolume {
+            volume_id: "csi-0123".into(),
+            mode: CsiMode::Files,
+            group: None,
+        }))
     }
 
     /// A failure after any step leaves no mount and no directory; a complete publish is one

@@ -42,6 +42,20 @@ pub(crate) mod test_support {
         (tmp, root, host)
     }
 
+    /// The sample pod's volume request, flex (`csi: None`) or a CSI publish.
+    pub fn request(csi: Option<crate::volume::CsiVolume>) -> super::VolumeRequest {
+        super::VolumeRequest {
+            pod: crate::pod_info::PodInfo {
+                namespace: "media-sports".into(),
+                pod_name: "web".into(),
+                pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
+                service_account: "web".into(),
+            },
+            read_write: false,
+            csi,
+        }
+    }
+
     /// Volume dirs in the volumes dir (its dot-files are the driver's own).
     pub fn volume_dirs(host: &HostDirs) -> usize {
         fs::read_dir(host.volumes.root())

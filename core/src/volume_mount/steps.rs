@@ -361,16 +361,7 @@ mod tests {
     use super::*;
 
     fn opts() -> VolumeRequest {
-        VolumeRequest {
-            pod: PodInfo {
-                namespace: "media-sports".into(),
-                pod_name: "web".into(),
-                pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
-                service_account: "web".into(),
-            },
-            read_write: false,
-            csi: None,
-        }
+        super::super::test_support::request(None)
     }
 
     /// A failure after any step leaves no mount and no directory (real mounts: needs root).
