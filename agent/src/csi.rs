@@ -3,10 +3,11 @@
 //! the volume's pod), so there is no peer check; everything else is the socket API's path:
 //! the pod as the kubelet lists it, the jwt-service, ZTS, the refresh checks and state.json.
 
+use crate::kubelet::Absent;
 use crate::service::{Agent, Failure, PodIp};
 use athenz_core::agent_api::IdentityResponse;
 use athenz_core::volume::{VolumeData, VolumeId};
-use athenz_csi_driver::{CurrentPair, IssueError, Issuer};
+use athenz_csi_driver::{CurrentPair, IssueError, Issuer, Registration};
 use http::StatusCode;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -31,12 +32,17 @@ impl Issuer for AgentIssuer {
         &self,
         id: &VolumeId,
         data: &VolumeData,
+        registration: Registration,
     ) -> Result<IdentityResponse, IssueError> {
         let paths = self.agent.volumes.volume(id);
         let lock = self.agent.lock_for(id).await;
         let _serialised = lock.lock().await;
+        let absent = match registration {
+            Registration::First => Absent::MayAppear,
+            Registration::Again => Absent::Gone,
+        };
         self.agent
-            .register(&paths, data, PodIp::Optional)
+            .register(&paths, data, PodIp::Optional, absent)
             .await
             .map_err(issue_error)
     }

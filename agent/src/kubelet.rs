@@ -132,6 +132,16 @@ struct Snapshot {
     pods: Arc<PodIndex>,
 }
 
+/// What a pod missing from the kubelet's list means to [`PodCache::find`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Absent {
+    /// Not listed yet: a pod being started may reach the kubelet's list after its volume mount.
+    MayAppear,
+    /// Gone: the pod was listed when its identity was issued, so a list made after the question
+    /// that lacks it is the answer (no point waiting for a deleted pod).
+    Gone,
+}
+
 /// The cached pod index of this node.
 pub struct PodCache {
     client: reqwest::Client,
@@ -269,13 +279,17 @@ impl PodCache {
     /// An entry from a list asked for before this call that is not yet usable (another uid: the
     /// name was reused; no IP yet: the list predates the pod's sandbox) is checked once against
     /// a newer list rather than answered from the cache. The entry is returned whatever its
-    /// state once a list newer than the call has it; `None` if none has it by the deadline.
+    /// state once a list newer than the call has it. When no list has it: with
+    /// [`Absent::MayAppear`] (a new pod the kubelet may not list yet), `None` at the deadline;
+    /// with [`Absent::Gone`] (a pod that had an identity, so was listed before), `None` as soon
+    /// as a list newer than the call lacks it.
     pub async fn find(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
         wait: Duration,
+        absent: Absent,
     ) -> Result<Option<Arc<NodePod>>, KubeletError> {
         let called_at = Instant::now();
         let deadline = called_at + wait;
@@ -293,6 +307,9 @@ impl PodCache {
                 }
                 Some(_) => {}
                 None if Instant::now() >= deadline => return Ok(None),
+                None if absent == Absent::Gone && snapshot.asked_at >= called_at => {
+                    return Ok(None);
+                }
                 None => {}
             }
             after = Some(snapshot.asked_at);

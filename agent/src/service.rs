@@ -2,7 +2,7 @@
 //! `GET /healthz`. Every id is parsed before any file is touched; calls for one id are serialised;
 //! ZTS calls across ids are bounded.
 
-use crate::kubelet::PodCache;
+use crate::kubelet::{Absent, PodCache};
 use athenz_core::agent_api::{AgentRoute, IdentityResponse, RefreshRequest};
 use athenz_core::crypto::{CertInfo, PrivateKey, build_csr, key_matches_cert};
 use athenz_core::http::{
@@ -382,6 +382,7 @@ impl Agent {
         &self,
         data: &VolumeData,
         ip: PodIp,
+        absent: Absent,
     ) -> Result<(PodSubject, Option<IpAddr>), Failure> {
         let started = std::time::Instant::now();
         let found = self
@@ -391,6 +392,7 @@ impl Agent {
                 &data.pod_name,
                 &data.pod_uid,
                 self.pod_wait,
+                absent,
             )
             .await;
         self.metrics.observe("kubelet", started);
@@ -619,7 +621,9 @@ impl Agent {
         {
             return Ok(answer.clone());
         }
-        let answer = self.register(&paths, &data, PodIp::Required).await?;
+        let answer = self
+            .register(&paths, &data, PodIp::Required, Absent::MayAppear)
+            .await?;
         recent.0 = Some((std::time::Instant::now(), answer.clone()));
         Ok(answer)
     }
@@ -632,6 +636,7 @@ impl Agent {
         paths: &VolumePaths,
         data: &VolumeData,
         ip: PodIp,
+        absent: Absent,
     ) -> Result<IdentityResponse, Failure> {
         if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
             && state.pod_uid != data.pod_uid
@@ -641,7 +646,7 @@ impl Agent {
                 "this volume was initialised for another pod",
             ));
         }
-        let (subject, service_ip) = self.pod_subject(data, ip).await?;
+        let (subject, service_ip) = self.pod_subject(data, ip, absent).await?;
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
@@ -782,7 +787,8 @@ impl Agent {
         let presented = tls::certified_key_from_pem(cert_pem, key_pem.expose())
             .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         self.check_presented(&presented.cert, &info, &state)?;
-        let (subject, service_ip) = self.pod_subject(data, ip).await?;
+        // the pod had its identity, so the kubelet listed it: missing from a new list, it is gone
+        let (subject, service_ip) = self.pod_subject(data, ip, Absent::Gone).await?;
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
         }

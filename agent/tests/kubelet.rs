@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_identity_agent::kubelet::{ListRate, NodePod, PodCache};
+use athenz_identity_agent::kubelet::{Absent, ListRate, NodePod, PodCache};
 use athenz_testbed::kube_api::{Cluster, KubeApi, running_pod};
 use athenz_testbed::kubelet::Kubelet;
 use std::sync::Arc;
@@ -53,6 +53,7 @@ async fn find_web(
             &format!("web-{n}"),
             &uid(n),
             Duration::from_secs(5),
+            Absent::MayAppear,
         )
         .await
 }
@@ -73,7 +74,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
     let cache = cache(&kubelet, Duration::ZERO, GENEROUS, Some(token_file.clone()));
     let wait = Duration::from_millis(200);
     let found = cache
-        .find("media-sports", "web-1", &uid(1), wait)
+        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
         .await
         .unwrap();
     assert_eq!(found.unwrap().uid, uid(1));
@@ -81,7 +82,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
     // the kubelet rotates the token: the file changes, the next list presents the new one
     kubelet.controls().require_token(Some("token-2"));
     let err = cache
-        .find("media-sports", "web-1", &uid(1), wait)
+        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
         .await
         .unwrap_err()
         .to_string();
@@ -89,7 +90,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
     std::fs::write(&token_file, "token-2\n").unwrap();
     assert!(
         cache
-            .find("media-sports", "web-1", &uid(1), wait)
+            .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
             .await
             .unwrap()
             .is_some()
@@ -98,7 +99,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
     // a token file that disappears is an error naming it, not an anonymous request
     std::fs::remove_file(&token_file).unwrap();
     let err = cache
-        .find("media-sports", "web-1", &uid(1), wait)
+        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
         .await
         .unwrap_err()
         .to_string();
@@ -147,6 +148,26 @@ async fn concurrent_misses_share_lists() {
     );
 }
 
+/// A refresh's pod (listed once, so `Absent::Gone`) missing from a list made after the question
+/// is answered as gone at once: one list, not the whole wait.
+#[tokio::test]
+async fn a_gone_pod_is_answered_by_the_first_newer_list() {
+    let (_api, kubelet) = kubelet().await;
+    let cache = cache(&kubelet, Duration::from_secs(60), GENEROUS, None);
+    let found = cache
+        .find(
+            "media-sports",
+            "deleted",
+            &uid(0),
+            Duration::from_secs(30),
+            Absent::Gone,
+        )
+        .await
+        .unwrap();
+    assert!(found.is_none());
+    assert_eq!(kubelet.controls().requests(), 1);
+}
+
 #[tokio::test]
 async fn a_pod_that_never_comes_costs_at_most_the_budget() {
     let (_api, kubelet) = kubelet().await;
@@ -157,7 +178,13 @@ async fn a_pod_that_never_comes_costs_at_most_the_budget() {
     let cache = cache(&kubelet, Duration::from_secs(60), rate, None);
     let started = Instant::now();
     let found = cache
-        .find("media-sports", "never", &uid(0), Duration::from_millis(500))
+        .find(
+            "media-sports",
+            "never",
+            &uid(0),
+            Duration::from_millis(500),
+            Absent::MayAppear,
+        )
         .await
         .unwrap();
     assert!(found.is_none());
@@ -181,7 +208,13 @@ async fn a_pod_the_kubelet_lists_late_is_found_within_the_wait() {
         let cache = cache.clone();
         tokio::spawn(async move {
             cache
-                .find("media-sports", "web-7", &uid(7), Duration::from_secs(5))
+                .find(
+                    "media-sports",
+                    "web-7",
+                    &uid(7),
+                    Duration::from_secs(5),
+                    Absent::MayAppear,
+                )
                 .await
         })
     };
@@ -209,7 +242,7 @@ async fn a_cached_entry_without_an_ip_or_of_an_old_pod_is_checked_against_a_new_
     let cache = cache(&kubelet, Duration::from_secs(60), GENEROUS, None);
     let wait = Duration::from_secs(5);
     let early = cache
-        .find("media-sports", "web-1", &uid(1), wait)
+        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
         .await
         .unwrap()
         .unwrap();
@@ -229,14 +262,14 @@ async fn a_cached_entry_without_an_ip_or_of_an_old_pod_is_checked_against_a_new_
     let served = kubelet.controls().requests();
 
     let now = cache
-        .find("media-sports", "web-1", &uid(1), wait)
+        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(now.ip.as_deref(), Some("10.1.2.3"));
     assert_eq!(kubelet.controls().requests(), served + 1);
     let replaced = cache
-        .find("media-sports", "web-2", &uid(2), wait)
+        .find("media-sports", "web-2", &uid(2), wait, Absent::MayAppear)
         .await
         .unwrap()
         .unwrap();

@@ -15,7 +15,7 @@
 
 use crate::request::{Publish, check_target_path, check_volume_id};
 use crate::rotation::{Health, Rotation, leaf_info, write_set};
-use crate::{IssueError, Issuer};
+use crate::{IssueError, Issuer, Registration};
 use athenz_core::csi::v1::{
     NodeGetVolumeStatsResponse, NodePublishVolumeRequest, VolumeCondition, VolumeUsage,
     volume_usage::Unit,
@@ -179,15 +179,18 @@ impl<I: Issuer> Driver<I> {
         )
         .map_err(internal)?;
         let data: VolumeData = read_json_file(&pending.paths().data_json).map_err(internal)?;
-        let answer = tokio::time::timeout(self.config.issue_timeout, self.issuer.issue(id, &data))
-            .await
-            .map_err(|_| {
-                Status::unavailable(format!(
-                    "issuing the identity took longer than {:?}",
-                    self.config.issue_timeout
-                ))
-            })?
-            .map_err(issue_status)?;
+        let answer = tokio::time::timeout(
+            self.config.issue_timeout,
+            self.issuer.issue(id, &data, Registration::First),
+        )
+        .await
+        .map_err(|_| {
+            Status::unavailable(format!(
+                "issuing the identity took longer than {:?}",
+                self.config.issue_timeout
+            ))
+        })?
+        .map_err(issue_status)?;
         let cert = leaf_info(&answer.cert_pem).map_err(internal)?;
         let group = publish.request.csi.as_ref().and_then(|c| c.group);
         write_set(pending.files_dir(), &answer, group).map_err(internal)?;

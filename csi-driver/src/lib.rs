@@ -48,14 +48,25 @@ pub struct CurrentPair {
     pub cert_pem: String,
 }
 
+/// Which registration of a volume's instance an [`Issuer::issue`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Registration {
+    /// At publish: the pod may not be in the kubelet's list yet.
+    First,
+    /// Again, after a refused refresh or a lost set: the pod had an identity, so it was listed;
+    /// missing from the list now, it is gone.
+    Again,
+}
+
 /// What the agent does for files-mode volumes.
 pub trait Issuer: Send + Sync + 'static {
-    /// Issues the first identity of a volume (registers the instance). `data` is the volume's
+    /// Issues an identity of a volume (registers the instance). `data` is the volume's
     /// `data.json`; the agent keeps its refresh state in the volume dir as for a flex volume.
     fn issue(
         &self,
         id: &VolumeId,
         data: &VolumeData,
+        registration: Registration,
     ) -> impl Future<Output = Result<IdentityResponse, IssueError>> + Send;
 
     /// Re-issues it, presenting the pair it holds now (a refresh).

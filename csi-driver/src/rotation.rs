@@ -12,7 +12,7 @@
 //! records the volume's health, which `NodeGetVolumeStats` and the metrics report. Unpublish
 //! stops the task; after an agent restart [`Rotation::resume`] finds the volumes again.
 
-use crate::{CurrentPair, IssueError, Issuer};
+use crate::{CurrentPair, IssueError, Issuer, Registration};
 use athenz_core::agent_api::IdentityResponse;
 use athenz_core::crypto::CertInfo;
 use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
@@ -370,13 +370,13 @@ impl<I: Issuer> Rotation<I> {
                     message,
                 }) => {
                     tracing::info!(%id, refusal = %message, "refresh refused; registering anew");
-                    self.issuer.issue(id, data).await
+                    self.issuer.issue(id, data, Registration::Again).await
                 }
                 other => other,
             },
             Err(e) => {
                 tracing::warn!(%id, error = %e, "registering anew");
-                self.issuer.issue(id, data).await
+                self.issuer.issue(id, data, Registration::Again).await
             }
         }
         .map_err(|e| e.message)?;

@@ -1,12 +1,14 @@
-//! `athenz-devstack bench`: the full path for N pods — kubelet's driver exec, `athenz-sia init`,
-//! the agent, jwt-service, ZTS, callback and API — at a given concurrency and key type. Reports
-//! mount→files-written latency, throughput, CPU and peak memory per process, and the cost of the
-//! cryptography no implementation can avoid, measured in the same run, as a ratio.
+//! `athenz-devstack bench`: the full path for N pods — kubelet's mount (the flex driver's exec or
+//! its CSI calls), `athenz-sia init` where the pod runs one, the agent, jwt-service, ZTS,
+//! callback and API — at a given concurrency and key type, for each volume kind asked for (each
+//! on a fresh stack, one after the other, so their figures are of the same machine at the same
+//! time). Reports mount→files-written latency, throughput, CPU and peak memory per process, and
+//! the cost of the cryptography no implementation can avoid, measured in the same run, as a ratio.
 
 use crate::kube::{KubeClient, NewPod, PodSize};
-use crate::node;
+use crate::pod_volume::{MountedVolume, NodeKubelet};
 use crate::procs::Usage;
-use crate::stack::{Stack, StackInfo, StackOptions};
+use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey};
 use athenz_testbed::stats::percentile;
@@ -35,6 +37,8 @@ pub struct BenchOptions {
     pub arrival: Duration,
     /// How big the pods are as the kubelet lists them.
     pub pod_size: PodSize,
+    /// The volume kinds to measure, each on a fresh stack, in this order.
+    pub volumes: Vec<VolumeKind>,
 }
 
 /// One process's share of the run.
@@ -76,9 +80,11 @@ pub struct CryptoFloor {
     pub total_ms: f64,
 }
 
-/// The results.
+/// The results of one volume kind.
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
+    /// The pods' volume.
+    pub volume: VolumeKind,
     /// Pods.
     pub pods: usize,
     /// Pods in flight at once (with `arrival_ms` 0).
@@ -106,6 +112,9 @@ pub struct BenchReport {
     pub daemons: Vec<DaemonCpu>,
     /// The per-pod processes (driver and SIA, no cryptography of their own), CPU ms per pod.
     pub per_pod_process_ms: f64,
+    /// Every process of this system for one identity (agent, jwt-service, callback and the
+    /// per-pod processes; not the stand-ins) against the cryptography they cannot avoid.
+    pub system: DaemonCpu,
     /// All CPU of the run per identity, ms.
     pub cpu_per_identity_ms: f64,
     /// The unavoidable part.
@@ -142,16 +151,36 @@ fn children_usage() -> f64 {
     }
 }
 
-/// Runs the benchmark in `state_dir`.
-pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<BenchReport> {
+/// Runs the benchmark in `state_dir` once per volume kind asked for.
+pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<Vec<BenchReport>> {
     if options.pods == 0 || options.concurrency == 0 {
         bail!("--pods and --concurrency must be at least 1");
+    }
+    if options.volumes.is_empty() {
+        bail!("--volume: name at least one of flex, csi-socket, csi-files");
     }
     let algorithm = match options.key.as_str() {
         "p256" => KeyAlgorithm::P256,
         "rsa2048" => KeyAlgorithm::Rsa2048,
         other => bail!("--key {other:?}: must be p256 or rsa2048"),
     };
+    let mut reports = Vec::new();
+    for &volume in &options.volumes {
+        let report = run_one(state_dir, options, algorithm, volume)
+            .await
+            .with_context(|| format!("the {volume:?} run"))?;
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+/// One volume kind on a stack of its own.
+async fn run_one(
+    state_dir: &Path,
+    options: &BenchOptions,
+    algorithm: KeyAlgorithm,
+    volume: VolumeKind,
+) -> anyhow::Result<BenchReport> {
     // The stack's state on a tmpfs: the figures are then the system's, not those of the host
     // disk's inode allocator (on a much-churned ext4, creating the volumes' directories cost
     // several ms each in `recently_deleted` scans; perf showed it).
@@ -159,12 +188,13 @@ pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<Ben
     let stack = Stack::start(&StackOptions {
         components: options.components.clone(),
         peer_check: options.peer_check,
+        volume,
         ..StackOptions::new(state_dir.to_owned(), &options.key)
     })
     .await;
     let result = match stack {
         Ok(stack) => {
-            let result = measure(&stack, options, algorithm).await;
+            let result = measure(&stack, options, algorithm, volume).await;
             stack.stop().await;
             result
         }
@@ -206,29 +236,16 @@ fn bench_pod(n: usize) -> NewPod {
     }
 }
 
-/// Mounts a pod's volume and runs `athenz-sia init` as kubelet would; returns mount → files.
-async fn give_identity(
-    info: &StackInfo,
-    kubelet_root: &Path,
-    pod: &NewPod,
-    uid: &str,
-) -> anyhow::Result<(Duration, node::PodVolume)> {
-    let t0 = Instant::now();
-    let volume = node::mount(info, kubelet_root, pod, uid).await?;
-    node::sia_init(info, &volume).await?;
-    Ok((t0.elapsed(), volume))
-}
+/// The pods' tasks, each giving back its mount → files time and its volume.
+type Tasks = tokio::task::JoinSet<anyhow::Result<(Duration, MountedVolume)>>;
 
 /// Every pod created first, then `concurrency` of them mounted at a time.
 async fn run_all_existing(
     info: &Arc<StackInfo>,
     kube: &KubeClient,
-    kubelet_root: &Path,
+    kubelet: &NodeKubelet,
     options: &BenchOptions,
-) -> anyhow::Result<(
-    Instant,
-    tokio::task::JoinSet<anyhow::Result<(Duration, node::PodVolume)>>,
-)> {
+) -> anyhow::Result<(Instant, Tasks)> {
     let mut pods = Vec::new();
     for n in 0..options.pods {
         let pod = bench_pod(n);
@@ -242,11 +259,10 @@ async fn run_all_existing(
     let mut tasks = tokio::task::JoinSet::new();
     for (pod, uid) in pods {
         let permit = semaphore.clone().acquire_owned().await?;
-        let info = info.clone();
-        let root = kubelet_root.to_owned();
+        let (info, kubelet) = (info.clone(), kubelet.clone());
         tasks.spawn(async move {
             let _permit = permit;
-            give_identity(&info, &root, &pod, &uid).await
+            kubelet.give_identity(&info, &pod, &uid).await
         });
     }
     Ok((started, tasks))
@@ -257,12 +273,9 @@ async fn run_all_existing(
 fn run_arriving(
     info: &Arc<StackInfo>,
     kube: &KubeClient,
-    kubelet_root: &Path,
+    kubelet: &NodeKubelet,
     options: &BenchOptions,
-) -> (
-    Instant,
-    tokio::task::JoinSet<anyhow::Result<(Duration, node::PodVolume)>>,
-) {
+) -> (Instant, Tasks) {
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for n in 0..options.pods {
@@ -270,10 +283,10 @@ fn run_arriving(
             + options
                 .arrival
                 .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
-        let (info, kube, root, size) = (
+        let (info, kube, kubelet, size) = (
             info.clone(),
             kube.clone(),
-            kubelet_root.to_owned(),
+            kubelet.clone(),
             options.pod_size,
         );
         tasks.spawn(async move {
@@ -282,7 +295,7 @@ fn run_arriving(
             let uid = kube
                 .create_running_pod_sized(&pod, &info.node_name, size)
                 .await?;
-            give_identity(&info, &root, &pod, &uid).await
+            kubelet.give_identity(&info, &pod, &uid).await
         });
     }
     (started, tasks)
@@ -292,17 +305,18 @@ async fn measure(
     stack: &Stack,
     options: &BenchOptions,
     algorithm: KeyAlgorithm,
+    volume: VolumeKind,
 ) -> anyhow::Result<BenchReport> {
     let info = Arc::new(stack.info.clone());
     let kube = KubeClient::new(&info.kube_api.url)?;
-    let kubelet_root = stack.state_dir.join("kubelet");
+    let kubelet = NodeKubelet::new(&info, volume, &stack.state_dir.join("kubelet")).await?;
 
     let before: Vec<(String, Usage)> = stack.usage();
     let children_cpu_before = children_usage();
     let (started, mut tasks) = if options.arrival.is_zero() {
-        run_all_existing(&info, &kube, &kubelet_root, options).await?
+        run_all_existing(&info, &kube, &kubelet, options).await?
     } else {
-        run_arriving(&info, &kube, &kubelet_root, options)
+        run_arriving(&info, &kube, &kubelet, options)
     };
     let mut latencies = Vec::new();
     let mut volumes = Vec::new();
@@ -316,8 +330,8 @@ async fn measure(
     let after = stack.usage();
 
     // Unmount outside the measurement.
-    for volume in &volumes {
-        node::unmount(&info, volume).await?;
+    for mounted in &volumes {
+        kubelet.take_down(&info, mounted).await?;
     }
 
     latencies.sort();
@@ -338,8 +352,24 @@ async fn measure(
     let floor = crypto_floor(algorithm)?;
     let per_identity_ms = |cpu: f64| cpu * 1e3 / options.pods as f64;
     let daemons = daemon_cpu(&processes, &floor, options.pods);
+    let system = {
+        let daemons_total = daemons.last().context("the daemons' sum")?;
+        let cpu = daemons_total.cpu_per_identity_ms + per_identity_ms(children_cpu);
+        DaemonCpu {
+            name: format!("{} + per-pod processes", daemons_total.name),
+            cpu_per_identity_ms: cpu,
+            floor_ms: daemons_total.floor_ms,
+            ratio: cpu / daemons_total.floor_ms,
+        }
+    };
+    let per_pod_processes = match volume {
+        VolumeKind::Flex => format!("driver + sia ({} processes", options.pods * 2),
+        VolumeKind::CsiSocket => format!("sia ({} processes", options.pods),
+        VolumeKind::CsiFiles => "none (0 processes".to_owned(),
+    };
     let cpu_per_identity_ms = per_identity_ms(total_cpu);
     Ok(BenchReport {
+        volume,
         pods: options.pods,
         concurrency: options.concurrency,
         arrival_ms: ms(options.arrival),
@@ -359,9 +389,8 @@ async fn measure(
             // with pod cgroups each SIA starts as `sh -c 'echo $$ > cgroup.procs; exec sia'` (a
             // container runtime places it without that shell): its cost is counted here
             name: format!(
-                "driver + sia ({} processes{})",
-                options.pods * 2,
-                if info.pod_cgroup_root.is_some() {
+                "{per_pod_processes}{})",
+                if info.pod_cgroup_root.is_some() && volume != VolumeKind::CsiFiles {
                     ", sia joins its pod cgroup via sh"
                 } else {
                     ""
@@ -372,6 +401,7 @@ async fn measure(
             rss_mib: None,
         },
         daemons,
+        system,
         per_pod_process_ms: per_identity_ms(children_cpu),
         cpu_per_identity_ms,
         cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
@@ -535,8 +565,12 @@ pub fn print_human(report: &BenchReport) {
         format!("all existing first, concurrency {}", report.concurrency)
     };
     println!(
-        "{} {:?} pods, {arrival}, {} keys, peer check {}",
-        report.pods, report.pod_size, report.key, report.peer_check
+        "{} volume: {} {:?} pods, {arrival}, {} keys, peer check {}",
+        report.volume.name(),
+        report.pods,
+        report.pod_size,
+        report.key,
+        report.peer_check
     );
     println!(
         "latency mount -> files written: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
@@ -576,11 +610,50 @@ pub fn print_human(report: &BenchReport) {
         );
     }
     println!(
-        "  driver + sia (no cryptography)       {:>7.3} ms per pod",
+        "  per-pod processes (no cryptography)  {:>7.3} ms per pod",
         report.per_pod_process_ms
+    );
+    let s = &report.system;
+    println!(
+        "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
+        s.name, s.cpu_per_identity_ms, s.floor_ms, s.ratio
     );
     println!(
         "all CPU per identity {:.2} ms (stand-ins included); crypto floor {:.3} ms; ratio {:.1}x",
         report.cpu_per_identity_ms, report.crypto_floor.total_ms, report.cpu_to_floor_ratio
     );
+}
+
+/// The volume kinds of one run side by side.
+pub fn print_comparison(reports: &[BenchReport]) {
+    println!(
+        "{:<11} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>15}",
+        "volume",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "all s",
+        "system CPU/id ms",
+        "x its crypto",
+        "agent RSS MiB"
+    );
+    for r in reports {
+        let agent_rss = r
+            .processes
+            .iter()
+            .find(|p| p.name == AGENT)
+            .and_then(|p| p.peak_rss_mib)
+            .unwrap_or(f64::NAN);
+        println!(
+            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>15.1}",
+            r.volume.name(),
+            r.latency_ms.p50,
+            r.latency_ms.p99,
+            r.latency_ms.max,
+            r.wall_seconds,
+            r.system.cpu_per_identity_ms,
+            r.system.ratio,
+            agent_rss
+        );
+    }
 }

@@ -1,11 +1,13 @@
 //! `athenz-devstack demo`: the whole system once through, on this machine. Three pods in two
-//! namespaces get identities through the real driver, agent, jwt-service, ZTS and callback; one is
-//! refreshed by the real sidecar; one is deleted and its refresh refused; every volume is unmounted.
+//! namespaces get identities through the real driver (flex, or the agent's CSI driver), agent,
+//! jwt-service, ZTS and callback; one is refreshed (by the real sidecar, or in CSI files mode by
+//! the agent itself); one is deleted and its refresh refused; every volume is unmounted.
 
 use crate::identity::{self, IdentityReport};
 use crate::kube::{KubeClient, NewPod};
 use crate::node::{self, PodVolume};
-use crate::stack::{Stack, StackInfo, StackOptions};
+use crate::pod_volume::{MountedVolume, NodeKubelet};
+use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
 use athenz_core::volume::VolumeId;
 use serde::Serialize;
@@ -45,6 +47,8 @@ pub struct PodReport {
 /// What the demo did.
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
+    /// The pods' volume.
+    pub volume: VolumeKind,
     /// The pods and their identities.
     pub pods: Vec<PodReport>,
     /// The refreshed pod, its serial before and after.
@@ -59,17 +63,19 @@ pub struct DemoReport {
     pub seconds: f64,
 }
 
-/// A refresh by the real sidecar.
+/// A refresh by the real sidecar, or by the agent in files mode.
 #[derive(Debug, Serialize)]
 pub struct RefreshReport {
     /// `<namespace>/<name>`.
     pub pod: String,
+    /// Who refreshed: `athenz-sia refresh` or `the agent`.
+    pub by: String,
     /// Serial before.
     pub old_serial: String,
     /// Serial after.
     pub new_serial: String,
-    /// The sidecar's exit after SIGTERM (true: 0).
-    pub sidecar_exited_cleanly: bool,
+    /// The sidecar's exit after SIGTERM (true: 0); none without a sidecar.
+    pub sidecar_exited_cleanly: Option<bool>,
 }
 
 /// A refresh refused.
@@ -81,17 +87,30 @@ pub struct RefusalReport {
     pub refusal: String,
 }
 
-/// Runs the demo in `state_dir`; `print` gets each human line as it happens.
-pub async fn run(state_dir: &Path, print: &mut dyn FnMut(String)) -> anyhow::Result<DemoReport> {
+/// How often the agents rotate files-mode volumes in the demo (so it shows one).
+const DEMO_CSI_REFRESH: Duration = Duration::from_secs(1);
+
+/// Runs the demo in `state_dir` with `volume`; `print` gets each human line as it happens.
+pub async fn run(
+    state_dir: &Path,
+    volume: VolumeKind,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
-    print(format!("starting the stack in {}", state_dir.display()));
+    print(format!(
+        "starting the stack in {} (pods get {} volumes)",
+        state_dir.display(),
+        volume.name()
+    ));
     // two nodes: the demo shows that one cannot obtain the other's pods' identities
     let stack = Stack::start(&StackOptions {
         nodes: 2,
+        volume,
+        csi_refresh_interval: (volume == VolumeKind::CsiFiles).then_some(DEMO_CSI_REFRESH),
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
-    let result = play(&stack, print).await;
+    let result = play(&stack, volume, print).await;
     print("stopping the stack".into());
     stack.stop().await;
     let mut report = result?;
@@ -127,15 +146,20 @@ fn describe_stack(info: &StackInfo, print: &mut dyn FnMut(String)) {
     print("  (the control plane's certificates came from ZTS through athenz-control-sia)".into());
 }
 
-async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<DemoReport> {
+async fn play(
+    stack: &Stack,
+    volume: VolumeKind,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<DemoReport> {
     let info = &stack.info;
     describe_stack(info, print);
+    let kubelet = NodeKubelet::new(info, volume, &stack.state_dir.join("kubelet")).await?;
     let mut volumes = Vec::new();
-    let played = issue_refresh_refuse(stack, &mut volumes, print).await;
+    let played = issue_refresh_refuse(stack, &kubelet, &mut volumes, print).await;
     // Every volume mounted is unmounted, whatever happened: a failed demo leaves no mounts.
     let mut unmounted = Ok(());
-    for volume in &volumes {
-        if let Err(e) = node::unmount(info, volume).await {
+    for mounted in &volumes {
+        if let Err(e) = kubelet.take_down(info, mounted).await {
             unmounted = Err(e);
         }
     }
@@ -153,6 +177,7 @@ async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<De
         );
     }
     Ok(DemoReport {
+        volume,
         pods,
         refresh,
         refused_after_delete: refused,
@@ -166,21 +191,18 @@ async fn play(stack: &Stack, print: &mut dyn FnMut(String)) -> anyhow::Result<De
 /// collects every volume mounted, for the caller to unmount.
 async fn issue_refresh_refuse(
     stack: &Stack,
-    volumes: &mut Vec<PodVolume>,
+    kubelet: &NodeKubelet,
+    volumes: &mut Vec<MountedVolume>,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<(Vec<PodReport>, RefreshReport, RefusalReport, RefusalReport)> {
     let info = &stack.info;
     let kube = KubeClient::new(&info.kube_api.url)?;
-    let kubelet_root = stack.state_dir.join("kubelet");
     let mut pods = Vec::new();
     for pod in demo_pods() {
-        let started = Instant::now();
         let uid = kube.create_running_pod(&pod, &info.node_name).await?;
-        let volume = node::mount(info, &kubelet_root, &pod, &uid).await?;
-        volumes.push(volume.clone());
-        node::sia_init(info, &volume).await?;
-        let issued_in = started.elapsed();
-        let identity = identity::check(&volume.credentials_dir)
+        let (issued_in, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
+        volumes.push(mounted.clone());
+        let identity = identity::check(mounted.credentials_dir())
             .with_context(|| format!("checking the identity of {}", pod.name))?;
         print(format!(
             "\npod {}/{} (uid {uid}): identity in {:.1} ms",
@@ -196,16 +218,24 @@ async fn issue_refresh_refuse(
             issued_in_ms: issued_in.as_secs_f64() * 1e3,
         });
     }
-    let refresh = refresh_one(stack, &volumes[0], print).await?;
+    let refresh = match volumes[0].sia() {
+        Some(sia) => refresh_by_sidecar(stack, sia, print).await?,
+        None => refresh_by_agent(&volumes[0], print).await?,
+    };
     let cross_node = cross_node_refusal(stack, &volumes[1], print).await?;
-    let refused = delete_and_refuse(stack, &kube, &volumes[2], print).await?;
+    kube.delete_pod(&volumes[2].pod.namespace, &volumes[2].pod.name)
+        .await?;
+    let refused = match volumes[2].sia() {
+        Some(sia) => refuse_sidecar_refresh(stack, sia, print).await?,
+        None => refuse_agent_rotation(kubelet, &volumes[2], print).await?,
+    };
     Ok((pods, refresh, refused, cross_node))
 }
 
 /// Node 2, as if compromised, uses its own certificate directly for a pod on node 1.
 async fn cross_node_refusal(
     stack: &Stack,
-    volume: &PodVolume,
+    volume: &MountedVolume,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<RefusalReport> {
     let info = &stack.info;
@@ -213,8 +243,7 @@ async fn cross_node_refusal(
     let subject = crate::crossnode::subject_of(info, &volume.pod, &volume.uid)?;
     let refusal = crate::crossnode::register_with_node_certificate(info, other, &subject).await?;
     print(format!(
-        "
-node {} used its own certificate for pod {}/{} (on {}): refused: {refusal}",
+        "\nnode {} used its own certificate for pod {}/{} (on {}): refused: {refusal}",
         other.name, volume.pod.namespace, volume.pod.name, info.node_name
     ));
     Ok(RefusalReport {
@@ -243,7 +272,7 @@ fn print_identity(identity: &IdentityReport, print: &mut dyn FnMut(String)) {
 }
 
 /// Runs the real refresh sidecar with a 1 s ceiling until it has replaced the certificate.
-async fn refresh_one(
+async fn refresh_by_sidecar(
     stack: &Stack,
     volume: &PodVolume,
     print: &mut dyn FnMut(String),
@@ -279,27 +308,101 @@ async fn refresh_one(
     ));
     Ok(RefreshReport {
         pod: format!("{}/{}", volume.pod.namespace, volume.pod.name),
+        by: "athenz-sia refresh".into(),
         old_serial: before,
         new_serial: after,
-        sidecar_exited_cleanly: clean,
+        sidecar_exited_cleanly: Some(clean),
     })
 }
 
-/// Deletes the pod, then asks for a refresh with its current pair, as its sidecar would.
-async fn delete_and_refuse(
+/// Waits (at most 30 s) for the agent to rotate a files-mode volume, as it does every
+/// [`DEMO_CSI_REFRESH`] in the demo; nothing runs in the pod.
+async fn refresh_by_agent(
+    volume: &MountedVolume,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<RefreshReport> {
+    let dir = volume.credentials_dir();
+    let before = identity::check(dir)?.serial;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Ok(now) = identity::check(dir)
+            && now.serial != before
+        {
+            break now.serial;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the agent did not rotate {}'s files within 30 s",
+                volume.pod.name
+            );
+        }
+    };
+    print(format!(
+        "\nrefresh: the agent rotated {}'s files in place (no process in the pod): serial \
+         {before} -> {after}",
+        volume.pod.name
+    ));
+    Ok(RefreshReport {
+        pod: format!("{}/{}", volume.pod.namespace, volume.pod.name),
+        by: "the agent".into(),
+        old_serial: before,
+        new_serial: after,
+        sidecar_exited_cleanly: None,
+    })
+}
+
+/// After the pod's deletion, asks for a refresh with its current pair, as its sidecar would.
+async fn refuse_sidecar_refresh(
     stack: &Stack,
-    kube: &KubeClient,
     volume: &PodVolume,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<RefusalReport> {
-    kube.delete_pod(&volume.pod.namespace, &volume.pod.name)
-        .await?;
     let refusal = match node::refresh_once(&stack.info, volume).await? {
         Ok(_) => bail!("the agent refreshed the identity of a deleted pod"),
         Err(refusal) => refusal,
     };
     print(format!(
         "\ndeleted pod {}/{}; its refresh was refused: {refusal}",
+        volume.pod.namespace, volume.pod.name
+    ));
+    Ok(RefusalReport {
+        pod: format!("{}/{}", volume.pod.namespace, volume.pod.name),
+        refusal,
+    })
+}
+
+/// After the pod's deletion, waits (at most 30 s) for the agent's next rotation of its files to
+/// be refused, as kubelet sees it: the volume's condition turns abnormal, with the reason (the
+/// pod event an operator reads in `kubectl describe pod`).
+async fn refuse_agent_rotation(
+    kubelet: &NodeKubelet,
+    volume: &MountedVolume,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<RefusalReport> {
+    let (csi, csi_volume) = kubelet
+        .csi()
+        .zip(volume.csi())
+        .context("a files-mode volume without its CSI driver")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refusal = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let stats = csi.clone().stats(csi_volume).await?;
+        if let Some(condition) = stats.volume_condition
+            && condition.abnormal
+        {
+            break condition.message;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the agent kept rotating the files of deleted pod {} for 30 s",
+                volume.pod.name
+            );
+        }
+    };
+    print(format!(
+        "\ndeleted pod {}/{}; the agent's next rotation was refused; kubelet sees the volume \
+         abnormal: {refusal}",
         volume.pod.namespace, volume.pod.name
     ));
     Ok(RefusalReport {

@@ -3,8 +3,8 @@
 //! - `demo`: three pods in two namespaces get identities through every real component; one is
 //!   refreshed, one deleted and refused; everything is unmounted and stopped.
 //! - `up --state-dir DIR`: the same stack until Ctrl-C, described in `DIR/stack.json`.
-//! - `bench --pods N --concurrency C|--arrival T --pod-size real|minimal --key p256|rsa2048`: the
-//!   full path for N pods, measured.
+//! - `bench --pods N --concurrency C|--arrival T --pod-size real|minimal --key p256|rsa2048
+//!   --volume flex,csi-socket,csi-files`: the full path for N pods, measured, per volume kind.
 //! - `zts --state-dir DIR`: the development ZTS alone.
 //!
 //! Every component runs as its own process: this binary executed under the component's name.
@@ -23,6 +23,7 @@ pub mod identity;
 pub mod kube;
 pub mod multicall;
 pub mod node;
+pub mod pod_volume;
 pub mod procs;
 pub mod stack;
 pub mod userns;

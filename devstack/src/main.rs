@@ -31,6 +31,10 @@ enum Command {
         /// Keep state here instead of a temporary directory (kept afterwards).
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Which volume the pods get: flex (with the in-pod SIA), csi-socket (the same through
+        /// the agent's CSI driver) or csi-files (nothing in the pod).
+        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
+        volume: stack::VolumeKind,
     },
     /// Start the stack and keep it running until Ctrl-C or SIGTERM; writes DIR/stack.json.
     Up {
@@ -83,6 +87,10 @@ enum Command {
         /// The agents' peer check; default enforce where pod cgroups can be made, else off.
         #[arg(long, value_enum)]
         peer_check: Option<athenz_core::peer::PeerCheck>,
+        /// The pods' volume; several (comma-separated) are measured one after the other, each
+        /// on a fresh stack, and compared.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "flex")]
+        volume: Vec<stack::VolumeKind>,
     },
     /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
     Zts {
@@ -181,7 +189,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("{}", serde_json::to_string(&answer)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Demo { json, state_dir } => {
+        Command::Demo {
+            json,
+            state_dir,
+            volume,
+        } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
             }
@@ -195,7 +207,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("{line}");
                 }
             };
-            let report = runtime()?.block_on(demo::run(&dir, &mut print))?;
+            let report = runtime()?.block_on(demo::run(&dir, volume, &mut print))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -240,6 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             peer_check,
             arrival,
             pod_size,
+            volume,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -256,12 +269,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 peer_check,
                 arrival,
                 pod_size,
+                volumes: volume,
             };
-            let report = runtime()?.block_on(bench::run(temp.path(), &options))?;
+            let reports = runtime()?.block_on(bench::run(temp.path(), &options))?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
+                println!("{}", serde_json::to_string_pretty(&reports)?);
             } else {
-                bench::print_human(&report);
+                for report in &reports {
+                    bench::print_human(report);
+                    println!();
+                }
+                if reports.len() > 1 {
+                    bench::print_comparison(&reports);
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -163,8 +163,7 @@ pub async fn mount_on(
     if !reply.contains(r#""status":"Success""#) {
         bail!("the driver did not mount: {reply}");
     }
-    let credentials_dir = kubelet_root.join("pods").join(uid).join("credentials");
-    mount_memory_volume(&credentials_dir)?;
+    let credentials_dir = credentials_volume(kubelet_root, uid)?;
     Ok(PodVolume {
         pod: pod.clone(),
         uid: uid.to_owned(),
@@ -174,8 +173,14 @@ pub async fn mount_on(
     })
 }
 
-/// The pod's credentials volume as kubelet makes an `emptyDir` with `medium: Memory`: a tmpfs
-/// (where the SIA's fsyncs cost nothing, as in a cluster).
+/// Pod `uid`'s credentials volume (where its SIA writes), as kubelet makes an `emptyDir` with
+/// `medium: Memory`: a tmpfs (where the SIA's fsyncs cost nothing, as in a cluster).
+pub fn credentials_volume(kubelet_root: &Path, uid: &str) -> anyhow::Result<PathBuf> {
+    let dir = kubelet_root.join("pods").join(uid).join("credentials");
+    mount_memory_volume(&dir)?;
+    Ok(dir)
+}
+
 fn mount_memory_volume(dir: &Path) -> anyhow::Result<()> {
     use nix::mount::{MsFlags, mount};
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -192,10 +197,7 @@ fn mount_memory_volume(dir: &Path) -> anyhow::Result<()> {
 /// `<driver> unmount <dir>`, then removes the dir as kubelet does, and the pod's credentials
 /// volume with it.
 pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()> {
-    if let Err(e) = nix::mount::umount(&volume.credentials_dir) {
-        bail!("unmounting {}: {e}", volume.credentials_dir.display());
-    }
-    let _ = std::fs::remove_dir(&volume.credentials_dir);
+    remove_pod_side(stack, volume)?;
     let reply = run(
         &stack.volume_driver,
         &["unmount".into(), volume.mount_dir.display().to_string()],
@@ -207,14 +209,24 @@ pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()
     if !reply.contains(r#""status":"Success""#) {
         bail!("the driver did not unmount: {reply}");
     }
+    std::fs::remove_dir(&volume.mount_dir)
+        .with_context(|| format!("removing {}", volume.mount_dir.display()))
+}
+
+/// What the pod had besides the identity volume, gone with the pod: its credentials volume and
+/// (with pod cgroups) its cgroup.
+pub fn remove_pod_side(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()> {
+    if let Err(e) = nix::mount::umount(&volume.credentials_dir) {
+        bail!("unmounting {}: {e}", volume.credentials_dir.display());
+    }
+    let _ = std::fs::remove_dir(&volume.credentials_dir);
     if let Some(root) = &stack.pod_cgroup_root {
         athenz_testbed::cgroups::remove_tree(&athenz_testbed::cgroups::pod_slice(
             root,
             &volume.uid,
         ));
     }
-    std::fs::remove_dir(&volume.mount_dir)
-        .with_context(|| format!("removing {}", volume.mount_dir.display()))
+    Ok(())
 }
 
 /// The SIA's settings as the initializer injects them, with the pod's paths mapped to where

@@ -114,7 +114,7 @@ pub struct NodeAgentInfo {
     pub socket: PathBuf,
     /// Full `/metrics` URL.
     pub metrics_url: String,
-    /// Its CSI socket, when it serves CSI (not yet: `null`).
+    /// Its CSI socket, when it serves CSI (else `null`).
     pub csi_socket: Option<PathBuf>,
     /// Its pod, as the API stand-in holds it (scheduled on this node).
     pub pod: crate::kube::PodRef,
@@ -205,6 +205,8 @@ pub struct StackOptions {
     pub peer_check: Option<PeerCheck>,
     /// Which volume pods get; with either CSI kind every agent also serves CSI.
     pub volume: VolumeKind,
+    /// The agents' `--csi-refresh-interval` (files-mode rotation); their default when none.
+    pub csi_refresh_interval: Option<std::time::Duration>,
 }
 
 /// The volume the demo and bench give their pods (DESIGN.md 5).
@@ -225,6 +227,15 @@ impl VolumeKind {
     pub fn is_csi(self) -> bool {
         self != Self::Flex
     }
+
+    /// Its command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flex => "flex",
+            Self::CsiSocket => "csi-socket",
+            Self::CsiFiles => "csi-files",
+        }
+    }
 }
 
 impl StackOptions {
@@ -237,6 +248,7 @@ impl StackOptions {
             nodes: 1,
             peer_check: None,
             volume: VolumeKind::Flex,
+            csi_refresh_interval: None,
         }
     }
 }
@@ -543,6 +555,9 @@ impl Stack {
             });
             if let Some(socket) = &csi_socket {
                 args.push(path_arg("csi-socket", socket));
+                if let Some(interval) = options.csi_refresh_interval {
+                    args.push(format!("--csi-refresh-interval={}ms", interval.as_millis()));
+                }
             }
             let process_name = if i == 0 {
                 "agent".to_owned()

@@ -52,6 +52,49 @@ fn demo_issues_refreshes_refuses_and_cleans_up() {
     assert_eq!(report["volumes_left"], 0);
 }
 
+/// Files mode: the agent writes and rotates the pod's files through its CSI driver, nothing runs
+/// in the pod; a deleted pod's next rotation is refused and kubelet sees the volume abnormal.
+#[test]
+fn demo_in_csi_files_mode_runs_nothing_in_the_pod() {
+    let out = Command::new(DEVSTACK)
+        .args(["demo", "--json", "--volume", "csi-files"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["volume"], "csi-files");
+    let pods = report["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 3);
+    for pod in pods {
+        assert_eq!(pod["identity"]["chain"].as_array().unwrap().len(), 3);
+        assert_eq!(pod["identity"]["ip_addresses"].as_array().unwrap().len(), 1);
+    }
+    assert_eq!(report["refresh"]["by"], "the agent");
+    assert_eq!(
+        report["refresh"]["sidecar_exited_cleanly"],
+        serde_json::Value::Null
+    );
+    assert_ne!(
+        report["refresh"]["old_serial"],
+        report["refresh"]["new_serial"]
+    );
+    let refusal = report["refused_after_delete"]["refusal"].as_str().unwrap();
+    assert!(
+        refusal.contains("finance-ledger/ledger-0 is not on this node"),
+        "{refusal}"
+    );
+    let cross = report["refused_cross_node"]["refusal"].as_str().unwrap();
+    assert!(
+        cross.contains("403") && cross.contains("pod_node"),
+        "{cross}"
+    );
+    assert_eq!(report["volumes_left"], 0);
+}
+
 #[test]
 fn demo_prints_for_people() {
     let out = Command::new(DEVSTACK).arg("demo").output().unwrap();

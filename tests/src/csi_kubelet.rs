@@ -15,7 +15,7 @@
 //! - per unmount: `NodeUnpublishVolume`, then the `mount` dir (if the driver left it),
 //!   `vol_data.json` and the volume dir are removed.
 //!
-//! Every call has kubelet's 2-minute timeout.
+//! Every call is made on a connection of its own, with kubelet's 2-minute timeout.
 
 use athenz_core::csi::v1::{
     self, NodeGetVolumeStatsResponse, NodePublishVolumeRequest, VolumeCapability,
@@ -88,11 +88,12 @@ pub struct CsiVolume {
     pub target: PathBuf,
 }
 
-/// Kubelet's view of one CSI driver's socket.
+/// Kubelet's view of one CSI driver's socket. Like kubelet's csiDriverClient it dials the socket
+/// for every call and closes the connection after it (nodeV1ClientCreator per call), so a
+/// driver is measured and tested with the connection churn a node gives it.
 #[derive(Debug, Clone)]
 pub struct KubeletCsi {
-    identity: IdentityClient<Channel>,
-    node: NodeClient<Channel>,
+    socket: PathBuf,
     kubelet_root: PathBuf,
     node_id: String,
 }
@@ -104,27 +105,28 @@ pub fn volume_handle(pod_uid: &str, volume_name: &str) -> String {
     format!("csi-{}", athenz_core::volume::hex(&digest))
 }
 
+/// A new connection to `socket`.
+async fn dial(socket: &Path) -> Result<Channel, CsiCallError> {
+    let path = socket.to_owned();
+    // the URI is required by tonic and ignored: the connector dials the socket
+    Endpoint::from_static("http://csi.sock")
+        .timeout(CALL_TIMEOUT)
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+            }
+        }))
+        .await
+        .map_err(|e| CsiCallError::Connect(socket.to_owned(), e.to_string()))
+}
+
 impl KubeletCsi {
     /// Connects to `socket` and registers the driver as kubelet does; `kubelet_root` stands for
     /// `/var/lib/kubelet`.
     pub async fn connect(socket: &Path, kubelet_root: &Path) -> Result<Self, CsiCallError> {
-        let path = socket.to_owned();
-        // the URI is required by tonic and ignored: the connector dials the socket
-        let channel = Endpoint::from_static("http://csi.sock")
-            .timeout(CALL_TIMEOUT)
-            .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-                let path = path.clone();
-                async move {
-                    Ok::<_, std::io::Error>(TokioIo::new(
-                        tokio::net::UnixStream::connect(path).await?,
-                    ))
-                }
-            }))
-            .await
-            .map_err(|e| CsiCallError::Connect(socket.to_owned(), e.to_string()))?;
-        let mut identity = IdentityClient::new(channel.clone());
-        let mut node = NodeClient::new(channel);
-        let info = identity
+        let channel = dial(socket).await?;
+        let info = IdentityClient::new(channel.clone())
             .get_plugin_info(v1::GetPluginInfoRequest {})
             .await?
             .into_inner();
@@ -134,17 +136,21 @@ impl KubeletCsi {
                 info.name
             )));
         }
-        let node_id = node
+        let node_id = NodeClient::new(channel)
             .node_get_info(v1::NodeGetInfoRequest {})
             .await?
             .into_inner()
             .node_id;
         Ok(Self {
-            identity,
-            node,
+            socket: socket.to_owned(),
             kubelet_root: kubelet_root.to_owned(),
             node_id,
         })
+    }
+
+    /// A node client on a connection of its own, for one call.
+    async fn node(&self) -> Result<NodeClient<Channel>, CsiCallError> {
+        Ok(NodeClient::new(dial(&self.socket).await?))
     }
 
     /// The node id the driver reported.
@@ -154,8 +160,7 @@ impl KubeletCsi {
 
     /// `Probe`'s readiness (absent means ready).
     pub async fn probe(&mut self) -> Result<bool, CsiCallError> {
-        Ok(self
-            .identity
+        Ok(IdentityClient::new(dial(&self.socket).await?)
             .probe(v1::ProbeRequest {})
             .await?
             .into_inner()
@@ -175,7 +180,8 @@ impl KubeletCsi {
 
     async fn node_capabilities(&mut self) -> Result<Vec<i32>, CsiCallError> {
         Ok(self
-            .node
+            .node()
+            .await?
             .node_get_capabilities(v1::NodeGetCapabilitiesRequest {})
             .await?
             .into_inner()
@@ -264,7 +270,7 @@ impl KubeletCsi {
             .map_err(|e| CsiCallError::Local(format!("writing vol_data.json: {e}")))?;
         let request = self.publish_request(pod, attributes, group);
         let target = PathBuf::from(&request.target_path);
-        self.node.node_publish_volume(request).await?;
+        self.node().await?.node_publish_volume(request).await?;
         Ok(CsiVolume {
             volume_id: handle,
             target,
@@ -294,7 +300,8 @@ impl KubeletCsi {
 
     /// Unmounts as kubelet's TearDownAt does, then removes what kubelet made.
     pub async fn unpublish(&mut self, volume: &CsiVolume) -> Result<(), CsiCallError> {
-        self.node
+        self.node()
+            .await?
             .node_unpublish_volume(v1::NodeUnpublishVolumeRequest {
                 volume_id: volume.volume_id.clone(),
                 target_path: volume.target.to_string_lossy().into_owned(),
@@ -314,7 +321,8 @@ impl KubeletCsi {
         volume: &CsiVolume,
     ) -> Result<NodeGetVolumeStatsResponse, CsiCallError> {
         Ok(self
-            .node
+            .node()
+            .await?
             .node_get_volume_stats(v1::NodeGetVolumeStatsRequest {
                 volume_id: volume.volume_id.clone(),
                 volume_path: volume.target.to_string_lossy().into_owned(),
@@ -329,7 +337,7 @@ impl KubeletCsi {
         &mut self,
         request: NodePublishVolumeRequest,
     ) -> Result<(), CsiCallError> {
-        self.node.node_publish_volume(request).await?;
+        self.node().await?.node_publish_volume(request).await?;
         Ok(())
     }
 }
