@@ -262,8 +262,13 @@ where
         // Not fatal here: whatever needs randomness later fails with its own error.
         tracing::warn!(error = %e, "seeding the crypto generator at start failed");
     }
+    // aws-lc's generator keeps an entropy source per thread (seeded by jitter entropy, tens of
+    // ms of CPU each): every runtime thread seeds its own as it starts, not inside a request
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_start(|| {
+            let _ = crate::random::seed_crypto_generator();
+        })
         .build()?;
     runtime.block_on(async {
         let shutdown = Shutdown::new();

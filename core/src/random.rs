@@ -17,9 +17,10 @@ pub fn fill(buf: &mut [u8]) -> Result<(), RandomError> {
 }
 
 /// Draws once from aws-lc-rs's generator (the one rustls and key generation use), so that its
-/// one-time seeding — jitter entropy, tens of milliseconds of CPU — happens now rather than inside
-/// the first TLS handshake or key a request needs. Daemons call it before they listen: otherwise
-/// their first pod waits for it and the cost lands in the first request's CPU.
+/// seeding — jitter entropy, tens of milliseconds of CPU, once per thread: aws-lc keeps a
+/// generator per thread — happens now rather than inside the first TLS handshake or key a
+/// request needs on this thread. Daemons call it before they listen and on every runtime thread
+/// as it starts: otherwise their first pods wait for it and the cost lands in their CPU.
 pub fn seed_crypto_generator() -> Result<(), RandomError> {
     use aws_lc_rs::rand::SecureRandom;
     let mut byte = [0u8; 1];
