@@ -67,6 +67,16 @@ pub async fn serve<I: Issuer>(
     };
     tokio::pin!(stop);
     loop {
+        // A slot first, then the connection: past the limit, new connections wait in the
+        // socket's backlog until one closes (kubelet mounts a whole node's pods at once after a
+        // restart; refusing them would cost each its 500 ms retry backoff).
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = &mut stop => break,
+        };
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
@@ -77,10 +87,6 @@ pub async fn serve<I: Issuer>(
                 }
             },
             () = &mut stop => break,
-        };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            tracing::warn!("CSI connection refused: {MAX_CONNECTIONS} already open");
-            continue;
         };
         let (identity, node) = (identity.clone(), node.clone());
         let route = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {

@@ -373,3 +373,98 @@ async fn agent_restart_resumes_rotation_and_lost_mounts_unpublish() {
     }
     unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
 }
+
+/// An expired certificate the agent cannot replace (ZTS unreachable) makes the volume abnormal,
+/// with the reason, in the stats kubelet polls (it becomes a pod event). The set on disk is
+/// replaced by an expired one while the agent is down; the restarted agent resumes from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_report_an_expired_certificate() {
+    use nix::sys::signal::{Signal, kill};
+    let stack = Devstack::start_with(&["--volume", "csi-files"]);
+    let mut kubelet = kubelet(&stack).await;
+    let (pod, csi_pod) = pending_pod(&stack, "web-expired").await;
+    stack.kube.report_running(pod, "10.1.7.10").await.unwrap();
+    let volume = kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap();
+    let healthy = kubelet.stats(&volume).await.unwrap();
+    assert!(!healthy.volume_condition.unwrap().abnormal);
+
+    // ZTS stops answering; the agent goes down and its volume's set is swapped for an expired
+    // certificate of the same key (as if the node had been off past the certificate's life)
+    let zts = stack.pid("zts");
+    kill(zts, Signal::SIGSTOP).unwrap();
+    let agent = stack.pid("agent");
+    kill(agent, Signal::SIGKILL).unwrap();
+    let files = std::fs::read_dir(&stack.info.volumes_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("files"))
+        .find(|p| p.is_dir())
+        .expect("the volume's files dir");
+    let set = FileSet::new(&files)
+        .read(&[KEY_FILE, CA_FILE, NTOKEN_FILE])
+        .unwrap();
+    let key_pem = String::from_utf8(set[0].clone()).unwrap();
+    let key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "media.sports.web");
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2024, 1, 2);
+    let expired = params.self_signed(&key).unwrap().pem();
+    athenz_core::files::write_credentials(
+        &FileSet::new(&files),
+        &athenz_core::files::Credentials {
+            key_pem: Some(&athenz_core::secret::Secret::new(key_pem.clone())),
+            cert_pem: &expired,
+            ca_pem: &String::from_utf8(set[1].clone()).unwrap(),
+            ntoken: &athenz_core::secret::Secret::new(String::from_utf8(set[2].clone()).unwrap()),
+        },
+        None,
+    )
+    .unwrap();
+
+    wait_for("the agent restarted", Duration::from_secs(20), async || {
+        stack
+            .current_info()
+            .processes
+            .get("agent")
+            .is_some_and(|p| *p as i32 != agent.as_raw())
+    })
+    .await;
+    let mut condition = None;
+    wait_for(
+        "the volume reported abnormal",
+        Duration::from_secs(20),
+        async || match KubeletCsi::connect(
+            stack.info.nodes[0].agent.csi_socket.as_ref().unwrap(),
+            &stack.kubelet_root(),
+        )
+        .await
+        {
+            Ok(mut k) => match k.stats(&volume).await {
+                Ok(stats) => {
+                    condition = stats.volume_condition;
+                    condition.as_ref().is_some_and(|c| c.abnormal)
+                }
+                Err(_) => false,
+            },
+            Err(_) => false,
+        },
+    )
+    .await;
+    let message = condition.unwrap().message;
+    assert!(
+        message.starts_with("the certificate expired at 2024-01-02"),
+        "{message}"
+    );
+    // what the pod reads is the set on disk, untouched by the failed renewal
+    assert_eq!(
+        std::fs::read_to_string(volume.target.join(CERT_FILE)).unwrap(),
+        expired
+    );
+    kill(zts, Signal::SIGCONT).unwrap();
+    unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
+}
