@@ -1,15 +1,18 @@
 //! The mutation itself: given a pod, the pod with the identity volume, the credentials volume, the
-//! SIA init container, the SIA refresher and the credentials mount in every app container.
-//! Pure functions of (template, pod), so every case is tested without a server.
+//! SIA init container, the SIA refresher and the credentials mount in every app container; or,
+//! with the CSI driver's files mode, the identity volume alone, mounted read-only in every app
+//! container. Pure functions of (template, pod), so every case is tested without a server.
 
-use crate::template::Template;
+use crate::template::{Template, VolumeKind};
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, FlexVolumeSource, ObjectFieldSelector,
-    Pod, Volume, VolumeMount,
+    CSIVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, FlexVolumeSource,
+    ObjectFieldSelector, Pod, Volume, VolumeMount,
 };
 
-/// Name of the flex volume (DESIGN.md 4.7).
+/// Name of the identity volume (DESIGN.md 4.7), flex or CSI.
 pub const IDENTITY_VOLUME: &str = "athenz-identity";
+/// The CSI driver (DESIGN.md 4.10).
+pub const CSI_DRIVER: &str = "csi.athenz.io";
 /// Name of the memory-backed credentials volume.
 pub const CREDENTIALS_VOLUME: &str = "athenz-credentials";
 /// The flex driver.
@@ -130,21 +133,20 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
         .ok_or_else(|| Conflict("the pod has no spec".into()))?;
 
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    if let Some(v) = volumes.iter().find(|v| v.name == CREDENTIALS_VOLUME) {
+    if let Some(v) = volumes
+        .iter()
+        .find(|v| v.name == CREDENTIALS_VOLUME || v.name == IDENTITY_VOLUME)
+    {
         return Err(Conflict(format!(
             "the pod already has a volume named {:?}",
             v.name
         )));
     }
-    volumes.push(Volume {
-        name: IDENTITY_VOLUME.to_owned(),
-        flex_volume: Some(FlexVolumeSource {
-            driver: DRIVER.to_owned(),
-            read_only: Some(true),
-            ..FlexVolumeSource::default()
-        }),
-        ..Volume::default()
-    });
+    volumes.push(identity_volume(t.volume));
+    if t.volume == VolumeKind::CsiFiles {
+        mount_in_apps(t, spec, IDENTITY_VOLUME)?;
+        return Ok(pod);
+    }
     volumes.push(Volume {
         name: CREDENTIALS_VOLUME.to_owned(),
         empty_dir: Some(EmptyDirVolumeSource {
@@ -168,25 +170,7 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
         }
     }
 
-    // Every app container reads the credentials, read-only.
-    for c in &mut spec.containers {
-        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-        if mounts
-            .iter()
-            .any(|m| m.mount_path == t.credentials_mount_path)
-        {
-            return Err(Conflict(format!(
-                "container {:?} already mounts something at {}",
-                c.name, t.credentials_mount_path
-            )));
-        }
-        mounts.push(VolumeMount {
-            name: CREDENTIALS_VOLUME.to_owned(),
-            mount_path: t.credentials_mount_path.clone(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        });
-    }
+    mount_in_apps(t, spec, CREDENTIALS_VOLUME)?;
 
     // The init container runs first, so every later init container and app finds the files; a
     // native refresher starts right after it and keeps running beside the app.
@@ -202,6 +186,59 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     init.extend(existing);
     spec.init_containers = Some(init);
     Ok(pod)
+}
+
+/// The identity volume of `kind`: read-only; for CSI, the mode as its one attribute.
+fn identity_volume(kind: VolumeKind) -> Volume {
+    let csi = |mode: &str| CSIVolumeSource {
+        driver: CSI_DRIVER.to_owned(),
+        read_only: Some(true),
+        volume_attributes: Some([("mode".to_owned(), mode.to_owned())].into()),
+        ..CSIVolumeSource::default()
+    };
+    let mut volume = Volume {
+        name: IDENTITY_VOLUME.to_owned(),
+        ..Volume::default()
+    };
+    match kind {
+        VolumeKind::Flex => {
+            volume.flex_volume = Some(FlexVolumeSource {
+                driver: DRIVER.to_owned(),
+                read_only: Some(true),
+                ..FlexVolumeSource::default()
+            });
+        }
+        VolumeKind::CsiSocket => volume.csi = Some(csi("socket")),
+        VolumeKind::CsiFiles => volume.csi = Some(csi("files")),
+    }
+    volume
+}
+
+/// Every app container reads the credentials from volume `name`, read-only.
+fn mount_in_apps(
+    t: &Template,
+    spec: &mut k8s_openapi::api::core::v1::PodSpec,
+    name: &str,
+) -> Result<(), Conflict> {
+    for c in &mut spec.containers {
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+        if mounts
+            .iter()
+            .any(|m| m.mount_path == t.credentials_mount_path)
+        {
+            return Err(Conflict(format!(
+                "container {:?} already mounts something at {}",
+                c.name, t.credentials_mount_path
+            )));
+        }
+        mounts.push(VolumeMount {
+            name: name.to_owned(),
+            mount_path: t.credentials_mount_path.clone(),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -268,5 +305,75 @@ mod tests {
         let mut named = pod();
         named.spec.as_mut().unwrap().containers[0].name = INIT_CONTAINER.into();
         assert!(inject(&template(true), &named).is_err());
+    }
+
+    fn csi_template(volume: &str, image: bool) -> Template {
+        let image = if image {
+            "image: registry.example/athenz-sia:1.0\n"
+        } else {
+            ""
+        };
+        Template::from_yaml(&format!("volume: {volume}\n{image}")).unwrap()
+    }
+
+    #[test]
+    fn csi_files_injects_only_the_volume_and_read_only_mounts() {
+        let injected = inject(&csi_template("csi-files", false), &pod()).unwrap();
+        let spec = injected.spec.as_ref().unwrap();
+        let volumes = spec.volumes.as_ref().unwrap();
+        assert_eq!(volumes.len(), 1);
+        let csi = volumes[0].csi.as_ref().unwrap();
+        assert_eq!(volumes[0].name, IDENTITY_VOLUME);
+        assert_eq!(csi.driver, "csi.athenz.io");
+        assert_eq!(csi.read_only, Some(true));
+        assert_eq!(
+            csi.volume_attributes
+                .as_ref()
+                .unwrap()
+                .get("mode")
+                .map(String::as_str),
+            Some("files")
+        );
+        assert!(spec.init_containers.is_none());
+        assert_eq!(spec.containers.len(), 1);
+        let mounts = spec.containers[0].volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts.len(), 1);
+        assert_eq!(mounts[0].name, IDENTITY_VOLUME);
+        assert_eq!(mounts[0].mount_path, "/var/run/athenz");
+        assert_eq!(mounts[0].read_only, Some(true));
+        assert_eq!(skip_reason(&injected), Some(Skip::AlreadyInjected));
+    }
+
+    #[test]
+    fn csi_socket_injects_the_csi_volume_and_the_sia() {
+        let injected = inject(&csi_template("csi-socket", true), &pod()).unwrap();
+        let spec = injected.spec.unwrap();
+        let volumes = spec.volumes.unwrap();
+        let csi = volumes[0].csi.as_ref().unwrap();
+        assert!(volumes[0].flex_volume.is_none());
+        assert_eq!(
+            csi.volume_attributes
+                .as_ref()
+                .unwrap()
+                .get("mode")
+                .map(String::as_str),
+            Some("socket")
+        );
+        assert_eq!(volumes[1].name, CREDENTIALS_VOLUME);
+        assert_eq!(spec.init_containers.unwrap()[0].name, INIT_CONTAINER);
+        assert_eq!(spec.containers[1].name, REFRESH_CONTAINER);
+    }
+
+    #[test]
+    fn a_pod_with_a_volume_of_our_name_is_a_conflict() {
+        let mut clash = pod();
+        clash.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+            name: CREDENTIALS_VOLUME.into(),
+            ..Volume::default()
+        }]);
+        for kind in ["flex", "csi-socket"] {
+            let err = inject(&csi_template(kind, true), &clash).unwrap_err();
+            assert!(err.0.contains("athenz-credentials"), "{err}");
+        }
     }
 }

@@ -10,7 +10,11 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Template {
-    /// Image with `athenz-sia`.
+    /// Which identity volume pods get (and so whether the SIA runs in them).
+    #[serde(default)]
+    pub volume: VolumeKind,
+    /// Image with `athenz-sia` (not needed with `volume: csi-files`: nothing runs in the pod).
+    #[serde(default)]
     pub image: String,
     /// Pull policy of that image.
     #[serde(default)]
@@ -42,6 +46,20 @@ pub struct Template {
     /// Extra environment for the SIA containers.
     #[serde(default)]
     pub env: Vec<EnvVar>,
+}
+
+/// The identity volume the initializer injects (DESIGN.md 4.7, 4.10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeKind {
+    /// The flex volume `athenz/volume-driver`, the SIA init container and refresher.
+    #[default]
+    Flex,
+    /// The CSI volume `csi.athenz.io` in socket mode (the flex layout), the same SIA containers.
+    CsiSocket,
+    /// The CSI volume `csi.athenz.io` in files mode, mounted read-only where the apps read their
+    /// credentials: the agent writes and rotates them, no container is added.
+    CsiFiles,
 }
 
 fn default_command() -> Vec<String> {
@@ -112,7 +130,16 @@ impl Template {
     }
 
     fn validate(&self) -> Result<(), TemplateError> {
-        if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
+        if self.volume == VolumeKind::CsiFiles {
+            // the SIA's settings would be silently ignored: say so instead
+            if !self.image.is_empty() || self.group.is_some() || self.native_sidecar {
+                return Err(field(
+                    "volume",
+                    "csi-files runs nothing in the pod: leave out image, group (the key's \
+                     group is the pod's fsGroup) and nativeSidecar",
+                ));
+            }
+        } else if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
             return Err(field("image", "must be an image reference"));
         }
         if let Some(policy) = &self.image_pull_policy

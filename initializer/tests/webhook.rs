@@ -110,10 +110,14 @@ impl Drop for Webhook {
 }
 
 async fn start(native: bool) -> Webhook {
+    start_with_template(&TEMPLATE.replace("NATIVE", &native.to_string())).await
+}
+
+async fn start_with_template(template_yaml: &str) -> Webhook {
     athenz_core::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("template.yaml");
-    std::fs::write(&template, TEMPLATE.replace("NATIVE", &native.to_string())).unwrap();
+    std::fs::write(&template, template_yaml).unwrap();
     let ca = CertAuthority::new_root("Webhook Root").unwrap();
     let files = ca
         .write_service_cert(
@@ -184,6 +188,64 @@ fn assert_no_patch(response: &Value) {
     assert_eq!(response["allowed"], true, "{response}");
     assert!(response.get("patch").is_none(), "{response}");
     assert!(response.get("patchType").is_none(), "{response}");
+}
+
+/// With the CSI driver's files mode the patch adds the CSI volume (Kubernetes' `csi` volume
+/// source, as the API takes it) and a read-only mount in each app container: no container.
+#[tokio::test]
+async fn csi_files_mode_adds_only_the_volume_and_its_mounts() {
+    let w = start_with_template("volume: csi-files\n").await;
+    let original = pod_object("media-sports");
+    let response = w
+        .review(&review(
+            "705ab4f5-6393-11e8-b7cc-42010a800003",
+            "CREATE",
+            "media-sports",
+            original.clone(),
+        ))
+        .await;
+    let patched = apply(&response, &original);
+    let volumes = patched["spec"]["volumes"].as_array().unwrap();
+    let ours = volumes
+        .iter()
+        .find(|v| v["name"] == "athenz-identity")
+        .unwrap();
+    assert_eq!(
+        *ours,
+        serde_json::json!({
+            "name": "athenz-identity",
+            "csi": {"driver": "csi.athenz.io", "readOnly": true, "volumeAttributes": {"mode": "files"}}
+        })
+    );
+    assert_eq!(
+        volumes.len(),
+        original["spec"]["volumes"].as_array().map_or(0, Vec::len) + 1
+    );
+    assert_eq!(
+        patched["spec"]["initContainers"],
+        original["spec"]["initContainers"]
+    );
+    let containers = patched["spec"]["containers"].as_array().unwrap();
+    assert_eq!(
+        containers.len(),
+        original["spec"]["containers"].as_array().unwrap().len()
+    );
+    for c in containers {
+        let mounts = c["volumeMounts"].as_array().unwrap();
+        assert!(mounts.contains(&serde_json::json!({
+            "name": "athenz-identity", "mountPath": "/var/run/athenz", "readOnly": true
+        })));
+    }
+    // a second pass changes nothing
+    let again = w
+        .review(&review(
+            "705ab4f5-6393-11e8-b7cc-42010a800004",
+            "CREATE",
+            "media-sports",
+            patched,
+        ))
+        .await;
+    assert_no_patch(&again);
 }
 
 #[tokio::test]
@@ -473,6 +535,16 @@ async fn tls_is_required_and_templates_are_checked_at_start() {
         ),
         ("image: x\nimagePullPolicy: Sometimes\n", "imagePullPolicy"),
         ("image: [1, 2\n", "template"),
+        ("volume: nfs\nimage: x\n", "unknown variant"),
+        ("volume: csi-socket\n", "template field image"),
+        (
+            "volume: csi-files\nimage: x\n",
+            "template field volume: csi-files runs nothing in the pod",
+        ),
+        (
+            "volume: csi-files\ngroup: app\n",
+            "the key's group is the pod's fsGroup",
+        ),
     ] {
         let template = dir.path().join("t.yaml");
         std::fs::write(&template, yaml).unwrap();
