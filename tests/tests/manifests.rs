@@ -111,6 +111,7 @@ struct Objects {
     service_accounts: Vec<String>,
     pdbs: Vec<PodDisruptionBudget>,
     webhooks: Vec<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>,
+    csi_drivers: Vec<k8s_openapi::api::storage::v1::CSIDriver>,
 }
 
 fn objects() -> Objects {
@@ -143,6 +144,7 @@ fn objects() -> Objects {
             }
             "PodDisruptionBudget" => o.pdbs.push(typed(&file, &doc)),
             "MutatingWebhookConfiguration" => o.webhooks.push(typed(&file, &doc)),
+            "CSIDriver" => o.csi_drivers.push(typed(&file, &doc)),
             other => panic!("{file}: no test reads kind {other}"),
         }
     }
@@ -226,6 +228,165 @@ fn every_document_is_a_valid_kubernetes_object() {
     }
 }
 
+/// The CSI driver as kubelet needs it (DESIGN.md 4.10): the CSIDriver object, the agent serving
+/// the socket the registrar registers, kubelet's dirs at kubelet's paths with Bidirectional
+/// propagation where the driver mounts, and pinned sig-storage sidecars.
+#[test]
+fn the_csi_driver_is_wired_as_kubelet_expects() {
+    use k8s_openapi::api::core::v1::{PodSpec, Volume};
+    let o = objects();
+    assert_eq!(o.csi_drivers.len(), 1);
+    let driver = &o.csi_drivers[0];
+    assert_eq!(driver.metadata.name.as_deref(), Some("csi.athenz.io"));
+    let d = &driver.spec;
+    assert_eq!(d.attach_required, Some(false));
+    assert_eq!(d.pod_info_on_mount, Some(true));
+    assert_eq!(
+        d.volume_lifecycle_modes.as_deref(),
+        Some(&["Ephemeral".to_owned()][..])
+    );
+    assert_eq!(d.fs_group_policy.as_deref(), Some("File"));
+    assert_eq!(d.requires_republish, Some(false));
+
+    let spec: PodSpec = o.daemon_sets["athenz-agent"]
+        .spec
+        .clone()
+        .unwrap()
+        .template
+        .spec
+        .unwrap();
+    let host_path = |name: &str| -> String {
+        let v: &Volume = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .unwrap_or_else(|| panic!("no volume {name}"));
+        v.host_path.as_ref().unwrap().path.clone()
+    };
+    let all = containers(&spec);
+    let container = |name: &str| all.iter().find(|c| c.name == name).unwrap().clone();
+    let mount_of = |c: &Container, volume: &str| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.name == volume)
+            .unwrap_or_else(|| panic!("{} does not mount {volume}", c.name))
+            .clone()
+    };
+
+    let agent = container("agent");
+    let socket = env(&agent, "CSI_SOCKET").unwrap();
+    let plugin = mount_of(&agent, "plugin-dir");
+    assert_eq!(
+        Path::new(&socket).parent().unwrap(),
+        Path::new(&plugin.mount_path)
+    );
+    let host_socket = Path::new(&host_path("plugin-dir")).join("csi.sock");
+    assert_eq!(
+        host_socket,
+        Path::new("/var/lib/kubelet/plugins/csi.athenz.io/csi.sock")
+    );
+    // target paths are host paths: the agent sees kubelet's pods dir at the same path
+    let pods = mount_of(&agent, "kubelet-pods");
+    assert_eq!(pods.mount_path, "/var/lib/kubelet/pods");
+    assert_eq!(host_path("kubelet-pods"), "/var/lib/kubelet/pods");
+    for volume in ["kubelet-pods", "athenz"] {
+        assert_eq!(
+            mount_of(&agent, volume).mount_propagation.as_deref(),
+            Some("Bidirectional"),
+            "{volume}"
+        );
+    }
+    // the volumes dir the agent mounts in is inside the Bidirectional mount
+    let athenz = mount_of(&agent, "athenz").mount_path;
+    assert!(
+        env(&agent, "ATHENZ_VOLUMES_DIR")
+            .unwrap()
+            .starts_with(&athenz)
+    );
+    assert_eq!(
+        agent.security_context.as_ref().unwrap().privileged,
+        Some(true),
+        "Kubernetes allows Bidirectional propagation to privileged containers only"
+    );
+
+    let registrar = container("csi-node-driver-registrar");
+    let args = registrar.args.clone().unwrap();
+    assert!(args.contains(&format!("--csi-address={}", socket)));
+    assert!(args.contains(&format!(
+        "--kubelet-registration-path={}",
+        host_socket.display()
+    )));
+    assert_eq!(
+        mount_of(&registrar, "plugin-dir").mount_path,
+        plugin.mount_path
+    );
+    assert_eq!(
+        mount_of(&registrar, "registration-dir").mount_path,
+        "/registration"
+    );
+    assert_eq!(
+        host_path("registration-dir"),
+        "/var/lib/kubelet/plugins_registry"
+    );
+
+    let probe = container("livenessprobe");
+    assert!(
+        probe
+            .args
+            .clone()
+            .unwrap()
+            .contains(&format!("--csi-address={}", socket))
+    );
+    assert!(
+        probe
+            .args
+            .clone()
+            .unwrap()
+            .iter()
+            .any(|a| a.starts_with("--http-endpoint=") && a.ends_with(":9808"))
+    );
+    // the agent's readiness goes through the probe sidecar's port
+    let readiness = agent
+        .readiness_probe
+        .as_ref()
+        .unwrap()
+        .http_get
+        .clone()
+        .unwrap();
+    let named = agent
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| {
+            readiness.port
+                == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(
+                    p.name.clone().unwrap_or_default(),
+                )
+        })
+        .unwrap();
+    assert_eq!(named.container_port, 9808);
+
+    for sidecar in [&registrar, &probe] {
+        let image = sidecar.image.as_deref().unwrap();
+        let (repo, tag) = image.rsplit_once(':').unwrap();
+        assert!(repo.starts_with("registry.k8s.io/sig-storage/"), "{image}");
+        assert!(
+            tag.starts_with('v') && tag[1..].split('.').count() == 3,
+            "{image} is not pinned to a release tag"
+        );
+        let sc = sidecar.security_context.as_ref().unwrap();
+        assert_eq!(
+            sc.allow_privilege_escalation,
+            Some(false),
+            "{}",
+            sidecar.name
+        );
+        assert_ne!(sc.privileged, Some(true), "{}", sidecar.name);
+    }
+}
+
 #[test]
 fn kubectl_kustomize_renders_the_base() {
     let out = std::process::Command::new("kubectl")
@@ -244,6 +405,7 @@ fn kubectl_kustomize_renders_the_base() {
     assert_eq!(count("DaemonSet"), 1);
     assert_eq!(count("Deployment"), 3);
     assert_eq!(count("MutatingWebhookConfiguration"), 1);
+    assert_eq!(count("CSIDriver"), 1);
     assert_eq!(rendered.len(), documents().len());
 }
 
@@ -546,7 +708,11 @@ fn every_environment_variable_is_read_by_its_binary() {
     let bin = tempfile::tempdir().unwrap();
     let mut checked = 0;
     for spec in specs {
-        for container in containers(&spec) {
+        // ours (the sig-storage sidecars are not)
+        for container in containers(&spec)
+            .into_iter()
+            .filter(|c| c.image.as_deref() == Some("athenz-k8s-identity:latest"))
+        {
             let command = container.command.clone().unwrap();
             let link = bin.path().join(&command[0]);
             if !link.exists() {
