@@ -222,8 +222,9 @@ fn a_normal_user_gets_a_user_namespace_or_a_clear_refusal() {
     }
 }
 
-/// `bench` with pods arriving one by one at real size runs the whole path and reports the
-/// daemons against their own cryptography (a smoke run: 3 pods; the figures are for people).
+/// `bench` with pods arriving one by one at real size runs the whole path for each volume kind
+/// asked for and reports the daemons against their own cryptography (a smoke run: 3 pods; the
+/// figures are for people).
 #[test]
 fn bench_reports_arrivals_of_real_size_pods() {
     let out = Command::new(DEVSTACK)
@@ -235,34 +236,47 @@ fn bench_reports_arrivals_of_real_size_pods() {
             "20ms",
             "--pod-size",
             "real",
+            "--volume",
+            "flex,csi-files",
             "--json",
         ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(report["pods"], 3);
-    assert_eq!(report["arrival_ms"], 20.0);
-    assert_eq!(report["pod_size"], "real");
-    let daemons = report["daemons"].as_array().unwrap();
-    let names: Vec<&str> = daemons
+    let reports: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let volumes: Vec<&str> = reports
         .iter()
-        .map(|d| d["name"].as_str().unwrap())
+        .map(|r| r["volume"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "agent",
-            "jwt-service",
-            "callback",
-            "agent + jwt-service + callback"
-        ]
-    );
-    for d in daemons {
-        assert!(d["floor_ms"].as_f64().unwrap() > 0.0, "{d}");
+    assert_eq!(volumes, ["flex", "csi-files"]);
+    for report in &reports {
+        assert_eq!(report["pods"], 3);
+        assert_eq!(report["arrival_ms"], 20.0);
+        assert_eq!(report["pod_size"], "real");
+        let daemons = report["daemons"].as_array().unwrap();
+        let names: Vec<&str> = daemons
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "agent",
+                "jwt-service",
+                "callback",
+                "agent + jwt-service + callback"
+            ]
+        );
+        for d in daemons {
+            assert!(d["floor_ms"].as_f64().unwrap() > 0.0, "{d}");
+        }
+        assert!(report["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
+        assert!(report["system"]["ratio"].as_f64().unwrap() > 0.0);
     }
-    assert!(report["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
+    // flex pays a driver and a SIA process per pod; files mode none
+    assert!(reports[0]["per_pod_process_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(reports[1]["per_pod_process_ms"], 0.0);
 
     let out = Command::new(DEVSTACK)
         .args(["bench", "--pods", "1", "--arrival", "soon"])
