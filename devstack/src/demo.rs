@@ -323,21 +323,16 @@ async fn refresh_by_agent(
 ) -> anyhow::Result<RefreshReport> {
     let dir = volume.credentials_dir();
     let before = identity::check(dir)?.serial;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let after = loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if let Ok(now) = identity::check(dir)
-            && now.serial != before
-        {
-            break now.serial;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the agent did not rotate {}'s files within 30 s",
-                volume.pod.name
-            );
-        }
-    };
+    let after = poll_30s(
+        &format!("the agent did not rotate {}'s files", volume.pod.name),
+        async || {
+            Ok(identity::check(dir)
+                .ok()
+                .map(|now| now.serial)
+                .filter(|serial| *serial != before))
+        },
+    )
+    .await?;
     print(format!(
         "\nrefresh: the agent rotated {}'s files in place (no process in the pod): serial \
          {before} -> {after}",
@@ -384,22 +379,20 @@ async fn refuse_agent_rotation(
         .csi()
         .zip(volume.csi())
         .context("a files-mode volume without its CSI driver")?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let refusal = loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let stats = csi.clone().stats(csi_volume).await?;
-        if let Some(condition) = stats.volume_condition
-            && condition.abnormal
-        {
-            break condition.message;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the agent kept rotating the files of deleted pod {} for 30 s",
-                volume.pod.name
-            );
-        }
-    };
+    let refusal = poll_30s(
+        &format!(
+            "the agent kept rotating the files of deleted pod {}",
+            volume.pod.name
+        ),
+        async || {
+            let stats = csi.clone().stats(csi_volume).await?;
+            Ok(stats
+                .volume_condition
+                .filter(|c| c.abnormal)
+                .map(|c| c.message))
+        },
+    )
+    .await?;
     print(format!(
         "\ndeleted pod {}/{}; the agent's next rotation was refused; kubelet sees the volume \
          abnormal: {refusal}",
@@ -409,6 +402,23 @@ async fn refuse_agent_rotation(
         pod: format!("{}/{}", volume.pod.namespace, volume.pod.name),
         refusal,
     })
+}
+
+/// Asks `check` every 100 ms until it has an answer; `what` (what did not happen) after 30 s.
+async fn poll_30s<T>(
+    what: &str,
+    mut check: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(answer) = check().await? {
+            return Ok(answer);
+        }
+        if Instant::now() > deadline {
+            bail!("{what} within 30 s");
+        }
+    }
 }
 
 /// Volumes in the volumes dir (entries named by a volume id).
