@@ -421,10 +421,10 @@ fn start_csi(
     let driver = Arc::new(Driver::new(
         DriverConfig {
             node_id: config.node_name.clone(),
-            host: athenz_core::volume_mount::HostDirs {
-                volumes: VolumesDir::new(&config.volumes_dir),
-                agent: config.agent_dir.clone(),
-            },
+            host: athenz_core::volume_mount::HostDirs::new(
+                VolumesDir::new(&config.volumes_dir),
+                config.agent_dir.clone(),
+            ),
             tmpfs_bytes: config.csi_tmpfs_bytes,
             issue_timeout: config.csi_issue_timeout,
         },

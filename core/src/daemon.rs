@@ -262,13 +262,14 @@ where
         // Not fatal here: whatever needs randomness later fails with its own error.
         tracing::warn!(error = %e, "seeding the crypto generator at start failed");
     }
-    // aws-lc's generator keeps an entropy source per thread (seeded by jitter entropy, tens of
-    // ms of CPU each): every runtime thread seeds its own as it starts, not inside a request
+    // aws-lc's generator keeps an entropy source per thread, seeded by jitter entropy (tens of
+    // ms of CPU each). The worker threads, where handshakes and keys happen, seed theirs the
+    // first time they go idle, not inside a request. Only workers park: the blocking pool's
+    // threads (file and mount work, started and retired on demand) never pay for a generator
+    // they do not use — seeding them at start cost the agent a fifth of its CPU per identity.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .on_thread_start(|| {
-            let _ = crate::random::seed_crypto_generator();
-        })
+        .on_thread_park(crate::random::seed_crypto_generator_once_per_thread)
         .build()?;
     runtime.block_on(async {
         let shutdown = Shutdown::new();

@@ -19,14 +19,29 @@ pub fn fill(buf: &mut [u8]) -> Result<(), RandomError> {
 /// Draws once from aws-lc-rs's generator (the one rustls and key generation use), so that its
 /// seeding — jitter entropy, tens of milliseconds of CPU, once per thread: aws-lc keeps a
 /// generator per thread — happens now rather than inside the first TLS handshake or key a
-/// request needs on this thread. Daemons call it before they listen and on every runtime thread
-/// as it starts: otherwise their first pods wait for it and the cost lands in their CPU.
+/// request needs on this thread. Daemons call it before they listen and on every runtime worker
+/// when it first goes idle: otherwise their first pods wait for it and the cost lands in their CPU.
 pub fn seed_crypto_generator() -> Result<(), RandomError> {
     use aws_lc_rs::rand::SecureRandom;
     let mut byte = [0u8; 1];
     aws_lc_rs::rand::SystemRandom::new()
         .fill(&mut byte)
         .map_err(|_| RandomError("aws-lc-rs's generator could not be seeded".into()))
+}
+
+/// [`seed_crypto_generator`] the first time it is called on a thread; afterwards a thread-local
+/// check. Cheap enough to run every time a runtime worker goes idle.
+pub fn seed_crypto_generator_once_per_thread() {
+    thread_local! {
+        static SEEDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    SEEDED.with(|seeded| {
+        if !seeded.get() {
+            seeded.set(true);
+            // a failure shows again, with its own error, where randomness is needed
+            let _ = seed_crypto_generator();
+        }
+    });
 }
 
 /// `N` random bytes as lowercase hex, for unique temporary names. Falls back to the time and pid

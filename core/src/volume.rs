@@ -446,7 +446,8 @@ pub fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<T, VolumeError
         .custom_flags(libc_o_nofollow())
         .open(path)
         .map_err(io_err("reading", path))?;
-    let mut buf = Vec::new();
+    // volume files are a few hundred bytes: one read, not a read per doubling from 32 bytes
+    let mut buf = Vec::with_capacity(4096);
     file.take(MAX_VOLUME_FILE_LEN + 1)
         .read_to_end(&mut buf)
         .map_err(io_err("reading", path))?;

@@ -21,10 +21,7 @@ use std::path::Path;
 
 /// Host directories from `ATHENZ_VOLUMES_DIR` and `ATHENZ_AGENT_DIR` (or the defaults).
 pub fn host_dirs_from_env() -> HostDirs {
-    HostDirs {
-        volumes: VolumesDir::from_env(),
-        agent: agent_dir_from_env(),
-    }
+    HostDirs::new(VolumesDir::from_env(), agent_dir_from_env())
 }
 
 /// Prints `reply` as the one line kubelet reads and exits with its code.

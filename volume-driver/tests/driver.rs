@@ -447,10 +447,10 @@ fn hostile_input_is_refused_and_leaves_nothing() {
 
     // 1 MiB arguments, in-process (exec cannot carry them)
     let mib = "y".repeat(1 << 20);
-    let host = athenz_volume_driver::HostDirs {
-        volumes: athenz_core::volume::VolumesDir::new(&node.volumes),
-        agent: node.agent.clone(),
-    };
+    let host = athenz_volume_driver::HostDirs::new(
+        athenz_core::volume::VolumesDir::new(&node.volumes),
+        node.agent.clone(),
+    );
     for args in [
         vec!["mount", d, mib.as_str()],
         vec!["mount", mib.as_str(), good.as_str()],

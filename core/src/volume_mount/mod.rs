@@ -33,10 +33,7 @@ pub(crate) mod test_support {
         );
         let tmp = tempfile::tempdir().unwrap();
         let root = fs::canonicalize(tmp.path()).unwrap();
-        let host = HostDirs {
-            volumes: VolumesDir::new(root.join("volumes")),
-            agent: root.join("agent"),
-        };
+        let host = HostDirs::new(VolumesDir::new(root.join("volumes")), root.join("agent"));
         fs::create_dir(&host.agent).unwrap();
         host.volumes.ensure().unwrap();
         (tmp, root, host)

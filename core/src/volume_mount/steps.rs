@@ -14,7 +14,9 @@
 
 use super::mountinfo::MountTable;
 use crate::pod_info::PodInfo;
-use crate::volume::{CsiVolume, VolumeData, VolumeId, VolumePaths, VolumesDir, write_new_file};
+use crate::volume::{
+    CsiVolume, NodeKey, VolumeData, VolumeId, VolumePaths, VolumesDir, write_new_file,
+};
 use nix::errno::Errno;
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use std::fs;
@@ -124,16 +126,53 @@ pub struct HostDirs {
     pub volumes: VolumesDir,
     /// The agent dir (bound into every pod).
     pub agent: PathBuf,
+    /// The node key once read: the agent asks for volume ids several times per volume, the key
+    /// never changes while the node runs, and re-reading it cost four syscalls each time.
+    node_key: NodeKeyCache,
+}
+
+/// The node key, read on first use and kept; shared by clones of one [`HostDirs`].
+#[derive(Clone, Default)]
+struct NodeKeyCache(std::sync::Arc<std::sync::OnceLock<NodeKey>>);
+
+impl std::fmt::Debug for NodeKeyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // never the key itself
+        let state = if self.0.get().is_some() {
+            "read"
+        } else {
+            "not read yet"
+        };
+        write!(f, "NodeKeyCache({state})")
+    }
 }
 
 impl HostDirs {
-    /// The id and paths of the volume mounted at `dir_text` (the node key is made on first use).
-    pub fn volume_of(&self, dir_text: &str) -> Result<(VolumeId, VolumePaths), StepError> {
+    /// The volumes dir and the agent dir of this node.
+    pub fn new(volumes: VolumesDir, agent: PathBuf) -> Self {
+        Self {
+            volumes,
+            agent,
+            node_key: NodeKeyCache::default(),
+        }
+    }
+
+    /// The node key: read (or made) on first use, then kept.
+    fn node_key(&self) -> Result<&NodeKey, StepError> {
+        if let Some(key) = self.node_key.0.get() {
+            return Ok(key);
+        }
         let key = self
             .volumes
             .load_or_create_node_key()
             .map_err(|e| StepError(e.to_string()))?;
-        let id = VolumeId::for_mount_dir(&key, dir_text);
+        // a concurrent first caller read the same file: whichever is kept is the same key
+        Ok(self.node_key.0.get_or_init(|| key))
+    }
+
+    /// The id and paths of the volume mounted at `dir_text` (the node key is made on first use).
+    pub fn volume_of(&self, dir_text: &str) -> Result<(VolumeId, VolumePaths), StepError> {
+        let id = VolumeId::for_mount_dir(self.node_key()?, dir_text);
         let paths = self.volumes.volume(&id);
         Ok((id, paths))
     }
@@ -362,6 +401,35 @@ mod tests {
 
     fn opts() -> VolumeRequest {
         super::super::test_support::request(None)
+    }
+
+    /// The node key is read once per `HostDirs` (and shared by its clones): a later loss of the
+    /// file changes no volume id, and a fresh `HostDirs` makes a new key as the driver would.
+    #[test]
+    fn the_node_key_is_read_once_and_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let host = HostDirs::new(
+            VolumesDir::new(tmp.path().join("volumes")),
+            tmp.path().join("agent"),
+        );
+        let (first, _) = host.volume_of("/var/lib/kubelet/pods/a/volumes/x").unwrap();
+        fs::remove_file(host.volumes.node_key_path()).unwrap();
+        let clone = host.clone();
+        let (again, _) = clone
+            .volume_of("/var/lib/kubelet/pods/a/volumes/x")
+            .unwrap();
+        assert_eq!(first, again);
+        assert!(
+            !host.volumes.node_key_path().exists(),
+            "the file was read again"
+        );
+        assert!(format!("{host:?}").contains("NodeKeyCache(read)"));
+
+        let fresh = HostDirs::new(host.volumes.clone(), host.agent.clone());
+        let (other, _) = fresh
+            .volume_of("/var/lib/kubelet/pods/a/volumes/x")
+            .unwrap();
+        assert_ne!(first, other, "a new node key gives new ids");
     }
 
     /// A failure after any step leaves no mount and no directory (real mounts: needs root).
