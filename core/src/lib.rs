@@ -46,6 +46,7 @@ pub mod secret;
 pub mod subject;
 pub mod telemetry;
 pub mod tls;
+pub mod unix_socket;
 pub mod volume;
 pub mod volume_mount;
 pub mod zts;

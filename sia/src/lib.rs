@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod run;
+pub mod sds;
 
 use athenz_core::refresh::parse_duration;
 use athenz_core::telemetry::LogFormat;
@@ -65,6 +66,11 @@ pub struct Settings {
     /// Time allowed for one call to the agent.
     #[arg(long, env = "REQUEST_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub request_timeout: Duration,
+    /// `refresh` only: serve Envoy's Secret Discovery Service (v3) on this Unix socket, the
+    /// secrets `default` (certificate chain and key) and `ROOTCA` (CA bundle), every rotation
+    /// pushed. The socket is 0600, or 0660 with `--group` as its group.
+    #[arg(long, env = "SDS_SOCKET")]
+    pub sds_socket: Option<PathBuf>,
     /// Log format: human or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "human")]
     pub log_format: LogFormat,

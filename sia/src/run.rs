@@ -2,9 +2,12 @@
 
 use crate::Settings;
 use crate::client::{AgentClient, AgentError};
+use crate::sds::{Publisher, Sds, Snapshot};
 use athenz_core::agent_api::{IdentityResponse, RefreshRequest};
 use athenz_core::crypto::CertInfo;
-use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
+use athenz_core::files::{
+    CA_FILE, CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials,
+};
 use athenz_core::refresh::{Backoff, RefreshPolicy, random_unit};
 use athenz_core::secret::Secret;
 use athenz_core::volume::VolumeId;
@@ -118,8 +121,42 @@ impl Sia {
         ))
     }
 
+    /// The set on disk as SDS serves it (key, certificate and CA read as one set).
+    fn current_snapshot(&self) -> Result<Snapshot, String> {
+        let files = self
+            .set
+            .read(&[KEY_FILE, CERT_FILE, CA_FILE])
+            .map_err(|e| format!("no current identity to serve over SDS: {e}"))?;
+        let mut text = files.into_iter().map(|bytes| {
+            String::from_utf8(bytes).map_err(|_| "a credential file is not PEM".to_string())
+        });
+        let mut next = || text.next().unwrap_or_else(|| Err("missing file".into()));
+        let (key, cert, ca) = (next()?, next()?, next()?);
+        Snapshot::new(Secret::new(key), cert, ca)
+    }
+
     /// Refreshes before expiry until `shutdown`; keeps the old files when a refresh fails.
+    /// With `--sds-socket`, serves the same credentials over SDS meanwhile, each new set pushed
+    /// right after it is written.
     pub async fn refresh(&self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+        let Some(socket) = &self.settings.sds_socket else {
+            return self.refresh_files(shutdown, None).await;
+        };
+        let (sds, publisher) = Sds::new(self.current_snapshot()?);
+        let stop = athenz_core::daemon::Shutdown::new();
+        let server = crate::sds::serve(socket, self.owner.and_then(|o| o.gid), sds, stop.wait())?;
+        tracing::info!(socket = %socket.display(), "serving SDS");
+        let outcome = self.refresh_files(shutdown, Some(&publisher)).await;
+        stop.trigger();
+        let _ = server.await;
+        outcome
+    }
+
+    async fn refresh_files(
+        &self,
+        shutdown: impl Future<Output = ()>,
+        sds: Option<&Publisher>,
+    ) -> Result<(), String> {
         let policy = RefreshPolicy {
             max_delay: self.settings.refresh_interval,
             min_delay: Duration::from_secs(1).min(self.settings.refresh_interval),
@@ -156,6 +193,16 @@ impl Sia {
             match outcome.and_then(|answer| self.write(&answer).map(|()| answer)) {
                 Ok(answer) => {
                     tracing::info!(expires = %answer.expires_at, "identity refreshed");
+                    if let Some(sds) = sds {
+                        match Snapshot::new(
+                            answer.key_pem.clone(),
+                            answer.cert_pem.clone(),
+                            answer.ca_cert_pem.clone(),
+                        ) {
+                            Ok(snapshot) => sds.publish(snapshot),
+                            Err(e) => tracing::warn!(error = %e, "not pushed over SDS"),
+                        }
+                    }
                     failures = 0;
                     info = CertInfo::from_pem(&answer.cert_pem).map_err(|e| e.to_string())?;
                     wait = policy.delay(

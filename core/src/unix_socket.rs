@@ -1,0 +1,196 @@
+//! gRPC (HTTP/2 without TLS) servers on a Unix socket: the CSI driver the agent serves to kubelet
+//! and the SDS server the refresh sidecar serves to Envoy. Who may connect is decided by the
+//! socket file's owner, group and mode, so binding sets them before anyone can use it; serving
+//! is bounded in connections and streams and stops promptly.
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::future::Future;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Why a socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("socket {path}: {reason}")]
+pub struct BindError {
+    /// The socket path.
+    pub path: PathBuf,
+    /// What failed.
+    pub reason: String,
+}
+
+/// Who may connect: the socket's mode, and the group it is given (if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Access {
+    /// Permission bits of the socket file (connecting needs write permission).
+    pub mode: u32,
+    /// The socket's group, if not the process's own.
+    pub gid: Option<u32>,
+}
+
+/// Binds `socket`: its directory is made (0750) if missing, a stale socket from a crashed run is
+/// replaced, anything else at the path is left alone and refused, and the socket gets `access`
+/// (the process's umask keeps it private until then).
+pub fn bind(socket: &Path, access: Access) -> Result<tokio::net::UnixListener, BindError> {
+    let fail = |reason: String| BindError {
+        path: socket.to_owned(),
+        reason,
+    };
+    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o750)
+            .create(dir)
+            .map_err(|e| fail(format!("creating its directory: {e}")))?;
+    }
+    match std::fs::symlink_metadata(socket) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            std::fs::remove_file(socket).map_err(|e| fail(format!("removing a stale one: {e}")))?;
+            tracing::info!(socket = %socket.display(), "removed a stale socket");
+        }
+        Ok(_) => return Err(fail("exists and is not a socket; not replaced".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e.to_string())),
+    }
+    let listener = tokio::net::UnixListener::bind(socket).map_err(|e| fail(e.to_string()))?;
+    if let Some(gid) = access.gid {
+        std::os::unix::fs::chown(socket, None, Some(gid))
+            .map_err(|e| fail(format!("giving it group {gid}: {e}")))?;
+    }
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(access.mode))
+        .map_err(|e| fail(format!("setting mode {:o}: {e}", access.mode)))?;
+    Ok(listener)
+}
+
+/// Bounds of an HTTP/2 server on a Unix socket.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; more wait in the socket's backlog until one closes.
+    pub connections: usize,
+    /// Concurrent streams (calls) on one connection.
+    pub streams_per_connection: u32,
+    /// How long open calls may run on after the stop.
+    pub grace: Duration,
+    /// What the log calls this server.
+    pub name: &'static str,
+}
+
+/// Serves `service` (HTTP/2 only: gRPC) on `listener` within `limits` until `stop` completes, then
+/// lets open calls finish for at most `limits.grace`.
+pub async fn serve_http2<S, B>(
+    listener: tokio::net::UnixListener,
+    service: S,
+    limits: Limits,
+    stop: impl Future<Output = ()>,
+) where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let graceful = GracefulShutdown::new();
+    let builder = {
+        let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        b.http2()
+            .max_concurrent_streams(limits.streams_per_connection)
+            .max_header_list_size(16 * 1024);
+        b.http2_only()
+    };
+    tokio::pin!(stop);
+    loop {
+        // A slot first, then the connection: past the limit, new connections wait in the
+        // socket's backlog until one closes (kubelet mounts a whole node's pods at once after a
+        // restart; refusing them would cost each its retry backoff).
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            () = &mut stop => break,
+        };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(server = limits.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service.clone())
+            .into_owned();
+        let conn = graceful.watch(conn);
+        let name = limits.name;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(server = name, error = %e, "connection ended");
+            }
+            drop(permit);
+        });
+    }
+    if tokio::time::timeout(limits.grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!(
+            server = limits.name,
+            grace = ?limits.grace,
+            "calls still open after the grace period; closing"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    const PRIVATE: Access = Access {
+        mode: 0o600,
+        gid: None,
+    };
+
+    #[tokio::test]
+    async fn binds_with_the_mode_and_replaces_only_a_stale_socket() {
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("made/on/demand/s.sock");
+        let first = bind(&socket, PRIVATE).unwrap();
+        let meta = std::fs::metadata(&socket).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(socket.parent().unwrap()).unwrap().mode() & 0o777,
+            0o750
+        );
+        drop(first);
+        // the socket of a crashed run is replaced
+        let again = bind(
+            &socket,
+            Access {
+                mode: 0o660,
+                gid: Some(nix::unistd::getegid().as_raw()),
+            },
+        )
+        .unwrap();
+        assert_eq!(std::fs::metadata(&socket).unwrap().mode() & 0o777, 0o660);
+        drop(again);
+
+        // a regular file at the path is somebody's data: refused and kept
+        let file = tmp.path().join("data");
+        std::fs::write(&file, b"keep me").unwrap();
+        let err = bind(&file, PRIVATE).unwrap_err();
+        assert!(err.to_string().contains("is not a socket"), "{err}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    }
+}
