@@ -289,7 +289,14 @@ impl SdsStream {
                     }
                     Ok(None) => return,
                     Err(status) => {
-                        tracing::debug!(error = %status, "SDS stream ended by the client");
+                        // an oversized or malformed request, or the client gone: say why (a
+                        // client that left never reads it)
+                        tracing::debug!(error = %status, "SDS stream ended");
+                        let refused = Status::new(
+                            status.code(),
+                            format!("SDS request refused: {}", status.message()),
+                        );
+                        let _ = self.out.send(Err(refused)).await;
                         return;
                     }
                 },

@@ -18,7 +18,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const SIA: &str = env!("CARGO_BIN_EXE_athenz-sia");
 const IP: &str = "10.1.2.3";
 
 fn client(node: &Node, id: &VolumeId) -> AgentClient {
@@ -30,29 +29,6 @@ fn refused(e: AgentError) -> (u16, String) {
         AgentError::Refused { code, message, .. } => (code, message),
         other => panic!("expected a refusal, got {other}"),
     }
-}
-
-async fn sia(
-    node: &Node,
-    verb: &str,
-    id: &VolumeId,
-    out: &Path,
-    extra: &[(&str, &str)],
-) -> tokio::process::Command {
-    let paths = node.volumes.volume(id);
-    let mut cmd = tokio::process::Command::new(SIA);
-    cmd.arg(verb)
-        .env("ID_FILE", &paths.id_file)
-        .env("ENDPOINT", &node.socket)
-        .env("OUT_DIR", out)
-        .env("INIT_TIMEOUT", "20s")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
-    for (k, v) in extra {
-        cmd.env(k, v);
-    }
-    cmd
 }
 
 fn read(out: &Path, name: &str) -> String {

@@ -22,11 +22,10 @@ use athenz_core::csi::v1::{
     identity_client::IdentityClient, node_client::NodeClient, node_service_capability,
     volume_capability,
 };
-use hyper_util::rt::TokioIo;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// Kubelet's per-call timeout for CSI node calls (csiTimeout).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
@@ -107,16 +106,7 @@ pub fn volume_handle(pod_uid: &str, volume_name: &str) -> String {
 
 /// A new connection to `socket`.
 async fn dial(socket: &Path) -> Result<Channel, CsiCallError> {
-    let path = socket.to_owned();
-    // the URI is required by tonic and ignored: the connector dials the socket
-    Endpoint::from_static("http://csi.sock")
-        .timeout(CALL_TIMEOUT)
-        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
-            }
-        }))
+    crate::grpc::dial_unix(socket, Some(CALL_TIMEOUT))
         .await
         .map_err(|e| CsiCallError::Connect(socket.to_owned(), e.to_string()))
 }

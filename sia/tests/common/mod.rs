@@ -15,7 +15,7 @@ use athenz_testbed::zts::registry::ProviderEntry;
 use athenz_testbed::zts::{DevZts, DevZtsConfig};
 use clap::Parser;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -395,4 +395,32 @@ pub async fn raw(socket: &std::path::Path, request: &[u8]) -> (u16, String) {
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (status, text)
+}
+
+/// The `athenz-sia` binary under test.
+pub const SIA: &str = env!("CARGO_BIN_EXE_athenz-sia");
+
+/// `athenz-sia <verb>` for volume `id` of `node`, writing into `out`, with `extra` environment
+/// (output piped, killed when dropped).
+pub async fn sia(
+    node: &Node,
+    verb: &str,
+    id: &VolumeId,
+    out: &Path,
+    extra: &[(&str, &str)],
+) -> tokio::process::Command {
+    let paths = node.volumes.volume(id);
+    let mut cmd = tokio::process::Command::new(SIA);
+    cmd.arg(verb)
+        .env("ID_FILE", &paths.id_file)
+        .env("ENDPOINT", &node.socket)
+        .env("OUT_DIR", out)
+        .env("INIT_TIMEOUT", "20s")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in extra {
+        cmd.env(k, v);
+    }
+    cmd
 }
