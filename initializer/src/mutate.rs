@@ -23,6 +23,12 @@ pub const INIT_CONTAINER: &str = "athenz-sia-init";
 pub const REFRESH_CONTAINER: &str = "athenz-sia-refresh";
 /// Opt-out annotation.
 pub const OPT_OUT_ANNOTATION: &str = "athenz.io/identity";
+/// Annotation asking for the refresher's SDS socket (`"true"`), for an Envoy in the pod.
+pub const SDS_ANNOTATION: &str = "athenz.io/sds";
+/// Name of the memory-backed volume holding the SDS socket.
+pub const SDS_VOLUME: &str = "athenz-sds";
+/// The socket's name in that volume.
+pub const SDS_SOCKET_NAME: &str = "sds.sock";
 
 /// Why a pod is left alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,8 +130,28 @@ fn sia_container(t: &Template, name: &str, verb: &str) -> Container {
     }
 }
 
+/// Whether `pod` asks for SDS (`athenz.io/sds: "true"`); any value but `"true"` or `"false"`
+/// is refused, naming it, rather than read as either.
+fn wants_sds(pod: &Pod) -> Result<bool, Conflict> {
+    match pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SDS_ANNOTATION))
+        .map(String::as_str)
+    {
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(Conflict(format!(
+            "annotation {SDS_ANNOTATION} must be \"true\" or \"false\", not {:?}",
+            other.chars().take(64).collect::<String>()
+        ))),
+    }
+}
+
 /// The pod with everything injected, or why that is impossible.
 pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
+    let sds = wants_sds(pod)?;
     let mut pod = pod.clone();
     let spec = pod
         .spec
@@ -135,7 +161,7 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
     if let Some(v) = volumes
         .iter()
-        .find(|v| v.name == CREDENTIALS_VOLUME || v.name == IDENTITY_VOLUME)
+        .find(|v| [CREDENTIALS_VOLUME, IDENTITY_VOLUME, SDS_VOLUME].contains(&v.name.as_str()))
     {
         return Err(Conflict(format!(
             "the pod already has a volume named {:?}",
@@ -144,7 +170,13 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     }
     volumes.push(identity_volume(t.volume));
     if t.volume == VolumeKind::CsiFiles {
-        mount_in_apps(t, spec, IDENTITY_VOLUME)?;
+        if sds {
+            return Err(Conflict(format!(
+                "{SDS_ANNOTATION}: SDS is served by the SIA refresher, and this cluster's \
+                 template (volume: csi-files) runs none; use the files"
+            )));
+        }
+        mount_in_apps(spec, IDENTITY_VOLUME, &t.credentials_mount_path)?;
         return Ok(pod);
     }
     volumes.push(Volume {
@@ -170,12 +202,37 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
         }
     }
 
-    mount_in_apps(t, spec, CREDENTIALS_VOLUME)?;
+    mount_in_apps(spec, CREDENTIALS_VOLUME, &t.credentials_mount_path)?;
 
     // The init container runs first, so every later init container and app finds the files; a
     // native refresher starts right after it and keeps running beside the app.
     let mut init = vec![sia_container(t, INIT_CONTAINER, "init")];
     let mut refresher = sia_container(t, REFRESH_CONTAINER, "refresh");
+    if sds {
+        // the refresher serves the socket; the apps (the Envoy among them) reach it through a
+        // read-only mount: connecting to a socket needs no write access to its filesystem
+        spec.volumes.get_or_insert_with(Vec::new).push(Volume {
+            name: SDS_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".to_owned()),
+                ..EmptyDirVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        mount_in_apps(spec, SDS_VOLUME, &t.sds_mount_path)?;
+        refresher.env.get_or_insert_with(Vec::new).push(value_env(
+            "SDS_SOCKET",
+            &format!("{}/{SDS_SOCKET_NAME}", t.sds_mount_path),
+        ));
+        refresher
+            .volume_mounts
+            .get_or_insert_with(Vec::new)
+            .push(VolumeMount {
+                name: SDS_VOLUME.to_owned(),
+                mount_path: t.sds_mount_path.clone(),
+                ..VolumeMount::default()
+            });
+    }
     if t.native_sidecar {
         refresher.restart_policy = Some("Always".to_owned());
         init.push(refresher);
@@ -214,26 +271,23 @@ fn identity_volume(kind: VolumeKind) -> Volume {
     volume
 }
 
-/// Every app container reads the credentials from volume `name`, read-only.
+/// Every app container mounts volume `name` read-only at `path`.
 fn mount_in_apps(
-    t: &Template,
     spec: &mut k8s_openapi::api::core::v1::PodSpec,
     name: &str,
+    path: &str,
 ) -> Result<(), Conflict> {
     for c in &mut spec.containers {
         let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
-        if mounts
-            .iter()
-            .any(|m| m.mount_path == t.credentials_mount_path)
-        {
+        if mounts.iter().any(|m| m.mount_path == path) {
             return Err(Conflict(format!(
-                "container {:?} already mounts something at {}",
-                c.name, t.credentials_mount_path
+                "container {:?} already mounts something at {path}",
+                c.name
             )));
         }
         mounts.push(VolumeMount {
             name: name.to_owned(),
-            mount_path: t.credentials_mount_path.clone(),
+            mount_path: path.to_owned(),
             read_only: Some(true),
             ..VolumeMount::default()
         });
@@ -362,6 +416,88 @@ mod tests {
         assert_eq!(volumes[1].name, CREDENTIALS_VOLUME);
         assert_eq!(spec.init_containers.unwrap()[0].name, INIT_CONTAINER);
         assert_eq!(spec.containers[1].name, REFRESH_CONTAINER);
+    }
+
+    fn annotated(value: &str) -> Pod {
+        let mut p = pod();
+        p.metadata.annotations = Some([(SDS_ANNOTATION.to_owned(), value.to_owned())].into());
+        p
+    }
+
+    #[test]
+    fn sds_annotation_gives_the_refresher_a_socket_the_apps_can_reach() {
+        for native in [true, false] {
+            let injected = inject(&template(native), &annotated("true")).unwrap();
+            let spec = injected.spec.unwrap();
+            let volumes = spec.volumes.unwrap();
+            let sds = volumes.iter().find(|v| v.name == SDS_VOLUME).unwrap();
+            assert_eq!(
+                sds.empty_dir.as_ref().unwrap().medium.as_deref(),
+                Some("Memory")
+            );
+            let refresher = spec
+                .init_containers
+                .iter()
+                .flatten()
+                .chain(&spec.containers)
+                .find(|c| c.name == REFRESH_CONTAINER)
+                .unwrap();
+            let env = refresher.env.as_ref().unwrap();
+            let socket = env.iter().find(|e| e.name == "SDS_SOCKET").unwrap();
+            assert_eq!(
+                socket.value.as_deref(),
+                Some("/var/run/athenz-sds/sds.sock")
+            );
+            let mount = |c: &Container| {
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .find(|m| m.name == SDS_VOLUME)
+                    .cloned()
+            };
+            let served = mount(refresher).unwrap();
+            assert_eq!(served.mount_path, "/var/run/athenz-sds");
+            assert_ne!(served.read_only, Some(true));
+            let app = &spec.containers[0];
+            assert_eq!(app.name, "app");
+            let reached = mount(app).unwrap();
+            assert_eq!(reached.mount_path, "/var/run/athenz-sds");
+            assert_eq!(reached.read_only, Some(true));
+            // the init container does not serve SDS
+            let init = &spec.init_containers.as_ref().unwrap()[0];
+            assert_eq!(init.name, INIT_CONTAINER);
+            assert!(mount(init).is_none());
+            assert!(!init.env.iter().flatten().any(|e| e.name == "SDS_SOCKET"));
+        }
+        // not asked, or asked "false": nothing of SDS
+        for p in [pod(), annotated("false")] {
+            let spec = inject(&template(true), &p).unwrap().spec.unwrap();
+            assert!(!spec.volumes.unwrap().iter().any(|v| v.name == SDS_VOLUME));
+        }
+    }
+
+    #[test]
+    fn sds_refusals_name_the_reason() {
+        let err = inject(&template(true), &annotated("yes please")).unwrap_err();
+        assert!(
+            err.0.contains("athenz.io/sds") && err.0.contains("yes please"),
+            "{err}"
+        );
+        let err = inject(&csi_template("csi-files", false), &annotated("true")).unwrap_err();
+        assert!(err.0.contains("csi-files"), "{err}");
+        let mut clash = annotated("true");
+        clash.spec.as_mut().unwrap().containers[0].volume_mounts = Some(vec![VolumeMount {
+            name: "x".into(),
+            mount_path: "/var/run/athenz-sds".into(),
+            ..VolumeMount::default()
+        }]);
+        let err = inject(&template(true), &clash).unwrap_err();
+        assert!(err.0.contains("/var/run/athenz-sds"), "{err}");
+        let bad = Template::from_yaml(
+            "image: registry.example/athenz-sia:1.0\nsdsMountPath: /var/run/athenz/sds\n",
+        )
+        .unwrap_err();
+        assert!(bad.to_string().contains("sdsMountPath"), "{bad}");
     }
 
     #[test]

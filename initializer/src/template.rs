@@ -29,6 +29,11 @@ pub struct Template {
     /// (read-only).
     #[serde(default = "default_credentials_path")]
     pub credentials_mount_path: String,
+    /// Where the SDS socket dir is mounted, in the refresher (read-write; it serves
+    /// `<path>/sds.sock`) and every app container (read-only), for pods annotated
+    /// `athenz.io/sds: "true"`.
+    #[serde(default = "default_sds_path")]
+    pub sds_mount_path: String,
     /// Run the refresher as a native sidecar (an init container with `restartPolicy: Always`,
     /// Kubernetes 1.29+) instead of a classic sidecar container.
     #[serde(default)]
@@ -70,6 +75,9 @@ fn default_identity_path() -> String {
 }
 fn default_credentials_path() -> String {
     "/var/run/athenz".into()
+}
+fn default_sds_path() -> String {
+    "/var/run/athenz-sds".into()
 }
 fn yes() -> bool {
     true
@@ -156,6 +164,7 @@ impl Template {
         for (name, path) in [
             ("identityMountPath", &self.identity_mount_path),
             ("credentialsMountPath", &self.credentials_mount_path),
+            ("sdsMountPath", &self.sds_mount_path),
         ] {
             let normal = path.starts_with('/')
                 && path.len() > 1
@@ -171,12 +180,22 @@ impl Template {
                 ));
             }
         }
-        let (a, b) = (&self.identity_mount_path, &self.credentials_mount_path);
-        if a == b || a.starts_with(&format!("{b}/")) || b.starts_with(&format!("{a}/")) {
+        let overlap = |a: &str, b: &str| {
+            a == b || a.starts_with(&format!("{b}/")) || b.starts_with(&format!("{a}/"))
+        };
+        if overlap(&self.identity_mount_path, &self.credentials_mount_path) {
             return Err(field(
                 "credentialsMountPath",
                 "must not overlap identityMountPath",
             ));
+        }
+        for (name, other) in [
+            ("identityMountPath", &self.identity_mount_path),
+            ("credentialsMountPath", &self.credentials_mount_path),
+        ] {
+            if overlap(&self.sds_mount_path, other) {
+                return Err(field("sdsMountPath", format!("must not overlap {name}")));
+            }
         }
         if let Some(group) = &self.group
             && group.trim().is_empty()
