@@ -168,5 +168,109 @@ fn main() {
         );
         let _ = child.kill();
         let _ = child.wait();
+
+        // athenz-sia refresh serving SDS: memory with 10 streams, push latency on 100
+        let sds_socket = node.dir.path().join("sds/sds.sock");
+        let sds_process = |streams: usize| {
+            let mut refresh = std::process::Command::new(&sia_bin);
+            refresh
+                .arg("refresh")
+                .env("REFRESH_INTERVAL", "1s")
+                .env("SDS_SOCKET", &sds_socket);
+            env(&mut refresh);
+            let child = refresh.spawn().unwrap();
+            println!("  ({streams} SDS streams, a rotation a second)");
+            child
+        };
+        for streams in [10usize, 100] {
+            let mut child = sds_process(streams);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !sds_socket.exists() {
+                assert!(Instant::now() < deadline, "no SDS socket");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let latencies = sds_push_latencies(&sds_socket, &out, streams, 5).await;
+            println!(
+                "  athenz-sia refresh with SDS, {streams} streams: VmRSS {:.1} MiB, peak VmHWM {:.1} MiB; push after the files swap p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms ({} pushes)",
+                status_kib(child.id(), "VmRSS:") as f64 / 1024.0,
+                status_kib(child.id(), "VmHWM:") as f64 / 1024.0,
+                percentile(&latencies, 0.5).as_secs_f64() * 1e3,
+                percentile(&latencies, 0.99).as_secs_f64() * 1e3,
+                latencies.last().unwrap().as_secs_f64() * 1e3,
+                latencies.len()
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     });
+}
+
+/// Opens `streams` SDS streams and, over `rotations` rotations, how long after the new set
+/// appears on disk (polled every 0.5 ms) each stream receives it.
+async fn sds_push_latencies(
+    socket: &std::path::Path,
+    out: &std::path::Path,
+    streams: usize,
+    rotations: usize,
+) -> Vec<Duration> {
+    use athenz_testbed::sds_client::{SdsStream, connect, request};
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let seen_on_disk: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let watcher = {
+        let (seen, set) = (
+            Arc::clone(&seen_on_disk),
+            athenz_core::files::FileSet::new(out),
+        );
+        tokio::spawn(async move {
+            loop {
+                if let Ok(files) = set.read(&[athenz_core::files::CERT_FILE]) {
+                    let pem = String::from_utf8(files[0].clone()).unwrap();
+                    let serial = athenz_core::crypto::CertInfo::from_pem(&pem)
+                        .unwrap()
+                        .serial_hex;
+                    seen.lock()
+                        .unwrap()
+                        .entry(serial)
+                        .or_insert_with(Instant::now);
+                }
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+        })
+    };
+    let mut client = connect(socket).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..streams {
+        let mut stream = SdsStream::open(&mut client, request(&["default", "ROOTCA"], None, None))
+            .await
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut received = Vec::new();
+            let first = stream.next().await.unwrap().unwrap();
+            stream
+                .send(request(&["default", "ROOTCA"], Some(&first), None))
+                .await
+                .unwrap();
+            for _ in 0..rotations {
+                let push = stream.next().await.unwrap().unwrap();
+                received.push((push.version_info.clone(), Instant::now()));
+                stream
+                    .send(request(&["default", "ROOTCA"], Some(&push), None))
+                    .await
+                    .unwrap();
+            }
+            received
+        }));
+    }
+    let mut latencies = Vec::new();
+    for task in tasks {
+        for (version, at) in task.await.unwrap() {
+            let on_disk = seen_on_disk.lock().unwrap().get(&version).copied();
+            // a push that beat the 0.5 ms poll to the new files counts as 0
+            latencies.push(on_disk.map_or(Duration::ZERO, |d| at.saturating_duration_since(d)));
+        }
+    }
+    watcher.abort();
+    latencies.sort();
+    latencies
 }
