@@ -125,7 +125,7 @@ fn main() {
                 common::NODE,
             ));
             let id = common::volume_in(&volumes, &name, &uid);
-            AgentClient::new(socket.clone(), id, Duration::from_secs(30)).init().await.unwrap();
+            init_when_ready(&AgentClient::new(socket.clone(), id, Duration::from_secs(30))).await;
         }
         println!(
             "  agent process: VmRSS {:.1} MiB idle, {:.1} MiB after 110 inits (peak VmHWM {:.1} MiB)",
@@ -183,6 +183,8 @@ fn main() {
             child
         };
         for streams in [10usize, 100] {
+            // the socket of the previous run (killed) is stale: wait for this run's own
+            let _ = std::fs::remove_file(&sds_socket);
             let mut child = sds_process(streams);
             let deadline = Instant::now() + Duration::from_secs(30);
             while !sds_socket.exists() {
@@ -203,6 +205,21 @@ fn main() {
             let _ = child.wait();
         }
     });
+}
+
+/// `init`, retried while the agent answers "try again" (a fresh agent process serves its socket
+/// before it holds its node identity).
+async fn init_when_ready(client: &AgentClient) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client.init().await {
+            Ok(_) => return,
+            Err(e) if e.is_transient() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("init: {e}"),
+        }
+    }
 }
 
 /// Opens `streams` SDS streams and, over `rotations` rotations, how long after the new set

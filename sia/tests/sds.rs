@@ -12,8 +12,10 @@ use athenz_core::files::{CA_FILE, CERT_FILE, FileSet, KEY_FILE};
 use athenz_testbed::sds_client::{self, Decoded, SdsClient, SdsStream, request};
 use common::*;
 use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
+use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::timeout;
 
@@ -54,6 +56,11 @@ async fn start(node: &Node, n: usize, refresh_interval: &str) -> SdsSia {
     .await
     .spawn()
     .unwrap();
+    wait_for_socket(&socket).await;
+    SdsSia { child, out, socket }
+}
+
+async fn wait_for_socket(socket: &Path) {
     timeout(WAIT, async {
         while !socket.exists() {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -61,11 +68,10 @@ async fn start(node: &Node, n: usize, refresh_interval: &str) -> SdsSia {
     })
     .await
     .expect("the SDS socket never appeared");
-    SdsSia { child, out, socket }
 }
 
 /// The set on disk, read as one set: (key, cert chain, CA).
-fn files(out: &Path) -> (String, String, String) {
+fn files(out: &Path) -> CredentialSet {
     let mut f = FileSet::new(out)
         .read(&[KEY_FILE, CERT_FILE, CA_FILE])
         .unwrap()
@@ -78,31 +84,76 @@ fn serial(cert_pem: &str) -> String {
     CertInfo::from_pem(cert_pem).unwrap().serial_hex
 }
 
-/// Checks `response` field by field against the files of the same issue: the version is the
-/// certificate's serial, `default` carries exactly the chain and key files, `ROOTCA` the CA file.
-fn assert_matches_files(response: &DiscoveryResponse, names: &[&str], out: &Path) {
-    let (key, chain, ca) = files(out);
-    assert_eq!(
-        response.version_info,
-        serial(&chain),
-        "version is not the files' serial"
-    );
-    let decoded = sds_client::decode(response).unwrap();
-    assert_eq!(decoded.len(), names.len(), "{names:?}");
-    for d in decoded {
-        match d {
-            Decoded::Certificate {
-                name,
-                chain: c,
-                key: k,
-            } => {
-                assert_eq!(name, "default");
-                assert_eq!(c, chain, "certificate_chain differs from {CERT_FILE}");
-                assert_eq!(k, key, "private_key differs from {KEY_FILE}");
+/// Every credential set the SIA has written, by certificate serial: a watcher reads the files (as
+/// one set) every millisecond, so each push can be compared with the files of its own issue
+/// whatever rotated since.
+#[derive(Clone, Default)]
+struct FilesLog(Arc<Mutex<HashMap<String, CredentialSet>>>);
+
+/// (key, certificate chain, CA) as read from the files.
+type CredentialSet = (String, String, String);
+
+impl FilesLog {
+    fn watch(out: &Path) -> (Self, tokio::task::JoinHandle<()>) {
+        let log = Self::default();
+        let (inner, out) = (log.clone(), out.to_owned());
+        let task = tokio::spawn(async move {
+            loop {
+                let set = files(&out);
+                let serial = serial(&set.1);
+                inner.0.lock().unwrap().entry(serial).or_insert(set);
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            Decoded::Validation { name, trusted_ca } => {
-                assert_eq!(name, "ROOTCA");
-                assert_eq!(trusted_ca, ca, "trusted_ca differs from {CA_FILE}");
+        });
+        (log, task)
+    }
+
+    /// The set of `version` (waiting briefly: a push may beat the watcher to the new files).
+    async fn set(&self, version: &str) -> CredentialSet {
+        timeout(WAIT, async {
+            loop {
+                if let Some(set) = self.0.lock().unwrap().get(version) {
+                    return set.clone();
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("version {version} was never on disk"))
+    }
+
+    /// Checks `response` field by field against the files of its issue: `default` carries exactly
+    /// the chain and key files, `ROOTCA` the CA file, and nothing else is there.
+    async fn assert_matches(&self, response: &DiscoveryResponse, names: &[&str]) {
+        let (key, chain, ca) = self.set(&response.version_info).await;
+        let decoded = sds_client::decode(response).unwrap();
+        let mut got: Vec<&str> = decoded
+            .iter()
+            .map(|d| match d {
+                Decoded::Certificate { name, .. } | Decoded::Validation { name, .. } => {
+                    name.as_str()
+                }
+            })
+            .collect();
+        got.sort_unstable();
+        let mut want = names.to_vec();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        for d in decoded {
+            match d {
+                Decoded::Certificate {
+                    name,
+                    chain: c,
+                    key: k,
+                } => {
+                    assert_eq!(name, "default");
+                    assert_eq!(c, chain, "certificate_chain differs from {CERT_FILE}");
+                    assert_eq!(k, key, "private_key differs from {KEY_FILE}");
+                }
+                Decoded::Validation { name, trusted_ca } => {
+                    assert_eq!(name, "ROOTCA");
+                    assert_eq!(trusted_ca, ca, "trusted_ca differs from {CA_FILE}");
+                }
             }
         }
     }
@@ -116,16 +167,6 @@ async fn next(stream: &mut SdsStream) -> DiscoveryResponse {
         .expect("the stream ended")
 }
 
-/// Nothing arrives on `stream` for a while (a rotation is seconds away).
-async fn quiet(stream: &mut SdsStream) {
-    if let Ok(r) = timeout(Duration::from_millis(300), stream.next()).await {
-        panic!(
-            "unexpected SDS message: {:?}",
-            r.map(|m| m.map(|m| m.version_info))
-        );
-    }
-}
-
 async fn client(socket: &Path) -> SdsClient {
     sds_client::connect(socket).await.unwrap()
 }
@@ -134,6 +175,7 @@ async fn client(socket: &Path) -> SdsClient {
 async fn every_rotation_is_pushed_to_every_open_stream() {
     let node = node("p256").await;
     let mut sia = start(&node, 1, "2s").await;
+    let (log, _watcher) = FilesLog::watch(&sia.out);
     assert_eq!(
         std::fs::metadata(&sia.socket).unwrap().permissions().mode() & 0o777,
         0o600
@@ -153,37 +195,27 @@ async fn every_rotation_is_pushed_to_every_open_stream() {
         let first = next(&mut stream).await;
         streams.push((stream, names, first));
     }
-    let first_version = streams[0].2.version_info.clone();
     for (stream, names, first) in &streams {
-        if first.version_info == first_version {
-            assert_matches_files(first, names, &sia.out);
-        }
+        log.assert_matches(first, names).await;
         stream
             .send(request(names, Some(first), None))
             .await
             .unwrap(); // ACK
     }
-    // the next rotation reaches every stream, once, with the new issue
-    let mut pushed = Vec::new();
-    for (stream, _, first) in &mut streams {
-        let mut push = next(stream).await;
-        if push.version_info == first.version_info {
-            // only if the stream opened across a rotation: its next push is the one after
-            push = next(stream).await;
-        }
+    // the next rotation reaches every stream, with the new issue; streams that started from the
+    // same version all get the same next one
+    let mut next_of: HashMap<String, String> = HashMap::new();
+    for (stream, names, first) in &mut streams {
+        let push = next(stream).await;
         assert_ne!(push.version_info, first.version_info);
-        pushed.push(push);
-    }
-    let version = &pushed[0].version_info;
-    assert!(
-        pushed.iter().all(|p| &p.version_info == version),
-        "streams disagree"
-    );
-    assert_ne!(version, &first_version);
-    if &serial(&files(&sia.out).1) == version {
-        for ((_, names, _), push) in streams.iter().zip(&pushed) {
-            assert_matches_files(push, names, &sia.out);
-        }
+        log.assert_matches(&push, names).await;
+        let expected = next_of
+            .entry(first.version_info.clone())
+            .or_insert_with(|| push.version_info.clone());
+        assert_eq!(
+            *expected, push.version_info,
+            "streams got different rotations"
+        );
     }
     let status = athenz_testbed::process::terminate(&mut sia.child, Duration::from_secs(10))
         .await
@@ -203,6 +235,7 @@ async fn every_rotation_is_pushed_to_every_open_stream() {
 async fn ack_nack_unknown_names_bounds_and_reconnect() {
     let node = node("p256").await;
     let mut sia = start(&node, 2, "3s").await;
+    let (log, _watcher) = FilesLog::watch(&sia.out);
     let mut envoy = client(&sia.socket).await;
 
     // initial fetch, then a NACK: logged with Envoy's reason, nothing re-sent
@@ -210,30 +243,41 @@ async fn ack_nack_unknown_names_bounds_and_reconnect() {
         .await
         .unwrap();
     let first = next(&mut stream).await;
-    assert_matches_files(&first, &["default"], &sia.out);
+    log.assert_matches(&first, &["default"]).await;
     let envoy_error = "Failed to load certificate chain from <inline>: test NACK 7f3a";
     stream
         .send(request(&["default"], Some(&first), Some(envoy_error)))
         .await
         .unwrap();
-    quiet(&mut stream).await;
-    // an answer to a nonce never sent is superseded: ignored
-    let mut stale = request(&["default"], Some(&first), None);
+    // nothing is re-sent for the NACK: the next message is the next rotation's push
+    let pushed = next(&mut stream).await;
+    assert_ne!(
+        pushed.version_info, first.version_info,
+        "re-sent after a NACK"
+    );
+    log.assert_matches(&pushed, &["default"]).await;
+    // an answer to a nonce never sent is superseded: ignored (again, only a rotation follows)
+    let mut stale = request(&["default"], Some(&pushed), None);
     stale.response_nonce = "999".into();
     stream.send(stale).await.unwrap();
-    quiet(&mut stream).await;
-    // the previous version stays; the next rotation is still pushed
-    let pushed = next(&mut stream).await;
-    assert_ne!(pushed.version_info, first.version_info);
-    // ACK it and widen the subscription: both secrets, at once
+    let later = next(&mut stream).await;
+    assert_ne!(
+        later.version_info, pushed.version_info,
+        "answered a stale nonce"
+    );
+    // ACK it and widen the subscription: both secrets at once (a rotation push with the old
+    // subscription may cross the request)
     stream
-        .send(request(&["default", "ROOTCA"], Some(&pushed), None))
+        .send(request(&["default", "ROOTCA"], Some(&later), None))
         .await
         .unwrap();
-    let widened = next(&mut stream).await;
-    assert_eq!(widened.version_info, pushed.version_info);
+    let mut widened = next(&mut stream).await;
+    if widened.resources.len() == 1 {
+        widened = next(&mut stream).await;
+    }
     assert_eq!(widened.resources.len(), 2);
-    assert_ne!(widened.nonce, pushed.nonce);
+    assert_ne!(widened.nonce, later.nonce);
+    log.assert_matches(&widened, &["default", "ROOTCA"]).await;
 
     // unknown names end the stream with NOT_FOUND naming them
     let mut unknown = SdsStream::open(
@@ -405,13 +449,7 @@ async fn sds_socket_settings_are_checked_before_serving() {
     .await
     .spawn()
     .unwrap();
-    timeout(WAIT, async {
-        while !socket.exists() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap();
+    wait_for_socket(&socket).await;
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(&socket).unwrap();
     assert_eq!(meta.mode() & 0o777, 0o660);
