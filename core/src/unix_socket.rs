@@ -162,6 +162,69 @@ mod tests {
         gid: None,
     };
 
+    /// Past the connection bound a new connection is neither refused nor served: it waits in the
+    /// socket's backlog and is served as soon as an earlier one closes; the stop ends the loop.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_past_the_bound_wait_and_are_served_in_turn() {
+        use http_body_util::{BodyExt, Full};
+        use hyper_util::rt::TokioIo;
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("h2.sock");
+        let listener = bind(&socket, PRIVATE).unwrap();
+        let service = hyper::service::service_fn(|_req| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                bytes::Bytes::from_static(b"served"),
+            )))
+        });
+        let stop = crate::daemon::Shutdown::new();
+        let limits = Limits {
+            connections: 1,
+            streams_per_connection: 4,
+            grace: Duration::from_secs(1),
+            name: "test",
+        };
+        let server = tokio::spawn(serve_http2(listener, service, limits, stop.wait()));
+
+        // an HTTP/2 client connection; the returned task drives it until it is dropped
+        let connect = |path: PathBuf| async move {
+            let stream = tokio::net::UnixStream::connect(&path).await.unwrap();
+            let (sender, conn) = hyper::client::conn::http2::handshake::<_, _, Full<bytes::Bytes>>(
+                hyper_util::rt::TokioExecutor::new(),
+                TokioIo::new(stream),
+            )
+            .await
+            .unwrap();
+            (sender, tokio::spawn(conn))
+        };
+        let get = |mut sender: hyper::client::conn::http2::SendRequest<Full<bytes::Bytes>>| async move {
+            let req = http::Request::get("http://x/")
+                .body(Full::default())
+                .unwrap();
+            let res = sender.send_request(req).await.unwrap();
+            res.into_body().collect().await.unwrap().to_bytes()
+        };
+        let (first, first_conn) = connect(socket.clone()).await;
+        assert_eq!(get(first.clone()).await, "served");
+        // the second connects (the kernel's backlog accepts it) but is not answered while the
+        // first holds the only slot
+        let (second, _second_conn) = connect(socket.clone()).await;
+        let waiting = tokio::spawn(get(second));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiting.is_finished(), "served past the connection bound");
+        drop(first);
+        first_conn.abort();
+        let answer = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiting connection was never served")
+            .unwrap();
+        assert_eq!(answer, "served");
+        stop.trigger();
+        tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the server did not stop")
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn binds_with_the_mode_and_replaces_only_a_stale_socket() {
         let tmp = tempfile::tempdir().unwrap();
