@@ -6,6 +6,7 @@
 //! small PKI — a root and an intermediate that signs everything — and exposes the intermediate so
 //! tests can mint certificates ZTS and its clients trust.
 
+pub mod authz;
 pub mod csr_rules;
 pub mod instances;
 pub mod provider_client;
@@ -87,6 +88,10 @@ pub struct DevZtsConfig {
     pub extra_client_cas: Vec<String>,
     /// Extra CA certificates (PEM) that may sign provider server certificates.
     pub extra_provider_cas: Vec<String>,
+    /// Roles and their members, for access tokens, role tokens and role certificates.
+    pub roles: Vec<authz::RoleEntry>,
+    /// Longest access token or role token issued, seconds (a longer `expires_in` is cut to it).
+    pub max_token_expiry_secs: u32,
 }
 
 impl Default for DevZtsConfig {
@@ -103,6 +108,8 @@ impl Default for DevZtsConfig {
             principal: "sys.auth.zts".into(),
             extra_client_cas: Vec::new(),
             extra_provider_cas: Vec::new(),
+            roles: Vec::new(),
+            max_token_expiry_secs: 24 * 3600,
         }
     }
 }
@@ -213,7 +220,9 @@ impl DevZts {
                 token_lifetime: time::Duration::seconds(i64::from(config.token_lifetime_secs)),
                 service_dns_suffixes: config.service_dns_suffixes.clone(),
                 ntoken_skew: time::Duration::seconds(60),
+                max_token_expiry: time::Duration::seconds(i64::from(config.max_token_expiry_secs)),
             },
+            roles: config.roles.clone(),
         });
 
         let listener = tokio::net::TcpListener::bind(config.listen)

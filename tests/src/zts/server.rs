@@ -44,6 +44,8 @@ pub struct RouteSettings {
     pub service_dns_suffixes: Vec<String>,
     /// Clock skew allowed for ntokens.
     pub ntoken_skew: Duration,
+    /// Longest access token issued.
+    pub max_token_expiry: Duration,
 }
 
 /// Everything the routes share.
@@ -64,6 +66,8 @@ pub struct ZtsState {
     pub providers: ProviderClients,
     /// Settings.
     pub settings: RouteSettings,
+    /// Roles and their members.
+    pub roles: Vec<super::authz::RoleEntry>,
 }
 
 /// A refusal: status and message.
@@ -118,7 +122,11 @@ impl Handler for ZtsHandler {
                 self.refresh_instance(&req, &conn, provider, domain, service, instance_id)
                     .await
             }
-            (_, ["status"] | ["instance", ..]) => Err(Refusal(
+            (&Method::POST, ["oauth2", "token"]) => self.access_token(&req, &conn),
+            (&Method::GET, ["oauth2", "keys"]) => super::authz::jwks(&self.state.token_key)
+                .map(|keys| json_response(StatusCode::OK, &keys))
+                .map_err(|e| Refusal(StatusCode::INTERNAL_SERVER_ERROR, e)),
+            (_, ["status"] | ["instance", ..] | ["oauth2", ..]) => Err(Refusal(
                 StatusCode::METHOD_NOT_ALLOWED,
                 format!("{} is not allowed here", req.method()),
             )),
@@ -134,11 +142,108 @@ impl Handler for ZtsHandler {
         let path = req.uri.path();
         match path.matches('/').count() {
             _ if path == "/zts/v1/status" => "status",
+            _ if path == "/zts/v1/oauth2/token" => "oauth2_token",
+            _ if path == "/zts/v1/oauth2/keys" => "oauth2_keys",
             3 => "register",
             6 if path.ends_with("/refresh") => "key_refresh",
             7 => "instance_refresh",
             _ => "other",
         }
+    }
+}
+
+impl ZtsHandler {
+    /// `POST /zts/v1/oauth2/token`: client credentials over mutual TLS; an ES256 `at+jwt` for
+    /// the roles of the scope the caller is in, bound to its certificate (`cnf`).
+    fn access_token(
+        &self,
+        req: &Request<Bytes>,
+        conn: &ConnInfo,
+    ) -> Result<Response<Body>, Refusal> {
+        use super::authz;
+        let (Some(principal), Some(cert)) = (&conn.principal, &conn.peer_certificate) else {
+            return Err(Refusal::unauthorized(
+                "a client certificate is required for an access token",
+            ));
+        };
+        let form_type = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/x-www-form-urlencoded"));
+        if !form_type {
+            return Err(Refusal::bad_request(
+                "the request must be application/x-www-form-urlencoded",
+            ));
+        }
+        let refused = |authz::AuthzRefusal(code, message)| {
+            Refusal(
+                StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
+                message,
+            )
+        };
+        let form = authz::parse_form(req.body()).map_err(refused)?;
+        let field = |name: &str| {
+            form.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        if field("grant_type") != Some("client_credentials") {
+            return Err(Refusal::bad_request(
+                "grant_type must be client_credentials",
+            ));
+        }
+        let scope = authz::parse_scope(field("scope").unwrap_or_default()).map_err(refused)?;
+        let max = self.state.settings.max_token_expiry.whole_seconds();
+        let expires_in = match field("expires_in") {
+            None | Some("") => 3600.min(max),
+            Some(text) => match text.parse::<i64>() {
+                Ok(n) if n > 0 => n.min(max),
+                _ => {
+                    return Err(Refusal::bad_request(format!(
+                        "invalid expires_in {text:?}: a positive number of seconds"
+                    )));
+                }
+            },
+        };
+        let roles = authz::granted_roles(&self.state.roles, &scope, principal).map_err(refused)?;
+        let now = OffsetDateTime::now_utc().unix_timestamp();
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("localhost");
+        let claims = authz::AccessTokenClaims {
+            ver: 1,
+            iss: format!("https://{host}/zts/v1"),
+            aud: scope.domain.clone(),
+            sub: principal.clone(),
+            uid: principal.clone(),
+            client_id: principal.clone(),
+            iat: now,
+            auth_time: now,
+            exp: now + expires_in,
+            jti: athenz_core::random::hex_name::<16>(),
+            scp: roles.clone(),
+            cnf: authz::Confirmation {
+                x5t_s256: authz::thumbprint(cert),
+            },
+        };
+        let token = authz::sign_access_token(&self.state.token_key, &claims)
+            .map_err(|e| Refusal(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        let scope_text: Vec<String> = roles
+            .iter()
+            .map(|r| format!("{}:role.{r}", scope.domain))
+            .collect();
+        Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({
+                "access_token": token,
+                "token_type": "Bearer",
+                "expires_in": expires_in,
+                "scope": scope_text.join(" "),
+            }),
+        ))
     }
 }
 

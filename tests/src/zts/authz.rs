@@ -1,0 +1,350 @@
+//! The dev ZTS's authorization (DESIGN.md 4.11): roles and their members, and the OAuth2 access
+//! tokens ZTS issues for them (`POST /zts/v1/oauth2/token`, client credentials over mutual TLS)
+//! with the key set that verifies them (`GET /zts/v1/oauth2/keys`).
+
+use athenz_core::crypto::PrivateKey;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+use std::collections::BTreeSet;
+
+/// A role of a domain and who is in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoleEntry {
+    /// The domain, e.g. `media.sports`.
+    pub domain: String,
+    /// The role's name in it, e.g. `readers`.
+    pub role: String,
+    /// Principals (`domain.service`); `*` is everyone, and a trailing `*` a prefix
+    /// (`media.sports.*`), as Athenz role members may be written.
+    pub members: Vec<String>,
+}
+
+impl RoleEntry {
+    /// Whether `principal` is a member.
+    pub fn has_member(&self, principal: &str) -> bool {
+        self.members.iter().any(|m| match m.strip_suffix('*') {
+            Some(prefix) => principal.starts_with(prefix),
+            None => m == principal,
+        })
+    }
+}
+
+/// The `kid` of the dev ZTS's one token signing key.
+pub const TOKEN_KEY_ID: &str = "0";
+
+/// Why an authorization request is refused: HTTP status and ZTS's message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthzRefusal(pub u16, pub String);
+
+fn bad_request(msg: impl Into<String>) -> AuthzRefusal {
+    AuthzRefusal(400, msg.into())
+}
+
+/// What an access token request asks for: one domain and, unless the whole domain is asked
+/// (`<d>:domain`), some of its roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// The domain.
+    pub domain: String,
+    /// The roles named, or `None` for `<d>:domain` (every role the caller is in).
+    pub roles: Option<BTreeSet<String>>,
+}
+
+/// Parses a `scope` (space-separated `<d>:domain` or `<d>:role.<r>` items, one domain), as ZTS
+/// does; an OpenID `openid` item is not served here and refused.
+pub fn parse_scope(scope: &str) -> Result<Scope, AuthzRefusal> {
+    let mut domain: Option<&str> = None;
+    let mut roles = BTreeSet::new();
+    let mut whole_domain = false;
+    let items: Vec<&str> = scope.split(' ').filter(|s| !s.is_empty()).collect();
+    if items.is_empty() {
+        return Err(bad_request("empty scope"));
+    }
+    if items.len() > 64 {
+        return Err(bad_request("too many scope items (at most 64)"));
+    }
+    for item in items {
+        let (d, what) = item
+            .split_once(':')
+            .ok_or_else(|| bad_request(format!("invalid scope item {item:?}")))?;
+        athenz_core::names::validate_domain("scope", d)
+            .map_err(|e| bad_request(format!("invalid domain in scope item {item:?}: {e}")))?;
+        if domain.is_some_and(|seen| seen != d) {
+            return Err(bad_request("multiple domains in scope"));
+        }
+        domain = Some(d);
+        if what == "domain" {
+            whole_domain = true;
+        } else if let Some(role) = what.strip_prefix("role.") {
+            if role.is_empty()
+                || role.len() > 64
+                || !role
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+            {
+                return Err(bad_request(format!("invalid role in scope item {item:?}")));
+            }
+            roles.insert(role.to_owned());
+        } else {
+            return Err(bad_request(format!("invalid scope item {item:?}")));
+        }
+    }
+    Ok(Scope {
+        domain: domain.unwrap_or_default().to_owned(),
+        roles: (!whole_domain).then_some(roles),
+    })
+}
+
+/// The roles of `scope` that `principal` is in, from `roles`: 404 for a domain with no roles,
+/// 403 (naming the roles) when the caller is in none of them or a named role does not exist.
+pub fn granted_roles(
+    roles: &[RoleEntry],
+    scope: &Scope,
+    principal: &str,
+) -> Result<Vec<String>, AuthzRefusal> {
+    let in_domain: Vec<&RoleEntry> = roles.iter().filter(|r| r.domain == scope.domain).collect();
+    if in_domain.is_empty() {
+        return Err(AuthzRefusal(
+            404,
+            format!("No such domain: {}", scope.domain),
+        ));
+    }
+    let granted: Vec<String> = in_domain
+        .iter()
+        .filter(|r| {
+            scope
+                .roles
+                .as_ref()
+                .is_none_or(|want| want.contains(&r.role))
+        })
+        .filter(|r| r.has_member(principal))
+        .map(|r| r.role.clone())
+        .collect();
+    if granted.is_empty() {
+        let asked = scope.roles.as_ref().map_or_else(
+            || format!("any role of {}", scope.domain),
+            |r| r.iter().cloned().collect::<Vec<_>>().join(","),
+        );
+        return Err(AuthzRefusal(
+            403,
+            format!("{principal} is not a member of {asked}"),
+        ));
+    }
+    Ok(granted)
+}
+
+/// A decoded `application/x-www-form-urlencoded` body (`+` is a space).
+pub fn parse_form(body: &[u8]) -> Result<Vec<(String, String)>, AuthzRefusal> {
+    let text = std::str::from_utf8(body).map_err(|_| bad_request("the form is not UTF-8 text"))?;
+    text.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(&s.replace('+', " "))
+                    .decode_utf8()
+                    .map(|c| c.into_owned())
+                    .map_err(|_| bad_request(format!("the form field {k:?} is not UTF-8")))
+            };
+            Ok((decode(k)?, decode(v)?))
+        })
+        .collect()
+}
+
+/// The claims of an access token as ZTS writes them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AccessTokenClaims {
+    /// Always 1.
+    pub ver: u32,
+    /// The issuer (ZTS's URL).
+    pub iss: String,
+    /// The audience: the domain.
+    pub aud: String,
+    /// The principal.
+    pub sub: String,
+    /// The principal.
+    pub uid: String,
+    /// The principal.
+    pub client_id: String,
+    /// Issued at.
+    pub iat: i64,
+    /// When the principal authenticated (the request).
+    pub auth_time: i64,
+    /// Expiry.
+    pub exp: i64,
+    /// Unique id.
+    pub jti: String,
+    /// The roles granted.
+    pub scp: Vec<String>,
+    /// The client certificate the token is bound to (RFC 8705).
+    pub cnf: Confirmation,
+}
+
+/// `cnf`: the SHA-256 thumbprint of the client certificate (base64url, no padding).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Confirmation {
+    /// `x5t#S256`.
+    #[serde(rename = "x5t#S256")]
+    pub x5t_s256: String,
+}
+
+/// `x5t#S256` of a certificate (DER).
+pub fn thumbprint(cert_der: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(cert_der))
+}
+
+/// Signs `claims` as an `at+jwt` with the token key (ES256, `kid` [`TOKEN_KEY_ID`]).
+pub fn sign_access_token(key: &PrivateKey, claims: &AccessTokenClaims) -> Result<String, String> {
+    let pem = key.to_pkcs8_pem().map_err(|e| e.to_string())?;
+    let encoding = jsonwebtoken::EncodingKey::from_ec_pem(pem.expose().as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+    header.typ = Some("at+jwt".into());
+    header.kid = Some(TOKEN_KEY_ID.into());
+    jsonwebtoken::encode(&header, claims, &encoding).map_err(|e| e.to_string())
+}
+
+/// The JWKS of the token key: one P-256 key (`kty` EC, `crv` P-256, `x`, `y`, `kid`, `alg`, `use`).
+pub fn jwks(key: &PrivateKey) -> Result<serde_json::Value, String> {
+    let spki = key.public_key_der();
+    // a P-256 SubjectPublicKeyInfo ends with the uncompressed point 04 || x || y
+    let point = spki
+        .len()
+        .checked_sub(65)
+        .map(|start| &spki[start..])
+        .filter(|p| p[0] == 4)
+        .ok_or("the token key is not P-256")?;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b);
+    Ok(serde_json::json!({
+        "keys": [{
+            "kty": "EC",
+            "crv": "P-256",
+            "x": b64(&point[1..33]),
+            "y": b64(&point[33..65]),
+            "kid": TOKEN_KEY_ID,
+            "alg": "ES256",
+            "use": "sig",
+        }]
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    fn roles() -> Vec<RoleEntry> {
+        let role = |r: &str, m: &[&str]| RoleEntry {
+            domain: "media.sports".into(),
+            role: r.into(),
+            members: m.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        vec![
+            role("readers", &["media.sports.web", "finance.*"]),
+            role("writers", &["media.sports.api"]),
+            role("public", &["*"]),
+        ]
+    }
+
+    #[test]
+    fn scopes_parse_as_zts_reads_them_and_refusals_say_why() {
+        assert_eq!(
+            parse_scope("media.sports:role.readers media.sports:role.writers").unwrap(),
+            Scope {
+                domain: "media.sports".into(),
+                roles: Some(["readers".to_owned(), "writers".to_owned()].into()),
+            }
+        );
+        assert_eq!(parse_scope("media.sports:domain").unwrap().roles, None);
+        for (bad, why) in [
+            ("", "empty scope"),
+            ("media.sports", "invalid scope item"),
+            ("media.sports:role.", "invalid role"),
+            ("media.sports:role.a;b", "invalid role"),
+            ("media.sports:group.x", "invalid scope item"),
+            ("a:domain b:domain", "multiple domains"),
+            ("-bad:domain", "invalid domain"),
+            ("openid media.sports:domain", "invalid scope item"),
+        ] {
+            let err = parse_scope(bad).unwrap_err();
+            assert_eq!(err.0, 400, "{bad}");
+            assert!(err.1.contains(why), "{bad}: {}", err.1);
+        }
+        let many = vec!["d:role.r"; 65].join(" ");
+        assert!(parse_scope(&many).unwrap_err().1.contains("too many"));
+    }
+
+    #[test]
+    fn members_exact_prefix_and_everyone() {
+        let r = roles();
+        let scope = parse_scope("media.sports:domain").unwrap();
+        assert_eq!(
+            granted_roles(&r, &scope, "media.sports.web").unwrap(),
+            ["readers", "public"]
+        );
+        assert_eq!(
+            granted_roles(&r, &scope, "finance.ledger").unwrap(),
+            ["readers", "public"]
+        );
+        let writers = parse_scope("media.sports:role.writers").unwrap();
+        let err = granted_roles(&r, &writers, "media.sports.web").unwrap_err();
+        assert_eq!(err.0, 403);
+        assert!(err.1.contains("not a member of writers"), "{}", err.1);
+        let unknown_role = parse_scope("media.sports:role.nope").unwrap();
+        assert_eq!(granted_roles(&r, &unknown_role, "x.y").unwrap_err().0, 403);
+        let unknown_domain = parse_scope("weather:domain").unwrap();
+        assert_eq!(
+            granted_roles(&r, &unknown_domain, "x.y").unwrap_err().0,
+            404
+        );
+    }
+
+    #[test]
+    fn forms_decode_percent_and_plus() {
+        let form =
+            parse_form(b"grant_type=client_credentials&scope=a%3Adomain+b&expires_in=60").unwrap();
+        assert_eq!(form[1], ("scope".to_owned(), "a:domain b".to_owned()));
+        assert!(parse_form(&[0xff, b'=', b'1']).is_err());
+        assert!(parse_form(b"scope=%ff").is_err());
+    }
+
+    #[test]
+    fn the_jwks_holds_the_token_keys_point() {
+        let key = PrivateKey::generate(athenz_core::crypto::KeyAlgorithm::P256).unwrap();
+        let jwks = jwks(&key).unwrap();
+        let k = &jwks["keys"][0];
+        assert_eq!(k["kty"], "EC");
+        assert_eq!(k["kid"], TOKEN_KEY_ID);
+        let decoded = jsonwebtoken::DecodingKey::from_ec_components(
+            k["x"].as_str().unwrap(),
+            k["y"].as_str().unwrap(),
+        )
+        .unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
+        let claims = AccessTokenClaims {
+            ver: 1,
+            iss: "https://zts.test/zts/v1".into(),
+            aud: "media.sports".into(),
+            sub: "a.b".into(),
+            uid: "a.b".into(),
+            client_id: "a.b".into(),
+            iat: now,
+            auth_time: now,
+            exp: now + 60,
+            jti: "1".into(),
+            scp: vec!["readers".into()],
+            cnf: Confirmation {
+                x5t_s256: thumbprint(b"cert"),
+            },
+        };
+        let token = sign_access_token(&key, &claims).unwrap();
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
+        validation.set_audience(&["media.sports"]);
+        let data =
+            jsonwebtoken::decode::<AccessTokenClaims>(&token, &decoded, &validation).unwrap();
+        assert_eq!(data.header.typ.as_deref(), Some("at+jwt"));
+        assert_eq!(data.claims.scp, ["readers"]);
+    }
+}

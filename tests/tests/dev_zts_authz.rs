@@ -1,0 +1,240 @@
+//! The dev ZTS's authorization routes (DESIGN.md 4.11) over real mutual TLS: access tokens for
+//! the roles a principal is in, verified by PyJWT (an implementation that shares no code with
+//! ours) against the dev ZTS's own JWKS, and every refusal with ZTS's status code.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use athenz_core::crypto::{KeyAlgorithm, pem_certificates};
+use athenz_testbed::pki::LeafSpec;
+use athenz_testbed::zts::authz::RoleEntry;
+use athenz_testbed::zts::{DevZts, DevZtsConfig};
+use base64::Engine;
+use sha2::Digest;
+
+const DOMAIN: &str = "media.sports";
+
+async fn zts() -> DevZts {
+    let role = |r: &str, m: &[&str]| RoleEntry {
+        domain: DOMAIN.into(),
+        role: r.into(),
+        members: m.iter().map(|s| (*s).to_owned()).collect(),
+    };
+    DevZts::start(DevZtsConfig {
+        roles: vec![
+            role("readers", &["media.sports.web", "finance.*"]),
+            role("writers", &["media.sports.api"]),
+        ],
+        max_token_expiry_secs: 7200,
+        ..DevZtsConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+/// An HTTPS client presenting a certificate of `principal` (or none); also the certificate's DER.
+fn client(zts: &DevZts, principal: Option<&str>) -> (reqwest::Client, Vec<u8>) {
+    let ca = reqwest::Certificate::from_pem(zts.root_pem().as_bytes()).unwrap();
+    let mut builder = reqwest::Client::builder().tls_certs_only([ca]);
+    let mut der = Vec::new();
+    if let Some(principal) = principal {
+        let issued = zts
+            .ca()
+            .issue(&LeafSpec::service(principal, &[]), KeyAlgorithm::P256)
+            .unwrap();
+        der = pem_certificates(&issued.cert_pem).unwrap()[0].to_vec();
+        let pem = format!("{}{}", issued.chain_pem, issued.key_pem.expose());
+        builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
+    }
+    (builder.build().unwrap(), der)
+}
+
+async fn token_request(
+    zts: &DevZts,
+    http: &reqwest::Client,
+    form: &str,
+) -> (u16, serde_json::Value) {
+    let res = http
+        .post(format!("{}/oauth2/token", zts.url()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form.to_owned())
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap())
+}
+
+/// Verifies `token` with PyJWT against `jwks` (the key chosen by the token's `kid`).
+fn pyjwt_verify(token: &str, jwks: &serde_json::Value, audience: &str) -> serde_json::Value {
+    let script = r#"
+import json, sys, jwt
+token, jwks, audience = sys.stdin.read().split("\n---\n")
+keys = jwt.PyJWKSet.from_dict(json.loads(jwks))
+kid = jwt.get_unverified_header(token)["kid"]
+key = next(k for k in keys.keys if k.key_id == kid)
+print(json.dumps(jwt.decode(token, key.key, algorithms=["ES256"], audience=audience.strip())))
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with PyJWT is needed (.ci/run installs it)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(format!("{token}\n---\n{jwks}\n---\n{audience}").as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "PyJWT refused the token: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn access_tokens_verify_with_pyjwt_and_are_bound_to_the_client_certificate() {
+    let zts = zts().await;
+    let (http, cert_der) = client(&zts, Some("media.sports.web"));
+    let jwks: serde_json::Value = reqwest::Client::builder()
+        .tls_certs_only([reqwest::Certificate::from_pem(zts.root_pem().as_bytes()).unwrap()])
+        .build()
+        .unwrap()
+        .get(format!("{}/oauth2/keys", zts.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    let (status, body) = token_request(
+        &zts,
+        &http,
+        "grant_type=client_credentials&scope=media.sports%3Arole.readers&expires_in=600",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["token_type"], "Bearer");
+    assert_eq!(body["expires_in"], 600);
+    assert_eq!(body["scope"], "media.sports:role.readers");
+    let token = body["access_token"].as_str().unwrap();
+    let header: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token.split('.').next().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(header["typ"], "at+jwt");
+    assert_eq!(header["alg"], "ES256");
+    let claims = pyjwt_verify(token, &jwks, DOMAIN);
+    assert_eq!(claims["ver"], 1);
+    assert_eq!(claims["aud"], DOMAIN);
+    for who in ["sub", "uid", "client_id"] {
+        assert_eq!(claims[who], "media.sports.web", "{who}");
+    }
+    assert_eq!(claims["scp"], serde_json::json!(["readers"]));
+    assert_eq!(
+        claims["exp"].as_i64().unwrap() - claims["iat"].as_i64().unwrap(),
+        600
+    );
+    let thumbprint =
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(&cert_der));
+    assert_eq!(claims["cnf"]["x5t#S256"], thumbprint);
+    assert!(claims["iss"].as_str().unwrap().ends_with("/zts/v1"));
+
+    // the whole domain: every role the caller is in; expires_in capped at the maximum
+    let (status, body) = token_request(
+        &zts,
+        &http,
+        "grant_type=client_credentials&scope=media.sports:domain&expires_in=999999",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["expires_in"], 7200);
+    let claims = pyjwt_verify(body["access_token"].as_str().unwrap(), &jwks, DOMAIN);
+    assert_eq!(claims["scp"], serde_json::json!(["readers"]));
+    // a prefix member
+    let (finance, _) = client(&zts, Some("finance.ledger"));
+    let (status, _) = token_request(
+        &zts,
+        &finance,
+        "grant_type=client_credentials&scope=media.sports:domain",
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn every_refusal_has_zts_code_and_reason() {
+    let zts = zts().await;
+    let (web, _) = client(&zts, Some("media.sports.web"));
+    for (form, code, reason) in [
+        (
+            "grant_type=client_credentials&scope=media.sports:role.writers",
+            403,
+            "not a member of writers",
+        ),
+        (
+            "grant_type=client_credentials&scope=media.sports:role.nope",
+            403,
+            "not a member",
+        ),
+        (
+            "grant_type=client_credentials&scope=weather:domain",
+            404,
+            "No such domain",
+        ),
+        (
+            "grant_type=client_credentials&scope=media.sports:roles.x",
+            400,
+            "invalid scope item",
+        ),
+        (
+            "grant_type=client_credentials&scope=a:domain+b:domain",
+            400,
+            "multiple domains",
+        ),
+        ("grant_type=client_credentials", 400, "empty scope"),
+        (
+            "grant_type=password&scope=media.sports:domain",
+            400,
+            "grant_type",
+        ),
+        (
+            "grant_type=client_credentials&scope=media.sports:domain&expires_in=-5",
+            400,
+            "expires_in",
+        ),
+        ("grant_type=client_credentials&scope=%ff", 400, "not UTF-8"),
+    ] {
+        let (status, body) = token_request(&zts, &web, form).await;
+        assert_eq!(status, code, "{form}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains(reason),
+            "{form}: {body}"
+        );
+        assert_eq!(body["code"], code);
+    }
+    // no client certificate: 401; not a form: 400
+    let (anonymous, _) = client(&zts, None);
+    let (status, _) = token_request(
+        &zts,
+        &anonymous,
+        "grant_type=client_credentials&scope=media.sports:domain",
+    )
+    .await;
+    assert_eq!(status, 401);
+    let res = web
+        .post(format!("{}/oauth2/token", zts.url()))
+        .json(&serde_json::json!({"grant_type": "client_credentials"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+}
