@@ -42,6 +42,7 @@ pub mod pod_fields;
 pub mod pod_info;
 pub mod random;
 pub mod refresh;
+pub mod role_token;
 pub mod secret;
 pub mod subject;
 pub mod telemetry;

@@ -238,3 +238,78 @@ async fn every_refusal_has_zts_code_and_reason() {
         .unwrap();
     assert_eq!(res.status().as_u16(), 400);
 }
+
+#[tokio::test]
+async fn role_tokens_verify_over_their_exact_text_and_refuse_as_zts_does() {
+    use athenz_core::role_token::RoleToken;
+    let zts = zts().await;
+    let (web, _) = client(&zts, Some("media.sports.web"));
+    let get = |query: &str| {
+        let url = format!("{}/domain/{DOMAIN}/token{query}", zts.url());
+        let web = web.clone();
+        async move {
+            let res = web.get(url).send().await.unwrap();
+            (
+                res.status().as_u16(),
+                res.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let (status, body) = get("?role=readers&minExpiryTime=900&maxExpiryTime=1800").await;
+    assert_eq!(status, 200, "{body}");
+    let text = body["token"].as_str().unwrap();
+    let token = RoleToken::parse(text).unwrap();
+    assert_eq!(token.domain, DOMAIN);
+    assert_eq!(token.roles, ["readers"]);
+    assert_eq!(token.principal, "media.sports.web");
+    assert_eq!(token.expires - token.issued, 1800);
+    assert_eq!(body["expiryTime"].as_i64().unwrap(), token.expires);
+    let public = zts.token_public_key_pem();
+    token
+        .verify(
+            &athenz_core::crypto::PublicKey::from_pem(&public).unwrap(),
+            time::OffsetDateTime::now_utc(),
+            athenz_core::ntoken::VerifyLimits::default(),
+        )
+        .unwrap();
+    // openssl agrees, over the exact text before ";s="
+    let (signed, sig) = text.split_once(";s=").unwrap();
+    let sig = athenz_core::ntoken::ybase64_decode(sig).unwrap();
+    athenz_testbed::openssl::verify_sha256_signature(&public, &sig, signed.as_bytes()).unwrap();
+    // without role: every role the caller is in
+    let (status, body) = get("").await;
+    assert_eq!(status, 200);
+    let all = RoleToken::parse(body["token"].as_str().unwrap()).unwrap();
+    assert_eq!(all.roles, ["readers"]);
+    for (query, code, reason) in [
+        ("?role=writers", 403, "not a member"),
+        ("?role=bad%20role", 400, "invalid role"),
+        ("?role=readers&maxExpiryTime=-1", 400, "maxExpiryTime"),
+    ] {
+        let (status, body) = get(query).await;
+        assert_eq!(status, code, "{query}: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains(reason),
+            "{query}: {body}"
+        );
+    }
+    let (status, body) = {
+        let res = web
+            .get(format!("{}/domain/weather/token", zts.url()))
+            .send()
+            .await
+            .unwrap();
+        (
+            res.status().as_u16(),
+            res.json::<serde_json::Value>().await.unwrap(),
+        )
+    };
+    assert_eq!(status, 404, "{body}");
+    let (anonymous, _) = client(&zts, None);
+    let res = anonymous
+        .get(format!("{}/domain/{DOMAIN}/token", zts.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 401);
+}

@@ -78,12 +78,7 @@ pub fn parse_scope(scope: &str) -> Result<Scope, AuthzRefusal> {
         if what == "domain" {
             whole_domain = true;
         } else if let Some(role) = what.strip_prefix("role.") {
-            if role.is_empty()
-                || role.len() > 64
-                || !role
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
-            {
+            if !valid_role(role) {
                 return Err(bad_request(format!("invalid role in scope item {item:?}")));
             }
             roles.insert(role.to_owned());
@@ -94,6 +89,37 @@ pub fn parse_scope(scope: &str) -> Result<Scope, AuthzRefusal> {
     Ok(Scope {
         domain: domain.unwrap_or_default().to_owned(),
         roles: (!whole_domain).then_some(roles),
+    })
+}
+
+fn valid_role(role: &str) -> bool {
+    !role.is_empty()
+        && role.len() <= 64
+        && role
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+}
+
+/// The scope of a role token request: `domain` and the comma-separated `roles` (all the caller's
+/// roles in it when `None` or empty).
+pub fn role_scope(domain: &str, roles: Option<&str>) -> Result<Scope, AuthzRefusal> {
+    athenz_core::names::validate_domain("domain", domain)
+        .map_err(|e| bad_request(format!("invalid domain: {e}")))?;
+    let roles = match roles.filter(|r| !r.is_empty()) {
+        None => None,
+        Some(list) => Some(
+            list.split(',')
+                .map(|r| {
+                    valid_role(r)
+                        .then(|| r.to_owned())
+                        .ok_or_else(|| bad_request(format!("invalid role {r:?}")))
+                })
+                .collect::<Result<BTreeSet<_>, _>>()?,
+        ),
+    };
+    Ok(Scope {
+        domain: domain.to_owned(),
+        roles,
     })
 }
 

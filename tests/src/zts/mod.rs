@@ -290,6 +290,12 @@ impl DevZts {
         &self.state.signer
     }
 
+    /// The public key (SubjectPublicKeyInfo PEM) of the key that signs ntokens, role tokens and
+    /// access tokens (as ZTS publishes its public keys).
+    pub fn token_public_key_pem(&self) -> String {
+        self.state.token_key.key_pair().public_key_pem()
+    }
+
     /// ZTS's own principal.
     pub fn principal(&self) -> &str {
         &self.state.principal

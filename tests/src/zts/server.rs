@@ -123,13 +123,16 @@ impl Handler for ZtsHandler {
                     .await
             }
             (&Method::POST, ["oauth2", "token"]) => self.access_token(&req, &conn),
+            (&Method::GET, ["domain", domain, "token"]) => self.role_token(&req, &conn, domain),
             (&Method::GET, ["oauth2", "keys"]) => super::authz::jwks(&self.state.token_key)
                 .map(|keys| json_response(StatusCode::OK, &keys))
                 .map_err(|e| Refusal(StatusCode::INTERNAL_SERVER_ERROR, e)),
-            (_, ["status"] | ["instance", ..] | ["oauth2", ..]) => Err(Refusal(
-                StatusCode::METHOD_NOT_ALLOWED,
-                format!("{} is not allowed here", req.method()),
-            )),
+            (_, ["status"] | ["instance", ..] | ["oauth2", ..] | ["domain", _, "token"]) => {
+                Err(Refusal(
+                    StatusCode::METHOD_NOT_ALLOWED,
+                    format!("{} is not allowed here", req.method()),
+                ))
+            }
             _ => Err(Refusal::not_found("no such route")),
         };
         outcome.unwrap_or_else(|Refusal(status, message)| {
@@ -144,6 +147,7 @@ impl Handler for ZtsHandler {
             _ if path == "/zts/v1/status" => "status",
             _ if path == "/zts/v1/oauth2/token" => "oauth2_token",
             _ if path == "/zts/v1/oauth2/keys" => "oauth2_keys",
+            _ if path.starts_with("/zts/v1/domain/") => "role_token",
             3 => "register",
             6 if path.ends_with("/refresh") => "key_refresh",
             7 => "instance_refresh",
@@ -242,6 +246,77 @@ impl ZtsHandler {
                 "token_type": "Bearer",
                 "expires_in": expires_in,
                 "scope": scope_text.join(" "),
+            }),
+        ))
+    }
+}
+
+impl ZtsHandler {
+    /// `GET /zts/v1/domain/{domain}/token?role=<r,…>&minExpiryTime=&maxExpiryTime=`: a role token
+    /// (`Z1`) for the named roles of `domain` the caller (its client certificate) is in, or all of
+    /// them without `role`; `{token, expiryTime}`.
+    fn role_token(
+        &self,
+        req: &Request<Bytes>,
+        conn: &ConnInfo,
+        domain: &str,
+    ) -> Result<Response<Body>, Refusal> {
+        use super::authz;
+        let Some(principal) = &conn.principal else {
+            return Err(Refusal::unauthorized(
+                "a client certificate is required for a role token",
+            ));
+        };
+        let query = authz::parse_form(req.uri().query().unwrap_or_default().as_bytes())
+            .map_err(|authz::AuthzRefusal(_, m)| Refusal::bad_request(m))?;
+        let field = |name: &str| {
+            query
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let refused = |authz::AuthzRefusal(code, message)| {
+            Refusal(
+                StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
+                message,
+            )
+        };
+        let scope = authz::role_scope(domain, field("role")).map_err(refused)?;
+        let seconds = |name: &str| -> Result<Option<i64>, Refusal> {
+            match field(name) {
+                None | Some("") => Ok(None),
+                Some(text) => text
+                    .parse::<i64>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .map(Some)
+                    .ok_or_else(|| {
+                        Refusal::bad_request(format!("invalid {name} {text:?}: positive seconds"))
+                    }),
+            }
+        };
+        let max = self.state.settings.max_token_expiry.whole_seconds();
+        let lifetime = seconds("maxExpiryTime")?
+            .unwrap_or(3600)
+            .max(seconds("minExpiryTime")?.unwrap_or(0))
+            .min(max);
+        let roles = authz::granted_roles(&self.state.roles, &scope, principal).map_err(refused)?;
+        let now = OffsetDateTime::now_utc();
+        let token = athenz_core::role_token::sign(
+            &self.state.token_key,
+            authz::TOKEN_KEY_ID,
+            &scope.domain,
+            &roles,
+            principal,
+            now,
+            Duration::seconds(lifetime),
+        )
+        .map_err(|e| Refusal(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        Ok(json_response(
+            StatusCode::OK,
+            &serde_json::json!({
+                "token": token,
+                "expiryTime": now.unix_timestamp() + lifetime,
             }),
         ))
     }
