@@ -114,6 +114,39 @@ pub fn validate_domain(field: &'static str, value: &str) -> Result<(), NameError
     Ok(())
 }
 
+/// Validates an Athenz role name: simple names joined by `.` (Athenz's entity names), at most
+/// 253 bytes.
+pub fn validate_role(field: &'static str, value: &str) -> Result<(), NameError> {
+    validate_domain(field, value)
+}
+
+/// The CSR identity of a role certificate (DESIGN.md 4.11): CN `<domain>:role.<role>`, URIs
+/// `spiffe://<domain>/ra/<role>` and `athenz://principal/<principal>` (who asks, and whom ZTS
+/// checks membership for).
+pub fn role_csr_identity(
+    domain: &str,
+    role: &str,
+    principal: &str,
+) -> Result<CsrIdentity, NameError> {
+    validate_domain("domain", domain)?;
+    validate_role("role", role)?;
+    let (p_domain, p_service) = principal
+        .rsplit_once('.')
+        .ok_or_else(|| NameError::new("principal", principal, "is not <domain>.<service>"))?;
+    validate_domain("principal", p_domain)?;
+    validate_service("principal", p_service)?;
+    Ok(CsrIdentity {
+        common_name: format!("{domain}:role.{role}"),
+        organizational_unit: None,
+        dns_names: Vec::new(),
+        ip_addresses: Vec::new(),
+        uris: vec![
+            format!("spiffe://{domain}/ra/{role}"),
+            format!("athenz://principal/{principal}"),
+        ],
+    })
+}
+
 /// Validates an Athenz service name (one simple name).
 pub fn validate_service(field: &'static str, value: &str) -> Result<(), NameError> {
     validate_simple_name(field, value)
@@ -514,6 +547,30 @@ impl CsrIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn role_csr_identity_names_the_role_and_the_caller_and_refuses_bad_names() {
+        let id = role_csr_identity("media.sports", "readers", "media.sports.web").unwrap();
+        assert_eq!(id.common_name, "media.sports:role.readers");
+        assert_eq!(
+            id.uris,
+            [
+                "spiffe://media.sports/ra/readers",
+                "athenz://principal/media.sports.web"
+            ]
+        );
+        for (domain, role, principal, field) in [
+            ("media/sports", "readers", "a.b", "domain"),
+            ("media.sports", "read ers", "a.b", "role"),
+            ("media.sports", "readers/../x", "a.b", "role"),
+            ("media.sports", "", "a.b", "role"),
+            ("media.sports", "readers", "web", "principal"),
+            ("media.sports", "readers", "a.b?c", "principal"),
+        ] {
+            let err = role_csr_identity(domain, role, principal).unwrap_err();
+            assert_eq!(err.field, field, "{domain} {role} {principal}: {err}");
+        }
+    }
 
     fn mapper() -> DomainMapper {
         DomainMapper::new("k8s.admin", ["istio-system", "athenz"]).unwrap()

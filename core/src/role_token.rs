@@ -74,11 +74,7 @@ const FIELDS: [&str; 12] = [
 ];
 
 fn valid_role(role: &str) -> bool {
-    !role.is_empty()
-        && role.len() <= 256
-        && role
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+    names::validate_role("role", role).is_ok()
 }
 
 impl RoleToken {

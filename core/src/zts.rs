@@ -25,6 +25,25 @@ pub const MAX_RESPONSE_LEN: usize = 1024 * 1024;
 /// Default name of the header carrying an ntoken.
 pub const PRINCIPAL_AUTH_HEADER: &str = "Athenz-Principal-Auth";
 
+/// `POST /zts/v1/rolecert`: a role certificate for a CSR made by [`crate::names::role_csr_identity`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoleCertificateRequest {
+    /// The CSR, PEM.
+    pub csr: String,
+    /// Lifetime asked for, minutes (ZTS caps it); 0 for ZTS's default.
+    #[serde(default)]
+    pub expiry_time: i64,
+}
+
+/// The answer of `POST /zts/v1/rolecert`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleCertificate {
+    /// The role certificate, PEM.
+    pub x509_certificate: String,
+}
+
 /// `POST /zts/v1/instance`: ask a provider-attested identity for a new instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]

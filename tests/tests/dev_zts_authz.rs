@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_core::crypto::{KeyAlgorithm, pem_certificates};
+use athenz_core::crypto::{CertInfo, KeyAlgorithm, PrivateKey, build_csr, pem_certificates};
 use athenz_testbed::pki::LeafSpec;
 use athenz_testbed::zts::authz::RoleEntry;
 use athenz_testbed::zts::{DevZts, DevZtsConfig};
@@ -33,19 +33,29 @@ async fn zts() -> DevZts {
 
 /// An HTTPS client presenting a certificate of `principal` (or none); also the certificate's DER.
 fn client(zts: &DevZts, principal: Option<&str>) -> (reqwest::Client, Vec<u8>) {
+    let (http, der, _) = client_and_key(zts, principal);
+    (http, der)
+}
+
+/// [`client`], with the certificate's private key.
+fn client_and_key(
+    zts: &DevZts,
+    principal: Option<&str>,
+) -> (reqwest::Client, Vec<u8>, Option<PrivateKey>) {
     let ca = reqwest::Certificate::from_pem(zts.root_pem().as_bytes()).unwrap();
     let mut builder = reqwest::Client::builder().tls_certs_only([ca]);
-    let mut der = Vec::new();
+    let (mut der, mut key) = (Vec::new(), None);
     if let Some(principal) = principal {
         let issued = zts
             .ca()
             .issue(&LeafSpec::service(principal, &[]), KeyAlgorithm::P256)
             .unwrap();
         der = pem_certificates(&issued.cert_pem).unwrap()[0].to_vec();
+        key = Some(PrivateKey::from_pem(issued.key_pem.expose()).unwrap());
         let pem = format!("{}{}", issued.chain_pem, issued.key_pem.expose());
         builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
     }
-    (builder.build().unwrap(), der)
+    (builder.build().unwrap(), der, key)
 }
 
 async fn token_request(
@@ -308,6 +318,105 @@ async fn role_tokens_verify_over_their_exact_text_and_refuse_as_zts_does() {
     let (anonymous, _) = client(&zts, None);
     let res = anonymous
         .get(format!("{}/domain/{DOMAIN}/token", zts.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 401);
+}
+
+#[tokio::test]
+async fn role_certificates_for_members_verify_with_openssl() {
+    let zts = zts().await;
+    let (web, _, key) = client_and_key(&zts, Some("media.sports.web"));
+    let key = key.unwrap();
+    let csr_for = |domain: &str, role: &str, principal: &str| {
+        let identity = athenz_core::names::role_csr_identity(domain, role, principal).unwrap();
+        build_csr(&identity, &key).unwrap()
+    };
+    let post = |body: serde_json::Value| {
+        let web = web.clone();
+        let url = format!("{}/rolecert", zts.url());
+        async move {
+            let res = web.post(url).json(&body).send().await.unwrap();
+            (
+                res.status().as_u16(),
+                res.json::<serde_json::Value>().await.unwrap(),
+            )
+        }
+    };
+    let csr = csr_for(DOMAIN, "readers", "media.sports.web");
+    let (status, body) = post(serde_json::json!({"csr": csr, "expiryTime": 60})).await;
+    assert_eq!(status, 200, "{body}");
+    let pem = body["x509Certificate"].as_str().unwrap();
+    athenz_testbed::openssl::verify(zts.root_pem(), zts.ca_bundle(), pem).unwrap();
+    let cert = CertInfo::from_pem(pem).unwrap();
+    assert_eq!(cert.common_name, "media.sports:role.readers");
+    assert_eq!(
+        cert.uris,
+        [
+            "spiffe://media.sports/ra/readers",
+            "athenz://principal/media.sports.web"
+        ]
+    );
+    assert_eq!(
+        cert.public_key_der,
+        key.public_key_der(),
+        "not over the caller's key"
+    );
+    assert_eq!(
+        (cert.not_after - cert.not_before).whole_minutes(),
+        61,
+        "60 min + 1 backdated"
+    );
+
+    // every refusal, with ZTS's code
+    let mut other_caller =
+        athenz_core::names::role_csr_identity(DOMAIN, "readers", "media.sports.web").unwrap();
+    other_caller.uris[1] = "athenz://principal/media.sports.api".into();
+    let mut no_spiffe =
+        athenz_core::names::role_csr_identity(DOMAIN, "readers", "media.sports.web").unwrap();
+    no_spiffe.uris.remove(0);
+    let mut service_cn =
+        athenz_core::names::role_csr_identity(DOMAIN, "readers", "media.sports.web").unwrap();
+    service_cn.common_name = "media.sports.web".into();
+    for (csr, code, reason) in [
+        (
+            csr_for(DOMAIN, "writers", "media.sports.web"),
+            403,
+            "not a member",
+        ),
+        (
+            csr_for("weather", "readers", "media.sports.web"),
+            404,
+            "No such domain",
+        ),
+        (
+            build_csr(&other_caller, &key).unwrap(),
+            403,
+            "is not the caller",
+        ),
+        (
+            build_csr(&no_spiffe, &key).unwrap(),
+            400,
+            "exactly the URIs",
+        ),
+        (
+            build_csr(&service_cn, &key).unwrap(),
+            400,
+            "is not <domain>:role.<role>",
+        ),
+        (csr.replace("MII", "MIJ"), 400, "unable to parse"),
+    ] {
+        let (status, body) = post(serde_json::json!({"csr": csr})).await;
+        assert_eq!(status, code, "{body}");
+        assert!(body["message"].as_str().unwrap().contains(reason), "{body}");
+    }
+    let (status, body) = post(serde_json::json!({"csr": csr, "extra": 1})).await;
+    assert_eq!(status, 400, "{body}");
+    let (anonymous, _) = client(&zts, None);
+    let res = anonymous
+        .post(format!("{}/rolecert", zts.url()))
+        .json(&serde_json::json!({"csr": csr}))
         .send()
         .await
         .unwrap();

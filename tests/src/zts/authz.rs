@@ -93,11 +93,7 @@ pub fn parse_scope(scope: &str) -> Result<Scope, AuthzRefusal> {
 }
 
 fn valid_role(role: &str) -> bool {
-    !role.is_empty()
-        && role.len() <= 64
-        && role
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+    athenz_core::names::validate_role("role", role).is_ok()
 }
 
 /// The scope of a role token request: `domain` and the comma-separated `roles` (all the caller's

@@ -124,15 +124,21 @@ impl Handler for ZtsHandler {
             }
             (&Method::POST, ["oauth2", "token"]) => self.access_token(&req, &conn),
             (&Method::GET, ["domain", domain, "token"]) => self.role_token(&req, &conn, domain),
+            (&Method::POST, ["rolecert"]) => self.role_cert(&req, &conn),
             (&Method::GET, ["oauth2", "keys"]) => super::authz::jwks(&self.state.token_key)
                 .map(|keys| json_response(StatusCode::OK, &keys))
                 .map_err(|e| Refusal(StatusCode::INTERNAL_SERVER_ERROR, e)),
-            (_, ["status"] | ["instance", ..] | ["oauth2", ..] | ["domain", _, "token"]) => {
-                Err(Refusal(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    format!("{} is not allowed here", req.method()),
-                ))
-            }
+            (
+                _,
+                ["status"]
+                | ["instance", ..]
+                | ["oauth2", ..]
+                | ["domain", _, "token"]
+                | ["rolecert"],
+            ) => Err(Refusal(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} is not allowed here", req.method()),
+            )),
             _ => Err(Refusal::not_found("no such route")),
         };
         outcome.unwrap_or_else(|Refusal(status, message)| {
@@ -148,6 +154,7 @@ impl Handler for ZtsHandler {
             _ if path == "/zts/v1/oauth2/token" => "oauth2_token",
             _ if path == "/zts/v1/oauth2/keys" => "oauth2_keys",
             _ if path.starts_with("/zts/v1/domain/") => "role_token",
+            _ if path == "/zts/v1/rolecert" => "role_cert",
             3 => "register",
             6 if path.ends_with("/refresh") => "key_refresh",
             7 => "instance_refresh",
@@ -318,6 +325,72 @@ impl ZtsHandler {
                 "token": token,
                 "expiryTime": now.unix_timestamp() + lifetime,
             }),
+        ))
+    }
+}
+
+impl ZtsHandler {
+    /// `POST /zts/v1/rolecert` `{csr, expiryTime}` → `{x509Certificate}`: a certificate of role
+    /// `<d>:role.<r>` for the caller (its client certificate), who must be a member. The CSR
+    /// names exactly the role (CN and `spiffe://<d>/ra/<r>`) and the caller
+    /// (`athenz://principal/<caller>`).
+    fn role_cert(&self, req: &Request<Bytes>, conn: &ConnInfo) -> Result<Response<Body>, Refusal> {
+        use super::authz;
+        let Some(principal) = &conn.principal else {
+            return Err(Refusal::unauthorized(
+                "a client certificate is required for a role certificate",
+            ));
+        };
+        let request: athenz_core::zts::RoleCertificateRequest =
+            parse_json(req, "role certificate request")?;
+        let csr = parse_csr(&request.csr, "rolecert")?;
+        let (domain, role) = csr.common_name.split_once(":role.").ok_or_else(|| {
+            Refusal::bad_request(format!(
+                "CSR CN {:?} is not <domain>:role.<role>",
+                csr.common_name
+            ))
+        })?;
+        let expected = names::role_csr_identity(domain, role, principal)
+            .map_err(|e| Refusal::bad_request(format!("CSR: {e}")))?;
+        let caller_uri = format!("athenz://principal/{principal}");
+        if let Some(other) = csr
+            .uris
+            .iter()
+            .find(|u| u.starts_with("athenz://principal/") && **u != caller_uri)
+        {
+            return Err(Refusal::forbidden(format!(
+                "CSR principal {other} is not the caller {principal}"
+            )));
+        }
+        let mut uris = csr.uris.clone();
+        uris.sort();
+        let mut want = expected.uris.clone();
+        want.sort();
+        if uris != want || !csr.dns_names.is_empty() || !csr.ip_addresses.is_empty() {
+            return Err(Refusal::bad_request(format!(
+                "CSR SANs must be exactly the URIs {want:?}"
+            )));
+        }
+        let scope = authz::role_scope(domain, Some(role))
+            .map_err(|authz::AuthzRefusal(_, m)| Refusal::bad_request(m))?;
+        authz::granted_roles(&self.state.roles, &scope, principal).map_err(
+            |authz::AuthzRefusal(code, message)| {
+                Refusal(
+                    StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN),
+                    message,
+                )
+            },
+        )?;
+        let mut minutes = i64::from(self.state.settings.max_cert_lifetime_minutes);
+        if request.expiry_time > 0 {
+            minutes = minutes.min(request.expiry_time);
+        }
+        let issued = self.issue(&csr, Duration::minutes(minutes))?;
+        Ok(json_response(
+            StatusCode::OK,
+            &athenz_core::zts::RoleCertificate {
+                x509_certificate: issued.cert_pem,
+            },
         ))
     }
 }
