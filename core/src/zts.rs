@@ -44,6 +44,30 @@ pub struct RoleCertificate {
     pub x509_certificate: String,
 }
 
+/// The answer of `POST /zts/v1/oauth2/token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccessTokenResponse {
+    /// The token (a JWT), a bearer credential.
+    pub access_token: Secret,
+    /// `Bearer`.
+    pub token_type: String,
+    /// Seconds it is valid from issue.
+    pub expires_in: i64,
+    /// The roles granted, `<d>:role.<r>` space-separated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+}
+
+/// The answer of `GET /zts/v1/domain/{d}/token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoleTokenResponse {
+    /// The role token (`v=Z1;…`), a bearer credential.
+    pub token: Secret,
+    /// Expiry, Unix seconds.
+    pub expiry_time: i64,
+}
+
 /// `POST /zts/v1/instance`: ask a provider-attested identity for a new instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
@@ -340,6 +364,105 @@ impl ZtsClient {
         )
         .await?;
         read_json(resp, 200, "service identity").await
+    }
+}
+
+/// Calls made as a service, with its certificate as the TLS client certificate (DESIGN.md 4.11):
+/// access tokens, role tokens and role certificates. Build one per certificate: after a rotation,
+/// build a new one with the new pair.
+#[derive(Debug, Clone)]
+pub struct ServiceZtsClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl ZtsClient {
+    /// A client presenting `identity` (the service's certificate and key).
+    pub fn as_service(&self, identity: ClientIdentity) -> Result<ServiceZtsClient, ZtsError> {
+        Ok(ServiceZtsClient {
+            base: self.base.clone(),
+            http: build_http_client(&self.config, Some(identity))?,
+        })
+    }
+}
+
+/// `application/x-www-form-urlencoded` value encoding (RFC 3986 unreserved kept).
+fn form_value(value: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'.')
+        .remove(b'_')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(value, SET).to_string()
+}
+
+impl ServiceZtsClient {
+    /// `POST /oauth2/token` (client credentials) for `scope` (`<d>:domain` or `<d>:role.<r> …`).
+    pub async fn access_token(
+        &self,
+        scope: &str,
+        expires_in: Option<u64>,
+    ) -> Result<AccessTokenResponse, ZtsError> {
+        let mut form = format!("grant_type=client_credentials&scope={}", form_value(scope));
+        if let Some(seconds) = expires_in {
+            form.push_str(&format!("&expires_in={seconds}"));
+        }
+        let resp = send(
+            self.http
+                .post(format!("{}/oauth2/token", self.base))
+                .header(
+                    reqwest::header::CONTENT_TYPE,
+                    "application/x-www-form-urlencoded",
+                )
+                .body(form),
+        )
+        .await?;
+        read_json(resp, 200, "access token").await
+    }
+
+    /// `GET /domain/{domain}/token?role=…`: a role token for `roles` (all the caller's roles in
+    /// `domain` when empty), valid at least `min_expiry` and at most `max_expiry` seconds.
+    pub async fn role_token(
+        &self,
+        domain: &str,
+        roles: &[String],
+        min_expiry: Option<u64>,
+        max_expiry: Option<u64>,
+    ) -> Result<RoleTokenResponse, ZtsError> {
+        names::validate_domain("domain", domain)?;
+        for role in roles {
+            names::validate_role("role", role)?;
+        }
+        let mut query = Vec::new();
+        if !roles.is_empty() {
+            query.push(format!("role={}", form_value(&roles.join(","))));
+        }
+        if let Some(s) = min_expiry {
+            query.push(format!("minExpiryTime={s}"));
+        }
+        if let Some(s) = max_expiry {
+            query.push(format!("maxExpiryTime={s}"));
+        }
+        let mut url = format!("{}/domain/{domain}/token", self.base);
+        if !query.is_empty() {
+            url = format!("{url}?{}", query.join("&"));
+        }
+        let resp = send(self.http.get(url)).await?;
+        read_json(resp, 200, "role token").await
+    }
+
+    /// `POST /rolecert`: a role certificate for `csr` (see [`names::role_csr_identity`]).
+    pub async fn role_certificate(
+        &self,
+        request: &RoleCertificateRequest,
+    ) -> Result<RoleCertificate, ZtsError> {
+        let resp = send(
+            self.http
+                .post(format!("{}/rolecert", self.base))
+                .json(request),
+        )
+        .await?;
+        read_json(resp, 200, "role certificate").await
     }
 }
 

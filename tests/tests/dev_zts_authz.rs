@@ -422,3 +422,82 @@ async fn role_certificates_for_members_verify_with_openssl() {
         .unwrap();
     assert_eq!(res.status().as_u16(), 401);
 }
+
+#[tokio::test]
+async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
+    use athenz_core::zts::{RoleCertificateRequest, ZtsClient, ZtsClientConfig, ZtsError};
+    let zts = zts().await;
+    let issued = zts
+        .ca()
+        .issue(
+            &LeafSpec::service("media.sports.web", &[]),
+            KeyAlgorithm::P256,
+        )
+        .unwrap();
+    let key = PrivateKey::from_pem(issued.key_pem.expose()).unwrap();
+    let identity = athenz_core::tls::ClientIdentity::Fixed(
+        athenz_core::tls::certified_key_from_pem(&issued.chain_pem, issued.key_pem.expose())
+            .unwrap(),
+    );
+    let client = ZtsClient::new(ZtsClientConfig {
+        url: zts.url().into(),
+        ca_certs: pem_certificates(zts.root_pem()).unwrap(),
+        timeout: std::time::Duration::from_secs(10),
+        connect_timeout: std::time::Duration::from_secs(5),
+    })
+    .unwrap()
+    .as_service(identity)
+    .unwrap();
+
+    let access = client
+        .access_token("media.sports:role.readers", Some(300))
+        .await
+        .unwrap();
+    assert_eq!(access.token_type, "Bearer");
+    assert_eq!(access.expires_in, 300);
+    assert_eq!(access.scope.as_deref(), Some("media.sports:role.readers"));
+    assert!(!format!("{access:?}").contains(access.access_token.expose()));
+
+    let role = client
+        .role_token(DOMAIN, &["readers".to_owned()], Some(60), Some(600))
+        .await
+        .unwrap();
+    let parsed = athenz_core::role_token::RoleToken::parse(role.token.expose()).unwrap();
+    assert_eq!(parsed.expires, role.expiry_time);
+    assert_eq!(parsed.expires - parsed.issued, 600);
+
+    let csr = build_csr(
+        &athenz_core::names::role_csr_identity(DOMAIN, "readers", "media.sports.web").unwrap(),
+        &key,
+    )
+    .unwrap();
+    let cert = client
+        .role_certificate(&RoleCertificateRequest {
+            csr,
+            expiry_time: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        CertInfo::from_pem(&cert.x509_certificate)
+            .unwrap()
+            .common_name,
+        "media.sports:role.readers"
+    );
+
+    // ZTS's refusals keep its code and message; bad names are refused before anything is sent
+    let err = client
+        .access_token("media.sports:role.writers", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ZtsError::Rejected { status: 403, message, .. } if message.contains("not a member")),
+        "{err}"
+    );
+    assert!(!err.is_transient());
+    let err = client
+        .role_token("media/sports", &[], None, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ZtsError::BadRequest(_)), "{err}");
+}
