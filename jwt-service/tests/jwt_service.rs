@@ -172,27 +172,7 @@ import json, sys, jwt
 token, key, alg = sys.stdin.read().split("\n---\n")
 print(json.dumps(jwt.decode(token, key, algorithms=[alg.strip()], audience="k8s-athenz-identity")))
 "#;
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 with PyJWT is needed (.ci/run installs it)");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{jwt}\n---\n{public_pem}\n---\n{alg}").as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "PyJWT refused the token: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    athenz_testbed::pyjwt::run(script, &[jwt, public_pem, alg]).unwrap()
 }
 
 fn public_of(private_pem: &str) -> String {

@@ -30,6 +30,7 @@ pub mod openssl;
 pub mod pki;
 pub mod process;
 pub mod provider_stub;
+pub mod pyjwt;
 pub mod real_pods;
 pub mod sds_client;
 pub mod stats;

@@ -84,27 +84,7 @@ kid = jwt.get_unverified_header(token)["kid"]
 key = next(k for k in keys.keys if k.key_id == kid)
 print(json.dumps(jwt.decode(token, key.key, algorithms=["ES256"], audience=audience.strip())))
 "#;
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 with PyJWT is needed (.ci/run installs it)");
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(format!("{token}\n---\n{jwks}\n---\n{audience}").as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "PyJWT refused the token: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    athenz_testbed::pyjwt::run(script, &[token, &jwks.to_string(), audience]).unwrap()
 }
 
 #[tokio::test]
