@@ -153,8 +153,8 @@ impl Sds {
     }
 }
 
-/// Why a request cannot be answered, or `None` if it can: the type must be the Secret type
-/// (or empty, as Envoy leaves it for SDS), the names known, few and distinct.
+/// The secret names `req` asks for, or why it cannot be answered: the type must be the Secret
+/// type (or empty, as Envoy leaves it for SDS), the names known and few (repeats collapse).
 fn check_request(req: &DiscoveryRequest) -> Result<BTreeSet<String>, Status> {
     if !req.type_url.is_empty() && req.type_url != SECRET_TYPE_URL {
         return Err(Status::invalid_argument(format!(
