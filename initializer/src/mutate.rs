@@ -179,14 +179,7 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
         mount_in_apps(spec, IDENTITY_VOLUME, &t.credentials_mount_path)?;
         return Ok(pod);
     }
-    volumes.push(Volume {
-        name: CREDENTIALS_VOLUME.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            medium: Some("Memory".to_owned()),
-            ..EmptyDirVolumeSource::default()
-        }),
-        ..Volume::default()
-    });
+    volumes.push(memory_volume(CREDENTIALS_VOLUME));
 
     let taken: Vec<String> = spec
         .containers
@@ -211,14 +204,9 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     if sds {
         // the refresher serves the socket; the apps (the Envoy among them) reach it through a
         // read-only mount: connecting to a socket needs no write access to its filesystem
-        spec.volumes.get_or_insert_with(Vec::new).push(Volume {
-            name: SDS_VOLUME.to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: Some("Memory".to_owned()),
-                ..EmptyDirVolumeSource::default()
-            }),
-            ..Volume::default()
-        });
+        spec.volumes
+            .get_or_insert_with(Vec::new)
+            .push(memory_volume(SDS_VOLUME));
         mount_in_apps(spec, SDS_VOLUME, &t.sds_mount_path)?;
         refresher.env.get_or_insert_with(Vec::new).push(value_env(
             "SDS_SOCKET",
@@ -243,6 +231,18 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     init.extend(existing);
     spec.init_containers = Some(init);
     Ok(pod)
+}
+
+/// A memory-backed emptyDir called `name` (credentials and the SDS socket never touch disk).
+fn memory_volume(name: &str) -> Volume {
+    Volume {
+        name: name.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: Some("Memory".to_owned()),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
 }
 
 /// The identity volume of `kind`: read-only; for CSI, the mode as its one attribute.

@@ -73,6 +73,16 @@ pub struct ZtsState {
 /// A refusal: status and message.
 struct Refusal(StatusCode, String);
 
+/// An authorization refusal keeps the status and message `authz` chose.
+impl From<super::authz::AuthzRefusal> for Refusal {
+    fn from(super::authz::AuthzRefusal(code, message): super::authz::AuthzRefusal) -> Self {
+        Self(
+            StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
+            message,
+        )
+    }
+}
+
 impl Refusal {
     fn bad_request(msg: impl Into<String>) -> Self {
         Self(StatusCode::BAD_REQUEST, msg.into())
@@ -187,13 +197,7 @@ impl ZtsHandler {
                 "the request must be application/x-www-form-urlencoded",
             ));
         }
-        let refused = |authz::AuthzRefusal(code, message)| {
-            Refusal(
-                StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
-                message,
-            )
-        };
-        let form = authz::parse_form(req.body()).map_err(refused)?;
+        let form = authz::parse_form(req.body()).map_err(Refusal::from)?;
         let field = |name: &str| {
             form.iter()
                 .find(|(k, _)| k == name)
@@ -204,7 +208,8 @@ impl ZtsHandler {
                 "grant_type must be client_credentials",
             ));
         }
-        let scope = authz::parse_scope(field("scope").unwrap_or_default()).map_err(refused)?;
+        let scope =
+            authz::parse_scope(field("scope").unwrap_or_default()).map_err(Refusal::from)?;
         let max = self.state.settings.max_token_expiry.whole_seconds();
         let expires_in = match field("expires_in") {
             None | Some("") => 3600.min(max),
@@ -217,7 +222,8 @@ impl ZtsHandler {
                 }
             },
         };
-        let roles = authz::granted_roles(&self.state.roles, &scope, principal).map_err(refused)?;
+        let roles =
+            authz::granted_roles(&self.state.roles, &scope, principal).map_err(Refusal::from)?;
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let host = req
             .headers()
@@ -275,20 +281,14 @@ impl ZtsHandler {
             ));
         };
         let query = authz::parse_form(req.uri().query().unwrap_or_default().as_bytes())
-            .map_err(|authz::AuthzRefusal(_, m)| Refusal::bad_request(m))?;
+            .map_err(Refusal::from)?;
         let field = |name: &str| {
             query
                 .iter()
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        let refused = |authz::AuthzRefusal(code, message)| {
-            Refusal(
-                StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
-                message,
-            )
-        };
-        let scope = authz::role_scope(domain, field("role")).map_err(refused)?;
+        let scope = authz::role_scope(domain, field("role")).map_err(Refusal::from)?;
         let seconds = |name: &str| -> Result<Option<i64>, Refusal> {
             match field(name) {
                 None | Some("") => Ok(None),
@@ -307,7 +307,8 @@ impl ZtsHandler {
             .unwrap_or(3600)
             .max(seconds("minExpiryTime")?.unwrap_or(0))
             .min(max);
-        let roles = authz::granted_roles(&self.state.roles, &scope, principal).map_err(refused)?;
+        let roles =
+            authz::granted_roles(&self.state.roles, &scope, principal).map_err(Refusal::from)?;
         let now = OffsetDateTime::now_utc();
         let token = athenz_core::role_token::sign(
             &self.state.token_key,
@@ -371,16 +372,8 @@ impl ZtsHandler {
                 "CSR SANs must be exactly the URIs {want:?}"
             )));
         }
-        let scope = authz::role_scope(domain, Some(role))
-            .map_err(|authz::AuthzRefusal(_, m)| Refusal::bad_request(m))?;
-        authz::granted_roles(&self.state.roles, &scope, principal).map_err(
-            |authz::AuthzRefusal(code, message)| {
-                Refusal(
-                    StatusCode::from_u16(code).unwrap_or(StatusCode::FORBIDDEN),
-                    message,
-                )
-            },
-        )?;
+        let scope = authz::role_scope(domain, Some(role)).map_err(Refusal::from)?;
+        authz::granted_roles(&self.state.roles, &scope, principal).map_err(Refusal::from)?;
         let mut minutes = i64::from(self.state.settings.max_cert_lifetime_minutes);
         if request.expiry_time > 0 {
             minutes = minutes.min(request.expiry_time);
