@@ -102,15 +102,27 @@ impl Sia {
         }
     }
 
-    fn current(&self) -> Result<(RefreshRequest, CertInfo), String> {
+    /// The files `names` of the current set, read as one set, as text; `purpose` says what the
+    /// set is wanted for when there is none.
+    fn read_set<const N: usize>(
+        &self,
+        names: [&str; N],
+        purpose: &str,
+    ) -> Result<[String; N], String> {
         let files = self
             .set
-            .read(&[KEY_FILE, CERT_FILE])
-            .map_err(|e| format!("no current identity to refresh: {e}"))?;
-        let key = String::from_utf8(files[0].clone())
-            .map_err(|_| "the key file is not PEM".to_string())?;
-        let cert = String::from_utf8(files[1].clone())
-            .map_err(|_| "the certificate file is not PEM".to_string())?;
+            .read(&names)
+            .map_err(|e| format!("no current identity to {purpose}: {e}"))?;
+        let mut text = Vec::with_capacity(N);
+        for (name, bytes) in names.iter().zip(files) {
+            text.push(String::from_utf8(bytes).map_err(|_| format!("{name} is not PEM"))?);
+        }
+        text.try_into()
+            .map_err(|_| format!("no current identity to {purpose}: a file is missing"))
+    }
+
+    fn current(&self) -> Result<(RefreshRequest, CertInfo), String> {
+        let [key, cert] = self.read_set([KEY_FILE, CERT_FILE], "refresh")?;
         let info = CertInfo::from_pem(&cert).map_err(|e| e.to_string())?;
         Ok((
             RefreshRequest {
@@ -123,15 +135,7 @@ impl Sia {
 
     /// The set on disk as SDS serves it (key, certificate and CA read as one set).
     fn current_snapshot(&self) -> Result<Snapshot, String> {
-        let files = self
-            .set
-            .read(&[KEY_FILE, CERT_FILE, CA_FILE])
-            .map_err(|e| format!("no current identity to serve over SDS: {e}"))?;
-        let mut text = files.into_iter().map(|bytes| {
-            String::from_utf8(bytes).map_err(|_| "a credential file is not PEM".to_string())
-        });
-        let mut next = || text.next().unwrap_or_else(|| Err("missing file".into()));
-        let (key, cert, ca) = (next()?, next()?, next()?);
+        let [key, cert, ca] = self.read_set([KEY_FILE, CERT_FILE, CA_FILE], "serve over SDS")?;
         Snapshot::new(Secret::new(key), cert, ca)
     }
 
