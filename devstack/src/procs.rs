@@ -265,11 +265,35 @@ fn clock_ticks_per_second() -> f64 {
 ///
 /// Chosen at random below the kernel's ephemeral range (`ip_local_port_range`, 32768 and up by
 /// default): a port the kernel hands out for `bind(0)` or an outgoing connection could be taken
-/// by someone else's connection between this check and the server's bind; these cannot.
+/// by someone else's connection between this check and the server's bind; these cannot. Each port
+/// handed out is also reserved for the life of this process by a lock on
+/// `<tmp>/athenz-devstack-ports/<port>.lock`, so stacks started side by side (the end-to-end
+/// tests run several at once) never pick the same port in the moment before its server binds it;
+/// the kernel drops the lock when the process ends, however it ends.
 pub fn free_port() -> anyhow::Result<u16> {
+    static RESERVED: std::sync::Mutex<Vec<nix::fcntl::Flock<std::fs::File>>> =
+        std::sync::Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("athenz-devstack-ports");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for _ in 0..200 {
         let port = 20_000 + (athenz_core::random::unit() * 12_000.0) as u16;
+        let Ok(file) = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{port}.lock")))
+        else {
+            continue;
+        };
+        let Ok(lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+        else {
+            continue; // another stack holds it
+        };
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            RESERVED
+                .lock()
+                .map_err(|_| anyhow::anyhow!("port reservations poisoned"))?
+                .push(lock);
             return Ok(port);
         }
     }
@@ -302,5 +326,25 @@ mod tests {
         let port = free_port().unwrap();
         assert!((20_000..32_000).contains(&port));
         assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+
+    /// A port handed out is locked for this process's life: another process cannot take its
+    /// lock (a second open file description here stands for it), and this one never hands it out
+    /// again.
+    #[test]
+    fn handed_out_ports_stay_reserved() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let mut unique = ports.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "a port was handed out twice");
+        let path = std::env::temp_dir()
+            .join("athenz-devstack-ports")
+            .join(format!("{}.lock", ports[0]));
+        let other = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        assert!(
+            nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err(),
+            "the reservation is not held"
+        );
     }
 }
