@@ -267,37 +267,57 @@ fn clock_ticks_per_second() -> f64 {
 /// default): a port the kernel hands out for `bind(0)` or an outgoing connection could be taken
 /// by someone else's connection between this check and the server's bind; these cannot. Each port
 /// handed out is also reserved for the life of this process by a lock on
-/// `<tmp>/athenz-devstack-ports/<port>.lock`, so stacks started side by side (the end-to-end
+/// `<tmp>/athenz-devstack-ports-<uid>/<port>.lock`, so stacks started side by side (the end-to-end
 /// tests run several at once) never pick the same port in the moment before its server binds it;
 /// the kernel drops the lock when the process ends, however it ends.
 pub fn free_port() -> anyhow::Result<u16> {
     static RESERVED: std::sync::Mutex<Vec<nix::fcntl::Flock<std::fs::File>>> =
         std::sync::Mutex::new(Vec::new());
-    let dir = std::env::temp_dir().join("athenz-devstack-ports");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // per user: another user's directory is not ours to write
+    let dir = reservations_dir();
+    let can_reserve = std::fs::create_dir_all(&dir).is_ok();
     for _ in 0..200 {
         let port = 20_000 + (athenz_core::random::unit() * 12_000.0) as u16;
-        let Ok(file) = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(dir.join(format!("{port}.lock")))
-        else {
-            continue;
-        };
-        let Ok(lock) = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-        else {
-            continue; // another stack holds it
+        // a directory this process cannot write (e.g. a user namespace's root over the real
+        // root's files) only loses the reservation, never the port
+        let file = can_reserve
+            .then(|| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(dir.join(format!("{port}.lock")))
+                    .ok()
+            })
+            .flatten();
+        let lock = match file {
+            Some(file) => {
+                match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                    Ok(lock) => Some(lock),
+                    Err(_) => continue, // another stack holds it
+                }
+            }
+            None => None,
         };
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            RESERVED
-                .lock()
-                .map_err(|_| anyhow::anyhow!("port reservations poisoned"))?
-                .push(lock);
+            if let Some(lock) = lock {
+                RESERVED
+                    .lock()
+                    .map_err(|_| anyhow::anyhow!("port reservations poisoned"))?
+                    .push(lock);
+            }
             return Ok(port);
         }
     }
     anyhow::bail!("no free loopback port between 20000 and 32000")
+}
+
+/// Where this user's stacks reserve their ports.
+fn reservations_dir() -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "athenz-devstack-ports-{}",
+        nix::unistd::geteuid().as_raw()
+    ))
 }
 
 #[cfg(test)]
@@ -338,9 +358,7 @@ mod tests {
         unique.sort_unstable();
         unique.dedup();
         assert_eq!(unique.len(), ports.len(), "a port was handed out twice");
-        let path = std::env::temp_dir()
-            .join("athenz-devstack-ports")
-            .join(format!("{}.lock", ports[0]));
+        let path = reservations_dir().join(format!("{}.lock", ports[0]));
         let other = std::fs::OpenOptions::new().write(true).open(path).unwrap();
         assert!(
             nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err(),
