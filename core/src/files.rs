@@ -8,6 +8,10 @@
 //!   service.cert.pem -> ..data/service.cert.pem
 //! ```
 //!
+//! A name may also be `<dir>/<file>` (one level, as `rolecerts/<d>:role.<r>.cert.pem`): the
+//! directory is part of the set and its top-level link `<dir> -> ..data/<dir>` makes every file in
+//! it change with the same swap.
+//!
 //! A new set is written in full to a fresh directory and fsynced; then `..data` is swapped with one
 //! `rename(2)`, which is atomic; then superseded directories are removed. A reader that resolves
 //! `..data` once and reads every file from that directory ([`FileSet::read`]) sees the old set or
@@ -42,7 +46,9 @@ pub enum FilesError {
         source: io::Error,
     },
     /// A file name would escape the directory or clash with the layout.
-    #[error("invalid file name {0:?}: must be a plain name not starting with \"..\"")]
+    #[error(
+        "invalid file name {0:?}: must be a plain name, or <dir>/<name> of two, none starting with \"..\""
+    )]
     BadName(String),
     /// No set has been written yet.
     #[error("{0}: no file set has been written yet")]
@@ -63,7 +69,7 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 /// One file of a set.
 #[derive(Clone, Copy)]
 pub struct FileSpec<'a> {
-    /// Plain file name (no `/`, not starting with `..`).
+    /// Plain file name (no `/`, not starting with `..`), or `<dir>/<name>` of two such names.
     pub name: &'a str,
     /// Content.
     pub contents: &'a [u8],
@@ -114,7 +120,8 @@ impl FileSet {
     /// error came after the swap (then the new set is in place and only cleanup failed).
     pub fn write(&self, files: &[FileSpec<'_>], owner: Option<Owner>) -> Result<(), FilesError> {
         for file in files {
-            if !is_plain_name(file.name) {
+            let clashes = || subdirectories(files).any(|dir| dir == file.name);
+            if !is_set_name(file.name) || clashes() {
                 return Err(FilesError::BadName(file.name.to_owned()));
             }
         }
@@ -144,9 +151,9 @@ impl FileSet {
         }
 
         // Top-level names point through ..data; create the missing ones atomically.
-        for file in files {
-            let top = self.dir.join(file.name);
-            let target = Path::new(DATA_LINK).join(file.name);
+        for name in top_names(files) {
+            let top = self.dir.join(name);
+            let target = Path::new(DATA_LINK).join(name);
             if fs::read_link(&top).ok().as_deref() != Some(target.as_path()) {
                 let tmp = self.dir.join(format!("..link_tmp.{}", random_hex()));
                 symlink_with_owner(&target, &tmp, owner)?;
@@ -169,6 +176,15 @@ impl FileSet {
         if let Some(o) = owner {
             std::os::unix::fs::chown(set_dir, o.uid, o.gid).map_err(io_err("chown", set_dir))?;
         }
+        for dir in subdirectories(files) {
+            let path = set_dir.join(dir);
+            fs::create_dir(&path).map_err(io_err("creating", &path))?;
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o755))
+                .map_err(io_err("setting mode of", &path))?;
+            if let Some(o) = owner {
+                std::os::unix::fs::chown(&path, o.uid, o.gid).map_err(io_err("chown", &path))?;
+            }
+        }
         for file in files {
             let path = set_dir.join(file.name);
             let write = || -> io::Result<()> {
@@ -185,6 +201,10 @@ impl FileSet {
                 f.sync_all()
             };
             write().map_err(io_err("writing", &path))?;
+        }
+        for dir in subdirectories(files) {
+            let path = set_dir.join(dir);
+            fsync_dir(&path).map_err(io_err("syncing", &path))?;
         }
         fsync_dir(set_dir).map_err(io_err("syncing", set_dir))
     }
@@ -216,7 +236,7 @@ impl FileSet {
                     fs::remove_file(&path)
                 };
                 removed.map_err(io_err("removing", &path))?;
-            } else if !name.starts_with("..") && !files.iter().any(|f| f.name == name) {
+            } else if !name.starts_with("..") && !top_names(files).any(|top| top == name) {
                 // a name from an earlier set that this set dropped
                 let ours = fs::read_link(&path)
                     .map(|t| t.starts_with(DATA_LINK))
@@ -233,7 +253,7 @@ impl FileSet {
     /// directory; if the set is swapped and removed meanwhile, the read starts again.
     pub fn read(&self, names: &[&str]) -> Result<Vec<Vec<u8>>, FilesError> {
         for name in names {
-            if !is_plain_name(name) {
+            if !is_set_name(name) {
                 return Err(FilesError::BadName((*name).to_owned()));
             }
         }
@@ -299,19 +319,20 @@ pub struct Credentials<'a> {
     pub ntoken: &'a crate::secret::Secret,
 }
 
-/// Writes `creds` into `set` as one atomic set: `service.key.pem` and `ntoken` 0600 (0640 when a
-/// group is given, so a non-root app in that group can read them), `service.cert.pem` and
-/// `ca.cert.pem` 0644; everything owned by `owner` when given.
-pub fn write_credentials(
-    set: &FileSet,
-    creds: &Credentials<'_>,
-    owner: Option<Owner>,
-) -> Result<(), FilesError> {
-    let secret_mode = if owner.is_some_and(|o| o.gid.is_some()) {
+/// Mode of the secret files of a set (keys, tokens): 0600, or 0640 when a group is given so a
+/// non-root app in that group can read them.
+pub fn secret_mode(owner: Option<Owner>) -> u32 {
+    if owner.is_some_and(|o| o.gid.is_some()) {
         0o640
     } else {
         0o600
-    };
+    }
+}
+
+/// The files of `creds`: `service.key.pem` and `ntoken` with [`secret_mode`],
+/// `service.cert.pem` and `ca.cert.pem` 0644.
+pub fn credential_files<'a>(creds: &Credentials<'a>, owner: Option<Owner>) -> Vec<FileSpec<'a>> {
+    let secret_mode = secret_mode(owner);
     let mut files = Vec::with_capacity(4);
     if let Some(key) = creds.key_pem {
         files.push(FileSpec {
@@ -335,7 +356,17 @@ pub fn write_credentials(
         contents: creds.ntoken.expose().as_bytes(),
         mode: secret_mode,
     });
-    set.write(&files, owner)
+    files
+}
+
+/// Writes `creds` ([`credential_files`]) into `set` as one atomic set, everything owned by
+/// `owner` when given.
+pub fn write_credentials(
+    set: &FileSet,
+    creds: &Credentials<'_>,
+    owner: Option<Owner>,
+) -> Result<(), FilesError> {
+    set.write(&credential_files(creds, owner), owner)
 }
 
 /// Resolves `--group`: a numeric gid, or a group name looked up in the system's group database.
@@ -361,6 +392,32 @@ fn is_plain_name(name: &str) -> bool {
         && name != "."
         && !name.contains(['/', '\0'])
         && name.len() <= 255
+}
+
+/// A name a set may hold: a plain name, or `<dir>/<name>` of two plain names.
+fn is_set_name(name: &str) -> bool {
+    match name.split_once('/') {
+        None => is_plain_name(name),
+        Some((dir, file)) => is_plain_name(dir) && is_plain_name(file),
+    }
+}
+
+/// The top-level names of `files` (a file's name, or its directory), each once.
+fn top_names<'a>(files: &'a [FileSpec<'a>]) -> impl Iterator<Item = &'a str> + 'a {
+    let mut seen = std::collections::BTreeSet::new();
+    files
+        .iter()
+        .map(|f| f.name.split_once('/').map_or(f.name, |(dir, _)| dir))
+        .filter(move |top| seen.insert(*top))
+}
+
+/// The directories `files` need inside a set, each once.
+fn subdirectories<'a>(files: &'a [FileSpec<'a>]) -> impl Iterator<Item = &'a str> + 'a {
+    let mut seen = std::collections::BTreeSet::new();
+    files
+        .iter()
+        .filter_map(|f| f.name.split_once('/').map(|(dir, _)| dir))
+        .filter(move |dir| seen.insert(*dir))
 }
 
 fn symlink_with_owner(target: &Path, link: &Path, owner: Option<Owner>) -> Result<(), FilesError> {
@@ -477,7 +534,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let set = FileSet::new(tmp.path());
         set.write(&specs(b"k", b"c"), None).unwrap();
-        for bad in ["", "../x", "a/b", "..data", "..x", ".", "a\0"] {
+        for bad in [
+            "", "../x", "a/b/c", "a/..x", "/a", "a/", "..data", "..x", ".", "a\0",
+        ] {
             let files = [FileSpec {
                 name: bad,
                 contents: b"x",
@@ -490,6 +549,50 @@ mod tests {
         }
         assert_eq!(set.read(&["service.key.pem"]).unwrap(), [b"k".to_vec()]);
         assert!(set.read(&["../etc"]).is_err());
+    }
+
+    #[test]
+    fn files_in_a_directory_change_with_the_set_and_leave_with_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = FileSet::new(tmp.path());
+        let nested = |name: &'static str, contents: &'static [u8]| FileSpec {
+            name,
+            contents,
+            mode: 0o644,
+        };
+        set.write(
+            &[
+                nested("a", b"1"),
+                nested("roles/x.pem", b"x1"),
+                nested("roles/y.pem", b"y1"),
+            ],
+            None,
+        )
+        .unwrap();
+        let roles = tmp.path().join("roles");
+        assert_eq!(fs::read_link(&roles).unwrap(), Path::new("..data/roles"));
+        assert_eq!(fs::read(roles.join("x.pem")).unwrap(), b"x1");
+        assert_eq!(
+            set.read(&["a", "roles/y.pem"]).unwrap(),
+            [b"1".to_vec(), b"y1".to_vec()]
+        );
+
+        // the next set drops y: it is gone with the old set, x has the new contents
+        set.write(&[nested("a", b"2"), nested("roles/x.pem", b"x2")], None)
+            .unwrap();
+        assert_eq!(fs::read(roles.join("x.pem")).unwrap(), b"x2");
+        assert!(!roles.join("y.pem").exists());
+
+        // a set without the directory unlinks it
+        set.write(&[nested("a", b"3")], None).unwrap();
+        assert!(fs::symlink_metadata(&roles).is_err());
+
+        // a name cannot be both a file and a directory
+        assert!(matches!(
+            set.write(&[nested("roles", b"r"), nested("roles/x.pem", b"x")], None),
+            Err(FilesError::BadName(_))
+        ));
+        assert_eq!(fs::read(tmp.path().join("a")).unwrap(), b"3");
     }
 
     #[test]

@@ -397,15 +397,21 @@ fn form_value(value: &str) -> String {
 }
 
 impl ServiceZtsClient {
-    /// `POST /oauth2/token` (client credentials) for `scope` (`<d>:domain` or `<d>:role.<r> …`).
+    /// `POST /oauth2/token` (client credentials) for `scope` (`<d>:domain` or `<d>:role.<r> …`),
+    /// optionally on behalf of `proxy_for_principal` (ZTS's `proxy_for_principal` field).
     pub async fn access_token(
         &self,
         scope: &str,
         expires_in: Option<u64>,
+        proxy_for_principal: Option<&str>,
     ) -> Result<AccessTokenResponse, ZtsError> {
         let mut form = format!("grant_type=client_credentials&scope={}", form_value(scope));
         if let Some(seconds) = expires_in {
             form.push_str(&format!("&expires_in={seconds}"));
+        }
+        if let Some(principal) = proxy_for_principal {
+            names::split_service_name("proxy_for_principal", principal)?;
+            form.push_str(&format!("&proxy_for_principal={}", form_value(principal)));
         }
         let resp = send(
             self.http
@@ -421,13 +427,15 @@ impl ServiceZtsClient {
     }
 
     /// `GET /domain/{domain}/token?role=…`: a role token for `roles` (all the caller's roles in
-    /// `domain` when empty), valid at least `min_expiry` and at most `max_expiry` seconds.
+    /// `domain` when empty), valid at least `min_expiry` and at most `max_expiry` seconds,
+    /// optionally on behalf of `proxy_for_principal` (ZTS's `proxyForPrincipal` parameter).
     pub async fn role_token(
         &self,
         domain: &str,
         roles: &[String],
         min_expiry: Option<u64>,
         max_expiry: Option<u64>,
+        proxy_for_principal: Option<&str>,
     ) -> Result<RoleTokenResponse, ZtsError> {
         names::validate_domain("domain", domain)?;
         for role in roles {
@@ -442,6 +450,10 @@ impl ServiceZtsClient {
         }
         if let Some(s) = max_expiry {
             query.push(format!("maxExpiryTime={s}"));
+        }
+        if let Some(principal) = proxy_for_principal {
+            names::split_service_name("proxy_for_principal", principal)?;
+            query.push(format!("proxyForPrincipal={}", form_value(principal)));
         }
         let mut url = format!("{}/domain/{domain}/token", self.base);
         if !query.is_empty() {

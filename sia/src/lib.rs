@@ -3,6 +3,7 @@
 //! (a sidecar) keeps them fresh until SIGTERM. It talks to the agent over the socket the flex
 //! volume brings into the pod, presenting the volume's opaque id.
 
+pub mod authz;
 pub mod client;
 pub mod run;
 pub mod sds;
@@ -71,9 +72,80 @@ pub struct Settings {
     /// pushed. The socket is 0600, or 0660 with `--group` as its group.
     #[arg(long, env = "SDS_SOCKET")]
     pub sds_socket: Option<PathBuf>,
+    /// Athenz roles to get role certificates and tokens for, `<domain>:role.<role>,…`: written
+    /// with the identity (`rolecerts/<target>.cert.pem`, `tokens/<target>.<type>`) and renewed.
+    #[arg(long, env = "TARGET_DOMAIN_ROLES", default_value = "")]
+    pub target_domain_roles: String,
+    /// Tokens made for the targets and served: accesstoken, roletoken or roletoken+accesstoken.
+    #[arg(long, env = "TOKEN_TYPE", default_value = "accesstoken")]
+    pub token_type: String,
+    /// The longest a token is kept before it is fetched again.
+    #[arg(long, env = "TOKEN_REFRESH_INTERVAL", default_value = "30m", value_parser = parse_duration)]
+    pub token_refresh_interval: Duration,
+    /// Token lifetime asked of ZTS (0: ZTS's default).
+    #[arg(long, env = "TOKEN_EXPIRY", default_value = "0", value_parser = parse_optional_duration)]
+    pub token_expiry: Duration,
+    /// ZTS base URL (`https://<host>:<port>/zts/v1`), for role certificates and tokens; called with
+    /// the pod's own certificate. (k8s-athenz-sia's ENDPOINT is the agent socket here.)
+    #[arg(long, env = "ZTS_URL")]
+    pub zts_url: Option<String>,
+    /// CA certificates (PEM) that verify ZTS (k8s-athenz-sia's SERVER_CA_CERT; ZTS_CA_FILE also read).
+    #[arg(long, env = "SERVER_CA_CERT")]
+    pub zts_ca: Option<PathBuf>,
+    /// Same as `--zts-ca` (the name DESIGN.md gives it).
+    #[arg(long, env = "ZTS_CA_FILE", hide = true)]
+    pub zts_ca_file: Option<PathBuf>,
+    /// `refresh` only: serve tokens over HTTP here (`host:port`; `:port` is loopback).
+    #[arg(long, env = "TOKEN_SERVER_ADDR")]
+    pub token_server_addr: Option<String>,
+    /// Serve k8s-athenz-sia's REST API (`POST /accesstoken`, `POST /roletoken`).
+    #[arg(long, env = "TOKEN_SERVER_REST_API", default_value = "false", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub token_server_rest_api: bool,
+    /// Serve header mode (`X-Athenz-Domain`, `X-Athenz-Role` → the target's tokens in headers).
+    #[arg(long, env = "USE_TOKEN_SERVER", default_value = "false", num_args = 0..=1,
+          default_missing_value = "true", value_parser = clap::builder::BoolishValueParser::new())]
+    pub use_token_server: bool,
+    /// Time allowed for one token server answer.
+    #[arg(long, env = "TOKEN_SERVER_TIMEOUT", default_value = "3s", value_parser = parse_duration)]
+    pub token_server_timeout: Duration,
+    /// Response header carrying the role token in header mode.
+    #[arg(long, env = "ROLE_AUTH_HEADER", default_value = "Athenz-Role-Auth")]
+    pub role_auth_header: String,
+    /// `refresh` only: serve `/metrics` and `/healthz` here (`host:port`; `:port` is loopback).
+    #[arg(long, env = "METRICS_SERVER_ADDR")]
+    pub metrics_server_addr: Option<String>,
     /// Log format: human or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "human")]
     pub log_format: LogFormat,
+}
+
+/// A duration setting that may be zero (`0`: not set).
+pub fn parse_optional_duration(text: &str) -> Result<Duration, String> {
+    match text.trim() {
+        "0" | "0s" | "" => Ok(Duration::ZERO),
+        other => parse_duration(other),
+    }
+}
+
+/// A listen address: `host:port` with an IP or `localhost`, or `:port` for loopback (where
+/// k8s-athenz-sia's `:port` means every interface, a pod's token server here stays private
+/// unless an address says otherwise).
+pub fn parse_listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?} is not host:port or :port"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{text:?}: the port is not a number up to 65535"))?;
+    let ip: std::net::IpAddr = match host.trim_start_matches('[').trim_end_matches(']') {
+        "" | "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+        ip => ip
+            .parse()
+            .map_err(|_| format!("{text:?}: {host:?} is not an IP address or localhost"))?,
+    };
+    Ok(std::net::SocketAddr::new(ip, port))
 }
 
 /// The `athenz-sia` command: parses `args` (the program name first), runs `init` or `refresh`

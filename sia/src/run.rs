@@ -1,18 +1,57 @@
 //! `init` and `refresh`.
 
 use crate::Settings;
+use crate::authz::cache::CachePolicy;
+use crate::authz::server::{ServerSettings, TokenServer};
+use crate::authz::targets::{TokenTypes, parse_targets};
+use crate::authz::zts::ZtsAccess;
+use crate::authz::{Authz, TargetFailure};
 use crate::client::{AgentClient, AgentError};
 use crate::sds::{Publisher, Sds, Snapshot};
 use athenz_core::agent_api::{IdentityResponse, RefreshRequest};
 use athenz_core::crypto::CertInfo;
 use athenz_core::files::{
-    CA_FILE, CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials,
+    CA_FILE, CERT_FILE, Credentials, FileSet, FileSpec, KEY_FILE, NTOKEN_FILE, Owner,
+    credential_files,
 };
 use athenz_core::refresh::{Backoff, RefreshPolicy, random_unit};
 use athenz_core::secret::Secret;
 use athenz_core::volume::VolumeId;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Time allowed for one ZTS call (role certificate or token).
+const ZTS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest the sidecar sleeps between looks at its tokens.
+const AUTHZ_IDLE: Duration = Duration::from_secs(3600);
+/// The shortest: a due slot is fetched or backs off, never spun on.
+const AUTHZ_MIN_WAIT: Duration = Duration::from_millis(100);
+
+/// Serves `handler` over plain HTTP on `addr` until `stop`; `setting` names the flag in errors.
+async fn serve_tcp<H: athenz_core::http::Handler>(
+    addr: SocketAddr,
+    handler: H,
+    stop: impl Future<Output = ()> + Send + 'static,
+    setting: &str,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    use athenz_core::http::{Listener, Server, ServerLimits};
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("{setting}: cannot listen on {addr}: {e}"))?;
+    let server =
+        Server::new(Listener::Tcp(listener), Arc::new(handler)).with_limits(ServerLimits {
+            max_body: 16 * 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(5),
+            max_connections: 1024,
+            grace: Duration::from_secs(1),
+            ..ServerLimits::default()
+        });
+    Ok(tokio::spawn(server.serve(stop)))
+}
 
 /// A configured SIA.
 pub struct Sia {
@@ -20,6 +59,95 @@ pub struct Sia {
     client: AgentClient,
     set: FileSet,
     owner: Option<Owner>,
+    /// Role certificates and tokens, when targets or a token server are configured.
+    authz: Option<Arc<Authz>>,
+    /// The token server: where, and how.
+    token_server: Option<TokenServerSetup>,
+    /// Where `/metrics` and `/healthz` are served.
+    metrics_addr: Option<SocketAddr>,
+    /// One writer of the set at a time (identity refresh and token renewal both write it).
+    write_lock: Mutex<()>,
+}
+
+/// Where the token server listens, and how it serves.
+type TokenServerSetup = (SocketAddr, ServerSettings);
+
+/// The authorization part of the settings, checked; errors name the setting.
+fn load_authz(
+    settings: &Settings,
+) -> Result<(Option<Arc<Authz>>, Option<TokenServerSetup>), String> {
+    let targets = parse_targets(&settings.target_domain_roles)
+        .map_err(|e| format!("--target-domain-roles (TARGET_DOMAIN_ROLES): {e}"))?;
+    let types = TokenTypes::parse(&settings.token_type)
+        .map_err(|e| format!("--token-type (TOKEN_TYPE): {e}"))?;
+    let server_addr = match &settings.token_server_addr {
+        Some(a) if !a.is_empty() => Some(
+            crate::parse_listen_addr(a)
+                .map_err(|e| format!("--token-server-addr (TOKEN_SERVER_ADDR): {e}"))?,
+        ),
+        _ => None,
+    };
+    if targets.is_empty() && server_addr.is_none() {
+        return Ok((None, None));
+    }
+    let expiry = settings.token_expiry;
+    if !expiry.is_zero() && settings.token_refresh_interval >= expiry {
+        return Err(format!(
+            "--token-refresh-interval (TOKEN_REFRESH_INTERVAL) {:?} must be shorter than --token-expiry (TOKEN_EXPIRY) {expiry:?}",
+            settings.token_refresh_interval
+        ));
+    }
+    let url = settings
+        .zts_url
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or(
+            "--zts-url (ZTS_URL) is required with --target-domain-roles or --token-server-addr",
+        )?;
+    let ca = settings
+        .zts_ca
+        .as_ref()
+        .or(settings.zts_ca_file.as_ref())
+        .ok_or("--zts-ca (SERVER_CA_CERT) is required with --zts-url")?;
+    let zts =
+        ZtsAccess::new(url, ca, ZTS_TIMEOUT).map_err(|e| format!("--zts-url / --zts-ca: {e}"))?;
+    let role_auth_header = http::HeaderName::try_from(settings.role_auth_header.as_str())
+        .map_err(|e| format!("--role-auth-header (ROLE_AUTH_HEADER): {e}"))?;
+    let policy = CachePolicy {
+        refresh_interval: settings.token_refresh_interval,
+        ..CachePolicy::default()
+    };
+    let authz = Authz::new(
+        Arc::new(zts),
+        targets.clone(),
+        types,
+        policy,
+        expiry.as_secs(),
+    );
+    let server = server_addr.map(|addr| {
+        (
+            addr,
+            ServerSettings {
+                rest_api: settings.token_server_rest_api,
+                header_mode: settings.use_token_server,
+                types,
+                targets,
+                default_expiry: expiry.as_secs(),
+                timeout: settings.token_server_timeout,
+                role_auth_header,
+            },
+        )
+    });
+    Ok((Some(Arc::new(authz)), server))
+}
+
+/// Says what could not be had, one line per file.
+fn describe(failures: &[TargetFailure]) -> String {
+    failures
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl Sia {
@@ -41,26 +169,95 @@ impl Sia {
             uid: settings.owner_uid,
             gid,
         });
+        let (authz, token_server) = load_authz(&settings)?;
+        let metrics_addr = match &settings.metrics_server_addr {
+            Some(a) if !a.is_empty() => Some(
+                crate::parse_listen_addr(a)
+                    .map_err(|e| format!("--metrics-server-addr (METRICS_SERVER_ADDR): {e}"))?,
+            ),
+            _ => None,
+        };
         Ok(Self {
             client: AgentClient::new(settings.endpoint.clone(), id, settings.request_timeout),
             set: FileSet::new(&settings.out_dir),
             owner,
+            authz,
+            token_server,
+            metrics_addr,
+            write_lock: Mutex::new(()),
             settings,
         })
     }
 
+    /// Writes the identity and, with it, the targets' role certificates and tokens as one set.
+    fn write_set(&self, creds: &Credentials<'_>) -> Result<(), String> {
+        let _one_writer = self.write_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let authz_files = match &self.authz {
+            Some(authz) => authz.files(&self.set, self.owner),
+            None => Vec::new(),
+        };
+        let mut files = credential_files(creds, self.owner);
+        files.extend(authz_files.iter().map(|(name, contents, mode)| FileSpec {
+            name,
+            contents,
+            mode: *mode,
+        }));
+        self.set
+            .write(&files, self.owner)
+            .map_err(|e| e.to_string())
+    }
+
     fn write(&self, answer: &IdentityResponse) -> Result<(), String> {
-        write_credentials(
-            &self.set,
-            &Credentials {
-                key_pem: Some(&answer.key_pem),
-                cert_pem: &answer.cert_pem,
-                ca_pem: &answer.ca_cert_pem,
-                ntoken: &answer.ntoken,
-            },
-            self.owner,
-        )
-        .map_err(|e| e.to_string())
+        self.write_set(&Credentials {
+            key_pem: Some(&answer.key_pem),
+            cert_pem: &answer.cert_pem,
+            ca_pem: &answer.ca_cert_pem,
+            ntoken: &answer.ntoken,
+        })
+    }
+
+    /// Rewrites the set with the identity on disk and the targets' current files.
+    fn rewrite_with_identity_on_disk(&self) -> Result<(), String> {
+        let [key, cert, ca, ntoken] =
+            self.read_set([KEY_FILE, CERT_FILE, CA_FILE, NTOKEN_FILE], "rewrite")?;
+        self.write_set(&Credentials {
+            key_pem: Some(&Secret::new(key)),
+            cert_pem: &cert,
+            ca_pem: &ca,
+            ntoken: &Secret::new(ntoken),
+        })
+    }
+
+    /// `init`: the targets' role certificates and tokens for the new identity, all of them,
+    /// retrying what may pass until `deadline`; a refusal (not a member, unknown role) fails at once.
+    async fn authorize_all(
+        &self,
+        authz: &Authz,
+        answer: &IdentityResponse,
+        deadline: Instant,
+    ) -> Result<(), String> {
+        let mut failures = authz.rotate(&answer.key_pem, &answer.cert_pem).await?;
+        loop {
+            if failures.is_empty() {
+                return Ok(());
+            }
+            if let Some(refused) = failures.iter().find(|f| !f.error.is_transient()) {
+                return Err(format!(
+                    "role certificates and tokens: {refused} (not retried: it cannot heal)"
+                ));
+            }
+            let wait = authz.next_due_in(Duration::from_secs(10));
+            if Instant::now() + wait >= deadline {
+                return Err(format!(
+                    "role certificates and tokens: gave up after {:?}: {}",
+                    self.settings.init_timeout,
+                    describe(&failures)
+                ));
+            }
+            tracing::info!(failed = %describe(&failures), retry_in = ?wait, "role certificates or tokens not ready; retrying");
+            tokio::time::sleep(wait).await;
+            failures = authz.renew().await.1;
+        }
     }
 
     /// Gets the identity and writes it, retrying transient failures until `--init-timeout`.
@@ -74,6 +271,9 @@ impl Sia {
         loop {
             match self.client.init().await {
                 Ok(answer) => {
+                    if let Some(authz) = &self.authz {
+                        self.authorize_all(authz, &answer, deadline).await?;
+                    }
                     self.write(&answer)?;
                     tracing::info!(expires = %answer.expires_at, out_dir = %self.settings.out_dir.display(), "identity written");
                     return Ok(());
@@ -141,19 +341,71 @@ impl Sia {
 
     /// Refreshes before expiry until `shutdown`; keeps the old files when a refresh fails.
     /// With `--sds-socket`, serves the same credentials over SDS meanwhile, each new set pushed
-    /// right after it is written.
+    /// right after it is written; with targets, renews their role certificates and tokens and
+    /// serves the token server and metrics when asked.
     pub async fn refresh(&self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
-        let Some(socket) = &self.settings.sds_socket else {
-            return self.refresh_files(shutdown, None).await;
-        };
-        let (sds, publisher) = Sds::new(self.current_snapshot()?);
         let stop = athenz_core::daemon::Shutdown::new();
-        let server = crate::sds::serve(socket, self.owner.and_then(|o| o.gid), sds, stop.wait())?;
-        tracing::info!(socket = %socket.display(), "serving SDS");
-        let outcome = self.refresh_files(shutdown, Some(&publisher)).await;
+        let mut servers = Vec::new();
+        let outcome = async {
+            let publisher = match &self.settings.sds_socket {
+                Some(socket) => {
+                    let (sds, publisher) = Sds::new(self.current_snapshot()?);
+                    let gid = self.owner.and_then(|o| o.gid);
+                    servers.push(crate::sds::serve(socket, gid, sds, stop.wait())?);
+                    tracing::info!(socket = %socket.display(), "serving SDS");
+                    Some(publisher)
+                }
+                None => None,
+            };
+            if let Some(authz) = &self.authz {
+                self.start_authz(authz).await;
+                if let Some((addr, settings)) = &self.token_server {
+                    let handler = TokenServer::new(authz.cache().clone(), settings.clone());
+                    servers.push(serve_tcp(*addr, handler, stop.wait(), "--token-server-addr (TOKEN_SERVER_ADDR)").await?);
+                    tracing::info!(%addr, rest_api = settings.rest_api, header_mode = settings.header_mode, "serving tokens");
+                }
+            }
+            if let Some(addr) = self.metrics_addr {
+                let mut registry = prometheus_client::registry::Registry::default();
+                if let Some(authz) = &self.authz {
+                    registry.register_collector(Box::new(crate::authz::metrics::TokenMetrics(
+                        authz.cache().clone(),
+                    )));
+                }
+                let readiness = athenz_core::http::Readiness::default();
+                readiness.set(true);
+                let handler = athenz_core::http::OpsHandler::new(Arc::new(registry), readiness);
+                servers.push(serve_tcp(addr, handler, stop.wait(), "--metrics-server-addr (METRICS_SERVER_ADDR)").await?);
+            }
+            self.refresh_files(shutdown, publisher.as_ref()).await
+        }
+        .await;
         stop.trigger();
-        let _ = server.await;
+        for server in servers {
+            let _ = server.await;
+        }
         outcome
+    }
+
+    /// The sidecar's start: presents the identity on disk to ZTS and renews every target, so
+    /// the tokens it serves are its own; what fails keeps init's files and is retried.
+    async fn start_authz(&self, authz: &Authz) {
+        let rotated = match self.current() {
+            Ok((pair, _)) => authz.rotate(&pair.key_pem, &pair.cert_pem).await,
+            Err(e) => Err(e),
+        };
+        match rotated {
+            Ok(failures) if failures.is_empty() => {}
+            Ok(failures) => {
+                tracing::warn!(failed = %describe(&failures), "role certificates or tokens not renewed; keeping init's and retrying")
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot present the identity to ZTS yet"),
+        }
+        if !authz.targets().is_empty()
+            && let Err(e) = self.rewrite_with_identity_on_disk()
+        {
+            tracing::warn!(error = %e, "role certificates and tokens not written");
+        }
     }
 
     async fn refresh_files(
@@ -169,18 +421,27 @@ impl Sia {
         let backoff = Backoff::default();
         tokio::pin!(shutdown);
         let (_, mut info) = self.current()?;
-        let mut wait = policy.delay(
-            info.not_before,
-            info.not_after,
-            time::OffsetDateTime::now_utc(),
-            random_unit(),
-        );
+        let mut identity_due = tokio::time::Instant::now()
+            + policy.delay(
+                info.not_before,
+                info.not_after,
+                time::OffsetDateTime::now_utc(),
+                random_unit(),
+            );
         let mut failures = 0u32;
         loop {
-            tracing::debug!(?wait, "next refresh");
-            tokio::select! {
+            let authz_wait = self.authz.as_ref().map_or(AUTHZ_IDLE, |a| {
+                a.next_due_in(AUTHZ_IDLE).max(AUTHZ_MIN_WAIT)
+            });
+            tracing::debug!(identity_in = ?identity_due.saturating_duration_since(tokio::time::Instant::now()), ?authz_wait, "next refresh");
+            let identity = tokio::select! {
                 _ = &mut shutdown => return Ok(()),
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep_until(identity_due) => true,
+                _ = tokio::time::sleep(authz_wait) => false,
+            };
+            if !identity {
+                self.renew_authz().await;
+                continue;
             }
             let outcome = match self.current() {
                 Ok((pair, _)) => match self.client.refresh(&pair).await {
@@ -194,7 +455,14 @@ impl Sia {
                 },
                 Err(e) => Err(e),
             };
-            match outcome.and_then(|answer| self.write(&answer).map(|()| answer)) {
+            let outcome = match outcome {
+                Ok(answer) => {
+                    self.rotate_authz(&answer).await;
+                    self.write(&answer).map(|()| answer)
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
                 Ok(answer) => {
                     tracing::info!(expires = %answer.expires_at, "identity refreshed");
                     if let Some(sds) = sds {
@@ -209,17 +477,50 @@ impl Sia {
                     }
                     failures = 0;
                     info = CertInfo::from_pem(&answer.cert_pem).map_err(|e| e.to_string())?;
-                    wait = policy.delay(
-                        info.not_before,
-                        info.not_after,
-                        time::OffsetDateTime::now_utc(),
-                        random_unit(),
-                    );
+                    identity_due = tokio::time::Instant::now()
+                        + policy.delay(
+                            info.not_before,
+                            info.not_after,
+                            time::OffsetDateTime::now_utc(),
+                            random_unit(),
+                        );
                 }
                 Err(e) => {
-                    wait = backoff.delay(failures, random_unit());
+                    let wait = backoff.delay(failures, random_unit());
+                    identity_due = tokio::time::Instant::now() + wait;
                     failures = failures.saturating_add(1);
                     tracing::warn!(error = %e, retry_in = ?wait, "refresh failed; keeping the current files");
+                }
+            }
+        }
+    }
+
+    /// After a rotation: role certificates and tokens for the new identity, before the set
+    /// is written (a failure keeps the earlier ones; they are retried).
+    async fn rotate_authz(&self, answer: &IdentityResponse) {
+        let Some(authz) = &self.authz else { return };
+        match authz.rotate(&answer.key_pem, &answer.cert_pem).await {
+            Ok(failures) if failures.is_empty() => {}
+            Ok(failures) => {
+                tracing::warn!(failed = %describe(&failures), "role certificates or tokens not renewed with the new identity; retrying")
+            }
+            Err(e) => tracing::warn!(error = %e, "the new identity cannot be presented to ZTS"),
+        }
+    }
+
+    /// Renews the targets' role certificates and tokens that are due; rewrites the set when
+    /// one changed. Failures keep the old files.
+    async fn renew_authz(&self) {
+        let Some(authz) = &self.authz else { return };
+        let (changed, failed) = authz.renew().await;
+        if !failed.is_empty() {
+            tracing::warn!(failed = %describe(&failed), "role certificates or tokens not renewed; keeping the current files");
+        }
+        if changed > 0 && !authz.targets().is_empty() {
+            match self.rewrite_with_identity_on_disk() {
+                Ok(()) => tracing::info!(renewed = changed, "role certificates and tokens renewed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "renewed role certificates and tokens not written")
                 }
             }
         }

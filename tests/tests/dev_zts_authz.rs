@@ -430,7 +430,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
     .unwrap();
 
     let access = client
-        .access_token("media.sports:role.readers", Some(300))
+        .access_token("media.sports:role.readers", Some(300), None)
         .await
         .unwrap();
     assert_eq!(access.token_type, "Bearer");
@@ -439,7 +439,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
     assert!(!format!("{access:?}").contains(access.access_token.expose()));
 
     let role = client
-        .role_token(DOMAIN, &["readers".to_owned()], Some(60), Some(600))
+        .role_token(DOMAIN, &["readers".to_owned()], Some(60), Some(600), None)
         .await
         .unwrap();
     let parsed = athenz_core::role_token::RoleToken::parse(role.token.expose()).unwrap();
@@ -467,7 +467,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
 
     // ZTS's refusals keep its code and message; bad names are refused before anything is sent
     let err = client
-        .access_token("media.sports:role.writers", None)
+        .access_token("media.sports:role.writers", None, None)
         .await
         .unwrap_err();
     assert!(
@@ -476,7 +476,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
     );
     assert!(!err.is_transient());
     let err = client
-        .role_token("media/sports", &[], None, None)
+        .role_token("media/sports", &[], None, None, None)
         .await
         .unwrap_err();
     assert!(matches!(err, ZtsError::BadRequest(_)), "{err}");

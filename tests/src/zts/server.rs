@@ -208,6 +208,7 @@ impl ZtsHandler {
                 "grant_type must be client_credentials",
             ));
         }
+        refuse_proxy(principal, field("proxy_for_principal"))?;
         let scope =
             authz::parse_scope(field("scope").unwrap_or_default()).map_err(Refusal::from)?;
         let max = self.state.settings.max_token_expiry.whole_seconds();
@@ -264,6 +265,18 @@ impl ZtsHandler {
     }
 }
 
+/// A token on behalf of another principal: ZTS grants it only to principals configured as
+/// authorized proxies, and the dev ZTS has none, so it answers as ZTS does to everyone else.
+fn refuse_proxy(principal: &str, proxy_for: Option<&str>) -> Result<(), Refusal> {
+    match proxy_for {
+        None | Some("") => Ok(()),
+        Some(_) => Err(Refusal(
+            StatusCode::FORBIDDEN,
+            format!("{principal} is not authorized for proxy access"),
+        )),
+    }
+}
+
 impl ZtsHandler {
     /// `GET /zts/v1/domain/{domain}/token?role=<r,…>&minExpiryTime=&maxExpiryTime=`: a role token
     /// (`Z1`) for the named roles of `domain` the caller (its client certificate) is in, or all of
@@ -289,6 +302,7 @@ impl ZtsHandler {
                 .map(|(_, v)| v.as_str())
         };
         let scope = authz::role_scope(domain, field("role")).map_err(Refusal::from)?;
+        refuse_proxy(principal, field("proxyForPrincipal"))?;
         let seconds = |name: &str| -> Result<Option<i64>, Refusal> {
             match field(name) {
                 None | Some("") => Ok(None),
