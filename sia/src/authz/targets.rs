@@ -114,7 +114,7 @@ mod tests {
             "media/sports:role.readers",
             "media.sports:role.../x",
             "media.sports:role.a b",
-            "media.sports:role.r\n",
+            "media.sports:role.r\tx",
         ] {
             let err = parse_targets(bad).unwrap_err();
             assert!(err.contains(&format!("{:?}", bad.trim())), "{bad:?}: {err}");
