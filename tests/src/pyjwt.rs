@@ -27,3 +27,21 @@ pub fn run(script: &str, parts: &[&str]) -> Result<serde_json::Value, String> {
     }
     serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())
 }
+
+/// Verifies an ES256 `token` with PyJWT against `jwks` (the key its `kid` names) and
+/// `audience`; returns its claims.
+pub fn verify_es256(
+    token: &str,
+    jwks: &serde_json::Value,
+    audience: &str,
+) -> Result<serde_json::Value, String> {
+    let script = r#"
+import json, sys, jwt
+token, jwks, audience = sys.stdin.read().split("\n---\n")
+keys = jwt.PyJWKSet.from_dict(json.loads(jwks))
+kid = jwt.get_unverified_header(token)["kid"]
+key = next(k for k in keys.keys if k.key_id == kid)
+print(json.dumps(jwt.decode(token, key.key, algorithms=["ES256"], audience=audience.strip())))
+"#;
+    run(script, &[token, &jwks.to_string(), audience])
+}

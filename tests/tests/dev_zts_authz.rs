@@ -76,15 +76,7 @@ async fn token_request(
 
 /// Verifies `token` with PyJWT against `jwks` (the key chosen by the token's `kid`).
 fn pyjwt_verify(token: &str, jwks: &serde_json::Value, audience: &str) -> serde_json::Value {
-    let script = r#"
-import json, sys, jwt
-token, jwks, audience = sys.stdin.read().split("\n---\n")
-keys = jwt.PyJWKSet.from_dict(json.loads(jwks))
-kid = jwt.get_unverified_header(token)["kid"]
-key = next(k for k in keys.keys if k.key_id == kid)
-print(json.dumps(jwt.decode(token, key.key, algorithms=["ES256"], audience=audience.strip())))
-"#;
-    athenz_testbed::pyjwt::run(script, &[token, &jwks.to_string(), audience]).unwrap()
+    athenz_testbed::pyjwt::verify_es256(token, jwks, audience).unwrap()
 }
 
 #[tokio::test]

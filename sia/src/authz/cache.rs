@@ -197,12 +197,11 @@ impl TokenCache {
             && token.expires_at - now > self.policy.min_remaining.as_secs() as i64
     }
 
-    /// What a slot holds now: a fresh token; else, after a failure, the last token while it is
-    /// still valid, or the failure.
+    /// What a slot holds after a fetch: its token while it is still valid (fresh, just fetched
+    /// however short its life, or the last good one while ZTS fails), else the failure.
     fn outcome(&self, state: &SlotState, now: i64) -> Option<Result<Token, CacheError>> {
         match (&state.token, &state.last_error) {
-            (Some(t), _) if self.fresh(t, now) => Some(Ok(t.clone())),
-            (Some(t), Some(_)) if t.expires_at > now => Some(Ok(t.clone())),
+            (Some(t), _) if t.expires_at > now => Some(Ok(t.clone())),
             (_, Some(e)) => Some(Err(e.clone().into())),
             _ => None,
         }

@@ -150,9 +150,22 @@ pub struct DevZts {
     _tempdir: Option<tempfile::TempDir>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
+    metrics: Arc<prometheus_client::registry::Registry>,
 }
 
 impl DevZts {
+    /// Requests answered so far on `route` (the server's route label, e.g. `oauth2_token`,
+    /// `role_token`, `role_cert`), whatever their status: how often a client really called ZTS.
+    pub fn requests(&self, route: &str) -> u64 {
+        let text = athenz_core::telemetry::encode_metrics(&self.metrics).unwrap_or_default();
+        let prefix = "dev_zts_http_requests_total{";
+        let route_label = format!("route=\"{route}\"");
+        text.lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(&route_label))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
     /// Starts a dev ZTS with its files in a private temporary directory.
     pub async fn start(config: DevZtsConfig) -> Result<Self, DevZtsError> {
         let dir = tempfile::tempdir().map_err(io("creating a temporary directory"))?;
@@ -256,6 +269,7 @@ impl DevZts {
             _tempdir: None,
             shutdown: Some(tx),
             task: Some(task),
+            metrics: Arc::new(metrics_registry),
         })
     }
 
