@@ -147,6 +147,20 @@ pub fn role_csr_identity(
     })
 }
 
+/// Splits a role name as Athenz writes it, `<domain>:role.<role>` (a target of
+/// `TARGET_DOMAIN_ROLES`, a role certificate's CN), validating both names.
+pub fn parse_domain_role<'a>(
+    field: &'static str,
+    value: &'a str,
+) -> Result<(&'a str, &'a str), NameError> {
+    let (domain, role) = value
+        .split_once(":role.")
+        .ok_or_else(|| NameError::new(field, value, "is not <domain>:role.<role>"))?;
+    validate_domain(field, domain)?;
+    validate_role(field, role)?;
+    Ok((domain, role))
+}
+
 /// Validates an Athenz service name (one simple name).
 pub fn validate_service(field: &'static str, value: &str) -> Result<(), NameError> {
     validate_simple_name(field, value)

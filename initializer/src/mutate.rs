@@ -29,6 +29,94 @@ pub const SDS_ANNOTATION: &str = "athenz.io/sds";
 pub const SDS_VOLUME: &str = "athenz-sds";
 /// The socket's name in that volume.
 pub const SDS_SOCKET_NAME: &str = "sds.sock";
+/// Annotation naming the Athenz roles the pod wants role certificates and tokens for
+/// (`<domain>:role.<role>,…`), passed to both SIA containers as `TARGET_DOMAIN_ROLES`.
+pub const ROLES_ANNOTATION: &str = "athenz.io/roles";
+/// Annotation asking for the refresher's token server on this loopback port.
+pub const TOKEN_SERVER_PORT_ANNOTATION: &str = "athenz.io/token-server-port";
+
+/// What the pod asks of the SIA for authorization (DESIGN.md 4.11).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct AuthzRequest {
+    /// `TARGET_DOMAIN_ROLES`, as given (validated).
+    roles: Option<String>,
+    /// The token server's port.
+    token_server_port: Option<u16>,
+}
+
+impl AuthzRequest {
+    fn is_empty(&self) -> bool {
+        self.roles.is_none() && self.token_server_port.is_none()
+    }
+}
+
+fn annotation<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(name))
+        .map(String::as_str)
+}
+
+/// Reads and checks the authorization annotations; a bad value is refused naming it.
+fn authz_request(pod: &Pod) -> Result<AuthzRequest, Conflict> {
+    let shown = |v: &str| v.chars().take(64).collect::<String>();
+    let roles = match annotation(pod, ROLES_ANNOTATION).map(str::trim) {
+        None | Some("") => None,
+        Some(list) => {
+            for target in list.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+                athenz_core::names::parse_domain_role("role", target)
+                    .map_err(|e| Conflict(format!("annotation {ROLES_ANNOTATION}: {e}")))?;
+            }
+            Some(list.to_owned())
+        }
+    };
+    let token_server_port = match annotation(pod, TOKEN_SERVER_PORT_ANNOTATION) {
+        None => None,
+        Some(text) => match text.trim().parse::<u16>() {
+            Ok(port) if port > 0 => Some(port),
+            _ => {
+                return Err(Conflict(format!(
+                    "annotation {TOKEN_SERVER_PORT_ANNOTATION} must be a port 1-65535, not {:?}",
+                    shown(text)
+                )));
+            }
+        },
+    };
+    Ok(AuthzRequest {
+        roles,
+        token_server_port,
+    })
+}
+
+/// Adds the authorization settings to the SIA containers; the template must name ZTS.
+fn add_authz(
+    t: &Template,
+    request: &AuthzRequest,
+    init: &mut Container,
+    refresher: &mut Container,
+) -> Result<(), Conflict> {
+    if !t.env.iter().any(|e| e.name == "ZTS_URL") {
+        return Err(Conflict(format!(
+            "{ROLES_ANNOTATION} / {TOKEN_SERVER_PORT_ANNOTATION}: this cluster's template gives \
+             the SIA no ZTS_URL, so it cannot get role certificates or tokens"
+        )));
+    }
+    if let Some(roles) = &request.roles {
+        for c in [&mut *init, &mut *refresher] {
+            c.env
+                .get_or_insert_with(Vec::new)
+                .push(value_env("TARGET_DOMAIN_ROLES", roles));
+        }
+    }
+    if let Some(port) = request.token_server_port {
+        let env = refresher.env.get_or_insert_with(Vec::new);
+        env.push(value_env("TOKEN_SERVER_ADDR", &format!("127.0.0.1:{port}")));
+        env.push(value_env("TOKEN_SERVER_REST_API", "true"));
+        env.push(value_env("USE_TOKEN_SERVER", "true"));
+    }
+    Ok(())
+}
 
 /// Why a pod is left alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,6 +240,7 @@ fn wants_sds(pod: &Pod) -> Result<bool, Conflict> {
 /// The pod with everything injected, or why that is impossible.
 pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     let sds = wants_sds(pod)?;
+    let authz = authz_request(pod)?;
     let mut pod = pod.clone();
     let spec = pod
         .spec
@@ -174,6 +263,13 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
             return Err(Conflict(format!(
                 "{SDS_ANNOTATION}: SDS is served by the SIA refresher, and this cluster's \
                  template (volume: csi-files) runs none; use the files"
+            )));
+        }
+        if !authz.is_empty() {
+            return Err(Conflict(format!(
+                "{ROLES_ANNOTATION} / {TOKEN_SERVER_PORT_ANNOTATION}: role certificates and \
+                 tokens come from the SIA, and this cluster's template (volume: csi-files) \
+                 runs none"
             )));
         }
         mount_in_apps(spec, IDENTITY_VOLUME, &t.credentials_mount_path)?;
@@ -199,8 +295,12 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
 
     // The init container runs first, so every later init container and app finds the files; a
     // native refresher starts right after it and keeps running beside the app.
-    let mut init = vec![sia_container(t, INIT_CONTAINER, "init")];
+    let mut init_sia = sia_container(t, INIT_CONTAINER, "init");
     let mut refresher = sia_container(t, REFRESH_CONTAINER, "refresh");
+    if !authz.is_empty() {
+        add_authz(t, &authz, &mut init_sia, &mut refresher)?;
+    }
+    let mut init = vec![init_sia];
     if sds {
         // the refresher serves the socket; the apps (the Envoy among them) reach it through a
         // read-only mount: connecting to a socket needs no write access to its filesystem
@@ -416,6 +516,131 @@ mod tests {
         assert_eq!(volumes[1].name, CREDENTIALS_VOLUME);
         assert_eq!(spec.init_containers.unwrap()[0].name, INIT_CONTAINER);
         assert_eq!(spec.containers[1].name, REFRESH_CONTAINER);
+    }
+
+    fn with_annotations(pairs: &[(&str, &str)]) -> Pod {
+        let mut p = pod();
+        p.metadata.annotations = Some(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+        p
+    }
+
+    fn env_of(c: &Container, name: &str) -> Option<String> {
+        c.env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    }
+
+    fn template_with_zts() -> Template {
+        let mut t = template(false);
+        t.env
+            .push(value_env("ZTS_URL", "https://zts.example:4443/zts/v1"));
+        t.env
+            .push(value_env("SERVER_CA_CERT", "/etc/athenz/zts-ca.pem"));
+        t
+    }
+
+    #[test]
+    fn roles_and_token_server_port_reach_the_sia_containers() {
+        let pod = with_annotations(&[
+            (
+                ROLES_ANNOTATION,
+                "media.sports:role.readers,sys.auth:role.admin",
+            ),
+            (TOKEN_SERVER_PORT_ANNOTATION, "8880"),
+        ]);
+        let spec = inject(&template_with_zts(), &pod).unwrap().spec.unwrap();
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        let refresher = spec
+            .containers
+            .iter()
+            .find(|c| c.name == REFRESH_CONTAINER)
+            .unwrap();
+        for c in [init, refresher] {
+            assert_eq!(
+                env_of(c, "TARGET_DOMAIN_ROLES").as_deref(),
+                Some("media.sports:role.readers,sys.auth:role.admin")
+            );
+            assert!(
+                env_of(c, "ZTS_URL").is_some(),
+                "the template's ZTS settings"
+            );
+        }
+        assert_eq!(
+            env_of(refresher, "TOKEN_SERVER_ADDR").as_deref(),
+            Some("127.0.0.1:8880")
+        );
+        assert_eq!(
+            env_of(refresher, "TOKEN_SERVER_REST_API").as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            env_of(refresher, "USE_TOKEN_SERVER").as_deref(),
+            Some("true")
+        );
+        assert_eq!(
+            env_of(init, "TOKEN_SERVER_ADDR"),
+            None,
+            "init serves nothing"
+        );
+        // no annotations: none of it
+        let plain = inject(&template_with_zts(), &super::tests::pod())
+            .unwrap()
+            .spec
+            .unwrap();
+        assert!(
+            plain
+                .containers
+                .iter()
+                .all(|c| env_of(c, "TARGET_DOMAIN_ROLES").is_none())
+        );
+    }
+
+    #[test]
+    fn bad_authorization_annotations_are_refused_naming_them() {
+        for (annotations, says) in [
+            (vec![(ROLES_ANNOTATION, "media.sports")], "athenz.io/roles"),
+            (
+                vec![(ROLES_ANNOTATION, "media.sports:role.a b")],
+                "athenz.io/roles",
+            ),
+            (
+                vec![(ROLES_ANNOTATION, "x:role.r,../etc:role.r")],
+                "athenz.io/roles",
+            ),
+            (
+                vec![(TOKEN_SERVER_PORT_ANNOTATION, "0")],
+                "athenz.io/token-server-port",
+            ),
+            (
+                vec![(TOKEN_SERVER_PORT_ANNOTATION, "70000")],
+                "athenz.io/token-server-port",
+            ),
+            (
+                vec![(TOKEN_SERVER_PORT_ANNOTATION, "http")],
+                "athenz.io/token-server-port",
+            ),
+        ] {
+            let err = inject(&template_with_zts(), &with_annotations(&annotations)).unwrap_err();
+            assert!(err.0.contains(says), "{annotations:?}: {err}");
+        }
+        // a template without ZTS cannot serve them
+        let asked = with_annotations(&[(ROLES_ANNOTATION, "media.sports:role.readers")]);
+        assert!(
+            inject(&template(false), &asked)
+                .unwrap_err()
+                .0
+                .contains("ZTS_URL")
+        );
+        // nor can files mode, which runs no SIA
+        let err = inject(&csi_template("csi-files", false), &asked).unwrap_err();
+        assert!(err.0.contains("csi-files"), "{err}");
     }
 
     fn annotated(value: &str) -> Pod {

@@ -18,11 +18,8 @@ pub struct DomainRole {
 impl DomainRole {
     /// Parses `<domain>:role.<role>`, both names validated.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let (domain, role) = text
-            .split_once(":role.")
-            .ok_or_else(|| format!("{text:?} is not <domain>:role.<role>"))?;
-        names::validate_domain("domain", domain).map_err(|e| format!("{text:?}: {e}"))?;
-        names::validate_role("role", role).map_err(|e| format!("{text:?}: {e}"))?;
+        let (domain, role) =
+            names::parse_domain_role("target", text).map_err(|e| format!("{text:?}: {e}"))?;
         Ok(Self {
             domain: domain.to_owned(),
             role: role.to_owned(),
