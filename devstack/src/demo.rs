@@ -57,10 +57,31 @@ pub struct DemoReport {
     pub refused_after_delete: RefusalReport,
     /// Node 2's certificate used directly for a pod on node 1, and ZTS's refusal.
     pub refused_cross_node: RefusalReport,
+    /// Authorization from the refresh sidecar (absent with csi-files: no SIA runs in the pod).
+    pub authorization: Option<AuthorizationReport>,
     /// Volumes left in the volumes dir after every unmount (must be 0).
     pub volumes_left: usize,
     /// Whole demo, seconds.
     pub seconds: f64,
+}
+
+/// What the demo pod got for its roles (DESIGN.md 4.11).
+#[derive(Debug, Serialize)]
+pub struct AuthorizationReport {
+    /// `<namespace>/<name>`.
+    pub pod: String,
+    /// The role it is in, and the roles its access token (written by the SIA) grants.
+    pub member_of: String,
+    /// `scp` of that token.
+    pub granted: Vec<String>,
+    /// Whether its `cnf` is the thumbprint of the pod's certificate.
+    pub bound_to_certificate: bool,
+    /// The role it is not in, and the token server's refusal.
+    pub not_member_of: String,
+    /// The refusal (status and reason).
+    pub refusal: String,
+    /// The token server's answer for the member role: `token_type`, `expires_in`.
+    pub token_server: String,
 }
 
 /// A refresh by the real sidecar, or by the agent in files mode.
@@ -163,7 +184,7 @@ async fn play(
             unmounted = Err(e);
         }
     }
-    let (pods, refresh, refused, cross_node) = played?;
+    let (pods, refresh, refused, cross_node, authorization) = played?;
     unmounted?;
     let volumes_left = count_volumes(&info.volumes_dir)?;
     print(format!(
@@ -182,6 +203,7 @@ async fn play(
         refresh,
         refused_after_delete: refused,
         refused_cross_node: cross_node,
+        authorization,
         volumes_left,
         seconds: 0.0,
     })
@@ -194,7 +216,7 @@ async fn issue_refresh_refuse(
     kubelet: &NodeKubelet,
     volumes: &mut Vec<MountedVolume>,
     print: &mut dyn FnMut(String),
-) -> anyhow::Result<(Vec<PodReport>, RefreshReport, RefusalReport, RefusalReport)> {
+) -> anyhow::Result<Played> {
     let info = &stack.info;
     let kube = KubeClient::new(&info.kube_api.url)?;
     let mut pods = Vec::new();
@@ -223,13 +245,119 @@ async fn issue_refresh_refuse(
         None => refresh_by_agent(&volumes[0], print).await?,
     };
     let cross_node = cross_node_refusal(stack, &volumes[1], print).await?;
+    let authorization = match volumes[0].sia() {
+        Some(sia) => Some(authorization(stack, sia, print).await?),
+        None => {
+            print("\nauthorization: role certificates and tokens come from the SIA; csi-files runs none in the pod".into());
+            None
+        }
+    };
     kube.delete_pod(&volumes[2].pod.namespace, &volumes[2].pod.name)
         .await?;
     let refused = match volumes[2].sia() {
         Some(sia) => refuse_sidecar_refresh(stack, sia, print).await?,
         None => refuse_agent_rotation(kubelet, &volumes[2], print).await?,
     };
-    Ok((pods, refresh, refused, cross_node))
+    Ok((pods, refresh, refused, cross_node, authorization))
+}
+
+/// What [`issue_refresh_refuse`] saw.
+type Played = (
+    Vec<PodReport>,
+    RefreshReport,
+    RefusalReport,
+    RefusalReport,
+    Option<AuthorizationReport>,
+);
+
+/// The pod's refresh sidecar with `media.sports:role.readers` as its target and a token server:
+/// its access token for the role it is in (written beside its certificate and bound to it), a
+/// refusal for a role it is not in, and a token read from the token server as an app would.
+async fn authorization(
+    stack: &Stack,
+    volume: &PodVolume,
+    print: &mut dyn FnMut(String),
+) -> anyhow::Result<AuthorizationReport> {
+    let info = &stack.info;
+    let port = crate::procs::free_port()?;
+    let token_file = volume
+        .credentials_dir
+        .join("tokens/media.sports:role.readers.accesstoken");
+    let mut sidecar = node::sia_refresh(
+        info,
+        volume,
+        "24h",
+        &stack.state_dir.join("logs"),
+        &[
+            ("ZTS_URL", info.zts.url.clone()),
+            ("SERVER_CA_CERT", info.zts.ca.display().to_string()),
+            ("TARGET_DOMAIN_ROLES", "media.sports:role.readers".into()),
+            ("TOKEN_SERVER_ADDR", format!("127.0.0.1:{port}")),
+            ("TOKEN_SERVER_REST_API", "true".into()),
+        ],
+    )?;
+    let outcome = async {
+        let token = poll_30s("the readers access token file", async || {
+            sidecar.check_alive()?;
+            Ok(std::fs::read_to_string(&token_file).ok())
+        })
+        .await?;
+        let cert = std::fs::read_to_string(volume.credentials_dir.join(athenz_core::files::CERT_FILE))?;
+        let claims = jwt_claims(&token)?;
+        let granted: Vec<String> = serde_json::from_value(claims["scp"].clone()).unwrap_or_default();
+        let leaf = athenz_core::crypto::pem_certificates(&cert)?;
+        let thumbprint = athenz_testbed::zts::authz::thumbprint(leaf.first().context("no certificate")?);
+        let bound = claims["cnf"]["x5t#S256"] == thumbprint.as_str();
+        print(format!(
+            "\nauthorization: {} is in media.sports:role.readers: its SIA wrote an access token for {} \
+             granting {granted:?}, bound to its certificate: {bound}",
+            volume.pod.name,
+            claims["sub"]
+        ));
+        let server = format!("http://127.0.0.1:{port}/accesstoken");
+        let client = reqwest::Client::new();
+        let ask = |role: &'static str| {
+            client
+                .post(&server)
+                .body(format!(r#"{{"domain":"media.sports","role":"{role}"}}"#))
+                .send()
+        };
+        let refused = ask("writers").await?;
+        let refusal = format!("{} {}", refused.status().as_u16(), refused.text().await?);
+        print(format!(
+            "  asked its token server for media.sports:role.writers (not a member): {refusal}"
+        ));
+        let answer = ask("readers").await?;
+        anyhow::ensure!(answer.status() == 200, "the token server refused readers: {}", answer.text().await?);
+        let body: serde_json::Value = answer.json().await?;
+        let served = format!("token_type {}, expires_in {}", body["token_type"], body["expires_in"]);
+        print(format!(
+            "  read media.sports:role.readers from its token server (POST /accesstoken on 127.0.0.1:{port}): {served}"
+        ));
+        anyhow::ensure!(bound, "the access token is not bound to the pod's certificate");
+        anyhow::ensure!(refusal.starts_with("403"), "writers was not refused: {refusal}");
+        Ok(AuthorizationReport {
+            pod: format!("{}/{}", volume.pod.namespace, volume.pod.name),
+            member_of: "media.sports:role.readers".into(),
+            granted,
+            bound_to_certificate: bound,
+            not_member_of: "media.sports:role.writers".into(),
+            refusal,
+            token_server: served,
+        })
+    }
+    .await;
+    sidecar.stop().await;
+    let _ = sidecar.wait_exit(Duration::from_secs(5)).await;
+    outcome.map_err(|e: anyhow::Error| e.context(sidecar.log_tail()))
+}
+
+/// The claims of a JWT, read without verifying (the tests verify; the demo shows).
+fn jwt_claims(token: &str) -> anyhow::Result<serde_json::Value> {
+    use base64::Engine;
+    let payload = token.trim().split('.').nth(1).context("not a JWT")?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload)?;
+    Ok(serde_json::from_slice(&bytes)?)
 }
 
 /// Node 2, as if compromised, uses its own certificate directly for a pod on node 1.
@@ -278,7 +406,13 @@ async fn refresh_by_sidecar(
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<RefreshReport> {
     let before = identity::check(&volume.credentials_dir)?.serial;
-    let mut sidecar = node::sia_refresh(&stack.info, volume, "1s", &stack.state_dir.join("logs"))?;
+    let mut sidecar = node::sia_refresh(
+        &stack.info,
+        volume,
+        "1s",
+        &stack.state_dir.join("logs"),
+        &[],
+    )?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
         tokio::time::sleep(Duration::from_millis(100)).await;

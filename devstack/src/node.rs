@@ -283,6 +283,7 @@ pub fn sia_refresh(
     volume: &PodVolume,
     interval: &str,
     log: &Path,
+    extra_env: &[(&'static str, String)],
 ) -> anyhow::Result<crate::procs::Process> {
     let mut argv = stack.sia.clone();
     argv.extend(["refresh".into(), format!("--refresh-interval={interval}")]);
@@ -297,6 +298,7 @@ pub fn sia_refresh(
     command.cwd = Some(volume.mount_dir.clone());
     command.env = sia_env(volume)
         .into_iter()
+        .chain(extra_env.iter().cloned())
         .map(|(k, v)| (k.to_owned(), v))
         .collect();
     crate::procs::Process::start(command, log)

@@ -190,6 +190,20 @@ pub fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> anyhow::Re
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// The roles the dev ZTS knows (DESIGN.md 4.11): every service of `media.sports` reads it, only
+/// `media.sports.api` writes it; what the demo and scripts use to show authorization.
+pub fn demo_roles() -> Vec<athenz_testbed::zts::authz::RoleEntry> {
+    let role = |role: &str, members: &[&str]| athenz_testbed::zts::authz::RoleEntry {
+        domain: "media.sports".into(),
+        role: role.into(),
+        members: members.iter().map(|m| (*m).to_owned()).collect(),
+    };
+    vec![
+        role("readers", &["media.sports.*"]),
+        role("writers", &["media.sports.api"]),
+    ]
+}
+
 /// Choices for a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
@@ -397,6 +411,7 @@ impl Stack {
                 launch: vec!["*".into()],
             }],
             service_dns_suffixes: vec![DNS_SUFFIX.into()],
+            roles: demo_roles(),
             ..DevZtsConfig::default()
         };
         let zts_dir = state.join("zts");

@@ -49,6 +49,23 @@ fn demo_issues_refreshes_refuses_and_cleans_up() {
         refusal.contains("403") && refusal.contains("pod_exists"),
         "{refusal}"
     );
+    // authorization: a token for the role the pod is in, bound to its certificate; a refusal
+    // naming the role it is not in; a token from its sidecar's token server
+    let authz = &report["authorization"];
+    assert_eq!(authz["granted"], serde_json::json!(["readers"]));
+    assert_eq!(authz["bound_to_certificate"], true);
+    let refusal = authz["refusal"].as_str().unwrap();
+    assert!(
+        refusal.starts_with("403") && refusal.contains("writers"),
+        "{refusal}"
+    );
+    assert!(
+        authz["token_server"]
+            .as_str()
+            .unwrap()
+            .starts_with("token_type \"Bearer\""),
+        "{authz}"
+    );
     assert_eq!(report["volumes_left"], 0);
 }
 
@@ -74,6 +91,7 @@ fn demo_in_csi_files_mode_runs_nothing_in_the_pod() {
         assert_eq!(pod["identity"]["ip_addresses"].as_array().unwrap().len(), 1);
     }
     assert_eq!(report["refresh"]["by"], "the agent");
+    assert_eq!(report["authorization"], serde_json::Value::Null);
     assert_eq!(
         report["refresh"]["sidecar_exited_cleanly"],
         serde_json::Value::Null
@@ -107,6 +125,8 @@ fn demo_prints_for_people() {
         "(verified)",
         "refresh: athenz-sia refresh replaced",
         "its refresh was refused",
+        "authorization: web-5d8f7 is in media.sports:role.readers",
+        "(not a member): 403",
         "volumes left on the node: 0",
         "demo complete",
     ] {
