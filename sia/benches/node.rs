@@ -26,14 +26,7 @@ use std::time::{Duration, Instant};
 const SIA: &str = env!("CARGO_BIN_EXE_athenz-sia");
 
 fn status_kib(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(field)
-                .map(|v| v.trim().trim_end_matches(" kB").trim().parse().unwrap())
-        })
-        .unwrap()
+    athenz_testbed::stats::proc_status_kib(pid, field).unwrap()
 }
 
 fn agent_role() {

@@ -30,10 +30,20 @@ const AUTHZ_IDLE: Duration = Duration::from_secs(3600);
 /// The shortest: a due slot is fetched or backs off, never spun on.
 const AUTHZ_MIN_WAIT: Duration = Duration::from_millis(100);
 
+/// Connections the token server serves at once; more wait in the listen backlog. Each costs
+/// ~23 KiB of buffers (1,000 at once took the sidecar from 11 to 34 MiB, past the template's
+/// 32 MiB limit): 256 bound it to ~6 MiB.
+const TOKEN_SERVER_CONNECTIONS: usize = 256;
+/// How long an idle keep-alive connection (or one sending its headers) may hold a slot: on
+/// loopback a reconnect is cheap, and a client pool holding idle connections must not keep
+/// others waiting in the backlog for long.
+const TOKEN_SERVER_IDLE: Duration = Duration::from_secs(3);
+
 /// Serves `handler` over plain HTTP on `addr` until `stop`; `setting` names the flag in errors.
 async fn serve_tcp<H: athenz_core::http::Handler>(
     addr: SocketAddr,
     handler: H,
+    max_connections: usize,
     stop: impl Future<Output = ()> + Send + 'static,
     setting: &str,
 ) -> Result<tokio::task::JoinHandle<()>, String> {
@@ -44,9 +54,9 @@ async fn serve_tcp<H: athenz_core::http::Handler>(
     let server =
         Server::new(Listener::Tcp(listener), Arc::new(handler)).with_limits(ServerLimits {
             max_body: 16 * 1024,
-            header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(5),
-            max_connections: 1024,
+            header_timeout: TOKEN_SERVER_IDLE,
+            body_timeout: TOKEN_SERVER_IDLE,
+            max_connections,
             grace: Duration::from_secs(1),
             ..ServerLimits::default()
         });
@@ -361,7 +371,7 @@ impl Sia {
                 self.start_authz(authz).await;
                 if let Some((addr, settings)) = &self.token_server {
                     let handler = TokenServer::new(authz.cache().clone(), settings.clone());
-                    servers.push(serve_tcp(*addr, handler, stop.wait(), "--token-server-addr (TOKEN_SERVER_ADDR)").await?);
+                    servers.push(serve_tcp(*addr, handler, TOKEN_SERVER_CONNECTIONS, stop.wait(), "--token-server-addr (TOKEN_SERVER_ADDR)").await?);
                     tracing::info!(%addr, rest_api = settings.rest_api, header_mode = settings.header_mode, "serving tokens");
                 }
             }
@@ -375,7 +385,7 @@ impl Sia {
                 let readiness = athenz_core::http::Readiness::default();
                 readiness.set(true);
                 let handler = athenz_core::http::OpsHandler::new(Arc::new(registry), readiness);
-                servers.push(serve_tcp(addr, handler, stop.wait(), "--metrics-server-addr (METRICS_SERVER_ADDR)").await?);
+                servers.push(serve_tcp(addr, handler, 8, stop.wait(), "--metrics-server-addr (METRICS_SERVER_ADDR)").await?);
             }
             self.refresh_files(shutdown, publisher.as_ref()).await
         }

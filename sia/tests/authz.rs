@@ -268,15 +268,6 @@ async fn bad_authorization_settings_exit_2_naming_the_setting() {
     assert!(stderr.contains("ZTS_URL"), "{stderr}");
 }
 
-/// A free loopback port (the SIA binds it right after).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A refresh sidecar of pod `n` serving tokens (REST and header mode, both token types) and
 /// metrics; returns it with its token server and metrics URLs and its output directory.
 struct Sidecar {

@@ -23,6 +23,17 @@ pub fn summary_ms(samples: &mut [Duration]) -> String {
     )
 }
 
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`, `RssAnon:`…), in KiB.
+pub fn proc_status_kib(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(field)
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

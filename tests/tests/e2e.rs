@@ -136,7 +136,7 @@ async fn refresh_sidecar_replaces_the_set_and_exits_cleanly() {
     node::sia_init(&stack.info, &volume).await.unwrap();
     let first = identity::check(&volume.credentials_dir).unwrap();
     let logs = stack.dir.path().join("state/logs");
-    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs).unwrap();
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[]).unwrap();
     let second = wait_new_serial(&volume, &first.serial, Duration::from_secs(30)).await;
     let _third = wait_new_serial(&volume, &second, Duration::from_secs(30)).await;
     openssl_verifies(&stack.info, &volume);
@@ -192,7 +192,7 @@ async fn zts_outage_keeps_the_files_and_refresh_recovers() {
     let zts = stack.pid("zts");
     kill(zts, Signal::SIGSTOP).unwrap();
     let logs = stack.dir.path().join("state/logs");
-    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs).unwrap();
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[]).unwrap();
     tokio::time::sleep(Duration::from_secs(8)).await;
     sidecar.check_alive().unwrap();
     let during = identity::check(&volume.credentials_dir).unwrap();

@@ -424,3 +424,12 @@ pub async fn sia(
     }
     cmd
 }
+
+/// A free loopback port (a process started next binds it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
