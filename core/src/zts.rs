@@ -386,6 +386,14 @@ impl ZtsClient {
     }
 }
 
+/// The names of a token request, checked before anything is sent.
+fn validate_domain_and_roles(domain: &str, roles: &[String]) -> Result<(), NameError> {
+    names::validate_domain("domain", domain)?;
+    roles
+        .iter()
+        .try_for_each(|role| names::validate_role("role", role))
+}
+
 /// `application/x-www-form-urlencoded` value encoding (RFC 3986 unreserved kept).
 fn form_value(value: &str) -> String {
     const SET: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -397,15 +405,24 @@ fn form_value(value: &str) -> String {
 }
 
 impl ServiceZtsClient {
-    /// `POST /oauth2/token` (client credentials) for `scope` (`<d>:domain` or `<d>:role.<r> …`),
-    /// optionally on behalf of `proxy_for_principal` (ZTS's `proxy_for_principal` field).
+    /// `POST /oauth2/token` (client credentials) for `roles` of `domain` (scope
+    /// `<d>:role.<r> …`, or `<d>:domain` when empty), optionally on behalf of
+    /// `proxy_for_principal` (ZTS's `proxy_for_principal` field).
     pub async fn access_token(
         &self,
-        scope: &str,
+        domain: &str,
+        roles: &[String],
         expires_in: Option<u64>,
         proxy_for_principal: Option<&str>,
     ) -> Result<AccessTokenResponse, ZtsError> {
-        let mut form = format!("grant_type=client_credentials&scope={}", form_value(scope));
+        validate_domain_and_roles(domain, roles)?;
+        let scope = if roles.is_empty() {
+            format!("{domain}:domain")
+        } else {
+            let scopes: Vec<String> = roles.iter().map(|r| format!("{domain}:role.{r}")).collect();
+            scopes.join(" ")
+        };
+        let mut form = format!("grant_type=client_credentials&scope={}", form_value(&scope));
         if let Some(seconds) = expires_in {
             form.push_str(&format!("&expires_in={seconds}"));
         }
@@ -437,10 +454,7 @@ impl ServiceZtsClient {
         max_expiry: Option<u64>,
         proxy_for_principal: Option<&str>,
     ) -> Result<RoleTokenResponse, ZtsError> {
-        names::validate_domain("domain", domain)?;
-        for role in roles {
-            names::validate_role("role", role)?;
-        }
+        validate_domain_and_roles(domain, roles)?;
         let mut query = Vec::new();
         if !roles.is_empty() {
             query.push(format!("role={}", form_value(&roles.join(","))));

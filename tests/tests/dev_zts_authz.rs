@@ -422,7 +422,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
     .unwrap();
 
     let access = client
-        .access_token("media.sports:role.readers", Some(300), None)
+        .access_token(DOMAIN, &["readers".to_owned()], Some(300), None)
         .await
         .unwrap();
     assert_eq!(access.token_type, "Bearer");
@@ -459,7 +459,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
 
     // ZTS's refusals keep its code and message; bad names are refused before anything is sent
     let err = client
-        .access_token("media.sports:role.writers", None, None)
+        .access_token(DOMAIN, &["writers".to_owned()], None, None)
         .await
         .unwrap_err();
     assert!(

@@ -110,16 +110,6 @@ impl Authz {
         &self.cache
     }
 
-    /// Which tokens are made.
-    pub fn types(&self) -> TokenTypes {
-        self.types
-    }
-
-    /// The default token lifetime asked for, seconds (0: ZTS's).
-    pub fn default_expiry(&self) -> u64 {
-        self.default_expiry
-    }
-
     /// Presents a new service identity to ZTS and gets, with it, every target's role
     /// certificate and tokens. What could not be had is returned (the earlier role certificates
     /// and tokens, if any, stay in use).
@@ -260,11 +250,6 @@ impl Authz {
             }
         }
         files
-    }
-
-    /// The token server's key for a target.
-    pub fn target_key(&self, kind: Kind, target: &DomainRole) -> TokenKey {
-        TokenServer::target_key(kind, target, self.default_expiry)
     }
 }
 

@@ -173,25 +173,10 @@ impl ZtsAccess {
         proxy_for_principal: Option<&str>,
     ) -> Result<Token, FetchError> {
         let current = self.current()?;
-        let scope = if roles.is_empty() {
-            format!("{domain}:domain")
-        } else {
-            roles
-                .iter()
-                .map(|r| format!("{domain}:role.{r}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        names::validate_domain("domain", domain)
-            .map_err(|e| FetchError::BadRequest(e.to_string()))?;
-        for role in roles {
-            names::validate_role("role", role)
-                .map_err(|e| FetchError::BadRequest(e.to_string()))?;
-        }
         let fetched_at = unix_now();
         let answer = current
             .client
-            .access_token(&scope, expires_in, proxy_for_principal)
+            .access_token(domain, roles, expires_in, proxy_for_principal)
             .await?;
         Ok(Token {
             raw: Arc::new(answer.access_token),
