@@ -4,7 +4,12 @@
 //! - memory of `athenz-sia refresh` holding 10 targets' tokens, serving the token server and
 //!   metrics (`SIA_BIN` measures another build, e.g. the static one the image ships);
 //! - latency of a cached token over loopback with keep-alive, measured by `wrk` (Debian's
-//!   `wrk`; skipped with a note when it is missing), p50/p99;
+//!   `wrk`; skipped with a note when it is missing), p50/p99, next to two floors measured the same
+//!   way: the sidecar's own `/healthz`, and a trivial responder (a blocking thread per connection
+//!   writing a fixed answer) that no HTTP server can beat on this machine. Each is measured twice:
+//!   with the scheduler free to place client and server (on a VM, waking an idle vCPU for every
+//!   request dominates the tail, floor included), and with both on one CPU, where what is left is
+//!   the server's own work;
 //! - 1,000 requests at once for one key not cached: ZTS calls made and the time to answer all.
 
 #![allow(
@@ -19,6 +24,9 @@ mod common;
 
 use athenz_testbed::zts::DevZtsConfig;
 use athenz_testbed::zts::authz::RoleEntry;
+use nix::sched::{CpuSet, sched_setaffinity};
+use nix::unistd::Pid;
+use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 const SIA: &str = env!("CARGO_BIN_EXE_athenz-sia");
@@ -28,10 +36,71 @@ fn status_mib(pid: u32, field: &str) -> f64 {
     athenz_testbed::stats::proc_status_kib(pid, field).unwrap() as f64 / 1024.0
 }
 
-/// `wrk` over `url` posting `body` (a plain GET without): its report, or why not.
-fn wrk(url: &str, body: Option<&str>, connections: usize, seconds: u32) -> Result<String, String> {
+/// The CPUs a thread may run on: `cpu` alone, or every CPU of the machine.
+fn cpu_set(cpu: Option<usize>) -> CpuSet {
+    let mut set = CpuSet::new();
+    match cpu {
+        Some(cpu) => set.set(cpu).unwrap(),
+        None => {
+            let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (0..all).for_each(|c| set.set(c).unwrap());
+        }
+    }
+    set
+}
+
+/// Places every thread of process `pid` on `cpu` (or lets it run anywhere again).
+fn place_process(pid: u32, cpu: Option<usize>) {
+    let set = cpu_set(cpu);
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let tid: i32 = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+        sched_setaffinity(Pid::from_raw(tid), &set).unwrap();
+    }
+}
+
+/// A trivial HTTP responder on loopback: a blocking thread per connection that answers every
+/// read with the same 200. What the machine's scheduler and loopback cost, with no HTTP parsing.
+fn start_trivial_responder(cpu: Option<usize>) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                sched_setaffinity(Pid::from_raw(0), &cpu_set(cpu)).unwrap();
+                let _ = conn.set_nodelay(true);
+                let mut buf = [0u8; 4096];
+                while matches!(conn.read(&mut buf), Ok(n) if n > 0) {
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                    if conn.write_all(answer).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `wrk` over `url` posting `body` (a plain GET without), on `cpu` if given: its report, or why
+/// not.
+fn wrk(
+    url: &str,
+    body: Option<&str>,
+    connections: usize,
+    seconds: u32,
+    cpu: Option<usize>,
+) -> Result<String, String> {
     let dir = tempfile::tempdir().unwrap();
-    let mut cmd = std::process::Command::new("wrk");
+    // util-linux's taskset places wrk before it starts its threads
+    let mut cmd = match cpu {
+        Some(cpu) => {
+            let mut cmd = std::process::Command::new("taskset");
+            cmd.args(["-c", &cpu.to_string(), "wrk"]);
+            cmd
+        }
+        None => std::process::Command::new("wrk"),
+    };
     cmd.args([
         "-t1",
         &format!("-c{connections}"),
@@ -138,17 +207,23 @@ fn main() {
         let url = format!("http://127.0.0.1:{port}/accesstoken");
         let healthz = format!("http://127.0.0.1:{metrics_port}/healthz");
         let cached_body = r#"{"domain":"media.sports","role":"r0"}"#;
-        for (what, target, body, connections) in [
-            ("floor: GET /healthz of the same process", &healthz, None, 1usize),
-            ("cached token", &url, Some(cached_body), 1),
-            ("cached token", &url, Some(cached_body), 10),
-        ] {
-            match tokio::task::spawn_blocking({
-                let target = target.clone();
-                move || wrk(&target, body, connections, 10)
-            })
-            .await
-            .unwrap()
+        const ONE_CPU: Option<usize> = Some(0);
+        let trivial = |cpu| format!("http://{}/", start_trivial_responder(cpu));
+        let runs = [
+            ("any CPU", None, "floor: trivial responder", trivial(None), None, 1usize),
+            ("any CPU", None, "floor: GET /healthz of the sidecar", healthz.clone(), None, 1),
+            ("any CPU", None, "cached token", url.clone(), Some(cached_body), 1),
+            ("any CPU", None, "cached token", url.clone(), Some(cached_body), 10),
+            ("one CPU", ONE_CPU, "floor: trivial responder", trivial(ONE_CPU), None, 1),
+            ("one CPU", ONE_CPU, "floor: GET /healthz of the sidecar", healthz.clone(), None, 1),
+            ("one CPU", ONE_CPU, "cached token", url.clone(), Some(cached_body), 1),
+            ("one CPU", ONE_CPU, "cached token", url.clone(), Some(cached_body), 10),
+        ];
+        for (placement, cpu, what, target, body, connections) in runs {
+            place_process(child.id(), cpu);
+            match tokio::task::spawn_blocking(move || wrk(&target, body, connections, 10, cpu))
+                .await
+                .unwrap()
             {
                 Ok(report) => {
                     let pick = |prefix: &str| {
@@ -164,7 +239,7 @@ fn main() {
                         .map(|l| l.trim_start_matches("Requests/sec:").trim().to_owned())
                         .unwrap_or_default();
                     println!(
-                        "  {what}, wrk keep-alive, {connections} connection(s), 10 s: p50 {}, p90 {}, p99 {}; {rate} requests/s",
+                        "  {placement}: {what}, wrk keep-alive, {connections} connection(s), 10 s: p50 {}, p90 {}, p99 {}; {rate} requests/s",
                         pick("50%"),
                         pick("90%"),
                         pick("99%")
@@ -173,6 +248,7 @@ fn main() {
                 Err(why) => println!("  cached token latency: {why}"),
             }
         }
+        place_process(child.id(), None);
         println!(
             "  after the wrk runs: VmRSS {:.1} MiB, peak VmHWM {:.1} MiB",
             status_mib(child.id(), "VmRSS:"),

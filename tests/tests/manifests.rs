@@ -867,3 +867,72 @@ fn no_file_holds_or_mounts_a_key_for_the_agent() {
         );
     }
 }
+
+/// The image build (deploy/Dockerfile) names only profiles the workspace defines, and copies each
+/// binary from the directory a build of it wrote: renaming a profile or moving a binary to another
+/// one fails here rather than in a cluster's image build.
+#[test]
+fn dockerfile_copies_binaries_its_builds_produce() {
+    let dockerfile = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
+    let workspace =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml"))
+            .unwrap();
+    let run = dockerfile.replace("\\\n", " ");
+    let mut built = std::collections::BTreeSet::new();
+    let mut copied = Vec::new();
+    for step in run.split("&&") {
+        let words: Vec<&str> = step.split_whitespace().collect();
+        let after = |flag: &str| {
+            words
+                .iter()
+                .position(|w| *w == flag)
+                .map(|i| words[i + 1].to_owned())
+        };
+        if let Some(at) = words.windows(2).position(|w| w == ["cargo", "build"]) {
+            let words = &words[at..];
+            let profile = match after("--profile") {
+                Some(profile) => {
+                    assert!(
+                        workspace.contains(&format!("[profile.{profile}]")),
+                        "the Dockerfile builds with profile {profile}, which Cargo.toml does not define"
+                    );
+                    profile
+                }
+                None => {
+                    assert!(
+                        words.contains(&"--release"),
+                        "a debug build in the image: {step}"
+                    );
+                    "release".to_owned()
+                }
+            };
+            let dir = match after("--target") {
+                Some(triple) => format!("target/{triple}/{profile}"),
+                None => format!("target/{profile}"),
+            };
+            for pair in words.windows(2).filter(|w| w[0] == "-p") {
+                built.insert(format!("{dir}/{}", pair[1]));
+            }
+        } else if words.first() == Some(&"cp") {
+            copied.extend(
+                words
+                    .iter()
+                    .filter(|w| w.starts_with("target/"))
+                    .map(|w| w.to_string()),
+            );
+        }
+    }
+    assert_eq!(copied.len(), 7, "every binary is copied once: {copied:?}");
+    for path in &copied {
+        assert!(
+            built.contains(path),
+            "the Dockerfile copies {path}, which no build of it writes (built: {built:?})"
+        );
+    }
+    assert!(
+        copied
+            .iter()
+            .any(|p| p.ends_with("/release-small/athenz-sia")),
+        "the pod SIA ships from the size profile"
+    );
+}
