@@ -96,7 +96,45 @@ impl From<&CertInfo> for CertSummary {
 
 struct Tracked {
     task: tokio::task::AbortHandle,
+    gate: Arc<WriteGate>,
     health: Arc<Mutex<Health>>,
+}
+
+impl Tracked {
+    /// Stops the task for good: once this returns, no write of it runs or will start.
+    fn stop(&self) {
+        self.gate.close();
+        self.task.abort();
+    }
+}
+
+/// Orders a volume's writes against its unpublish. Aborting the rotation task is not enough: a
+/// task already past its last await is inside its synchronous write and finishes it, and if
+/// unpublish has detached the tmpfs by then, the set (private key included) lands by path in the
+/// host directory beneath it. Every write runs under this lock and only while the gate is open;
+/// [`WriteGate::close`] takes the same lock, so it waits for a write in progress and no write
+/// starts after it.
+#[derive(Debug, Default)]
+struct WriteGate {
+    closed: Mutex<bool>,
+}
+
+impl WriteGate {
+    fn write(&self, write: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+        let closed = lock(&self.closed);
+        if *closed {
+            return Err("the volume was unpublished: nothing written".into());
+        }
+        write()
+    }
+
+    fn close(&self) {
+        *lock(&self.closed) = true;
+    }
+
+    fn is_closed(&self) -> bool {
+        *lock(&self.closed)
+    }
 }
 
 /// The rotation tasks of the files-mode volumes on this node.
@@ -166,21 +204,25 @@ impl<I: Issuer> Rotation<I> {
             last_error: None,
             rotations: 0,
         }));
+        let gate = Arc::new(WriteGate::default());
         let task = tokio::spawn(Arc::clone(self).run(
             id.clone(),
             data,
             files,
             CertSummary::from(cert),
+            Arc::clone(&gate),
             Arc::clone(&health),
         ));
-        if let Some(old) = lock(&self.tracked).insert(
+        let old = lock(&self.tracked).insert(
             id,
             Tracked {
                 task: task.abort_handle(),
+                gate,
                 health,
             },
-        ) {
-            old.task.abort();
+        );
+        if let Some(old) = old {
+            old.stop();
         }
     }
 
@@ -200,10 +242,12 @@ impl<I: Issuer> Rotation<I> {
         Ok(())
     }
 
-    /// Stops rotating volume `id` (unpublish).
+    /// Stops rotating volume `id` (unpublish). When it returns, no write into the volume's files
+    /// is running or will start, so the caller may unmount them.
     pub fn forget(&self, id: &VolumeId) {
-        if let Some(old) = lock(&self.tracked).remove(id) {
-            old.task.abort();
+        let old = lock(&self.tracked).remove(id);
+        if let Some(old) = old {
+            old.stop();
         }
     }
 
@@ -277,6 +321,7 @@ impl<I: Issuer> Rotation<I> {
         data: VolumeData,
         files: PathBuf,
         mut cert: CertSummary,
+        gate: Arc<WriteGate>,
         health: Arc<Mutex<Health>>,
     ) {
         let group = data.csi.as_ref().and_then(|c| c.group);
@@ -296,7 +341,11 @@ impl<I: Issuer> Rotation<I> {
             let reason = self
                 .wait_for_reason(&data, &cert, Instant::now() + wait)
                 .await;
-            match self.rotate_once(&id, &data, &files, group).await {
+            let rotated = self.rotate_once(&id, &data, &files, group, &gate).await;
+            if gate.is_closed() {
+                return;
+            }
+            match rotated {
                 Ok(info) => {
                     tracing::info!(%id, reason, expires = %info.not_after, "files-mode identity re-issued");
                     cert = CertSummary::from(&info);
@@ -351,6 +400,7 @@ impl<I: Issuer> Rotation<I> {
         data: &VolumeData,
         files: &Path,
         group: Option<u32>,
+        gate: &WriteGate,
     ) -> Result<CertInfo, String> {
         let current = FileSet::new(files)
             .read(&[KEY_FILE, CERT_FILE])
@@ -381,7 +431,7 @@ impl<I: Issuer> Rotation<I> {
         }
         .map_err(|e| e.message)?;
         let info = leaf_info(&answer.cert_pem)?;
-        write_set(files, &answer, group)?;
+        gate.write(|| write_set(files, &answer, group))?;
         Ok(info)
     }
 }
@@ -389,6 +439,131 @@ impl<I: Issuer> Rotation<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An issuer whose re-issue blocks its worker thread (no await) until released: the rotation
+    /// task is mid-poll, past anything an abort could interrupt, when the volume is unpublished.
+    struct StalledIssuer {
+        entered: std::sync::mpsc::SyncSender<()>,
+        release: Mutex<std::sync::mpsc::Receiver<()>>,
+        answer: IdentityResponse,
+    }
+
+    impl Issuer for StalledIssuer {
+        async fn issue(
+            &self,
+            _: &VolumeId,
+            _: &VolumeData,
+            _: Registration,
+        ) -> Result<IdentityResponse, IssueError> {
+            Err(IssueError {
+                transient: false,
+                message: "not in this test".into(),
+            })
+        }
+
+        async fn reissue(
+            &self,
+            _: &VolumeId,
+            _: &VolumeData,
+            _: &CurrentPair,
+        ) -> Result<IdentityResponse, IssueError> {
+            self.entered.send(()).unwrap();
+            lock(&self.release)
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap();
+            Ok(self.answer.clone())
+        }
+
+        async fn pod_ip(&self, _: &VolumeData) -> Result<Option<IpAddr>, IssueError> {
+            Ok(None)
+        }
+
+        fn ready(&self) -> bool {
+            true
+        }
+    }
+
+    fn identity(serial: u64) -> IdentityResponse {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(["pod.example".to_owned()]).unwrap();
+        params.serial_number = Some(serial.into());
+        let cert = params.self_signed(&key).unwrap();
+        IdentityResponse {
+            key_pem: Secret::new(key.serialize_pem()),
+            cert_pem: cert.pem(),
+            ca_cert_pem: cert.pem(),
+            ntoken: Secret::new("v=S1;d=media;n=web;s=sig".to_owned()),
+            expires_at: "2030-01-01T00:00:00Z".into(),
+        }
+    }
+
+    fn serial_on_disk(files: &Path) -> String {
+        let set = FileSet::new(files).read(&[CERT_FILE]).unwrap();
+        leaf_info(&String::from_utf8_lossy(&set[0]))
+            .unwrap()
+            .serial_hex
+    }
+
+    /// Regression (CI, stop 26): unpublish raced a rotation that was inside its write; the set was
+    /// written after the tmpfs was detached, onto the host directory beneath, and the unpublish
+    /// failed with "Directory not empty". Once `forget` returns, nothing is written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_write_after_forget_returns_even_mid_rotation() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = dir.path().join("files");
+        std::fs::create_dir(&files).unwrap();
+        let first = identity(0x0a);
+        write_set(&files, &first, None).unwrap();
+        assert_eq!(serial_on_disk(&files), "a");
+
+        let (entered_tx, entered) = std::sync::mpsc::sync_channel(1);
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let issuer = Arc::new(StalledIssuer {
+            entered: entered_tx,
+            release: Mutex::new(release_rx),
+            answer: identity(0x0b),
+        });
+        let policy = RefreshPolicy {
+            min_delay: Duration::from_millis(1),
+            ..RefreshPolicy::default()
+        };
+        let rotation = Arc::new(Rotation::new(
+            issuer,
+            policy,
+            Backoff::default(),
+            IpWatch::default(),
+        ));
+        let id = VolumeId::parse(&"ab".repeat(32)).unwrap();
+        let data = VolumeData {
+            namespace: "default".into(),
+            pod_name: "web".into(),
+            pod_uid: "uid".into(),
+            service_account: "web".into(),
+            mount_dir: "/var/lib/kubelet/pods/uid/volumes/x".into(),
+            read_write: false,
+            created_at: OffsetDateTime::now_utc(),
+            csi: None,
+        };
+        let mut due_now = leaf_info(&first.cert_pem).unwrap();
+        due_now.not_after = OffsetDateTime::now_utc() - time::Duration::seconds(1);
+        rotation.track(id.clone(), data, files.clone(), &due_now);
+
+        let stopper = Arc::clone(&rotation);
+        let stopped = tokio::task::spawn_blocking(move || {
+            entered.recv_timeout(Duration::from_secs(10)).unwrap();
+            stopper.forget(&id);
+            release.send(()).unwrap();
+        });
+        stopped.await.unwrap();
+        // the stalled task now carries on; without the gate it writes serial b within microseconds
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            serial_on_disk(&files),
+            "a",
+            "a set was written after forget returned"
+        );
+        assert!(!rotation.is_tracked(&VolumeId::parse(&"ab".repeat(32)).unwrap()));
+    }
 
     #[test]
     fn health_names_what_is_wrong() {
