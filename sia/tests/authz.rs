@@ -85,17 +85,7 @@ async fn init_pod(node: &Node, n: usize, extra: &[(&str, &str)]) -> PathBuf {
 }
 
 async fn jwks(node: &Node) -> Value {
-    reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(node.zts.root_pem().as_bytes()).unwrap()])
-        .build()
-        .unwrap()
-        .get(format!("{}/oauth2/keys", node.zts.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    node.zts.fetch_jwks().await.unwrap()
 }
 
 /// The `x5t#S256` a token bound to the leaf of `cert_pem` must carry.

@@ -83,17 +83,7 @@ fn pyjwt_verify(token: &str, jwks: &serde_json::Value, audience: &str) -> serde_
 async fn access_tokens_verify_with_pyjwt_and_are_bound_to_the_client_certificate() {
     let zts = zts().await;
     let (http, cert_der) = client(&zts, Some("media.sports.web"));
-    let jwks: serde_json::Value = reqwest::Client::builder()
-        .tls_certs_only([reqwest::Certificate::from_pem(zts.root_pem().as_bytes()).unwrap()])
-        .build()
-        .unwrap()
-        .get(format!("{}/oauth2/keys", zts.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let jwks = zts.fetch_jwks().await.unwrap();
 
     let (status, body) = token_request(
         &zts,

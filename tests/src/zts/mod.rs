@@ -288,6 +288,24 @@ impl DevZts {
         &self.root_pem
     }
 
+    /// `GET /oauth2/keys` over HTTPS, trusting only the root, as a token verifier fetches it.
+    pub async fn fetch_jwks(&self) -> Result<serde_json::Value, String> {
+        let root = reqwest::Certificate::from_pem(self.root_pem.as_bytes())
+            .map_err(|e| format!("the root: {e}"))?;
+        let client = reqwest::Client::builder()
+            .tls_certs_only([root])
+            .build()
+            .map_err(|e| format!("an HTTPS client: {e}"))?;
+        client
+            .get(format!("{}/oauth2/keys", self.url))
+            .send()
+            .await
+            .map_err(|e| format!("GET /oauth2/keys: {e}"))?
+            .json()
+            .await
+            .map_err(|e| format!("the JWKS: {e}"))
+    }
+
     /// Path of `ca.pem` (the root).
     pub fn ca_path(&self) -> PathBuf {
         self.files.join("ca.pem")
