@@ -6,7 +6,7 @@
 //! the cost of the cryptography no implementation can avoid, measured in the same run, as a ratio.
 
 use crate::kube::{KubeClient, NewPod, PodSize};
-use crate::pod_volume::{MountedVolume, NodeKubelet};
+use crate::pod_volume::{MountedVolume, NodeKubelet, PodTimes};
 use crate::procs::Usage;
 use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
@@ -99,6 +99,8 @@ pub struct BenchReport {
     pub peer_check: athenz_core::peer::PeerCheck,
     /// Mount → files written, ms.
     pub latency_ms: Latency,
+    /// Its parts, ms.
+    pub latency_parts_ms: LatencyParts,
     /// From the first mount to the last files written, seconds.
     pub wall_seconds: f64,
     /// Identities per second.
@@ -134,6 +136,51 @@ pub struct Latency {
     pub p99: f64,
     /// Slowest.
     pub max: f64,
+}
+
+impl Latency {
+    /// The percentiles of `samples` (sorted here), in ms.
+    fn of(samples: &mut [Duration]) -> Self {
+        samples.sort();
+        Self {
+            p50: ms(percentile(samples, 0.5)),
+            p90: ms(percentile(samples, 0.9)),
+            p99: ms(percentile(samples, 0.99)),
+            max: samples.last().map_or(0.0, |d| ms(*d)),
+        }
+    }
+}
+
+/// Where mount → files went, each part over all pods (percentiles of each part separately, so
+/// they do not add up to the total's).
+#[derive(Debug, Serialize)]
+pub struct LatencyParts {
+    /// The mount as kubelet does it: the flex driver's process, or `NodePublishVolume` (the
+    /// whole of files mode).
+    pub mount: Latency,
+    /// The SIA's own time as it reports it: from its `main` to the files written (the agent's
+    /// answer included). `None` in files mode.
+    pub sia: Option<Latency>,
+    /// The rest: starting the SIA as a process of its pod (fork and exec; with pod cgroups, the
+    /// stand-in runtime's placement of it in its container cgroup). Container start, which a
+    /// real runtime does its own way; `None` in files mode.
+    pub sia_process_start: Option<Latency>,
+}
+
+impl LatencyParts {
+    fn of(times: &[PodTimes]) -> Self {
+        let mut mount: Vec<Duration> = times.iter().map(|t| t.mount).collect();
+        let mut sia: Vec<Duration> = times.iter().filter_map(|t| t.sia.map(|s| s.own)).collect();
+        let mut start: Vec<Duration> = times
+            .iter()
+            .filter_map(|t| t.sia.map(|s| s.process.saturating_sub(s.own)))
+            .collect();
+        Self {
+            mount: Latency::of(&mut mount),
+            sia: (!sia.is_empty()).then(|| Latency::of(&mut sia)),
+            sia_process_start: (!start.is_empty()).then(|| Latency::of(&mut start)),
+        }
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -237,7 +284,7 @@ fn bench_pod(n: usize) -> NewPod {
 }
 
 /// The pods' tasks, each giving back its mount → files time and its volume.
-type Tasks = tokio::task::JoinSet<anyhow::Result<(Duration, MountedVolume)>>;
+type Tasks = tokio::task::JoinSet<anyhow::Result<(PodTimes, MountedVolume)>>;
 
 /// Every pod created first, then `concurrency` of them mounted at a time.
 async fn run_all_existing(
@@ -318,11 +365,11 @@ async fn measure(
     } else {
         run_arriving(&info, &kube, &kubelet, options)
     };
-    let mut latencies = Vec::new();
+    let mut times = Vec::new();
     let mut volumes = Vec::new();
     while let Some(joined) = tasks.join_next().await {
-        let (latency, volume) = joined.context("a pod's task")??;
-        latencies.push(latency);
+        let (pod_times, volume) = joined.context("a pod's task")??;
+        times.push(pod_times);
         volumes.push(volume);
     }
     let wall = started.elapsed();
@@ -334,7 +381,7 @@ async fn measure(
         kubelet.take_down(&info, mounted).await?;
     }
 
-    latencies.sort();
+    let mut latencies: Vec<Duration> = times.iter().map(|t| t.total).collect();
     let mut processes = Vec::new();
     let mut total_cpu = 0.0;
     for ((name, a), (_, b)) in after.iter().zip(before.iter()) {
@@ -376,12 +423,8 @@ async fn measure(
         pod_size: options.pod_size,
         key: options.key.clone(),
         peer_check: info.peer_check,
-        latency_ms: Latency {
-            p50: ms(percentile(&latencies, 0.5)),
-            p90: ms(percentile(&latencies, 0.9)),
-            p99: ms(percentile(&latencies, 0.99)),
-            max: latencies.last().map_or(0.0, |d| ms(*d)),
-        },
+        latency_ms: Latency::of(&mut latencies),
+        latency_parts_ms: LatencyParts::of(&times),
         wall_seconds: wall.as_secs_f64(),
         throughput_per_second: options.pods as f64 / wall.as_secs_f64(),
         processes,
@@ -576,6 +619,20 @@ pub fn print_human(report: &BenchReport) {
         "latency mount -> files written: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         l.p50, l.p90, l.p99, l.max
     );
+    let parts = &report.latency_parts_ms;
+    let part = |name: &str, l: &Latency| {
+        println!(
+            "  {name:<44} p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms",
+            l.p50, l.p90, l.p99
+        );
+    };
+    part("mount (driver / NodePublishVolume)", &parts.mount);
+    if let Some(sia) = &parts.sia {
+        part("athenz-sia init, as it reports (agent incl.)", sia);
+    }
+    if let Some(start) = &parts.sia_process_start {
+        part("SIA process start and pod placement", start);
+    }
     println!(
         "all {} identities in {:.3} s: {:.0} identities/s",
         report.pods, report.wall_seconds, report.throughput_per_second

@@ -222,7 +222,8 @@ async fn issue_refresh_refuse(
     let mut pods = Vec::new();
     for pod in demo_pods() {
         let uid = kube.create_running_pod(&pod, &info.node_name).await?;
-        let (issued_in, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
+        let (times, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
+        let issued_in = times.total;
         volumes.push(mounted.clone());
         let identity = identity::check(mounted.credentials_dir())
             .with_context(|| format!("checking the identity of {}", pod.name))?;

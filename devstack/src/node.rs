@@ -88,6 +88,19 @@ async fn run(
     cwd: Option<&Path>,
     what: &str,
 ) -> anyhow::Result<String> {
+    run_capturing(argv, args, env, cwd, what)
+        .await
+        .map(|(stdout, _)| stdout)
+}
+
+/// [`run`], also giving back what the program wrote to stderr (its log).
+async fn run_capturing(
+    argv: &[String],
+    args: &[String],
+    env: &[(&str, String)],
+    cwd: Option<&Path>,
+    what: &str,
+) -> anyhow::Result<(String, String)> {
     let (program, prefix) = argv.split_first().context("an empty argv prefix")?;
     let mut command = tokio::process::Command::new(program);
     if let Some(dir) = cwd {
@@ -103,15 +116,16 @@ async fn run(
         .with_context(|| format!("{what}: no answer within {STEP_TIMEOUT:?}"))?
         .with_context(|| format!("{what}: cannot run {program}"))?;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     if !output.status.success() {
         bail!(
             "{what}: {} ({}) {}",
             output.status,
             stdout.trim(),
-            String::from_utf8_lossy(&output.stderr).trim()
+            stderr.trim()
         );
     }
-    Ok(stdout)
+    Ok((stdout, stderr))
 }
 
 /// The driver's environment: the node's host directories.
@@ -261,20 +275,48 @@ pub fn in_pod(stack: &StackInfo, uid: &str, argv: &[String]) -> anyhow::Result<V
     }
 }
 
+/// How long an `athenz-sia init` took.
+#[derive(Debug, Clone, Copy)]
+pub struct SiaInit {
+    /// From starting the process (into its pod's cgroup, when the stack makes them) to its exit.
+    pub process: Duration,
+    /// What the SIA itself reports (`took_ms` of its "identity written" line): from its `main`
+    /// to the files written, i.e. the agent's answer and the writes, without the process start
+    /// and the pod placement around it.
+    pub own: Duration,
+}
+
 /// `athenz-sia init` for the pod, as a process of the pod; returns how long it took.
-pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<Duration> {
+pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<SiaInit> {
     let started = Instant::now();
     let mut argv = stack.sia.clone();
     argv.push("init".into());
-    run(
+    let mut env = sia_env(volume);
+    env.push(("LOG_FORMAT", "json".into()));
+    let what = format!("athenz-sia init for {}", volume.pod.name);
+    let (_, log) = run_capturing(
         &in_pod(stack, &volume.uid, &argv)?,
         &[],
-        &sia_env(volume),
+        &env,
         Some(&volume.mount_dir),
-        &format!("athenz-sia init for {}", volume.pod.name),
+        &what,
     )
     .await?;
-    Ok(started.elapsed())
+    let process = started.elapsed();
+    let own = sia_reported_time(&log).with_context(|| format!("{what}: its log {log:?}"))?;
+    Ok(SiaInit { process, own })
+}
+
+/// The `took_ms` of the SIA's "identity written" line in its JSON log.
+pub fn sia_reported_time(log: &str) -> anyhow::Result<Duration> {
+    let took_ms = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["message"] == "identity written")
+        .context("no \"identity written\" line")?["took_ms"]
+        .as_f64()
+        .context("the \"identity written\" line has no took_ms")?;
+    Ok(Duration::from_secs_f64(took_ms.max(0.0) / 1e3))
 }
 
 /// Starts `athenz-sia refresh` for the pod with `interval` as the latest refresh.

@@ -23,6 +23,19 @@ fn csi_mode(kind: VolumeKind) -> &'static str {
     }
 }
 
+/// Where one pod's mount → files time went.
+#[derive(Debug, Clone, Copy)]
+pub struct PodTimes {
+    /// From the first mount call to the files being there.
+    pub total: Duration,
+    /// The mount as kubelet does it: the flex driver's process, or the `NodePublishVolume` call
+    /// (in files mode, everything); with kubelet's own steps (the mount dir, the pod's memory
+    /// volume for its SIA).
+    pub mount: Duration,
+    /// The pod's `athenz-sia init`, when one runs.
+    pub sia: Option<node::SiaInit>,
+}
+
 /// One pod's mounted identity volume.
 #[derive(Debug, Clone)]
 pub struct MountedVolume {
@@ -125,19 +138,20 @@ impl NodeKubelet {
     }
 
     /// Mounts the pod's volume and has its credentials written as the pod would (see the module
-    /// doc); returns the time from the first mount call to the files being there.
+    /// doc); returns how long that took, from the first mount call to the files being there.
     pub async fn give_identity(
         &self,
         info: &StackInfo,
         pod: &NewPod,
         uid: &str,
-    ) -> anyhow::Result<(Duration, MountedVolume)> {
+    ) -> anyhow::Result<(PodTimes, MountedVolume)> {
         let started = Instant::now();
-        let mount = match &self.csi {
+        let (mount, driver, sia) = match &self.csi {
             None => {
                 let volume = node::mount(info, &self.kubelet_root, pod, uid).await?;
-                node::sia_init(info, &volume).await?;
-                Mount::Flex(volume)
+                let driver = started.elapsed();
+                let sia = node::sia_init(info, &volume).await?;
+                (Mount::Flex(volume), Some(driver), Some(sia))
             }
             Some(kubelet) => {
                 let csi = kubelet
@@ -153,19 +167,27 @@ impl NodeKubelet {
                         mount_dir: csi.target.clone(),
                         credentials_dir: node::credentials_volume(&self.kubelet_root, uid)?,
                     };
-                    node::sia_init(info, &sia).await?;
-                    Mount::CsiSocket { csi, sia }
+                    let publish = started.elapsed();
+                    let init = node::sia_init(info, &sia).await?;
+                    (Mount::CsiSocket { csi, sia }, Some(publish), Some(init))
                 } else {
-                    Mount::CsiFiles { csi }
+                    // the publish is the whole: its time is the total's
+                    (Mount::CsiFiles { csi }, None, None)
                 }
             }
+        };
+        let total = started.elapsed();
+        let times = PodTimes {
+            total,
+            mount: driver.unwrap_or(total),
+            sia,
         };
         let mounted = MountedVolume {
             pod: pod.clone(),
             uid: uid.to_owned(),
             mount,
         };
-        Ok((started.elapsed(), mounted))
+        Ok((times, mounted))
     }
 
     /// Unmounts as kubelet does when the pod goes.

@@ -303,6 +303,22 @@ fn bench_reports_arrivals_of_real_size_pods() {
     // flex pays a driver and a SIA process per pod; files mode none
     assert!(reports[0]["per_pod_process_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(reports[1]["per_pod_process_ms"], 0.0);
+    // where mount -> files went: the driver, the SIA as it reports its own time, and its start;
+    // each part lies within the whole (the slowest part no slower than the slowest pod)
+    let flex = &reports[0]["latency_parts_ms"];
+    let total_max = reports[0]["latency_ms"]["max"].as_f64().unwrap();
+    for part in ["mount", "sia", "sia_process_start"] {
+        let p50 = flex[part]["p50"].as_f64().unwrap();
+        let max = flex[part]["max"].as_f64().unwrap();
+        assert!(p50 > 0.0 && max <= total_max, "{part}: {flex}");
+    }
+    let files = &reports[1]["latency_parts_ms"];
+    assert_eq!(
+        files["mount"]["max"], reports[1]["latency_ms"]["max"],
+        "{files}"
+    );
+    assert_eq!(files["sia"], serde_json::Value::Null);
+    assert_eq!(files["sia_process_start"], serde_json::Value::Null);
 
     let out = Command::new(DEVSTACK)
         .args(["bench", "--pods", "1", "--arrival", "soon"])

@@ -155,6 +155,7 @@ pub fn main_with_args(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> std::process::ExitCode {
     use std::process::ExitCode;
+    let started = std::time::Instant::now();
     // No TLS here (the agent is reached over a Unix socket), so no crypto provider is installed:
     // it would only add memory to a process that runs in every pod.
     let cli = Cli::parse_from(args);
@@ -175,7 +176,7 @@ pub fn main_with_args(
         if refresh {
             sia.refresh(athenz_core::http::termination_signal()).await
         } else {
-            sia.init().await
+            sia.init(started).await
         }
     })
 }

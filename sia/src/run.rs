@@ -271,7 +271,9 @@ impl Sia {
     }
 
     /// Gets the identity and writes it, retrying transient failures until `--init-timeout`.
-    pub async fn init(&self) -> Result<(), String> {
+    /// `started` is when the process started: the closing log line says how long init took
+    /// (`took_ms`), the part of a pod's start an operator can attribute to its identity.
+    pub async fn init(&self, started: Instant) -> Result<(), String> {
         let deadline = Instant::now() + self.settings.init_timeout;
         let backoff = Backoff {
             base: Duration::from_millis(250),
@@ -285,7 +287,8 @@ impl Sia {
                         self.authorize_all(authz, &answer, deadline).await?;
                     }
                     self.write(&answer)?;
-                    tracing::info!(expires = %answer.expires_at, out_dir = %self.settings.out_dir.display(), "identity written");
+                    let took_ms = (started.elapsed().as_secs_f64() * 1e4).round() / 10.0;
+                    tracing::info!(expires = %answer.expires_at, out_dir = %self.settings.out_dir.display(), took_ms, "identity written");
                     return Ok(());
                 }
                 Err(e) if e.is_transient() => {
