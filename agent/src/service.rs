@@ -723,12 +723,7 @@ impl Agent {
         body: &[u8],
         conn: &ConnInfo,
     ) -> Result<IdentityResponse, Failure> {
-        let request: RefreshRequest = serde_json::from_slice(body).map_err(|e| {
-            fail(
-                StatusCode::BAD_REQUEST,
-                format!("invalid refresh request: {e}"),
-            )
-        })?;
+        let request = parse_refresh_request(body)?;
         let lock = self.lock_for(id).await;
         let mut recent = lock.lock().await;
         // a refresh supersedes any coalesced init answer
@@ -765,16 +760,7 @@ impl Agent {
             )
         })?;
         // the presented pair must be this volume's identity, before anything leaves the node
-        let info = CertInfo::from_pem(cert_pem)
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let key = PrivateKey::from_pem(key_pem.expose())
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        if !key_matches_cert(&key, &info) {
-            return Err(fail(
-                StatusCode::BAD_REQUEST,
-                "the key does not belong to the certificate",
-            ));
-        }
+        let PresentedPair { info, presented } = PresentedPair::parse(key_pem.expose(), cert_pem)?;
         let principal = athenz_core::names::principal(&state.domain, &state.service);
         let instance_uri = athenz_core::names::instance_id_uri(&state.provider, &state.instance_id);
         if info.common_name != principal || !info.uris.contains(&instance_uri) {
@@ -783,9 +769,6 @@ impl Agent {
                 "the certificate is not this volume's identity",
             ));
         }
-        // the pair in the form ZTS will be shown it; its chain is the one checked below
-        let presented = tls::certified_key_from_pem(cert_pem, key_pem.expose())
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
         self.check_presented(&presented.cert, &info, &state)?;
         // the pod had its identity, so the kubelet listed it: missing from a new list, it is gone
         let (subject, service_ip) = self.pod_subject(data, ip, Absent::Gone).await?;
@@ -819,6 +802,45 @@ impl Agent {
         // as ZTS does: the certificate just presented stays usable once (its answer may be lost)
         self.finish(paths, &subject, &new_key, &identity, Some(info.serial_hex))
     }
+}
+
+/// The key and certificate a pod presents for refresh, parsed: what the socket API reads from a
+/// pod before anything else is looked at. Pure, so the fuzz target `agent_request` drives it.
+pub struct PresentedPair {
+    /// The leaf certificate's fields.
+    pub info: CertInfo,
+    /// The pair in the form ZTS will be shown it (leaf + chain, with the key).
+    pub presented: Arc<tls::CertifiedKey>,
+}
+
+impl PresentedPair {
+    /// Parses `cert_pem` (leaf alone or leaf + chain) and `key_pem`; 400 unless both parse and
+    /// the key is the certificate's.
+    pub fn parse(key_pem: &str, cert_pem: &str) -> Result<Self, Failure> {
+        let info = CertInfo::from_pem(cert_pem)
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        let key = PrivateKey::from_pem(key_pem)
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        if !key_matches_cert(&key, &info) {
+            return Err(fail(
+                StatusCode::BAD_REQUEST,
+                "the key does not belong to the certificate",
+            ));
+        }
+        let presented = tls::certified_key_from_pem(cert_pem, key_pem)
+            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
+        Ok(Self { info, presented })
+    }
+}
+
+/// Reads a refresh body (DESIGN.md 4.2): strict JSON, 400 naming the fault otherwise.
+pub fn parse_refresh_request(body: &[u8]) -> Result<RefreshRequest, Failure> {
+    serde_json::from_slice(body).map_err(|e| {
+        fail(
+            StatusCode::BAD_REQUEST,
+            format!("invalid refresh request: {e}"),
+        )
+    })
 }
 
 /// The socket handler.

@@ -135,6 +135,30 @@ pub fn check_token_signature(
         .map_err(|e| deny("signature", format!("JWT does not verify: {e}")))
 }
 
+/// Every check of a pod's confirmation that needs only the request itself, in order: the
+/// attestation JWT's signature and claims, then the names it asks for against the pod it names.
+/// What is left (the pod through the Kubernetes API, the SANs) needs the cluster. Pure but for
+/// the replay cache, so the fuzz target `callback_confirmation` drives it.
+pub fn check_request(
+    policy: &Policy,
+    keys: &PublicKeys,
+    replay: &ReplayCache,
+    c: &InstanceConfirmation,
+    now: i64,
+) -> Result<(PodSubject, ReceivedClaims), Deny> {
+    let claims = check_token_signature(policy, keys, c.attestation_data.expose())?;
+    let exp = check_exp(policy, &claims, now)?;
+    check_iat_nbf(policy, &claims, now)?;
+    check_aud(policy, &claims)?;
+    check_iss(policy, &claims)?;
+    check_jti(replay, &claims, exp, now)?;
+    let subject = check_subject(&claims)?;
+    check_domain_service(&subject, c)?;
+    check_instance_id(&subject, c)?;
+    check_namespace(policy, &subject)?;
+    Ok((subject, claims))
+}
+
 /// `exp` is present and not passed (allowing the skew).
 pub fn check_exp(policy: &Policy, claims: &ReceivedClaims, now: i64) -> Result<i64, Deny> {
     let exp = claims

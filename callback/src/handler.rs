@@ -114,17 +114,8 @@ impl CallbackHandler {
         if p.node.is_agent(&c.domain, &c.service) {
             return self.confirm_node(c).await;
         }
-        let claims = checks::check_token_signature(p, &self.keys, c.attestation_data.expose())?;
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
-        let exp = checks::check_exp(p, &claims, now)?;
-        checks::check_iat_nbf(p, &claims, now)?;
-        checks::check_aud(p, &claims)?;
-        checks::check_iss(p, &claims)?;
-        checks::check_jti(&self.replay, &claims, exp, now)?;
-        let subject = checks::check_subject(&claims)?;
-        checks::check_domain_service(&subject, c)?;
-        checks::check_instance_id(&subject, c)?;
-        checks::check_namespace(p, &subject)?;
+        let (subject, claims) = checks::check_request(p, &self.keys, &self.replay, c, now)?;
         let pod = self
             .cluster
             .pod(&subject.namespace, &subject.name)

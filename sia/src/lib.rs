@@ -7,6 +7,7 @@ pub mod authz;
 pub mod client;
 pub mod run;
 pub mod sds;
+pub mod status;
 
 use athenz_core::refresh::parse_duration;
 use athenz_core::telemetry::LogFormat;
@@ -27,13 +28,16 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// `init` or `refresh`.
+/// `init`, `refresh` or `status`.
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Get the identity, write the files, exit.
     Init(Settings),
     /// Keep the files fresh until SIGTERM.
     Refresh(Settings),
+    /// Show what the identity files hold (principal, SANs, expiry, chain, key); exit 1 if they
+    /// are not usable. Usable as an exec probe.
+    Status(status::StatusArgs),
 }
 
 /// Every setting; each a flag with an environment fallback.
@@ -148,8 +152,9 @@ pub fn parse_listen_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     Ok(std::net::SocketAddr::new(ip, port))
 }
 
-/// The `athenz-sia` command: parses `args` (the program name first), runs `init` or `refresh`
-/// and says how it ended: 0 done (or SIGTERM during refresh), 1 failed, 2 bad settings. `main`
+/// The `athenz-sia` command: parses `args` (the program name first), runs `init`, `refresh` or
+/// `status` and says how it ended: 0 done (or SIGTERM during refresh; healthy files for
+/// `status`), 1 failed (unhealthy files), 2 bad settings. `main`
 /// runs it, and so does `athenz-devstack` when it re-executes itself under this name.
 pub fn main_with_args(
     args: impl IntoIterator<Item = std::ffi::OsString>,
@@ -162,6 +167,11 @@ pub fn main_with_args(
     let (settings, refresh) = match cli.command {
         Command::Init(s) => (s, false),
         Command::Refresh(s) => (s, true),
+        Command::Status(args) => {
+            // certificate chain checks use the TLS stack's verifier
+            athenz_core::install_crypto_provider();
+            return status::run(&args);
+        }
     };
     let _ = athenz_core::telemetry::init_logging(settings.log_format);
     let sia = match run::Sia::load(settings) {

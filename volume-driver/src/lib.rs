@@ -55,27 +55,76 @@ pub fn main_with_args(args: &[OsString]) -> ! {
     print_and_exit(&run(args, &host_dirs_from_env()))
 }
 
+/// One driver invocation, parsed and checked before anything touches the disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `init`.
+    Init,
+    /// `mount <dir> <options json>`: the dir's form is checked and the options parsed.
+    Mount {
+        /// The mount dir kubelet named.
+        dir: String,
+        /// The pod the volume is for.
+        options: MountOptions,
+    },
+    /// `unmount <dir>`: the dir's form is checked.
+    Unmount {
+        /// The mount dir kubelet named.
+        dir: String,
+    },
+}
+
+impl Command {
+    /// Parses kubelet's arguments (after the program name). Pure: the fuzz target
+    /// `flex_driver_args` drives it with arbitrary argv. A refusal is the one reply to print.
+    pub fn parse(args: &[&str]) -> Result<Self, Reply> {
+        match args {
+            [] => Err(Reply::failure(
+                "no command given: expected init, mount or unmount",
+            )),
+            ["init"] => Ok(Self::Init),
+            ["mount", dir, options] => {
+                mount_dir::check_form(dir).map_err(Reply::failure)?;
+                let options =
+                    MountOptions::parse(options).map_err(|e| Reply::failure(e.to_string()))?;
+                Ok(Self::Mount {
+                    dir: (*dir).to_owned(),
+                    options,
+                })
+            }
+            ["unmount", dir] => {
+                mount_dir::check_form(dir).map_err(Reply::failure)?;
+                Ok(Self::Unmount {
+                    dir: (*dir).to_owned(),
+                })
+            }
+            ["init", ..] => Err(Reply::failure("init takes no arguments")),
+            ["mount", ..] => Err(Reply::failure(format!(
+                "mount takes 2 arguments (<mount dir> <options json>), got {}",
+                args.len() - 1
+            ))),
+            ["unmount", ..] => Err(Reply::failure(format!(
+                "unmount takes 1 argument (<mount dir>), got {}",
+                args.len() - 1
+            ))),
+            [other, ..] => Err(Reply::not_supported(other)),
+        }
+    }
+}
+
 /// Runs one driver command. `args` are the arguments after the program name.
 pub fn run(args: &[OsString], host: &HostDirs) -> Reply {
     let args: Vec<&str> = match args.iter().map(|a| a.to_str()).collect::<Option<Vec<_>>>() {
         Some(a) => a,
         None => return Reply::failure("arguments must be UTF-8"),
     };
-    let reply = match args.as_slice() {
-        [] => Reply::failure("no command given: expected init, mount or unmount"),
-        ["init"] => Reply::init(),
-        ["mount", dir, options] => with_volumes(host, |host| mount(host, dir, options)),
-        ["unmount", dir] => with_volumes(host, |host| unmount(host, dir)),
-        ["init", ..] => Reply::failure("init takes no arguments"),
-        ["mount", ..] => Reply::failure(format!(
-            "mount takes 2 arguments (<mount dir> <options json>), got {}",
-            args.len() - 1
-        )),
-        ["unmount", ..] => Reply::failure(format!(
-            "unmount takes 1 argument (<mount dir>), got {}",
-            args.len() - 1
-        )),
-        [other, ..] => Reply::not_supported(other),
+    let reply = match Command::parse(&args) {
+        Err(refusal) => refusal,
+        Ok(Command::Init) => Reply::init(),
+        Ok(Command::Mount { dir, options }) => {
+            with_volumes(host, |host| mount(host, &dir, &options))
+        }
+        Ok(Command::Unmount { dir }) => with_volumes(host, |host| unmount(host, &dir)),
     };
     if let Some(command @ ("mount" | "unmount")) = args.first().copied() {
         let dir = args.get(1).copied().unwrap_or_default();
@@ -107,17 +156,14 @@ fn with_volumes(host: &HostDirs, f: impl FnOnce(&HostDirs) -> Result<(), String>
     }
 }
 
-fn mount(host: &HostDirs, dir: &str, options: &str) -> Result<(), String> {
-    mount_dir::check_form(dir)?;
-    let opts = MountOptions::parse(options).map_err(|e| e.to_string())?;
+fn mount(host: &HostDirs, dir: &str, options: &MountOptions) -> Result<(), String> {
     mount_dir::check_on_disk(Path::new(dir), host.volumes.root(), &host.agent)?;
-    driver::mount_volume(host, dir, &opts.request())
+    driver::mount_volume(host, dir, &options.request())
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
 
 fn unmount(host: &HostDirs, dir: &str) -> Result<(), String> {
-    mount_dir::check_form(dir)?;
     // A dir that still exists must be the real path: unmounting `<dir>/connect` through a
     // symlinked component would unmount something else.
     if let Ok(canonical) = std::fs::canonicalize(dir)
@@ -137,6 +183,61 @@ fn unmount(host: &HostDirs, dir: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const UID: &str = "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c";
+    const DIR: &str =
+        "/var/lib/kubelet/pods/0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c/volumes/athenz~identity/athenz";
+
+    fn options() -> String {
+        serde_json::json!({
+            "kubernetes.io/pod.namespace": "ns",
+            "kubernetes.io/pod.name": "p",
+            "kubernetes.io/pod.uid": UID,
+            "kubernetes.io/serviceAccount.name": "sa",
+        })
+        .to_string()
+    }
+
+    fn refusal(args: &[&str]) -> String {
+        let reply = Command::parse(args).unwrap_err();
+        assert_eq!(reply.exit_code(), 1, "{args:?}");
+        reply.message.unwrap_or_default()
+    }
+
+    #[test]
+    fn commands_parse_before_anything_touches_the_disk() {
+        assert_eq!(Command::parse(&["init"]).unwrap(), Command::Init);
+        let opts = options();
+        match Command::parse(&["mount", DIR, &opts]).unwrap() {
+            Command::Mount { dir, options } => {
+                assert_eq!(dir, DIR);
+                assert_eq!(options.pod.pod_uid, UID);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            Command::parse(&["unmount", DIR]).unwrap(),
+            Command::Unmount { dir: DIR.into() }
+        );
+    }
+
+    #[test]
+    fn bad_argv_is_refused_naming_what_is_wrong() {
+        let opts = options();
+        assert!(refusal(&[]).contains("no command given"));
+        assert!(refusal(&["init", "x"]).contains("init takes no arguments"));
+        assert!(refusal(&["mount", DIR]).contains("got 1"));
+        assert!(refusal(&["mount", DIR, &opts, "x"]).contains("got 3"));
+        assert!(refusal(&["unmount"]).contains("got 0"));
+        assert!(refusal(&["mount", "relative/dir", &opts]).contains("must be an absolute path"));
+        assert!(refusal(&["unmount", "/a/../b"]).contains("not normalised"));
+        assert!(refusal(&["mount", DIR, "[]"]).contains("JSON object"));
+        assert!(refusal(&["mount", DIR, "{"]).contains("not valid JSON"));
+        let huge = format!("{{\"x\":\"{}\"}}", "a".repeat(70_000));
+        assert!(refusal(&["mount", DIR, &huge]).contains("more than the limit"));
+        let not_supported = Command::parse(&["attach", "x"]).unwrap_err();
+        assert_eq!(not_supported.status, reply::Status::NotSupported);
+    }
 
     const CHILD: &str = "ATHENZ_DRIVER_PANIC_CHILD";
 
