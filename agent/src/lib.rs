@@ -9,6 +9,7 @@ pub mod key_pool;
 pub mod kubelet;
 pub mod node_identity;
 pub mod service;
+pub mod status;
 
 use athenz_core::crypto::KeyAlgorithm;
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
@@ -476,4 +477,20 @@ fn start_csi(
 /// re-executes itself under this name.
 pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Result<()> {
     athenz_core::daemon::parse_and_run(args, |c: &Config| c.ops.log_format, start)
+}
+
+/// `main`: `athenz-identity-agent status …` is the operator's command ([`status`]); anything
+/// else runs the daemon ([`main_with_args`]).
+pub fn main_dispatch(args: Vec<std::ffi::OsString>) -> std::process::ExitCode {
+    if args.get(1).is_some_and(|a| a == "status") {
+        return status::main(args.into_iter().skip(2));
+    }
+    match main_with_args(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "athenz-identity-agent: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -15,8 +15,8 @@ use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
 use athenz_core::tls::{self, ClientIdentity};
 use athenz_core::volume::{
-    VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumesDir, read_json_file,
-    write_json_file,
+    VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumeStatusRecord, VolumesDir,
+    read_json_file, write_json_file,
 };
 use athenz_core::zts::{
     InstanceIdentity, InstanceRef, InstanceRefreshInformation, InstanceRegisterInformation,
@@ -716,6 +716,24 @@ impl Agent {
         Ok(())
     }
 
+    /// Keeps the volume's `status.json` (what `athenz-identity-agent status` shows) in step with
+    /// the last call: the failure the pod was given, or none after a success. Only an existing
+    /// volume has a record; writes happen only when the record changes.
+    pub fn record_outcome(&self, id: &VolumeId, failure: Option<&Failure>) {
+        let paths = self.volumes.volume(id);
+        if !paths.dir.is_dir() {
+            return;
+        }
+        let now = time::OffsetDateTime::now_utc();
+        let updated = VolumeStatusRecord::update(&paths.status_json, |r| match failure {
+            Some(f) => r.set_error(&format!("{} {}", f.status.as_u16(), f.message), now),
+            None => r.last_error = None,
+        });
+        if let Err(e) = updated {
+            tracing::debug!(%id, error = %e, "status record not written");
+        }
+    }
+
     /// `POST /v1/refresh/{id}`.
     pub async fn refresh(
         &self,
@@ -871,9 +889,11 @@ impl Handler for AgentHandler {
             AgentRoute::Init(id) => ("init", self.agent.init(id, &conn).await),
             AgentRoute::Refresh(id) => ("refresh", self.agent.refresh(id, req.body(), &conn).await),
         };
-        let id = match &route {
-            AgentRoute::Init(id) | AgentRoute::Refresh(id) => id.to_string(),
+        let volume_id = match &route {
+            AgentRoute::Init(id) | AgentRoute::Refresh(id) => id,
         };
+        self.agent.record_outcome(volume_id, result.as_ref().err());
+        let id = volume_id.to_string();
         match result {
             Ok(answer) => {
                 tracing::info!(verb, %id, ?pid, ?uid, expires = %answer.expires_at, "identity issued");

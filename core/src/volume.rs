@@ -271,6 +271,7 @@ impl VolumesDir {
             id_file: dir.join("mount").join("id"),
             connect: dir.join("mount").join("connect"),
             files: dir.join("files"),
+            status_json: dir.join("status.json"),
             dir,
         }
     }
@@ -338,6 +339,9 @@ pub struct VolumePaths {
     /// `files/`: in CSI files mode, the memory-backed directory the agent writes the credential
     /// set into, bound read-only at the target.
     pub files: PathBuf,
+    /// `status.json`: the agent's last failure for the volume and its next re-issue
+    /// ([`VolumeStatusRecord`]), for `athenz-identity-agent status`.
+    pub status_json: PathBuf,
 }
 
 /// `data.json`: written by the driver at mount, read by the agent. Fields are what kubelet passed.
@@ -439,6 +443,68 @@ pub struct VolumeState {
     pub updated_at: OffsetDateTime,
 }
 
+/// `status.json`: what `athenz-identity-agent status` shows beyond `state.json` — the last
+/// failure the agent met for the volume (cleared by the next success) and, in CSI files mode,
+/// when the agent re-issues next. Written only when it changes, so a pod retrying one failure does
+/// not make the agent write on every try.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStatusRecord {
+    /// The last failure, if the last attempt failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<LastError>,
+    /// When the agent re-issues next (CSI files mode only; the pod's SIA refreshes otherwise).
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub next_refresh: Option<OffsetDateTime>,
+}
+
+/// A failure, when it happened and what it was (the message the pod or kubelet was given).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastError {
+    /// When.
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// Why.
+    pub message: String,
+}
+
+impl VolumeStatusRecord {
+    /// The record at `path`; empty if there is none or it is unreadable (it is informational).
+    pub fn read(path: &Path) -> Self {
+        read_json_file(path).unwrap_or_default()
+    }
+
+    /// Changes the record at `path` with `change`, writing only if that changed it.
+    pub fn update(path: &Path, change: impl FnOnce(&mut Self)) -> Result<(), VolumeError> {
+        let before = Self::read(path);
+        let mut after = before.clone();
+        change(&mut after);
+        if after == before {
+            return Ok(());
+        }
+        let json = serde_json::to_vec(&after).map_err(|source| VolumeError::Json {
+            path: path.to_owned(),
+            source,
+        })?;
+        // informational: atomic for readers, but not worth an fsync on every change
+        write_file_atomic_unsynced(path, &json, 0o600)
+    }
+
+    /// Sets the last error to `message` at `now`, unless it already says that.
+    pub fn set_error(&mut self, message: &str, now: OffsetDateTime) {
+        if self.last_error.as_ref().map(|e| e.message.as_str()) != Some(message) {
+            self.last_error = Some(LastError {
+                at: now,
+                message: message.to_owned(),
+            });
+        }
+    }
+}
+
 /// Reads a JSON file of at most [`MAX_VOLUME_FILE_LEN`] bytes, never through a symlink.
 pub fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<T, VolumeError> {
     let file = OpenOptions::new()
@@ -492,6 +558,15 @@ pub fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Volume
 
 /// Writes `bytes` to `path` atomically: a reader sees the old content or the new, never a part.
 pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
+    write_replacing(path, bytes, mode, true)
+}
+
+/// [`write_file_atomic`] without the fsyncs: atomic for readers, not durable across a crash.
+pub fn write_file_atomic_unsynced(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
+    write_replacing(path, bytes, mode, false)
+}
+
+fn write_replacing(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> Result<(), VolumeError> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = dir.join(format!(".{name}.tmp-{}", crate::random::hex_name::<8>()));
@@ -504,14 +579,16 @@ pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Vol
         // The umask may have narrowed the mode; set it exactly.
         file.set_permissions(fs::Permissions::from_mode(mode))?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
         fs::rename(&tmp, path)
     })();
     if let Err(e) = result {
         let _ = fs::remove_file(&tmp);
         return Err(io_err("writing", path)(e));
     }
-    sync_dir(dir)
+    if durable { sync_dir(dir) } else { Ok(()) }
 }
 
 /// fsyncs a directory so a rename or link in it survives a crash.
@@ -523,6 +600,46 @@ pub fn sync_dir(dir: &Path) -> Result<(), VolumeError> {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    #[test]
+    fn the_status_record_is_written_only_when_it_changes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.json");
+        let inode = || fs::metadata(&path).unwrap().ino();
+        let t0 = OffsetDateTime::UNIX_EPOCH + time::Duration::days(20_000);
+        // nothing recorded: clearing writes nothing
+        VolumeStatusRecord::update(&path, |r| r.last_error = None).unwrap();
+        assert!(!path.exists());
+        VolumeStatusRecord::update(&path, |r| r.set_error("ZTS unavailable", t0)).unwrap();
+        let first = inode();
+        assert_eq!(fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        // the same failure again, later: the record (and its time) stay as they were
+        let later = t0 + time::Duration::minutes(1);
+        VolumeStatusRecord::update(&path, |r| r.set_error("ZTS unavailable", later)).unwrap();
+        assert_eq!(inode(), first);
+        let record = VolumeStatusRecord::read(&path);
+        assert_eq!(record.last_error.as_ref().unwrap().at, t0);
+        // another failure, then success clears it
+        VolumeStatusRecord::update(&path, |r| r.set_error("403 denied", later)).unwrap();
+        assert_ne!(inode(), first);
+        VolumeStatusRecord::update(&path, |r| {
+            r.last_error = None;
+            r.next_refresh = Some(later);
+        })
+        .unwrap();
+        let record = VolumeStatusRecord::read(&path);
+        assert_eq!(record.last_error, None);
+        assert_eq!(record.next_refresh, Some(later));
+        let json = fs::read_to_string(&path).unwrap();
+        assert!(json.contains("\"nextRefresh\""), "{json}");
+        // a damaged record reads as empty, and the next change replaces it
+        fs::write(&path, b"{not json").unwrap();
+        assert_eq!(
+            VolumeStatusRecord::read(&path),
+            VolumeStatusRecord::default()
+        );
+    }
 
     #[test]
     fn ids_are_hmac_hex() {

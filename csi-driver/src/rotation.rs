@@ -18,7 +18,9 @@ use athenz_core::crypto::CertInfo;
 use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
 use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::secret::Secret;
-use athenz_core::volume::{CsiMode, VolumeData, VolumeId, VolumesDir, read_json_file};
+use athenz_core::volume::{
+    CsiMode, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir, read_json_file,
+};
 use athenz_core::volume_mount::mountinfo::MountTable;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -325,6 +327,8 @@ impl<I: Issuer> Rotation<I> {
         health: Arc<Mutex<Health>>,
     ) {
         let group = data.csi.as_ref().and_then(|c| c.group);
+        // `files` is `<volume dir>/files`; the operator's record sits beside it (status.json)
+        let record = files.parent().map(|dir| dir.join("status.json"));
         let mut failures: u32 = 0;
         loop {
             let wait = if failures == 0 {
@@ -338,6 +342,24 @@ impl<I: Issuer> Rotation<I> {
                 self.backoff
                     .delay(failures - 1, athenz_core::random::unit())
             };
+            if let Some(record) = &record {
+                let last_error = lock(&health).last_error.clone();
+                let next = OffsetDateTime::now_utc() + wait;
+                // under the gate, as every write: unpublish must find the directory quiet
+                let updated = gate.write(|| {
+                    VolumeStatusRecord::update(record, |r| {
+                        r.next_refresh = Some(next);
+                        match &last_error {
+                            Some(e) => r.set_error(e, OffsetDateTime::now_utc()),
+                            None => r.last_error = None,
+                        }
+                    })
+                    .map_err(|e| e.to_string())
+                });
+                if let Err(e) = updated {
+                    tracing::debug!(%id, error = %e, "status record not written");
+                }
+            }
             let reason = self
                 .wait_for_reason(&data, &cert, Instant::now() + wait)
                 .await;

@@ -37,6 +37,9 @@ pub fn dispatch() -> Option<ExitCode> {
     };
     Some(match name.as_str() {
         "athenz-volume-driver" => athenz_volume_driver::main_with_args(&args[1..]),
+        "athenz-identity-agent" if args.get(1).is_some_and(|a| a == "status") => {
+            athenz_identity_agent::main_dispatch(args)
+        }
         "athenz-identity-agent" => daemon(athenz_identity_agent::main_with_args(args)),
         "athenz-jwt-service" => daemon(athenz_jwt_service::main_with_args(args)),
         "athenz-callback" => daemon(athenz_callback::main_with_args(args)),

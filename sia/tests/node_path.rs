@@ -718,3 +718,74 @@ async fn the_service_ip_san_comes_from_the_configured_dns_server() {
     );
     shutdown.trigger();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_status_shows_each_volume_and_its_last_error() {
+    use athenz_identity_agent::status::report;
+    let node = node("p256").await;
+    let id = pod_with_volume(&node, "web-20", &uid(20), "10.1.2.20");
+    let pending = pod_with_volume(&node, "web-21", &uid(21), "10.1.2.21");
+    let issued = client(&node, &id).init().await.unwrap();
+    let serial = CertInfo::from_pem(&issued.cert_pem).unwrap().serial_hex;
+    let now = time::OffsetDateTime::now_utc();
+
+    let r = report(&node.volumes, now).unwrap();
+    assert_eq!(r.volumes.len(), 2, "{r:?}");
+    let mine = r.volumes.iter().find(|v| v.id == id.to_string()).unwrap();
+    assert_eq!(mine.pod, format!("{}/web-20", fixtures::NAMESPACE));
+    assert_eq!(mine.mode, "flex");
+    assert_eq!(mine.refreshed_by, "pod");
+    assert_eq!(
+        mine.principal.as_deref(),
+        Some(format!("{}.{}", fixtures::DOMAIN, fixtures::SERVICE).as_str())
+    );
+    assert_eq!(mine.cert_serial.as_deref(), Some(serial.as_str()));
+    assert!(mine.healthy && mine.last_error.is_none(), "{mine:?}");
+    assert!(mine.next_refresh.is_some());
+    let waiting = r
+        .volumes
+        .iter()
+        .find(|v| v.id == pending.to_string())
+        .unwrap();
+    assert_eq!(waiting.problem.as_deref(), Some("no identity issued yet"));
+    assert_eq!(r.unhealthy, 1);
+
+    // a refused refresh is what the operator sees next, with the pod's own message
+    let garbage = RefreshRequest {
+        key_pem: Secret::new("garbage"),
+        cert_pem: "garbage".into(),
+    };
+    let (code, message) = refused(client(&node, &id).refresh(&garbage).await.unwrap_err());
+    let r = report(&node.volumes, now).unwrap();
+    let mine = r.volumes.iter().find(|v| v.id == id.to_string()).unwrap();
+    assert!(!mine.healthy);
+    let last = mine.last_error.as_deref().unwrap();
+    assert!(last.ends_with(&format!("{code} {message}")), "{last}");
+    assert!(
+        mine.problem.as_deref().unwrap().contains(&message),
+        "{mine:?}"
+    );
+
+    // the next success clears it
+    let good = RefreshRequest {
+        key_pem: issued.key_pem.clone(),
+        cert_pem: issued.cert_pem.clone(),
+    };
+    let renewed = client(&node, &id).refresh(&good).await.unwrap();
+    let r = report(&node.volumes, now).unwrap();
+    let mine = r.volumes.iter().find(|v| v.id == id.to_string()).unwrap();
+    assert!(mine.healthy, "{mine:?}");
+    assert_eq!(
+        mine.cert_serial.as_deref(),
+        Some(
+            CertInfo::from_pem(&renewed.cert_pem)
+                .unwrap()
+                .serial_hex
+                .as_str()
+        )
+    );
+    // an unknown id leaves no record anywhere
+    let stranger = VolumeId::parse(&"f".repeat(64)).unwrap();
+    let _ = client(&node, &stranger).init().await.unwrap_err();
+    assert!(!node.volumes.volume(&stranger).dir.exists());
+}

@@ -460,6 +460,29 @@ async fn stats_report_an_expired_certificate() {
         message.starts_with("the certificate expired at 2024-01-02"),
         "{message}"
     );
+    // the operator's command shows the failed re-issue and when the agent tries again
+    let mut report = serde_json::Value::Null;
+    wait_for(
+        "agent status shows the failed re-issue",
+        Duration::from_secs(40),
+        async || {
+            let (code, r) = stack.agent_status();
+            report = r;
+            code == 1 && report["volumes"][0]["last_error"].is_string()
+        },
+    )
+    .await;
+    let v = &report["volumes"][0];
+    assert_eq!(v["mode"], "csi-files", "{report}");
+    assert_eq!(v["refreshed_by"], "agent");
+    assert!(v["next_refresh"].is_string(), "{report}");
+    assert!(
+        v["problem"]
+            .as_str()
+            .unwrap()
+            .starts_with("the last attempt failed: "),
+        "{report}"
+    );
     // what the pod reads is the set on disk, untouched by the failed renewal
     assert_eq!(
         std::fs::read_to_string(volume.target.join(CERT_FILE)).unwrap(),

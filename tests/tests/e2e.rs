@@ -297,7 +297,7 @@ async fn initializer_injection_is_what_the_driver_and_sia_expect() {
         .command
     {
         athenz_sia::Command::Init(s) => s,
-        athenz_sia::Command::Refresh(_) => unreachable!(),
+        athenz_sia::Command::Refresh(_) | athenz_sia::Command::Status(_) => unreachable!(),
     };
     assert_eq!(Path::new(&env("ID_FILE")), defaults.id_file);
     assert_eq!(Path::new(&env("ENDPOINT")), defaults.endpoint);

@@ -445,7 +445,7 @@ fn settings_agree_across_components() {
         .command
     {
         athenz_sia::Command::Init(s) => s,
-        athenz_sia::Command::Refresh(_) => unreachable!(),
+        athenz_sia::Command::Refresh(_) | athenz_sia::Command::Status(_) => unreachable!(),
     };
     let identity = Path::new(&template.identity_mount_path);
     assert_eq!(identity.join("id"), defaults.id_file);

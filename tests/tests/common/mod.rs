@@ -95,6 +95,27 @@ impl Devstack {
             .unwrap()
     }
 
+    /// `athenz-identity-agent status --json` over the first node's volumes dir (the devstack
+    /// binary under the agent's name, as the stack runs it): exit code and report.
+    #[allow(dead_code)] // not every test file uses it
+    pub fn agent_status(&self) -> (i32, serde_json::Value) {
+        use std::os::unix::process::CommandExt;
+        let out = std::process::Command::new(devstack_binary())
+            .arg0("athenz-identity-agent")
+            .args(["status", "--json", "--volumes-dir"])
+            .arg(&self.info.volumes_dir)
+            .output()
+            .unwrap();
+        let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{e}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code().unwrap_or(-1), report)
+    }
+
     pub fn pid(&self, component: &str) -> Pid {
         Pid::from_raw(self.current_info().processes[component] as i32)
     }
