@@ -269,7 +269,7 @@ fn mount_tmpfs(dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Pod `n` of the run: alternating between two namespaces (two Athenz domains).
-fn bench_pod(n: usize) -> NewPod {
+pub(crate) fn bench_pod(n: usize) -> NewPod {
     NewPod {
         namespace: if n.is_multiple_of(2) {
             "media-sports"

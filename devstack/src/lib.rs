@@ -25,5 +25,6 @@ pub mod multicall;
 pub mod node;
 pub mod pod_volume;
 pub mod procs;
+pub mod soak;
 pub mod stack;
 pub mod userns;

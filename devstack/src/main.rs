@@ -3,7 +3,7 @@
 // A command-line tool: printing reports is its job (the workspace forbids it in the components).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use athenz_devstack::{bench, demo, kube, multicall, stack, userns};
+use athenz_devstack::{bench, demo, kube, multicall, soak, stack, userns};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -91,6 +91,41 @@ enum Command {
         /// on a fresh stack, and compared.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "flex")]
         volume: Vec<stack::VolumeKind>,
+    },
+    /// Run the stack for a long time with short certificate lifetimes; sample every daemon's
+    /// RSS, fds and threads and every pod's files; fail on growth past the bound after warm-up,
+    /// an expired or torn set, or a process that exits.
+    Soak {
+        /// How long to run once every pod has its identity (e.g. 30m).
+        #[arg(long, default_value = "30m", value_parser = athenz_core::refresh::parse_duration)]
+        duration: std::time::Duration,
+        /// Pods (each with a refresh sidecar unless the volume is csi-files).
+        #[arg(long, default_value_t = 110)]
+        pods: usize,
+        /// Certificate lifetime in minutes (the pods refresh at about 70 % of it).
+        #[arg(long, default_value_t = 1)]
+        lifetime_minutes: u32,
+        /// Time between samples.
+        #[arg(long, default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
+        sample: std::time::Duration,
+        /// Samples before this are warm-up; the first after it is the baseline.
+        #[arg(long, default_value = "5m", value_parser = athenz_core::refresh::parse_duration)]
+        warmup: std::time::Duration,
+        /// Growth allowed over the baseline, percent (plus 1 MiB, 4 fds, 2 threads).
+        #[arg(long, default_value_t = 10.0)]
+        growth_percent: f64,
+        /// The pods' volume.
+        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
+        volume: stack::VolumeKind,
+        /// Run each component from its own binary in DIR instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// Write the series here as CSV (process,at_seconds,rss_kib,fds,threads).
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
     Zts {
@@ -242,6 +277,48 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             runtime()?.block_on(up(options))?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Soak {
+            duration,
+            pods,
+            lifetime_minutes,
+            sample,
+            warmup,
+            growth_percent,
+            volume,
+            components,
+            csv,
+            json,
+        } => {
+            if let Some(code) = userns::ensure_privileged()? {
+                return Ok(code);
+            }
+            let temp = tempfile::Builder::new()
+                .prefix("athenz-devstack-soak-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            let options = soak::SoakOptions {
+                duration,
+                pods,
+                lifetime_minutes,
+                sample,
+                warmup,
+                growth: growth_percent / 100.0,
+                volume,
+                components,
+                csv,
+            };
+            let report = runtime()?.block_on(soak::run(temp.path(), &options))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                soak::print_human(&report);
+            }
+            Ok(if report.passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Bench {
             pods,

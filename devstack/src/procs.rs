@@ -209,6 +209,10 @@ pub struct Usage {
     pub rss_kib: u64,
     /// Peak resident set (VmHWM), KiB.
     pub peak_rss_kib: u64,
+    /// Open file descriptors now.
+    pub fds: u64,
+    /// Threads now.
+    pub threads: u64,
 }
 
 impl Usage {
@@ -238,6 +242,10 @@ impl Usage {
                 .max(ticks as f64 / clock_ticks_per_second()),
             rss_kib: field("VmRSS:"),
             peak_rss_kib: field("VmHWM:"),
+            fds: std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map(|d| d.count() as u64)
+                .unwrap_or(0),
+            threads: field("Threads:"),
         }
     }
 }

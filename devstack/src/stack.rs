@@ -221,6 +221,9 @@ pub struct StackOptions {
     pub volume: VolumeKind,
     /// The agents' `--csi-refresh-interval` (files-mode rotation); their default when none.
     pub csi_refresh_interval: Option<std::time::Duration>,
+    /// The callback's `--cert-expiry-minutes`: the lifetime ZTS gives pod and node certificates
+    /// (its default, a day, when none; `soak` and `chaos` shorten it to see many refreshes).
+    pub cert_expiry_minutes: Option<u32>,
 }
 
 /// The volume the demo and bench give their pods (DESIGN.md 5).
@@ -263,6 +266,7 @@ impl StackOptions {
             peer_check: None,
             volume: VolumeKind::Flex,
             csi_refresh_interval: None,
+            cert_expiry_minutes: None,
         }
     }
 }
@@ -501,6 +505,9 @@ impl Stack {
             "--keys-reload-interval=1s".into(),
             format!("--kube-api-url={}", kube_info.api),
         ]);
+        if let Some(minutes) = options.cert_expiry_minutes {
+            args.push(format!("--cert-expiry-minutes={minutes}"));
+        }
         args.extend(identity_args.iter().cloned());
         processes.push(
             run_daemon(
@@ -673,6 +680,11 @@ impl Stack {
             .map(|p| (p.command.name.clone(), p.pid()))
             .collect();
         write_json_atomically(&self.state_dir.join("stack.json"), &self.info)
+    }
+
+    /// Fails, naming it with its log's tail, if any component has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        self.processes.iter_mut().try_for_each(Process::check_alive)
     }
 
     /// Restarts any component that has exited (as kubelet restarts a crashed container); returns

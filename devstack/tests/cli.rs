@@ -328,3 +328,56 @@ fn bench_reports_arrivals_of_real_size_pods() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--arrival") && err.contains("soon"), "{err}");
 }
+
+/// A short soak: one-minute certificates refreshed several times by every pod's sidecar while
+/// the daemons are sampled; it passes, counts the refreshes it saw in the pods' files, and writes
+/// the series as CSV.
+#[test]
+fn soak_samples_every_daemon_and_sees_the_pods_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("series.csv");
+    let out = Command::new(DEVSTACK)
+        .args([
+            "soak",
+            "--duration=75s",
+            "--pods=3",
+            "--sample=15s",
+            "--warmup=30s",
+            "--json",
+        ])
+        .arg(format!("--csv={}", csv.display()))
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{report}");
+    assert_eq!(report["passed"], true, "{report}");
+    assert_eq!(report["lifetime_seconds"], 60);
+    assert_eq!(report["expired_reads"], 0);
+    assert_eq!(report["torn_reads"], 0);
+    // 75 s of one-minute certificates: every pod refreshed at least once
+    assert!(report["rotations_seen"].as_u64().unwrap() >= 3, "{report}");
+    let series = report["series"].as_object().unwrap();
+    for name in [
+        "agent",
+        "zts",
+        "callback",
+        "jwt-service",
+        "sia-refresh (max)",
+    ] {
+        let points = series[name].as_array().unwrap();
+        assert!(points.len() >= 5, "{name}: {points:?}");
+        assert!(points.iter().all(|p| p["rss_kib"].as_u64().unwrap() > 0
+            && p["fds"].as_u64().unwrap() > 0
+            && p["threads"].as_u64().unwrap() > 0));
+    }
+    let rows: usize = series.values().map(|p| p.as_array().unwrap().len()).sum();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("process,at_seconds,rss_kib,fds,threads\n"));
+    assert_eq!(text.lines().count(), rows + 1);
+}

@@ -1,0 +1,388 @@
+//! `athenz-devstack soak`: the whole stack for a long time with short certificate lifetimes, so
+//! every pod and the node refresh many times, watching what a platform team watches on a node
+//! that runs for weeks: the memory, file descriptors and threads of every daemon (they must stay
+//! flat once warm) and every pod's files (they must never expire, never be torn).
+//!
+//! Every `sample` interval it reads each daemon's RSS, fd and thread counts from /proc, the
+//! largest of the pods' SIA refreshers, and every pod's credential set. After `warmup`, the first
+//! sample is the baseline; a later one above `baseline × (1 + growth) + slack` (slack: 1 MiB,
+//! 4 fds, 2 threads, so a daemon of a few MiB is not failed for a page) fails the run, as does
+//! a daemon or refresher that exits, a set whose certificate expired or whose key is not the
+//! certificate's.
+
+use crate::bench::bench_pod;
+use crate::kube::{KubeClient, PodSize};
+use crate::pod_volume::{MountedVolume, NodeKubelet};
+use crate::procs::{Process, Usage};
+use crate::stack::{Stack, StackOptions, VolumeKind};
+use anyhow::{Context, bail};
+use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
+use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    /// How long, after every pod has its identity.
+    pub duration: Duration,
+    /// Pods.
+    pub pods: usize,
+    /// Certificate lifetime, minutes (ZTS's unit).
+    pub lifetime_minutes: u32,
+    /// Time between samples.
+    pub sample: Duration,
+    /// Samples before this are warm-up; the first after it is the baseline.
+    pub warmup: Duration,
+    /// Growth allowed over the baseline, as a fraction (0.10 = 10 %).
+    pub growth: f64,
+    /// Which volume the pods get.
+    pub volume: VolumeKind,
+    /// Separately built component binaries to run instead of this one.
+    pub components: Option<PathBuf>,
+    /// Where to write the series as CSV.
+    pub csv: Option<PathBuf>,
+}
+
+/// One process at one sample.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+pub struct Point {
+    /// Seconds since the pods had their identities.
+    pub at_seconds: u64,
+    /// Resident set, KiB.
+    pub rss_kib: u64,
+    /// Open file descriptors.
+    pub fds: u64,
+    /// Threads.
+    pub threads: u64,
+}
+
+/// The outcome.
+#[derive(Debug, Serialize)]
+pub struct SoakReport {
+    /// Pods.
+    pub pods: usize,
+    /// Volume kind.
+    pub volume: VolumeKind,
+    /// Certificate lifetime, seconds.
+    pub lifetime_seconds: u64,
+    /// Seconds run.
+    pub seconds: u64,
+    /// The series, per process (daemons by name; `sia-refresh (max)`: the largest refresher).
+    pub series: BTreeMap<String, Vec<Point>>,
+    /// Certificate changes seen in the pods' files (refreshes that reached the pod).
+    pub rotations_seen: u64,
+    /// Reads of a set whose certificate had expired.
+    pub expired_reads: u64,
+    /// Reads of a set whose key was not its certificate's.
+    pub torn_reads: u64,
+    /// What broke a bound, one line each; empty when passed.
+    pub failures: Vec<String>,
+    /// No failure.
+    pub passed: bool,
+}
+
+/// The largest value a metric may reach over its baseline.
+fn limit(baseline: u64, growth: f64, slack: u64) -> u64 {
+    (baseline as f64 * (1.0 + growth)).ceil() as u64 + slack
+}
+
+/// Checks every process's points after the baseline against the bounds.
+pub fn check_growth(
+    series: &BTreeMap<String, Vec<Point>>,
+    warmup: u64,
+    growth: f64,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (name, points) in series {
+        let Some(base) = points.iter().find(|p| p.at_seconds >= warmup) else {
+            continue;
+        };
+        for p in points.iter().filter(|p| p.at_seconds > base.at_seconds) {
+            for (metric, value, baseline, slack) in [
+                ("RSS KiB", p.rss_kib, base.rss_kib, 1024),
+                ("fds", p.fds, base.fds, 4),
+                ("threads", p.threads, base.threads, 2),
+            ] {
+                let most = limit(baseline, growth, slack);
+                if value > most {
+                    failures.push(format!(
+                        "{name}: {metric} {value} at {} s, above {most} (baseline {baseline} at {} s + {:.0} % + {slack})",
+                        p.at_seconds,
+                        base.at_seconds,
+                        growth * 100.0
+                    ));
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// Runs the soak on a fresh stack in `state_dir`.
+pub async fn run(state_dir: &Path, options: &SoakOptions) -> anyhow::Result<SoakReport> {
+    if options.pods == 0 || options.lifetime_minutes == 0 || options.sample.is_zero() {
+        bail!("--pods, --lifetime-minutes and --sample must be above zero");
+    }
+    let mut stack = Stack::start(&StackOptions {
+        components: options.components.clone(),
+        volume: options.volume,
+        cert_expiry_minutes: Some(options.lifetime_minutes),
+        ..StackOptions::new(state_dir.to_owned(), "p256")
+    })
+    .await?;
+    let result = soak(&mut stack, options).await;
+    stack.stop().await;
+    result
+}
+
+async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakReport> {
+    let info = &stack.info.clone();
+    let kube = KubeClient::new(&info.kube_api.url)?;
+    let kubelet = NodeKubelet::new(info, options.volume, &stack.state_dir.join("kubelet")).await?;
+    let mut volumes = Vec::new();
+    for n in 0..options.pods {
+        let pod = bench_pod(n);
+        let uid = kube
+            .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
+            .await?;
+        let (_, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
+        volumes.push(mounted);
+    }
+    let logs = stack.state_dir.join("logs");
+    let mut refreshers = Vec::new();
+    for mounted in &volumes {
+        if let Some(volume) = mounted.sia() {
+            refreshers.push(crate::node::sia_refresh(info, volume, "24h", &logs, &[])?);
+        }
+    }
+    let mut series: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+    let mut serials: Vec<Option<String>> = vec![None; volumes.len()];
+    let (mut rotations_seen, mut expired_reads, mut torn_reads) = (0, 0, 0);
+    let mut failures = Vec::new();
+    let started = Instant::now();
+    loop {
+        let at_seconds = started.elapsed().as_secs();
+        for (name, usage) in stack.usage() {
+            series
+                .entry(name)
+                .or_default()
+                .push(point(at_seconds, &usage));
+        }
+        if let Some(largest) = refreshers
+            .iter()
+            .map(|r| r.usage())
+            .max_by_key(|u| u.rss_kib)
+        {
+            series
+                .entry("sia-refresh (max)".into())
+                .or_default()
+                .push(point(at_seconds, &largest));
+        }
+        for (mounted, serial) in volumes.iter().zip(serials.iter_mut()) {
+            match read_set(mounted) {
+                Ok((info, matches)) => {
+                    if info.not_after <= time::OffsetDateTime::now_utc() {
+                        expired_reads += 1;
+                    }
+                    if !matches {
+                        torn_reads += 1;
+                    }
+                    if serial.as_ref().is_some_and(|s| *s != info.serial_hex) {
+                        rotations_seen += 1;
+                    }
+                    *serial = Some(info.serial_hex);
+                }
+                Err(e) => failures.push(format!("{}: {e:#}", mounted.pod.name)),
+            }
+        }
+        if let Some(dead) = dead_process(&mut refreshers) {
+            failures.push(dead);
+        }
+        if let Err(e) = stack.check_alive() {
+            failures.push(format!("{e:#}"));
+        }
+        if !failures.is_empty() || started.elapsed() >= options.duration {
+            break;
+        }
+        tokio::time::sleep(
+            options
+                .sample
+                .min(options.duration.saturating_sub(started.elapsed())),
+        )
+        .await;
+    }
+    for mut r in refreshers {
+        r.stop().await;
+    }
+    for mounted in &volumes {
+        kubelet.take_down(info, mounted).await?;
+    }
+    failures.extend(check_growth(
+        &series,
+        options.warmup.as_secs(),
+        options.growth,
+    ));
+    if expired_reads > 0 {
+        failures.push(format!(
+            "{expired_reads} reads found an expired certificate"
+        ));
+    }
+    if torn_reads > 0 {
+        failures.push(format!(
+            "{torn_reads} reads found a key not of its certificate"
+        ));
+    }
+    let report = SoakReport {
+        pods: options.pods,
+        volume: options.volume,
+        lifetime_seconds: u64::from(options.lifetime_minutes) * 60,
+        seconds: started.elapsed().as_secs(),
+        series,
+        rotations_seen,
+        expired_reads,
+        torn_reads,
+        passed: failures.is_empty(),
+        failures,
+    };
+    if let Some(path) = &options.csv {
+        std::fs::write(path, to_csv(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+fn point(at_seconds: u64, usage: &Usage) -> Point {
+    Point {
+        at_seconds,
+        rss_kib: usage.rss_kib,
+        fds: usage.fds,
+        threads: usage.threads,
+    }
+}
+
+/// The pod's set, read as the application would (one consistent read): its certificate and
+/// whether the key beside it is that certificate's.
+fn read_set(mounted: &MountedVolume) -> anyhow::Result<(CertInfo, bool)> {
+    let set = FileSet::new(mounted.credentials_dir())
+        .read(&[KEY_FILE, CERT_FILE])
+        .context("reading the credential set")?;
+    let info = CertInfo::from_pem(&String::from_utf8_lossy(&set[1]))?;
+    let key = PrivateKey::from_pem(&String::from_utf8_lossy(&set[0]))?;
+    Ok((info.clone(), key_matches_cert(&key, &info)))
+}
+
+fn dead_process(processes: &mut [Process]) -> Option<String> {
+    processes
+        .iter_mut()
+        .find_map(|p| p.check_alive().err().map(|e| format!("{e:#}")))
+}
+
+/// The series as CSV: `process,at_seconds,rss_kib,fds,threads`.
+pub fn to_csv(report: &SoakReport) -> String {
+    let mut out = String::from("process,at_seconds,rss_kib,fds,threads\n");
+    for (name, points) in &report.series {
+        for p in points {
+            out.push_str(&format!(
+                "{name},{},{},{},{}\n",
+                p.at_seconds, p.rss_kib, p.fds, p.threads
+            ));
+        }
+    }
+    out
+}
+
+/// The human form: per process, RSS MiB / fds / threads at each sample; then the verdict.
+pub fn print_human(report: &SoakReport) {
+    println!(
+        "soak: {} pods ({:?}), certificates of {} s, {} s run, {} certificate changes seen in the pods' files",
+        report.pods, report.volume, report.lifetime_seconds, report.seconds, report.rotations_seen
+    );
+    for (name, points) in &report.series {
+        let cells: Vec<String> = points
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}s:{:.1}M/{}fd/{}t",
+                    p.at_seconds,
+                    p.rss_kib as f64 / 1024.0,
+                    p.fds,
+                    p.threads
+                )
+            })
+            .collect();
+        println!("  {name:<32} {}", cells.join(" "));
+    }
+    println!(
+        "  expired reads {}, torn reads {}",
+        report.expired_reads, report.torn_reads
+    );
+    if report.passed {
+        println!("PASSED");
+    } else {
+        for f in &report.failures {
+            println!("FAILED: {f}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn at(s: u64, rss: u64, fds: u64, threads: u64) -> Point {
+        Point {
+            at_seconds: s,
+            rss_kib: rss,
+            fds,
+            threads,
+        }
+    }
+
+    #[test]
+    fn growth_is_judged_from_the_first_sample_after_warm_up() {
+        let mut series = BTreeMap::new();
+        // warm-up may grow freely; after it, 10 % + slack
+        series.insert(
+            "agent".to_owned(),
+            vec![
+                at(0, 5_000, 10, 4),
+                at(60, 10_000, 20, 6),
+                at(120, 12_024, 26, 8),
+            ],
+        );
+        assert!(check_growth(&series, 60, 0.10).is_empty());
+        series
+            .get_mut("agent")
+            .unwrap()
+            .push(at(180, 12_025, 27, 10));
+        let failures = check_growth(&series, 60, 0.10);
+        assert_eq!(failures.len(), 3, "{failures:?}");
+        assert!(failures[0].starts_with("agent: RSS KiB 12025 at 180 s, above 12024"));
+        assert!(failures[1].starts_with("agent: fds 27 at 180 s, above 26"));
+        assert!(failures[2].starts_with("agent: threads 10 at 180 s, above 9"));
+    }
+
+    #[test]
+    fn the_csv_has_one_row_per_process_and_sample() {
+        let report = SoakReport {
+            pods: 1,
+            volume: VolumeKind::Flex,
+            lifetime_seconds: 60,
+            seconds: 60,
+            series: [("zts".to_owned(), vec![at(0, 1, 2, 3), at(60, 4, 5, 6)])].into(),
+            rotations_seen: 1,
+            expired_reads: 0,
+            torn_reads: 0,
+            failures: Vec::new(),
+            passed: true,
+        };
+        assert_eq!(
+            to_csv(&report),
+            "process,at_seconds,rss_kib,fds,threads\nzts,0,1,2,3\nzts,60,4,5,6\n"
+        );
+    }
+}
