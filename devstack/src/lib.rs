@@ -16,8 +16,10 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 pub mod bench;
+pub mod chaos;
 pub mod crossnode;
 pub mod demo;
+pub mod fleet;
 pub mod handshake;
 pub mod identity;
 pub mod kube;

@@ -3,7 +3,7 @@
 // A command-line tool: printing reports is its job (the workspace forbids it in the components).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use athenz_devstack::{bench, demo, kube, multicall, soak, stack, userns};
+use athenz_devstack::{bench, chaos, demo, kube, multicall, soak, stack, userns};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -124,6 +124,29 @@ enum Command {
         #[arg(long)]
         csv: Option<PathBuf>,
         /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inject one fault at a time into a stack whose pods renew short-lived certificates and
+    /// print, per fault, the pods affected, files expired, torn sets and recovery time against
+    /// the bound; exit 1 if a bound broke.
+    Chaos {
+        /// Pods (each with its refresh sidecar).
+        #[arg(long, default_value_t = 20)]
+        pods: usize,
+        /// Certificate lifetime in minutes.
+        #[arg(long, default_value_t = 1)]
+        lifetime_minutes: u32,
+        /// The faults to inject, in order (comma-separated); all by default.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        faults: Vec<chaos::Fault>,
+        /// How many times `sia-killed-mid-write` kills the SIA.
+        #[arg(long, default_value_t = 1000)]
+        sia_kills: usize,
+        /// Run each component from its own binary in DIR instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
     },
@@ -277,6 +300,44 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             runtime()?.block_on(up(options))?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Chaos {
+            pods,
+            lifetime_minutes,
+            faults,
+            sia_kills,
+            components,
+            json,
+        } => {
+            if let Some(code) = userns::ensure_privileged()? {
+                return Ok(code);
+            }
+            let temp = tempfile::Builder::new()
+                .prefix("athenz-devstack-chaos-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            let options = chaos::ChaosOptions {
+                pods,
+                lifetime_minutes,
+                faults: if faults.is_empty() {
+                    chaos::ALL_FAULTS.to_vec()
+                } else {
+                    faults
+                },
+                sia_kills,
+                components,
+            };
+            let report = runtime()?.block_on(chaos::run(temp.path(), &options))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                chaos::print_human(&report);
+            }
+            Ok(if report.passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Soak {
             duration,

@@ -10,14 +10,10 @@
 //! a daemon or refresher that exits, a set whose certificate expired or whose key is not the
 //! certificate's.
 
-use crate::bench::bench_pod;
-use crate::kube::{KubeClient, PodSize};
-use crate::pod_volume::{MountedVolume, NodeKubelet};
-use crate::procs::{Process, Usage};
+use crate::fleet::Fleet;
+use crate::procs::Usage;
 use crate::stack::{Stack, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
-use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
-use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -139,27 +135,9 @@ pub async fn run(state_dir: &Path, options: &SoakOptions) -> anyhow::Result<Soak
 }
 
 async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakReport> {
-    let info = &stack.info.clone();
-    let kube = KubeClient::new(&info.kube_api.url)?;
-    let kubelet = NodeKubelet::new(info, options.volume, &stack.state_dir.join("kubelet")).await?;
-    let mut volumes = Vec::new();
-    for n in 0..options.pods {
-        let pod = bench_pod(n);
-        let uid = kube
-            .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
-            .await?;
-        let (_, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
-        volumes.push(mounted);
-    }
-    let logs = stack.state_dir.join("logs");
-    let mut refreshers = Vec::new();
-    for mounted in &volumes {
-        if let Some(volume) = mounted.sia() {
-            refreshers.push(crate::node::sia_refresh(info, volume, "24h", &logs, &[])?);
-        }
-    }
+    let mut fleet = Fleet::start(stack, options.pods, options.volume).await?;
     let mut series: BTreeMap<String, Vec<Point>> = BTreeMap::new();
-    let mut serials: Vec<Option<String>> = vec![None; volumes.len()];
+    let mut serials: Vec<Option<String>> = vec![None; fleet.volumes.len()];
     let (mut rotations_seen, mut expired_reads, mut torn_reads) = (0, 0, 0);
     let mut failures = Vec::new();
     let started = Instant::now();
@@ -171,7 +149,8 @@ async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakRe
                 .or_default()
                 .push(point(at_seconds, &usage));
         }
-        if let Some(largest) = refreshers
+        if let Some(largest) = fleet
+            .refreshers
             .iter()
             .map(|r| r.usage())
             .max_by_key(|u| u.rss_kib)
@@ -181,24 +160,19 @@ async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakRe
                 .or_default()
                 .push(point(at_seconds, &largest));
         }
-        for (mounted, serial) in volumes.iter().zip(serials.iter_mut()) {
-            match read_set(mounted) {
-                Ok((info, matches)) => {
-                    if info.not_after <= time::OffsetDateTime::now_utc() {
-                        expired_reads += 1;
-                    }
-                    if !matches {
-                        torn_reads += 1;
-                    }
-                    if serial.as_ref().is_some_and(|s| *s != info.serial_hex) {
-                        rotations_seen += 1;
-                    }
-                    *serial = Some(info.serial_hex);
-                }
-                Err(e) => failures.push(format!("{}: {e:#}", mounted.pod.name)),
-            }
+        let census = fleet.census();
+        expired_reads += census.expired.len();
+        torn_reads += census.torn.len();
+        for (pod, why) in &census.unreadable {
+            failures.push(format!("{}: {why}", fleet.volumes[*pod].pod.name));
         }
-        if let Some(dead) = dead_process(&mut refreshers) {
+        for (now, before) in census.serials.into_iter().zip(serials.iter_mut()) {
+            if before.is_some() && now.is_some() && now != *before {
+                rotations_seen += 1;
+            }
+            *before = now;
+        }
+        if let Some(dead) = fleet.dead_refresher() {
             failures.push(dead);
         }
         if let Err(e) = stack.check_alive() {
@@ -214,12 +188,7 @@ async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakRe
         )
         .await;
     }
-    for mut r in refreshers {
-        r.stop().await;
-    }
-    for mounted in &volumes {
-        kubelet.take_down(info, mounted).await?;
-    }
+    fleet.stop(stack).await?;
     failures.extend(check_growth(
         &series,
         options.warmup.as_secs(),
@@ -242,8 +211,8 @@ async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakRe
         seconds: started.elapsed().as_secs(),
         series,
         rotations_seen,
-        expired_reads,
-        torn_reads,
+        expired_reads: expired_reads as u64,
+        torn_reads: torn_reads as u64,
         passed: failures.is_empty(),
         failures,
     };
@@ -261,23 +230,6 @@ fn point(at_seconds: u64, usage: &Usage) -> Point {
         fds: usage.fds,
         threads: usage.threads,
     }
-}
-
-/// The pod's set, read as the application would (one consistent read): its certificate and
-/// whether the key beside it is that certificate's.
-fn read_set(mounted: &MountedVolume) -> anyhow::Result<(CertInfo, bool)> {
-    let set = FileSet::new(mounted.credentials_dir())
-        .read(&[KEY_FILE, CERT_FILE])
-        .context("reading the credential set")?;
-    let info = CertInfo::from_pem(&String::from_utf8_lossy(&set[1]))?;
-    let key = PrivateKey::from_pem(&String::from_utf8_lossy(&set[0]))?;
-    Ok((info.clone(), key_matches_cert(&key, &info)))
-}
-
-fn dead_process(processes: &mut [Process]) -> Option<String> {
-    processes
-        .iter_mut()
-        .find_map(|p| p.check_alive().err().map(|e| format!("{e:#}")))
 }
 
 /// The series as CSV: `process,at_seconds,rss_kib,fds,threads`.

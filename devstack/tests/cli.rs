@@ -381,3 +381,41 @@ fn soak_samples_every_daemon_and_sees_the_pods_refresh() {
     assert!(text.starts_with("process,at_seconds,rss_kib,fds,threads\n"));
     assert_eq!(text.lines().count(), rows + 1);
 }
+
+/// Chaos, two faults on two pods: the SIA killed mid-write (a reader checking every set) and
+/// the agent killed five times; both within their bounds, reported row by row.
+#[test]
+fn chaos_reports_each_fault_against_its_bounds() {
+    let out = Command::new(DEVSTACK)
+        .args([
+            "chaos",
+            "--pods=2",
+            "--faults=sia-killed-mid-write,agent-killed",
+            "--sia-kills=60",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{report}");
+    assert_eq!(report["passed"], true, "{report}");
+    let faults = report["faults"].as_array().unwrap();
+    assert_eq!(faults[0]["fault"], "sia-killed-mid-write");
+    assert_eq!(faults[1]["fault"], "agent-killed");
+    for f in faults {
+        assert_eq!(f["torn_sets"], 0, "{f}");
+        assert_eq!(f["pods_expired"], 0, "{f}");
+        assert!(f["recovery_seconds"].as_f64().unwrap() <= f["bound_seconds"].as_f64().unwrap());
+    }
+    let detail = faults[0]["detail"].as_str().unwrap();
+    assert!(detail.starts_with("60 inits, "), "{detail}");
+    assert!(detail.ends_with("nothing left behind"), "{detail}");
+    assert!(!detail.contains(" 0 killed mid-run"), "{detail}");
+    assert_eq!(faults[1]["detail"], "SIGKILL x5, restarted each time");
+}

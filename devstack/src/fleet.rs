@@ -1,0 +1,142 @@
+//! The pods `soak` and `chaos` run for a long time: each mounted as kubelet would, given its
+//! identity, and (unless its volume is csi-files) with its SIA refresh sidecar running; and the
+//! census of their credential sets, read as an application reads them.
+
+use crate::bench::bench_pod;
+use crate::kube::{KubeClient, PodSize};
+use crate::pod_volume::{MountedVolume, NodeKubelet};
+use crate::procs::Process;
+use crate::stack::{Stack, VolumeKind};
+use anyhow::Context;
+use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
+use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
+
+/// Running pods with their identities.
+pub struct Fleet {
+    kubelet: NodeKubelet,
+    /// Their volumes, pod by pod.
+    pub volumes: Vec<MountedVolume>,
+    /// Their refresh sidecars (none in csi-files mode), pod by pod.
+    pub refreshers: Vec<Process>,
+}
+
+/// One read of every pod's set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Census {
+    /// Each pod's certificate serial (`None`: unreadable).
+    pub serials: Vec<Option<String>>,
+    /// Pods whose certificate has expired.
+    pub expired: Vec<usize>,
+    /// Pods whose certificate has less than a quarter of its validity left: its refresh (due at
+    /// about 70 %) is overdue.
+    pub overdue: Vec<usize>,
+    /// Pods whose key is not their certificate's (a torn set).
+    pub torn: Vec<usize>,
+    /// Pods whose set could not be read, with why.
+    pub unreadable: Vec<(usize, String)>,
+}
+
+impl Census {
+    /// Every pod holds a readable, unexpired, consistent set.
+    pub fn all_healthy(&self) -> bool {
+        self.expired.is_empty() && self.torn.is_empty() && self.unreadable.is_empty()
+    }
+}
+
+impl Fleet {
+    /// Creates `pods` real-size pods, gives each its identity one after the other, and starts
+    /// the refresh sidecars.
+    pub async fn start(stack: &Stack, pods: usize, volume: VolumeKind) -> anyhow::Result<Self> {
+        let info = &stack.info;
+        let kube = KubeClient::new(&info.kube_api.url)?;
+        let kubelet = NodeKubelet::new(info, volume, &stack.state_dir.join("kubelet")).await?;
+        let mut volumes = Vec::new();
+        for n in 0..pods {
+            let pod = bench_pod(n);
+            let uid = kube
+                .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
+                .await?;
+            let (_, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
+            volumes.push(mounted);
+        }
+        let logs = stack.state_dir.join("logs");
+        let mut refreshers = Vec::new();
+        for mounted in &volumes {
+            if let Some(volume) = mounted.sia() {
+                refreshers.push(crate::node::sia_refresh(info, volume, "24h", &logs, &[])?);
+            }
+        }
+        Ok(Self {
+            kubelet,
+            volumes,
+            refreshers,
+        })
+    }
+
+    /// Reads every pod's set now.
+    pub fn census(&self) -> Census {
+        let now = time::OffsetDateTime::now_utc();
+        let mut census = Census::default();
+        for (i, mounted) in self.volumes.iter().enumerate() {
+            match read_set(mounted) {
+                Ok((info, matches)) => {
+                    if info.not_after <= now {
+                        census.expired.push(i);
+                    } else if (info.not_after - now) * 4 < info.not_after - info.not_before {
+                        census.overdue.push(i);
+                    }
+                    if !matches {
+                        census.torn.push(i);
+                    }
+                    census.serials.push(Some(info.serial_hex));
+                }
+                Err(e) => {
+                    census.unreadable.push((i, format!("{e:#}")));
+                    census.serials.push(None);
+                }
+            }
+        }
+        census
+    }
+
+    /// The first refresher that has exited, as an error naming it with its log.
+    pub fn dead_refresher(&mut self) -> Option<String> {
+        self.refreshers
+            .iter_mut()
+            .find_map(|p| p.check_alive().err().map(|e| format!("{e:#}")))
+    }
+
+    /// Restarts refreshers that exited, as kubelet restarts a sidecar; returns how many.
+    pub fn restart_exited_refreshers(&mut self) -> anyhow::Result<usize> {
+        let mut restarted = 0;
+        for p in &mut self.refreshers {
+            if p.restart_if_exited()? {
+                restarted += 1;
+            }
+        }
+        Ok(restarted)
+    }
+
+    /// Stops the sidecars and unmounts every volume as kubelet does when pods go.
+    pub async fn stop(mut self, stack: &Stack) -> anyhow::Result<()> {
+        for r in &mut self.refreshers {
+            r.stop().await;
+        }
+        for mounted in &self.volumes {
+            self.kubelet.take_down(&stack.info, mounted).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The pod's set, read as an application reads it (one consistent read): its certificate and
+/// whether the key beside it is that certificate's.
+pub fn read_set(mounted: &MountedVolume) -> anyhow::Result<(CertInfo, bool)> {
+    let set = FileSet::new(mounted.credentials_dir())
+        .read(&[KEY_FILE, CERT_FILE])
+        .context("reading the credential set")?;
+    let info = CertInfo::from_pem(&String::from_utf8_lossy(&set[1]))?;
+    let key = PrivateKey::from_pem(&String::from_utf8_lossy(&set[0]))?;
+    let matches = key_matches_cert(&key, &info);
+    Ok((info, matches))
+}
