@@ -457,6 +457,21 @@ impl Sia {
                 continue;
             }
             let outcome = match self.current() {
+                // Expired (ZTS or the agent was away longer than it lived): no one refreshes an
+                // expired certificate, so the pod registers anew, as its init container did —
+                // the agent binds the call to the pod by its cgroup, not by the certificate.
+                // Refreshing it instead would be refused, and the sidecar would exit, be
+                // restarted, and be refused again for as long as the pod lives.
+                Ok((_, current)) if current.not_after <= time::OffsetDateTime::now_utc() => {
+                    tracing::warn!(expired = %current.not_after, "the certificate expired; registering anew");
+                    match self.client.init().await {
+                        Ok(answer) => Ok(answer),
+                        Err(e) if !e.is_transient() => {
+                            return Err(format!("{e} (not retried: it cannot heal)"));
+                        }
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
                 Ok((pair, _)) => match self.client.refresh(&pair).await {
                     Ok(answer) => Ok(answer),
                     // refused for good (the pod replaced or being deleted, its certificate no

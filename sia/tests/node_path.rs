@@ -789,3 +789,77 @@ async fn the_operators_status_shows_each_volume_and_its_last_error() {
     let _ = client(&node, &stranger).init().await.unwrap_err();
     assert!(!node.volumes.volume(&stranger).dir.exists());
 }
+
+/// The refresh sidecar whose certificate expired (ZTS or the agent away longer than it lived)
+/// registers anew instead of asking to refresh a certificate no one refreshes, and the pod is
+/// whole again; before, the agent refused the refresh, the sidecar exited, and a restart of it
+/// could never heal (found by `athenz-devstack chaos`, fault zts-stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_registers_anew_once_the_certificate_expired() {
+    use athenz_core::files::{Credentials, FileSet, write_credentials};
+    let node = node("p256").await;
+    let id = pod_with_volume(&node, "web-30", &uid(30), "10.1.2.30");
+    let out = node.dir.path().join("out");
+    let init = sia(&node, "init", &id, &out, &[])
+        .await
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        init.status.success(),
+        "{}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    // the set now holds an expired certificate of the same key
+    let key_pem = read(&out, KEY_FILE);
+    let key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "media.sports.web");
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2024, 1, 2);
+    let expired = params.self_signed(&key).unwrap().pem();
+    write_credentials(
+        &FileSet::new(&out),
+        &Credentials {
+            key_pem: Some(&Secret::new(key_pem)),
+            cert_pem: &expired,
+            ca_pem: &read(&out, CA_FILE),
+            ntoken: &Secret::new(read(&out, NTOKEN_FILE)),
+        },
+        None,
+    )
+    .unwrap();
+    let mut refresher = sia(&node, "refresh", &id, &out, &[]).await.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let renewed = loop {
+        let cert = read(&out, CERT_FILE);
+        if cert != expired {
+            break cert;
+        }
+        assert!(
+            refresher.try_wait().unwrap().is_none(),
+            "the refresher exited instead of registering anew"
+        );
+        assert!(Instant::now() < deadline, "no new certificate within 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let info = CertInfo::from_pem(&renewed).unwrap();
+    assert!(info.not_after > time::OffsetDateTime::now_utc());
+    assert_eq!(info.common_name, "media.sports.web");
+    assert!(key_matches_cert(
+        &PrivateKey::from_pem(&read(&out, KEY_FILE)).unwrap(),
+        &info
+    ));
+    let chain = pem_certificates(&renewed).unwrap();
+    openssl::verify(
+        node.zts.root_pem(),
+        &athenz_core::crypto::der_to_pem(&chain[1]),
+        &athenz_core::crypto::der_to_pem(&chain[0]),
+    )
+    .unwrap();
+    // and it keeps running, refreshing as usual from here
+    assert!(refresher.try_wait().unwrap().is_none());
+    refresher.kill().await.unwrap();
+}
