@@ -18,7 +18,6 @@ use athenz_core::tls;
 use athenz_core::volume::{AGENT_SOCKET_NAME, VolumesDir};
 use athenz_core::zts::{ZtsClient, ZtsClientConfig};
 use clap::Parser;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -285,24 +284,14 @@ pub async fn start(
     std::fs::create_dir_all(&config.agent_dir)
         .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
     let socket = config.agent_dir.join(AGENT_SOCKET_NAME);
-    match std::fs::remove_file(&socket) {
-        Ok(()) => tracing::info!(socket = %socket.display(), "removed a stale socket"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(StartError::new(
-                "--agent-dir (ATHENZ_AGENT_DIR)",
-                format!("{}: {e}", socket.display()),
-            ));
-        }
-    }
-    let listener = tokio::net::UnixListener::bind(&socket).map_err(|e| {
-        StartError::new(
-            "--agent-dir (ATHENZ_AGENT_DIR)",
-            format!("{}: {e}", socket.display()),
-        )
-    })?;
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))
-        .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
+    let listener = athenz_core::unix_socket::bind(
+        &socket,
+        athenz_core::unix_socket::Access {
+            mode: 0o666,
+            gid: None,
+        },
+    )
+    .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
     let ops_listener = config.ops.bind().await?;
     let bound = Bound {
         socket: socket.clone(),

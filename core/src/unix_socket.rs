@@ -31,36 +31,61 @@ pub struct Access {
 }
 
 /// Binds `socket`: its directory is made (0750) if missing, a stale socket from a crashed run is
-/// replaced, anything else at the path is left alone and refused, and the socket gets `access`
-/// (the process's umask keeps it private until then).
+/// replaced, anything else at the path is left alone and refused. The socket is bound under a
+/// temporary name beside it, given `access`, and only then renamed into place, so a client never
+/// finds it at its path with the umask's mode or the wrong group (it would be refused, or worse,
+/// let in before the group is set).
 pub fn bind(socket: &Path, access: Access) -> Result<tokio::net::UnixListener, BindError> {
     let fail = |reason: String| BindError {
         path: socket.to_owned(),
         reason,
     };
-    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o750)
-            .create(dir)
-            .map_err(|e| fail(format!("creating its directory: {e}")))?;
-    }
+    let dir = socket
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o750)
+        .create(dir)
+        .map_err(|e| fail(format!("creating its directory: {e}")))?;
     match std::fs::symlink_metadata(socket) {
         Ok(meta) if meta.file_type().is_socket() => {
-            std::fs::remove_file(socket).map_err(|e| fail(format!("removing a stale one: {e}")))?;
-            tracing::info!(socket = %socket.display(), "removed a stale socket");
+            tracing::info!(socket = %socket.display(), "replacing a stale socket");
         }
         Ok(_) => return Err(fail("exists and is not a socket; not replaced".into())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(fail(e.to_string())),
     }
-    let listener = tokio::net::UnixListener::bind(socket).map_err(|e| fail(e.to_string()))?;
-    if let Some(gid) = access.gid {
-        std::os::unix::fs::chown(socket, None, Some(gid))
-            .map_err(|e| fail(format!("giving it group {gid}: {e}")))?;
+    // Short, so that a socket path that fits `sun_path` still fits with this name.
+    let staging = dir.join(format!(".~{}", std::process::id()));
+    match std::fs::remove_file(&staging) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(format!("{}: {e}", staging.display()))),
     }
-    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(access.mode))
-        .map_err(|e| fail(format!("setting mode {:o}: {e}", access.mode)))?;
+    let staged = stage(&staging, access).map_err(|reason| {
+        // best effort: nothing half-made is left beside the socket
+        let _ = std::fs::remove_file(&staging);
+        fail(reason)
+    })?;
+    std::fs::rename(&staging, socket).map_err(|e| {
+        let _ = std::fs::remove_file(&staging);
+        fail(format!("moving it into place: {e}"))
+    })?;
+    Ok(staged)
+}
+
+/// Binds `staging` and gives it `access`.
+fn stage(staging: &Path, access: Access) -> Result<tokio::net::UnixListener, String> {
+    let listener = tokio::net::UnixListener::bind(staging)
+        .map_err(|e| format!("binding {}: {e}", staging.display()))?;
+    if let Some(gid) = access.gid {
+        std::os::unix::fs::chown(staging, None, Some(gid))
+            .map_err(|e| format!("giving it group {gid}: {e}"))?;
+    }
+    std::fs::set_permissions(staging, std::fs::Permissions::from_mode(access.mode))
+        .map_err(|e| format!("setting mode {:o}: {e}", access.mode))?;
     Ok(listener)
 }
 
@@ -223,6 +248,53 @@ mod tests {
             .await
             .expect("the server did not stop")
             .unwrap();
+    }
+
+    /// A client watching the path never finds the socket with any mode but the final one (it
+    /// used to appear with the umask's mode until the chmod), and nothing is left beside it.
+    #[tokio::test]
+    async fn the_socket_appears_only_with_its_final_mode() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let tmp = tempfile::tempdir().unwrap();
+        let socket = tmp.path().join("watched.sock");
+        let done = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (socket, done) = (socket.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let (mut seen, mut wrong) = (0u32, Vec::new());
+                while !done.load(Ordering::Relaxed) {
+                    if let Ok(meta) = std::fs::symlink_metadata(&socket) {
+                        seen += 1;
+                        if meta.mode() & 0o777 != 0o600 {
+                            wrong.push(meta.mode() & 0o777);
+                        }
+                    }
+                }
+                (seen, wrong)
+            })
+        };
+        for _ in 0..300 {
+            let listener = bind(&socket, PRIVATE).unwrap();
+            drop(listener);
+            std::fs::remove_file(&socket).unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+        let (seen, wrong) = watcher.join().unwrap();
+        assert!(seen > 0, "the watcher never saw the socket");
+        assert!(
+            wrong.is_empty(),
+            "seen {} times with another mode, first {:o}",
+            wrong.len(),
+            wrong.first().copied().unwrap_or_default()
+        );
+        let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert!(left.is_empty(), "left behind: {left:?}");
+        // and the socket bound this way is served at its final path
+        let listener = bind(&socket, PRIVATE).unwrap();
+        let client = tokio::net::UnixStream::connect(&socket);
+        let (accepted, connected) = tokio::join!(listener.accept(), client);
+        accepted.unwrap();
+        connected.unwrap();
     }
 
     #[tokio::test]
