@@ -469,10 +469,16 @@ impl NodeIdentity {
                     self.next_renewal()
                 }
                 Err(e) => {
-                    let backoff = self
-                        .settings
-                        .backoff
-                        .delay(failures, athenz_core::random::unit());
+                    let random = athenz_core::random::unit();
+                    let backoff = match self.held() {
+                        Some(h) => self.settings.backoff.delay_before_expiry(
+                            failures,
+                            random,
+                            h.info.not_after,
+                            OffsetDateTime::now_utc(),
+                        ),
+                        None => self.settings.backoff.delay(failures, random),
+                    };
                     failures = failures.saturating_add(1);
                     tracing::warn!(
                         error = %e,

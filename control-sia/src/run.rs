@@ -99,7 +99,15 @@ pub async fn refresh(sia: &ControlSia, shutdown: impl Future<Output = ()>) {
                     failures = 0;
                 }
                 Err(e) => {
-                    let wait = backoff.delay(failures, random_unit());
+                    let wait = match &current {
+                        Some(issued) => backoff.delay_before_expiry(
+                            failures,
+                            random_unit(),
+                            issued.info.not_after,
+                            time::OffsetDateTime::now_utc(),
+                        ),
+                        None => backoff.delay(failures, random_unit()),
+                    };
                     failures = failures.saturating_add(1);
                     tracing::warn!(error = %e, retry_in = ?wait, "certificate refresh failed; keeping the current files");
                     deadlines.cert = Instant::now() + wait;

@@ -100,12 +100,43 @@ impl Backoff {
     /// The wait after failed attempt number `attempt` (0 for the first failure); `random` is a
     /// uniform sample in `[0, 1)`.
     pub fn delay(&self, attempt: u32, random: f64) -> Duration {
+        self.capped(attempt, random, self.max)
+    }
+
+    /// The wait after failed attempt `attempt` to renew a certificate that expires at
+    /// `not_after`: as [`Backoff::delay`], but while the certificate is valid never more than a
+    /// quarter of the time it has left (nor a cap below [`MIN_CAP_WHILE_VALID`]). A certificate
+    /// whose renewal fails near its end thus gets several more attempts before it expires: with
+    /// one-minute certificates, renewal starts with 18–24 s left and a 60 s cap would let one
+    /// wait outlast the certificate after a short ZTS error burst. Once expired, the usual cap.
+    pub fn delay_before_expiry(
+        &self,
+        attempt: u32,
+        random: f64,
+        not_after: OffsetDateTime,
+        now: OffsetDateTime,
+    ) -> Duration {
+        let left = (not_after - now).as_seconds_f64();
+        if left <= 0.0 {
+            return self.delay(attempt, random);
+        }
+        let cap = Duration::from_secs_f64(left / 4.0)
+            .max(MIN_CAP_WHILE_VALID)
+            .min(self.max);
+        self.capped(attempt, random, cap)
+    }
+
+    fn capped(&self, attempt: u32, random: f64, cap: Duration) -> Duration {
         let factor = 2u32.saturating_pow(attempt.min(31));
-        let full = self.base.saturating_mul(factor).min(self.max);
+        let full = self.base.saturating_mul(factor).min(cap);
         // keep at least half: a retry storm is no better than no backoff
         full.mul_f64(0.5 + 0.5 * random.clamp(0.0, 1.0))
     }
 }
+
+/// The smallest cap [`Backoff::delay_before_expiry`] puts on a wait: a fleet whose certificates
+/// are about to expire during a ZTS outage retries at most this often each, not in a storm.
+pub const MIN_CAP_WHILE_VALID: Duration = Duration::from_secs(5);
 
 /// Parses a duration setting: a number with a unit `ms`, `s`, `m`, `h` or `d` (`500ms`, `90s`,
 /// `30m`, `24h`, `7d`), or a bare number of seconds. Zero is refused: every wait here must be positive.
@@ -286,5 +317,43 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn backoff_before_expiry_leaves_time_for_more_attempts() {
+        let b = Backoff::default();
+        // far from expiry (a day left): the usual exponential backoff and cap
+        assert_eq!(
+            b.delay_before_expiry(20, 1.0, t(24 * HOUR), t(0)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            b.delay_before_expiry(1, 1.0, t(24 * HOUR), t(0)),
+            Duration::from_secs(1)
+        );
+        // 20 s left: never more than a quarter of it, nor below the 5 s floor of the cap
+        assert_eq!(
+            b.delay_before_expiry(20, 1.0, t(40), t(20)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            b.delay_before_expiry(20, 1.0, t(100), t(0)),
+            Duration::from_secs(25)
+        );
+        // the jitter keeps at least half of it
+        assert_eq!(
+            b.delay_before_expiry(20, 0.0, t(100), t(0)),
+            Duration::from_secs_f64(12.5)
+        );
+        // early attempts are unaffected by the cap
+        assert_eq!(
+            b.delay_before_expiry(0, 1.0, t(40), t(20)),
+            Duration::from_millis(500)
+        );
+        // expired: the usual cap again (the pod registers anew, at the fleet's usual pace)
+        assert_eq!(
+            b.delay_before_expiry(20, 1.0, t(0), t(10)),
+            Duration::from_secs(60)
+        );
     }
 }

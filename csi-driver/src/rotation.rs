@@ -339,8 +339,12 @@ impl<I: Issuer> Rotation<I> {
                     athenz_core::random::unit(),
                 )
             } else {
-                self.backoff
-                    .delay(failures - 1, athenz_core::random::unit())
+                self.backoff.delay_before_expiry(
+                    failures - 1,
+                    athenz_core::random::unit(),
+                    cert.not_after,
+                    OffsetDateTime::now_utc(),
+                )
             };
             if let Some(record) = &record {
                 let last_error = lock(&health).last_error.clone();

@@ -460,27 +460,11 @@ impl Sia {
                 // Expired (ZTS or the agent was away longer than it lived): no one refreshes an
                 // expired certificate, so the pod registers anew, as its init container did —
                 // the agent binds the call to the pod by its cgroup, not by the certificate.
-                // Refreshing it instead would be refused, and the sidecar would exit, be
-                // restarted, and be refused again for as long as the pod lives.
                 Ok((_, current)) if current.not_after <= time::OffsetDateTime::now_utc() => {
                     tracing::warn!(expired = %current.not_after, "the certificate expired; registering anew");
-                    match self.client.init().await {
-                        Ok(answer) => Ok(answer),
-                        Err(e) if !e.is_transient() => {
-                            return Err(format!("{e} (not retried: it cannot heal)"));
-                        }
-                        Err(e) => Err(e.to_string()),
-                    }
+                    retry_unless_misconfigured(self.client.init().await)?
                 }
-                Ok((pair, _)) => match self.client.refresh(&pair).await {
-                    Ok(answer) => Ok(answer),
-                    // refused for good (the pod replaced or being deleted, its certificate no
-                    // longer accepted): say so and stop, rather than retry for ever
-                    Err(e) if !e.is_transient() => {
-                        return Err(format!("{e} (not retried: it cannot heal)"));
-                    }
-                    Err(e) => Err(e.to_string()),
-                },
+                Ok((pair, _)) => retry_unless_misconfigured(self.client.refresh(&pair).await)?,
                 Err(e) => Err(e),
             };
             let outcome = match outcome {
@@ -514,7 +498,12 @@ impl Sia {
                         );
                 }
                 Err(e) => {
-                    let wait = backoff.delay(failures, random_unit());
+                    let wait = backoff.delay_before_expiry(
+                        failures,
+                        random_unit(),
+                        info.not_after,
+                        time::OffsetDateTime::now_utc(),
+                    );
                     identity_due = tokio::time::Instant::now() + wait;
                     failures = failures.saturating_add(1);
                     tracing::warn!(error = %e, retry_in = ?wait, "refresh failed; keeping the current files");
@@ -552,5 +541,28 @@ impl Sia {
                 }
             }
         }
+    }
+}
+
+/// Sorts the answer to one of the refresher's calls: an error is `Ok(Err)` (retried after the
+/// backoff, the files kept) for everything but a socket path that can never be connected to,
+/// which ends the sidecar (`Err`).
+///
+/// A refusal is retried too, unlike in `init`: ZTS answers 403 not only when its provider
+/// callback denies but whenever the callback cannot be asked ("unable to verify attestation
+/// data"), so a refusal says nothing about whether the next attempt will pass. Exiting would not
+/// stop the retries either — kubelet restarts a sidecar — it would only add its crash-loop
+/// backoff (up to five minutes) while the certificate runs out. A pod that is really gone is
+/// stopped by kubelet; one whose certificate expires registers anew.
+fn retry_unless_misconfigured(
+    called: Result<IdentityResponse, AgentError>,
+) -> Result<Result<IdentityResponse, String>, String> {
+    match called {
+        Ok(answer) => Ok(Ok(answer)),
+        Err(e @ AgentError::BadEndpoint(_)) => Err(format!("{e} (not retried: it cannot heal)")),
+        Err(e) if e.is_transient() => Ok(Err(e.to_string())),
+        Err(e) => Ok(Err(format!(
+            "{e} (retried: ZTS refuses also while it cannot ask the provider)"
+        ))),
     }
 }

@@ -1,6 +1,6 @@
-//! The SIA against an agent that refuses: a refusal that cannot heal (400/403/404, an endpoint
-//! that cannot be a socket) ends `init` and `refresh` at once with the reason; "try again" (503)
-//! is retried. The agent is a real HTTP server on a real Unix socket answering a fixed status.
+//! The SIA against an agent that refuses: in `init` a refusal (400/403/404) ends the run at once
+//! with the reason, "try again" (503) is retried; the refresher retries refusals too; an
+//! endpoint that cannot be a socket ends either at once. The agent is a real HTTP server on a real Unix socket answering a fixed status.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -155,38 +155,78 @@ async fn a_socket_path_too_long_for_sun_path_is_a_configuration_error() {
     assert_eq!(setup.calls.load(Ordering::SeqCst), 0);
 }
 
+/// The refresher retries a refusal — ZTS answers 403 also while it cannot ask its provider
+/// callback, so a refusal may heal — whether its certificate is still valid (refresh) or has
+/// expired (registering anew), keeps its files, says why in its log, and stops cleanly.
 #[tokio::test]
-async fn refresh_exits_when_the_agent_refuses_for_good() {
+async fn refresh_keeps_its_files_and_retries_a_refusal() {
     use athenz_core::files::{Credentials, FileSet, write_credentials};
     use athenz_testbed::pki::{CertAuthority, LeafSpec};
-    let setup = agent_answering(StatusCode::FORBIDDEN).await;
-    // a current identity that is due for refresh at once (a nearly spent lifetime)
-    let ca = CertAuthority::new_root("test CA").unwrap();
-    let mut spec = LeafSpec::service("media.sports.web", &[]);
-    spec.validity = time::Duration::seconds(2);
-    spec.backdate = time::Duration::hours(1);
-    let cert = ca
-        .issue(&spec, athenz_core::crypto::KeyAlgorithm::P256)
+    // (seconds left, since issue): due for refresh at once with 20 s left, and expired
+    for (validity, backdate) in [(20, 3600), (-60, 3600)] {
+        let setup = agent_answering(StatusCode::FORBIDDEN).await;
+        let ca = CertAuthority::new_root("test CA").unwrap();
+        let mut spec = LeafSpec::service("media.sports.web", &[]);
+        spec.validity = time::Duration::seconds(validity);
+        spec.backdate = time::Duration::seconds(backdate);
+        let cert = ca
+            .issue(&spec, athenz_core::crypto::KeyAlgorithm::P256)
+            .unwrap();
+        write_credentials(
+            &FileSet::new(setup.dir.path().join("out")),
+            &Credentials {
+                key_pem: Some(&cert.key_pem),
+                cert_pem: &cert.chain_pem,
+                ca_pem: ca.root_pem(),
+                ntoken: &athenz_core::secret::Secret::new("v=S1;d=media.sports"),
+            },
+            None,
+        )
         .unwrap();
-    write_credentials(
-        &FileSet::new(setup.dir.path().join("out")),
-        &Credentials {
-            key_pem: Some(&cert.key_pem),
-            cert_pem: &cert.chain_pem,
-            ca_pem: ca.root_pem(),
-            ntoken: &athenz_core::secret::Secret::new("v=S1;d=media.sports"),
-        },
-        None,
-    )
-    .unwrap();
-    let out = run_sia("refresh", setup.dir.path(), &setup.socket).await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("refused with 403"), "{stderr}");
-    assert_eq!(setup.calls.load(Ordering::SeqCst), 1);
-    // the files it had are left as they were
-    assert_eq!(
-        std::fs::read_to_string(setup.dir.path().join("out").join("service.cert.pem")).unwrap(),
-        cert.chain_pem
-    );
+        let mut child = tokio::process::Command::new(SIA)
+            .arg("refresh")
+            .env("ID_FILE", setup.dir.path().join("id"))
+            .env("ENDPOINT", &setup.socket)
+            .env("OUT_DIR", setup.dir.path().join("out"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let retried = tokio::time::timeout(Duration::from_secs(20), async {
+            while setup.calls.load(Ordering::SeqCst) < 3 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        if retried.is_err() {
+            child.start_kill().unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            panic!(
+                "the refresher did not retry the refusal (validity {validity} s, {} calls): {}{}",
+                setup.calls.load(Ordering::SeqCst),
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the refresher exited on a refusal (validity {validity} s)"
+        );
+        let status = athenz_testbed::process::terminate(&mut child, Duration::from_secs(10))
+            .await
+            .expect("no exit after SIGTERM");
+        assert_eq!(status.code(), Some(0));
+        let mut stderr = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr)
+            .await
+            .unwrap();
+        assert!(stderr.contains("refused with 403"), "{stderr}");
+        assert!(stderr.contains("retried"), "{stderr}");
+        // the files it had are left as they were
+        assert_eq!(
+            std::fs::read_to_string(setup.dir.path().join("out").join("service.cert.pem")).unwrap(),
+            cert.chain_pem
+        );
+    }
 }
