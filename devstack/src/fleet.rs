@@ -10,6 +10,57 @@ use crate::stack::{Stack, VolumeKind};
 use anyhow::Context;
 use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
 use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
+use std::time::{Duration, Instant};
+
+/// Kubelet's crash-loop backoff: the first restart of a container that exited waits 10 s, each
+/// further one twice as long, up to five minutes.
+const CRASH_LOOP_FIRST: Duration = Duration::from_secs(10);
+const CRASH_LOOP_MAX: Duration = Duration::from_secs(300);
+
+/// A pod's refresh sidecar, restarted as kubelet restarts it.
+pub struct Sidecar {
+    /// The running (or exited) process.
+    pub process: Process,
+    /// How many times it has exited.
+    pub exits: u32,
+    /// When kubelet's backoff lets it start again, while it is down.
+    restart_at: Option<Instant>,
+}
+
+impl Sidecar {
+    fn new(process: Process) -> Self {
+        Self {
+            process,
+            exits: 0,
+            restart_at: None,
+        }
+    }
+
+    /// Restarts it when it has exited and kubelet's backoff has passed; says whether it did.
+    fn restart_as_kubelet_would(&mut self, now: Instant) -> anyhow::Result<bool> {
+        match self.restart_at {
+            Some(at) if now >= at => {
+                self.restart_at = None;
+                self.process.restart_if_exited()
+            }
+            Some(_) => Ok(false),
+            None => {
+                if self.process.check_alive().is_err() {
+                    self.exits += 1;
+                    self.restart_at = Some(now + crash_loop_delay(self.exits));
+                }
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Kubelet's wait before restarting a container after its `exits`-th exit.
+fn crash_loop_delay(exits: u32) -> Duration {
+    CRASH_LOOP_FIRST
+        .saturating_mul(2u32.saturating_pow(exits.saturating_sub(1).min(16)))
+        .min(CRASH_LOOP_MAX)
+}
 
 /// Running pods with their identities.
 pub struct Fleet {
@@ -17,11 +68,11 @@ pub struct Fleet {
     /// Their volumes, pod by pod.
     pub volumes: Vec<MountedVolume>,
     /// Their refresh sidecars (none in csi-files mode), pod by pod.
-    pub refreshers: Vec<Process>,
+    pub refreshers: Vec<Sidecar>,
 }
 
 /// One read of every pod's set.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Census {
     /// Each pod's certificate serial (`None`: unreadable).
     pub serials: Vec<Option<String>>,
@@ -34,6 +85,8 @@ pub struct Census {
     pub torn: Vec<usize>,
     /// Pods whose set could not be read, with why.
     pub unreadable: Vec<(usize, String)>,
+    /// Each readable pod's share of its certificate's lifetime already gone, by pod.
+    pub lifetime_used: Vec<Option<f64>>,
 }
 
 impl Census {
@@ -44,14 +97,18 @@ impl Census {
 }
 
 impl Fleet {
-    /// Creates `pods` real-size pods, gives each its identity one after the other, and starts
-    /// the refresh sidecars.
-    pub async fn start(stack: &Stack, pods: usize, volume: VolumeKind) -> anyhow::Result<Self> {
+    /// Creates real-size pods numbered `pods` (distinct numbers for distinct fleets of one
+    /// stack), gives each its identity one after the other, and starts the refresh sidecars.
+    pub async fn start(
+        stack: &Stack,
+        pods: std::ops::Range<usize>,
+        volume: VolumeKind,
+    ) -> anyhow::Result<Self> {
         let info = &stack.info;
         let kube = KubeClient::new(&info.kube_api.url)?;
         let kubelet = NodeKubelet::new(info, volume, &stack.state_dir.join("kubelet")).await?;
         let mut volumes = Vec::new();
-        for n in 0..pods {
+        for n in pods {
             let pod = bench_pod(n);
             let uid = kube
                 .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
@@ -63,7 +120,13 @@ impl Fleet {
         let mut refreshers = Vec::new();
         for mounted in &volumes {
             if let Some(volume) = mounted.sia() {
-                refreshers.push(crate::node::sia_refresh(info, volume, "24h", &logs, &[])?);
+                refreshers.push(Sidecar::new(crate::node::sia_refresh(
+                    info,
+                    volume,
+                    "24h",
+                    &logs,
+                    &[],
+                )?));
             }
         }
         Ok(Self {
@@ -88,11 +151,17 @@ impl Fleet {
                     if !matches {
                         census.torn.push(i);
                     }
+                    let lifetime = (info.not_after - info.not_before).as_seconds_f64();
+                    census.lifetime_used.push(
+                        (lifetime > 0.0)
+                            .then(|| (now - info.not_before).as_seconds_f64() / lifetime),
+                    );
                     census.serials.push(Some(info.serial_hex));
                 }
                 Err(e) => {
                     census.unreadable.push((i, format!("{e:#}")));
                     census.serials.push(None);
+                    census.lifetime_used.push(None);
                 }
             }
         }
@@ -103,24 +172,32 @@ impl Fleet {
     pub fn dead_refresher(&mut self) -> Option<String> {
         self.refreshers
             .iter_mut()
-            .find_map(|p| p.check_alive().err().map(|e| format!("{e:#}")))
+            .find_map(|s| s.process.check_alive().err().map(|e| format!("{e:#}")))
     }
 
-    /// Restarts refreshers that exited, as kubelet restarts a sidecar; returns how many.
+    /// Restarts refreshers that exited as kubelet restarts a sidecar — after its crash-loop
+    /// backoff (10 s, doubling, at most 5 min), not at once, which would hide what an exit
+    /// costs a pod; returns how many it restarted now.
     pub fn restart_exited_refreshers(&mut self) -> anyhow::Result<usize> {
+        let now = Instant::now();
         let mut restarted = 0;
-        for p in &mut self.refreshers {
-            if p.restart_if_exited()? {
+        for s in &mut self.refreshers {
+            if s.restart_as_kubelet_would(now)? {
                 restarted += 1;
             }
         }
         Ok(restarted)
     }
 
+    /// How many times the refreshers have exited in all.
+    pub fn sidecar_exits(&self) -> u32 {
+        self.refreshers.iter().map(|s| s.exits).sum()
+    }
+
     /// Stops the sidecars and unmounts every volume as kubelet does when pods go.
     pub async fn stop(mut self, stack: &Stack) -> anyhow::Result<()> {
         for r in &mut self.refreshers {
-            r.stop().await;
+            r.process.stop().await;
         }
         for mounted in &self.volumes {
             self.kubelet.take_down(&stack.info, mounted).await?;
@@ -139,4 +216,16 @@ pub fn read_set(mounted: &MountedVolume) -> anyhow::Result<(CertInfo, bool)> {
     let key = PrivateKey::from_pem(&String::from_utf8_lossy(&set[0]))?;
     let matches = key_matches_cert(&key, &info);
     Ok((info, matches))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_loop_backoff_is_kubelets() {
+        let secs: Vec<u64> = (1..=7).map(|n| crash_loop_delay(n).as_secs()).collect();
+        assert_eq!(secs, [10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(crash_loop_delay(u32::MAX), CRASH_LOOP_MAX);
+    }
 }

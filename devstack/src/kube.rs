@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What the stand-in process writes to `<state>/kube.json` once every server listens.
@@ -73,11 +74,13 @@ fn write_agent_token(
 
 /// Runs the API stand-in and one kubelet stand-in per node until SIGTERM (the hidden
 /// `kube-standins` command). Each node gets its Node object and its agent pod, whose token is
-/// written to `<state>/<node>.token` and rotated.
+/// written to `<state>/<node>.token` and rotated. With `faults_file`, follows its API and
+/// kubelet faults ([`athenz_testbed::faults`]).
 pub async fn run_standins(
     state_dir: &Path,
     api_listen: SocketAddr,
     nodes: &[String],
+    faults_file: Option<std::path::PathBuf>,
 ) -> anyhow::Result<()> {
     let api = KubeApi::start_on(api_listen)
         .await
@@ -107,6 +110,20 @@ pub async fn run_standins(
         });
         kubelets.push(kubelet);
     }
+    let api = Arc::new(api);
+    let kubelets: Vec<Arc<Kubelet>> = kubelets.into_iter().map(Arc::new).collect();
+    let follower = faults_file.map(|path| {
+        let (api, kubelets) = (api.clone(), kubelets.clone());
+        tokio::spawn(athenz_testbed::faults::follow(path, move |f| {
+            api.set_pod_reads_missing(f.api_pods_missing);
+            for kubelet in &kubelets {
+                let controls = kubelet.controls();
+                controls.set_delay(std::time::Duration::from_millis(f.kubelet_delay_ms));
+                controls.set_failing(f.kubelet_failing);
+                controls.set_omit_all(f.kubelet_omit_pods);
+            }
+        }))
+    });
     let info = KubeInfo {
         api: api.url(),
         nodes: infos,
@@ -127,6 +144,9 @@ pub async fn run_standins(
                 }
             }
         }
+    }
+    if let Some(follower) = follower {
+        follower.abort();
     }
     drop(kubelets);
     Ok(())

@@ -131,9 +131,13 @@ enum Command {
     /// print, per fault, the pods affected, files expired, torn sets and recovery time against
     /// the bound; exit 1 if a bound broke.
     Chaos {
-        /// Pods (each with its refresh sidecar).
+        /// Pods with the flex volume (each with its refresh sidecar).
         #[arg(long, default_value_t = 20)]
         pods: usize,
+        /// Pods with the CSI files-mode volume (the agent rotates their files); at least 1
+        /// for `disk-full`.
+        #[arg(long, default_value_t = 4)]
+        files_pods: usize,
         /// Certificate lifetime in minutes.
         #[arg(long, default_value_t = 1)]
         lifetime_minutes: u32,
@@ -158,6 +162,9 @@ enum Command {
         /// Its configuration (JSON: services, providers, lifetimes); defaults otherwise.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// Follow this faults file (`chaos` injects ZTS errors through it).
+        #[arg(long, hide = true)]
+        faults_file: Option<PathBuf>,
     },
     /// One refresh request from a pod's process (started by the stack inside the pod's cgroup).
     #[command(hide = true)]
@@ -179,6 +186,9 @@ enum Command {
         /// One per node.
         #[arg(long, required = true)]
         node: Vec<String>,
+        /// Follow this faults file (`chaos` injects API and kubelet faults through it).
+        #[arg(long)]
+        faults_file: Option<PathBuf>,
     },
 }
 
@@ -213,7 +223,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Zts { state_dir, config } => {
+        Command::Zts {
+            state_dir,
+            config,
+            faults_file,
+        } => {
             let _ = athenz_core::telemetry::init_logging(athenz_core::telemetry::LogFormat::Human);
             let config = match config {
                 Some(path) => athenz_testbed::zts::DevZtsConfig::from_file(&path)?,
@@ -222,6 +236,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(athenz_testbed::zts::run_standalone(
                 config,
                 &state_dir,
+                faults_file,
                 athenz_core::http::termination_signal(),
             ))?;
             Ok(ExitCode::SUCCESS)
@@ -230,8 +245,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             state_dir,
             api_listen,
             node,
+            faults_file,
         } => {
-            runtime()?.block_on(kube::run_standins(&state_dir, api_listen, &node))?;
+            runtime()?.block_on(kube::run_standins(
+                &state_dir,
+                api_listen,
+                &node,
+                faults_file,
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::PodRefreshOnce {
@@ -303,6 +324,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Chaos {
             pods,
+            files_pods,
             lifetime_minutes,
             faults,
             sia_kills,
@@ -318,6 +340,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("creating a temporary directory")?;
             let options = chaos::ChaosOptions {
                 pods,
+                files_pods,
                 lifetime_minutes,
                 faults: if faults.is_empty() {
                     chaos::ALL_FAULTS.to_vec()

@@ -89,6 +89,11 @@ impl Process {
         self.child.id().unwrap_or(0)
     }
 
+    /// Its log file.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
     /// The last lines of its log, for error messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();

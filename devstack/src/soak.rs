@@ -135,7 +135,7 @@ pub async fn run(state_dir: &Path, options: &SoakOptions) -> anyhow::Result<Soak
 }
 
 async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakReport> {
-    let mut fleet = Fleet::start(stack, options.pods, options.volume).await?;
+    let mut fleet = Fleet::start(stack, 0..options.pods, options.volume).await?;
     let mut series: BTreeMap<String, Vec<Point>> = BTreeMap::new();
     let mut serials: Vec<Option<String>> = vec![None; fleet.volumes.len()];
     let (mut rotations_seen, mut expired_reads, mut torn_reads) = (0, 0, 0);
@@ -152,7 +152,7 @@ async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakRe
         if let Some(largest) = fleet
             .refreshers
             .iter()
-            .map(|r| r.usage())
+            .map(|r| r.process.usage())
             .max_by_key(|u| u.rss_kib)
         {
             series

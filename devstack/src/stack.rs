@@ -204,6 +204,9 @@ pub fn demo_roles() -> Vec<athenz_testbed::zts::authz::RoleEntry> {
     ]
 }
 
+/// The faults file under the state dir, when the stack runs with fault injection.
+pub const FAULTS_FILE: &str = "faults.json";
+
 /// Choices for a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {
@@ -224,6 +227,9 @@ pub struct StackOptions {
     /// The callback's `--cert-expiry-minutes`: the lifetime ZTS gives pod and node certificates
     /// (its default, a day, when none; `soak` and `chaos` shorten it to see many refreshes).
     pub cert_expiry_minutes: Option<u32>,
+    /// ZTS and the Kubernetes stand-ins follow `<state>/faults.json` (`chaos` injects its faults
+    /// through it, [`athenz_testbed::faults`]).
+    pub fault_injection: bool,
 }
 
 /// The volume the demo and bench give their pods (DESIGN.md 5).
@@ -267,6 +273,7 @@ impl StackOptions {
             volume: VolumeKind::Flex,
             csi_refresh_interval: None,
             cert_expiry_minutes: None,
+            fault_injection: false,
         }
     }
 }
@@ -421,18 +428,18 @@ impl Stack {
         let zts_dir = state.join("zts");
         write_json_atomically(&zts_dir.join("config.json"), &zts_config)?;
         let _ = std::fs::remove_file(zts_dir.join("zts.json"));
-        let mut zts = Process::start(
-            Command::new(
-                "zts",
-                &exe,
-                vec![
-                    "zts".into(),
-                    path_arg("state-dir", &zts_dir),
-                    path_arg("config", &zts_dir.join("config.json")),
-                ],
-            ),
-            &logs,
-        )?;
+        let faults_file = state.join(FAULTS_FILE);
+        let _ = std::fs::remove_file(&faults_file);
+        let faults_arg = options
+            .fault_injection
+            .then(|| path_arg("faults-file", &faults_file));
+        let mut zts_args = vec![
+            "zts".into(),
+            path_arg("state-dir", &zts_dir),
+            path_arg("config", &zts_dir.join("config.json")),
+        ];
+        zts_args.extend(faults_arg.clone());
+        let mut zts = Process::start(Command::new("zts", &exe, zts_args), &logs)?;
         zts.wait_file(&zts_dir.join("zts.json")).await?;
         processes.push(zts);
         let zts_info: athenz_testbed::zts::StandaloneInfo =
@@ -444,6 +451,7 @@ impl Stack {
         let _ = std::fs::remove_file(kube_dir.join("kube.json"));
         let mut kube_args = vec!["kube-standins".to_owned(), path_arg("state-dir", &kube_dir)];
         kube_args.extend((0..node_count).map(|i| format!("--node={}", node_name(i))));
+        kube_args.extend(faults_arg);
         let mut kube = Process::start(Command::new("kube", &exe, kube_args), &logs)?;
         kube.wait_file(&kube_dir.join("kube.json")).await?;
         processes.push(kube);

@@ -382,15 +382,18 @@ fn soak_samples_every_daemon_and_sees_the_pods_refresh() {
     assert_eq!(text.lines().count(), rows + 1);
 }
 
-/// Chaos, two faults on two pods: the SIA killed mid-write (a reader checking every set) and
-/// the agent killed five times; both within their bounds, reported row by row.
+/// Chaos, four faults on two flex pods and one files-mode pod: the SIA killed mid-write (a
+/// reader checking every set), ZTS answering 503 (through the faults file ZTS follows), the
+/// kubelet listing no pods (through the one the Kubernetes stand-ins follow) and a full tmpfs;
+/// each within its bounds, each having met a renewal, reported row by row.
 #[test]
 fn chaos_reports_each_fault_against_its_bounds() {
     let out = Command::new(DEVSTACK)
         .args([
             "chaos",
             "--pods=2",
-            "--faults=sia-killed-mid-write,agent-killed",
+            "--files-pods=1",
+            "--faults=sia-killed-mid-write,zts-503,kubelet-omitting-pods,disk-full",
             "--sia-kills=60",
             "--json",
         ])
@@ -406,8 +409,19 @@ fn chaos_reports_each_fault_against_its_bounds() {
     assert!(out.status.success(), "{report}");
     assert_eq!(report["passed"], true, "{report}");
     let faults = report["faults"].as_array().unwrap();
-    assert_eq!(faults[0]["fault"], "sia-killed-mid-write");
-    assert_eq!(faults[1]["fault"], "agent-killed");
+    let names: Vec<&str> = faults
+        .iter()
+        .map(|f| f["fault"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "sia-killed-mid-write",
+            "zts-503",
+            "kubelet-omitting-pods",
+            "disk-full"
+        ]
+    );
     for f in faults {
         assert_eq!(f["torn_sets"], 0, "{f}");
         assert_eq!(f["pods_expired"], 0, "{f}");
@@ -417,5 +431,13 @@ fn chaos_reports_each_fault_against_its_bounds() {
     assert!(detail.starts_with("60 inits, "), "{detail}");
     assert!(detail.ends_with("nothing left behind"), "{detail}");
     assert!(!detail.contains(" 0 killed mid-run"), "{detail}");
-    assert_eq!(faults[1]["detail"], "SIGKILL x5, restarted each time");
+    for f in &faults[1..3] {
+        let detail = f["detail"].as_str().unwrap();
+        assert!(detail.contains("for 15 s;"), "{detail}");
+        assert!(!detail.contains(" 0 renewals failed"), "{detail}");
+        assert!(detail.ends_with(" 0 sidecar exits"), "{detail}");
+    }
+    let detail = faults[3]["detail"].as_str().unwrap();
+    assert!(detail.contains("a rotation failed"), "{detail}");
+    assert!(detail.ends_with("nothing left behind"), "{detail}");
 }

@@ -345,6 +345,8 @@ fn list<T: serde::Serialize>(kind: &str, items: Vec<T>) -> Response<Body> {
 
 struct ApiHandler {
     cluster: Cluster,
+    /// Single-pod reads answer 404 while set (a fault a chaos run injects).
+    pod_reads_missing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Handler for ApiHandler {
@@ -383,6 +385,13 @@ impl Handler for ApiHandler {
             ["api", "v1", "pods"] => list("PodList", self.cluster.pods(None, node.as_deref())),
             ["api", "v1", "namespaces", ns, "pods"] => {
                 list("PodList", self.cluster.pods(Some(ns), node.as_deref()))
+            }
+            ["api", "v1", "namespaces", _, "pods", name]
+                if self
+                    .pod_reads_missing
+                    .load(std::sync::atomic::Ordering::SeqCst) =>
+            {
+                not_found("pods", name)
             }
             ["api", "v1", "namespaces", ns, "pods", name] => match self.cluster.pod(ns, name) {
                 Some(pod) => json_response(StatusCode::OK, &with_kind(pod, "Pod")),
@@ -429,6 +438,7 @@ fn with_kind<T: serde::Serialize>(object: T, kind: &str) -> serde_json::Value {
 /// A running stand-in.
 pub struct KubeApi {
     cluster: Cluster,
+    pod_reads_missing: Arc<std::sync::atomic::AtomicBool>,
     addr: SocketAddr,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -445,11 +455,13 @@ impl KubeApi {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let pod_reads_missing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(
             Server::new(
                 Listener::Tcp(listener),
                 Arc::new(ApiHandler {
                     cluster: cluster.clone(),
+                    pod_reads_missing: pod_reads_missing.clone(),
                 }),
             )
             .serve(async {
@@ -458,9 +470,17 @@ impl KubeApi {
         );
         Ok(Self {
             cluster,
+            pod_reads_missing,
             addr,
             shutdown: Some(tx),
         })
+    }
+
+    /// While set, every single-pod read answers 404 (as for a deleted pod), whatever the store
+    /// holds: the callback then denies every launch.
+    pub fn set_pod_reads_missing(&self, missing: bool) {
+        self.pod_reads_missing
+            .store(missing, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// `http://127.0.0.1:<port>`.

@@ -17,6 +17,7 @@ use std::time::Duration;
 pub struct KubeletControls {
     delay_ms: AtomicU64,
     failing: AtomicBool,
+    omit_all: AtomicBool,
     hidden: Mutex<BTreeSet<(String, String)>>,
     requests: AtomicUsize,
     required_token: Mutex<Option<String>>,
@@ -33,6 +34,10 @@ impl KubeletControls {
     /// Answers 500 while set.
     pub fn set_failing(&self, failing: bool) {
         self.failing.store(failing, Ordering::SeqCst);
+    }
+    /// Lists no pods at all while set (a kubelet that has not synced its pods).
+    pub fn set_omit_all(&self, omit: bool) {
+        self.omit_all.store(omit, Ordering::SeqCst);
     }
     /// Leaves a pod out of the list until [`Self::show`].
     pub fn hide(&self, namespace: &str, name: &str) {
@@ -148,10 +153,15 @@ impl Handler for KubeletHandler {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
+        let list = if self.controls.omit_all.load(Ordering::SeqCst) {
+            Bytes::from_static(br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[]}"#)
+        } else {
+            self.pod_list(&hidden)
+        };
         Response::builder()
             .status(StatusCode::OK)
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::new(self.pod_list(&hidden)))
+            .body(Body::new(list))
             .unwrap_or_else(|e| error_response(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
     }
 }

@@ -7,6 +7,7 @@
 //! | [`csi_kubelet`] | a CSI caller making kubelet's calls, in kubelet's order, with kubelet's arguments |
 //! | [`cgroups`] | kubelet-shaped pod cgroups for processes that play pods (the agent's peer check) |
 //! | [`dns`] | a DNS stand-in answering A/AAAA from a table |
+//! | [`faults`] | faults a chaos run injects into the stand-ins, through a file they follow |
 //! | [`fixtures`] | the sample pod every test talks about |
 //! | [`pki`] | root and intermediate CAs; service certificates for generated keys or CSRs |
 //! | [`kube_api`] | the Kubernetes API stand-in |
@@ -21,6 +22,7 @@
 pub mod cgroups;
 pub mod csi_kubelet;
 pub mod dns;
+pub mod faults;
 pub mod fixtures;
 pub mod grpc;
 pub mod kube_api;

@@ -773,7 +773,7 @@ async fn standalone_server_writes_its_address_and_stops() {
     let task = tokio::spawn({
         let state = state.clone();
         async move {
-            run_standalone(config, &state, async {
+            run_standalone(config, &state, None, async {
                 let _ = rx.await;
             })
             .await

@@ -236,6 +236,7 @@ impl DevZts {
                 max_token_expiry: time::Duration::seconds(i64::from(config.max_token_expiry_secs)),
             },
             roles: config.roles.clone(),
+            instance_fault: std::sync::atomic::AtomicU16::new(0),
         });
 
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -356,6 +357,14 @@ impl DevZts {
             .add_provider(provider)
     }
 
+    /// Answers every instance register and refresh with `status` (`None`: as usual).
+    pub fn set_instance_fault(&self, status: Option<http::StatusCode>) {
+        self.state.instance_fault.store(
+            status.map_or(0, |s| s.as_u16()),
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+
     /// What ZTS remembers of an instance.
     pub fn instance(&self, key: &InstanceKey) -> Option<InstanceRecord> {
         self.state.instances.get(key)
@@ -394,13 +403,24 @@ pub struct StandaloneInfo {
     pub ca: PathBuf,
 }
 
-/// Runs a dev ZTS until `shutdown` completes, with its files and `zts.json` in `state_dir`.
+/// Runs a dev ZTS until `shutdown` completes, with its files and `zts.json` in `state_dir`;
+/// with `faults_file`, follows its `zts_instance_status` ([`crate::faults`]).
 pub async fn run_standalone(
     config: DevZtsConfig,
     state_dir: &Path,
+    faults_file: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), DevZtsError> {
     let zts = DevZts::start_in(config, state_dir).await?;
+    let follower = faults_file.map(|path| {
+        let state = zts.state.clone();
+        tokio::spawn(crate::faults::follow(path, move |f| {
+            state.instance_fault.store(
+                f.zts_instance_status.unwrap_or(0),
+                std::sync::atomic::Ordering::SeqCst,
+            );
+        }))
+    });
     let info = StandaloneInfo {
         url: zts.url().to_owned(),
         ca: zts.ca_path(),
@@ -412,6 +432,9 @@ pub async fn run_standalone(
     crate::pki::write_file(&state_dir.join("zts.json"), &json, 0o644)?;
     tracing::info!(url = %info.url, ca = %info.ca.display(), "dev ZTS ready");
     shutdown.await;
+    if let Some(follower) = follower {
+        follower.abort();
+    }
     zts.stop().await;
     Ok(())
 }

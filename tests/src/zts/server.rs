@@ -68,6 +68,9 @@ pub struct ZtsState {
     pub settings: RouteSettings,
     /// Roles and their members.
     pub roles: Vec<super::authz::RoleEntry>,
+    /// A status every instance register and refresh is answered with (0: none): a fault a
+    /// chaos run injects.
+    pub instance_fault: std::sync::atomic::AtomicU16,
 }
 
 /// A refusal: status and message.
@@ -119,6 +122,15 @@ impl Handler for ZtsHandler {
             return error_response(StatusCode::NOT_FOUND, "no such route");
         };
         let segments: Vec<&str> = rest.split('/').collect();
+        let fault = self
+            .state
+            .instance_fault
+            .load(std::sync::atomic::Ordering::SeqCst);
+        if fault != 0 && req.method() == Method::POST && segments.first() == Some(&"instance") {
+            let status = StatusCode::from_u16(fault).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            tracing::info!(%path, %status, "dev ZTS answering with an injected fault");
+            return error_response(status, format!("dev ZTS: injected fault ({status})"));
+        }
         let outcome = match (req.method(), segments.as_slice()) {
             (&Method::GET, ["status"]) => Ok(json_response(
                 StatusCode::OK,
