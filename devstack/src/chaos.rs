@@ -344,6 +344,10 @@ struct Tally {
     affected: BTreeSet<usize>,
     expired: BTreeSet<usize>,
     torn: u64,
+    /// Each pod's certificate serial at the first read, and the pods whose serial changed since
+    /// (renewed).
+    first_serials: Option<Vec<Option<String>>>,
+    renewed: BTreeSet<usize>,
 }
 
 impl Tally {
@@ -352,6 +356,14 @@ impl Tally {
             .extend(census.overdue.iter().chain(&census.expired));
         self.expired.extend(&census.expired);
         self.torn += census.torn.len() as u64;
+        let first = self
+            .first_serials
+            .get_or_insert_with(|| census.serials.clone());
+        for (i, (then, now)) in first.iter().zip(&census.serials).enumerate() {
+            if now.is_some() && then != now {
+                self.renewed.insert(i);
+            }
+        }
     }
 }
 
@@ -508,39 +520,43 @@ struct Injection {
     what: String,
 }
 
-/// Puts `injection` in force, holds it, clears it (whatever happened), and waits for recovery.
-/// A fault under which no renewal failed is reported as not having bitten, except a slow
-/// kubelet, under which renewals should pass.
+/// Puts `injection` in force when a pod is about to renew, holds it, clears it (whatever
+/// happened), and waits for recovery. An outage under which no renewal failed did not bite and
+/// fails; under a slow kubelet renewals must happen and pass.
 async fn inject(
     stack: &mut Stack,
     pods: &mut Pods,
     injection: Injection,
 ) -> anyhow::Result<FaultResult> {
     let file = stack.state_dir.join(FAULTS_FILE);
-    let must_bite = injection.fault != Fault::KubeletSlow;
-    if must_bite {
-        align_with_a_renewal(stack, pods).await?;
-    }
+    align_with_a_renewal(stack, pods).await?;
     let before = Effects::now(stack, pods);
     let mut tally = Tally::default();
     injection.faults.write(&file)?;
     let held = watch(stack, pods, &mut tally, injection.hold, |_, _| Ok(())).await;
     Faults::default().write(&file)?;
     held?;
+    let renewed_during = tally.renewed.len();
     let recovery = recover(stack, pods, &mut tally).await?;
     let effects = before.since(stack, pods);
-    let bit = effects.failed_renewals > 0 || !must_bite;
+    // an outage must make renewals fail; a slow kubelet must let them pass, slowly
+    let bit = if injection.fault == Fault::KubeletSlow {
+        renewed_during > 0 && effects.failed_renewals == 0
+    } else {
+        effects.failed_renewals > 0
+    };
     let mut result = row(
         injection.fault,
         format!(
-            "{} for {} s; {}{}",
+            "{} for {} s; {} renewed during it, {}{}",
             injection.what,
             injection.hold.as_secs(),
+            renewed_during,
             effects.describe(),
             if bit {
                 ""
             } else {
-                " (the fault met no renewal)"
+                " (the fault did not act as it must)"
             }
         ),
         &tally,
