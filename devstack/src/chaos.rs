@@ -595,9 +595,8 @@ async fn zts_stopped(
 
 /// When the agent's node certificate expires, from its metric
 /// `athenz_agent_node_certificate_expiry_seconds` (what an operator would alert on).
-async fn node_cert_expiry(stack: &Stack) -> anyhow::Result<time::OffsetDateTime> {
-    let url = &stack
-        .info
+async fn node_cert_expiry(info: &crate::stack::StackInfo) -> anyhow::Result<time::OffsetDateTime> {
+    let url = &info
         .nodes
         .first()
         .context("a stack without nodes")?
@@ -637,7 +636,7 @@ async fn agent_node_cert_expired(
     lifetime: Duration,
 ) -> anyhow::Result<FaultResult> {
     const PAST_EXPIRY: Duration = Duration::from_secs(5);
-    let expires = node_cert_expiry(stack).await?;
+    let expires = node_cert_expiry(&stack.info).await?;
     let until_expiry =
         Duration::try_from(expires - time::OffsetDateTime::now_utc()).unwrap_or(Duration::ZERO);
     let hold = (until_expiry + PAST_EXPIRY).min(lifetime * 2);
@@ -645,7 +644,7 @@ async fn agent_node_cert_expired(
     let mut tally = Tally::default();
     signal(stack, "zts", Signal::SIGSTOP)?;
     let held = watch(stack, pods, &mut tally, hold, |_, _| Ok(())).await;
-    let expired_while_stopped = match node_cert_expiry(stack).await {
+    let expired_while_stopped = match node_cert_expiry(&stack.info).await {
         Ok(at) => at <= time::OffsetDateTime::now_utc(),
         Err(_) => false,
     };
@@ -677,26 +676,9 @@ async fn agent_node_cert_expired(
 }
 
 async fn node_cert_valid(info: &crate::stack::StackInfo) -> bool {
-    let Some(node) = info.nodes.first() else {
-        return false;
-    };
-    let Ok(response) = reqwest::Client::new()
-        .get(&node.agent.metrics_url)
-        .timeout(Duration::from_secs(5))
-        .send()
+    node_cert_expiry(info)
         .await
-    else {
-        return false;
-    };
-    let Ok(text) = response.text().await else {
-        return false;
-    };
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_once(' '))
-        .find(|(name, _)| name.ends_with("node_certificate_expiry_seconds"))
-        .and_then(|(_, v)| v.trim().parse::<f64>().ok())
-        .is_some_and(|at| at > time::OffsetDateTime::now_utc().unix_timestamp() as f64)
+        .is_ok_and(|at| at > time::OffsetDateTime::now_utc())
 }
 
 async fn killed(
