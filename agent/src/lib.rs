@@ -284,6 +284,18 @@ pub async fn start(
     std::fs::create_dir_all(&config.agent_dir)
         .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
     let socket = config.agent_dir.join(AGENT_SOCKET_NAME);
+    // The socket dir is the agent's own: whatever a crashed run left at the path goes, even a
+    // file that is not a socket (unix_socket::bind refuses those on paths it shares).
+    match std::fs::remove_file(&socket) {
+        Ok(()) => tracing::info!(socket = %socket.display(), "removed a stale socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(StartError::new(
+                "--agent-dir (ATHENZ_AGENT_DIR)",
+                format!("{}: {e}", socket.display()),
+            ));
+        }
+    }
     let listener = athenz_core::unix_socket::bind(
         &socket,
         athenz_core::unix_socket::Access {
