@@ -812,14 +812,7 @@ async fn refresh_registers_anew_once_the_certificate_expired() {
     );
     // the set now holds an expired certificate of the same key
     let key_pem = read(&out, KEY_FILE);
-    let key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "media.sports.web");
-    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2024, 1, 2);
-    let expired = params.self_signed(&key).unwrap().pem();
+    let expired = athenz_testbed::pki::expired_self_signed(&key_pem, "media.sports.web").unwrap();
     write_credentials(
         &FileSet::new(&out),
         &Credentials {

@@ -306,6 +306,24 @@ impl CertAuthority {
     }
 }
 
+/// A self-signed certificate for `common_name` over the key in `key_pem` that expired long
+/// ago (2024-01-01 to 01-02): what a pod holds after being cut off longer than its certificate
+/// lived, for tests of what happens next.
+pub fn expired_self_signed(key_pem: &str, common_name: &str) -> Result<String, PkiError> {
+    let key = rcgen::KeyPair::from_pem(key_pem).map_err(issuing("reading the key"))?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())
+        .map_err(issuing("an expired certificate"))?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2024, 1, 2);
+    Ok(params
+        .self_signed(&key)
+        .map_err(issuing("an expired certificate"))?
+        .pem())
+}
+
 /// Writes a file atomically with `mode`.
 pub fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PkiError> {
     athenz_core::volume::write_file_atomic(path, bytes, mode).map_err(|e| PkiError::Io {

@@ -406,14 +406,7 @@ async fn stats_report_an_expired_certificate() {
         .read(&[KEY_FILE, CA_FILE, NTOKEN_FILE])
         .unwrap();
     let key_pem = String::from_utf8(set[0].clone()).unwrap();
-    let key = rcgen::KeyPair::from_pem(&key_pem).unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "media.sports.web");
-    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-    params.not_after = rcgen::date_time_ymd(2024, 1, 2);
-    let expired = params.self_signed(&key).unwrap().pem();
+    let expired = athenz_testbed::pki::expired_self_signed(&key_pem, "media.sports.web").unwrap();
     athenz_core::files::write_credentials(
         &FileSet::new(&files),
         &athenz_core::files::Credentials {
