@@ -117,6 +117,10 @@ pub struct BenchReport {
     /// Every process of this system for one identity (agent, jwt-service, callback and the
     /// per-pod processes; not the stand-ins) against the cryptography they cannot avoid.
     pub system: DaemonCpu,
+    /// What runs on the node for one identity — the agent and the per-pod processes; the
+    /// jwt-service and callback run in the control plane — against the identity's unavoidable
+    /// cryptography (the same floor as `system`). In files mode that is the agent alone.
+    pub node: DaemonCpu,
     /// All CPU of the run per identity, ms.
     pub cpu_per_identity_ms: f64,
     /// The unavoidable part.
@@ -409,6 +413,19 @@ async fn measure(
             ratio: cpu / daemons_total.floor_ms,
         }
     };
+    let node = {
+        let agent = daemons
+            .iter()
+            .find(|d| d.name == AGENT)
+            .context("the agent's CPU")?;
+        let cpu = agent.cpu_per_identity_ms + per_identity_ms(children_cpu);
+        DaemonCpu {
+            name: "on the node: agent + per-pod processes".to_owned(),
+            cpu_per_identity_ms: cpu,
+            floor_ms: system.floor_ms,
+            ratio: cpu / system.floor_ms,
+        }
+    };
     let per_pod_processes = match volume {
         VolumeKind::Flex => format!("driver + sia ({} processes", options.pods * 2),
         VolumeKind::CsiSocket => format!("sia ({} processes", options.pods),
@@ -445,6 +462,7 @@ async fn measure(
         },
         daemons,
         system,
+        node,
         per_pod_process_ms: per_identity_ms(children_cpu),
         cpu_per_identity_ms,
         cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
@@ -670,11 +688,12 @@ pub fn print_human(report: &BenchReport) {
         "  per-pod processes (no cryptography)  {:>7.3} ms per pod",
         report.per_pod_process_ms
     );
-    let s = &report.system;
-    println!(
-        "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
-        s.name, s.cpu_per_identity_ms, s.floor_ms, s.ratio
-    );
+    for s in [&report.system, &report.node] {
+        println!(
+            "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
+            s.name, s.cpu_per_identity_ms, s.floor_ms, s.ratio
+        );
+    }
     println!(
         "all CPU per identity {:.2} ms (stand-ins included); crypto floor {:.3} ms; ratio {:.1}x",
         report.cpu_per_identity_ms, report.crypto_floor.total_ms, report.cpu_to_floor_ratio
@@ -684,7 +703,7 @@ pub fn print_human(report: &BenchReport) {
 /// The volume kinds of one run side by side.
 pub fn print_comparison(reports: &[BenchReport]) {
     println!(
-        "{:<11} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>15}",
+        "{:<11} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15}",
         "volume",
         "p50 ms",
         "p99 ms",
@@ -692,6 +711,8 @@ pub fn print_comparison(reports: &[BenchReport]) {
         "all s",
         "system CPU/id ms",
         "x its crypto",
+        "node CPU/id ms",
+        "x the crypto",
         "agent RSS MiB"
     );
     for r in reports {
@@ -702,7 +723,7 @@ pub fn print_comparison(reports: &[BenchReport]) {
             .and_then(|p| p.peak_rss_mib)
             .unwrap_or(f64::NAN);
         println!(
-            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>15.1}",
+            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.1}",
             r.volume.name(),
             r.latency_ms.p50,
             r.latency_ms.p99,
@@ -710,6 +731,8 @@ pub fn print_comparison(reports: &[BenchReport]) {
             r.wall_seconds,
             r.system.cpu_per_identity_ms,
             r.system.ratio,
+            r.node.cpu_per_identity_ms,
+            r.node.ratio,
             agent_rss
         );
     }

@@ -303,6 +303,18 @@ fn bench_reports_arrivals_of_real_size_pods() {
     // flex pays a driver and a SIA process per pod; files mode none
     assert!(reports[0]["per_pod_process_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(reports[1]["per_pod_process_ms"], 0.0);
+    // the node's share is the agent plus the per-pod processes, against the whole floor
+    for report in &reports {
+        let agent = report["daemons"][0]["cpu_per_identity_ms"]
+            .as_f64()
+            .unwrap();
+        let per_pod = report["per_pod_process_ms"].as_f64().unwrap();
+        let node = &report["node"];
+        let cpu = node["cpu_per_identity_ms"].as_f64().unwrap();
+        assert!((cpu - (agent + per_pod)).abs() < 1e-9, "{node}");
+        assert_eq!(node["floor_ms"], report["system"]["floor_ms"]);
+        assert!(node["ratio"].as_f64().unwrap() > 0.0);
+    }
     // where mount -> files went: the driver, the SIA as it reports its own time, and its start;
     // each part lies within the whole (the slowest part no slower than the slowest pod)
     let flex = &reports[0]["latency_parts_ms"];
