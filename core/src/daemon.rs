@@ -258,19 +258,7 @@ where
 {
     crate::install_crypto_provider();
     let _ = crate::telemetry::init_logging(log_format);
-    if let Err(e) = crate::random::seed_crypto_generator() {
-        // Not fatal here: whatever needs randomness later fails with its own error.
-        tracing::warn!(error = %e, "seeding the crypto generator at start failed");
-    }
-    // aws-lc's generator keeps an entropy source per thread, seeded by jitter entropy (tens of
-    // ms of CPU each). The worker threads, where handshakes and keys happen, seed theirs the
-    // first time they go idle, not inside a request. Only workers park: the blocking pool's
-    // threads (file and mount work, started and retired on demand) never pay for a generator
-    // they do not use — seeding them at start cost the agent a fifth of its CPU per identity.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_park(crate::random::seed_crypto_generator_once_per_thread)
-        .build()?;
+    let runtime = server_runtime()?;
     runtime.block_on(async {
         let shutdown = Shutdown::new();
         let (_, task) = match start(shutdown.clone()).await {
@@ -285,6 +273,26 @@ where
         let _ = task.await;
         Ok(())
     })
+}
+
+/// The runtime of a long-running server, its crypto generator seeded before it serves.
+///
+/// aws-lc's generator keeps an entropy source per thread, seeded by jitter entropy (tens of ms
+/// of CPU each). This thread's is seeded now; the worker threads, where handshakes and keys
+/// happen, seed theirs the first time they go idle, not inside a request. Only workers park: the
+/// blocking pool's threads (file and mount work, started and retired on demand) never pay for a
+/// generator they do not use — seeding them at start cost the agent a fifth of its CPU per
+/// identity. The daemons run on it, and so do the testbed's stand-ins for ZTS and Kubernetes,
+/// whose seeding would otherwise land in the first identities a benchmark measures.
+pub fn server_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    if let Err(e) = crate::random::seed_crypto_generator() {
+        // Not fatal here: whatever needs randomness later fails with its own error.
+        tracing::warn!(error = %e, "seeding the crypto generator at start failed");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(crate::random::seed_crypto_generator_once_per_thread)
+        .build()
 }
 
 /// Runs a command-line tool's work (the SIAs' `init` or `refresh`) on a single-threaded runtime

@@ -402,10 +402,11 @@ async fn measure(
     total_cpu += children_cpu;
     let floor = crypto_floor(algorithm)?;
     let per_identity_ms = |cpu: f64| cpu * 1e3 / options.pods as f64;
+    let per_pod_process_ms = per_identity_ms(children_cpu);
     let daemons = daemon_cpu(&processes, &floor, options.pods);
     let system = {
         let daemons_total = daemons.last().context("the daemons' sum")?;
-        let cpu = daemons_total.cpu_per_identity_ms + per_identity_ms(children_cpu);
+        let cpu = daemons_total.cpu_per_identity_ms + per_pod_process_ms;
         DaemonCpu {
             name: format!("{} + per-pod processes", daemons_total.name),
             cpu_per_identity_ms: cpu,
@@ -418,7 +419,7 @@ async fn measure(
             .iter()
             .find(|d| d.name == AGENT)
             .context("the agent's CPU")?;
-        let cpu = agent.cpu_per_identity_ms + per_identity_ms(children_cpu);
+        let cpu = agent.cpu_per_identity_ms + per_pod_process_ms;
         DaemonCpu {
             name: "on the node: agent + per-pod processes".to_owned(),
             cpu_per_identity_ms: cpu,
@@ -463,7 +464,7 @@ async fn measure(
         daemons,
         system,
         node,
-        per_pod_process_ms: per_identity_ms(children_cpu),
+        per_pod_process_ms,
         cpu_per_identity_ms,
         cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
         crypto_floor: floor,
