@@ -1,9 +1,16 @@
 //! `cargo bench -p athenz-core`: the cryptography and file work every identity costs.
 //!
-//! Key generation, CSR building, ntoken sign/verify, a mutual-TLS handshake on loopback, and the
-//! atomic file-set swap — the numbers STACK.md lists, measured on this code.
+//! Key generation, CSR building, ntoken sign/verify, a mutual-TLS handshake on loopback, the
+//! atomic file-set swap — the numbers STACK.md lists, measured on this code — and, as root, the
+//! mounts and files of one CSI files-mode volume's life: the node's share of an identity that no
+//! implementation of DESIGN.md 4.10 can avoid.
 
-#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+#![allow(
+    missing_docs,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stderr
+)]
 
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey, build_csr};
 use athenz_core::files::{FileSet, FileSpec};
@@ -230,9 +237,111 @@ fn file_set(c: &mut Criterion) {
     });
 }
 
+/// One files-mode volume from publish to unpublish, without its identity: the tmpfs, `data.json`,
+/// the first credential set, the read-only bind at the target, and the unmount and removal
+/// (DESIGN.md 4.10). Real mounts, so only as root; otherwise it says so and measures nothing.
+fn files_volume_lifecycle(c: &mut Criterion) {
+    use athenz_core::pod_info::PodInfo;
+    use athenz_core::volume::{CsiMode, CsiVolume, VolumesDir};
+    use athenz_core::volume_mount::files_mode;
+    use athenz_core::volume_mount::{HostDirs, VolumeRequest, unmount_volume};
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("files_mode/volume_lifecycle: not root, so not measured (it makes real mounts)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let root = std::fs::canonicalize(tmp.path()).unwrap();
+    let host = HostDirs::new(VolumesDir::new(root.join("volumes")), root.join("agent"));
+    std::fs::create_dir(&host.agent).unwrap();
+    host.volumes.ensure().unwrap();
+    // kubelet makes the target's parent; the driver makes the target itself
+    let pod_dir =
+        root.join("pods/0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c/volumes/kubernetes.io~csi/athenz");
+    std::fs::create_dir_all(&pod_dir).unwrap();
+    let target = pod_dir.join("mount");
+    let target_text = target.to_str().unwrap().to_owned();
+    let request = VolumeRequest {
+        pod: PodInfo {
+            namespace: "media-sports".into(),
+            pod_name: "web".into(),
+            pod_uid: "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c".into(),
+            service_account: "web".into(),
+        },
+        read_write: false,
+        csi: Some(CsiVolume {
+            volume_id: "csi-0123".into(),
+            mode: CsiMode::Files,
+            group: None,
+        }),
+    };
+    let (key, cert, ca, token) = (
+        vec![b'k'; 250],
+        vec![b'c'; 1800],
+        vec![b'a'; 1200],
+        vec![b't'; 400],
+    );
+    let files = [
+        FileSpec {
+            name: "service.key.pem",
+            contents: &key,
+            mode: 0o600,
+        },
+        FileSpec {
+            name: "service.cert.pem",
+            contents: &cert,
+            mode: 0o644,
+        },
+        FileSpec {
+            name: "ca.cert.pem",
+            contents: &ca,
+            mode: 0o644,
+        },
+        FileSpec {
+            name: "ntoken",
+            contents: &token,
+            mode: 0o600,
+        },
+    ];
+    let lifecycle = || {
+        std::fs::create_dir(&target).unwrap();
+        let pending = files_mode::begin(
+            &host,
+            &target_text,
+            &request,
+            files_mode::DEFAULT_FILES_TMPFS_BYTES,
+        )
+        .unwrap();
+        FileSet::new(pending.files_dir())
+            .write(&files, None)
+            .unwrap();
+        pending.publish().unwrap();
+        unmount_volume(&host, &target_text).unwrap();
+        std::fs::remove_dir(&target).unwrap();
+    };
+    // Wall time includes the unmounts' waits for RCU grace periods, which cost no CPU; the CPU
+    // time is what the node pays per volume, so it is measured apart.
+    c.bench_function("files_mode/volume_lifecycle", |b| b.iter(lifecycle));
+    c.bench_function("files_mode/volume_lifecycle_thread_cpu", |b| {
+        b.iter_custom(|iters| {
+            let before = thread_cpu();
+            for _ in 0..iters {
+                lifecycle();
+            }
+            thread_cpu().saturating_sub(before)
+        })
+    });
+}
+
+/// CPU time of the calling thread, user and kernel (`/proc/thread-self/schedstat`, in ns).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    let ns: u64 = stat.split(' ').next().unwrap().parse().unwrap();
+    Duration::from_nanos(ns)
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = keys, csr, ntoken, ids, handshake, file_set
+    targets = keys, csr, ntoken, ids, handshake, file_set, files_volume_lifecycle
 }
 criterion_main!(benches);
