@@ -203,35 +203,44 @@ fn handshake(c: &mut Criterion) {
     });
 }
 
+/// A pod's credential set: key, certificate, CA bundle and ntoken, of their usual sizes.
+struct CredentialContents {
+    key: Vec<u8>,
+    cert: Vec<u8>,
+    ca: Vec<u8>,
+    token: Vec<u8>,
+}
+
+impl CredentialContents {
+    fn sized_as_a_pod_s() -> Self {
+        Self {
+            key: vec![b'k'; 250],
+            cert: vec![b'c'; 1800],
+            ca: vec![b'a'; 1200],
+            token: vec![b't'; 400],
+        }
+    }
+
+    fn specs(&self) -> [FileSpec<'_>; 4] {
+        [
+            ("service.key.pem", &self.key, 0o600),
+            ("service.cert.pem", &self.cert, 0o644),
+            ("ca.cert.pem", &self.ca, 0o644),
+            ("ntoken", &self.token, 0o600),
+        ]
+        .map(|(name, contents, mode)| FileSpec {
+            name,
+            contents,
+            mode,
+        })
+    }
+}
+
 fn file_set(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let set = FileSet::new(dir.path().join("out"));
-    let key = vec![b'k'; 250];
-    let cert = vec![b'c'; 1800];
-    let ca = vec![b'a'; 1200];
-    let token = vec![b't'; 400];
-    let files = [
-        FileSpec {
-            name: "service.key.pem",
-            contents: &key,
-            mode: 0o600,
-        },
-        FileSpec {
-            name: "service.cert.pem",
-            contents: &cert,
-            mode: 0o644,
-        },
-        FileSpec {
-            name: "ca.cert.pem",
-            contents: &ca,
-            mode: 0o644,
-        },
-        FileSpec {
-            name: "ntoken",
-            contents: &token,
-            mode: 0o600,
-        },
-    ];
+    let contents = CredentialContents::sized_as_a_pod_s();
+    let files = contents.specs();
     c.bench_function("files/swap_4_files_fsync", |b| {
         b.iter(|| set.write(&files, None).unwrap())
     });
@@ -274,34 +283,8 @@ fn files_volume_lifecycle(c: &mut Criterion) {
             group: None,
         }),
     };
-    let (key, cert, ca, token) = (
-        vec![b'k'; 250],
-        vec![b'c'; 1800],
-        vec![b'a'; 1200],
-        vec![b't'; 400],
-    );
-    let files = [
-        FileSpec {
-            name: "service.key.pem",
-            contents: &key,
-            mode: 0o600,
-        },
-        FileSpec {
-            name: "service.cert.pem",
-            contents: &cert,
-            mode: 0o644,
-        },
-        FileSpec {
-            name: "ca.cert.pem",
-            contents: &ca,
-            mode: 0o644,
-        },
-        FileSpec {
-            name: "ntoken",
-            contents: &token,
-            mode: 0o600,
-        },
-    ];
+    let contents = CredentialContents::sized_as_a_pod_s();
+    let files = contents.specs();
     let lifecycle = || {
         std::fs::create_dir(&target).unwrap();
         let pending = files_mode::begin(
