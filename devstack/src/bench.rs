@@ -71,6 +71,23 @@ pub struct DaemonCpu {
     pub ratio: f64,
 }
 
+/// CPU on the node to unmount one pod's volume as kubelet does when the pod goes: the flex
+/// driver's `unmount` process, or the agent's `NodeUnpublishVolume`.
+#[derive(Debug, Serialize)]
+pub struct UnmountCpu {
+    /// The agent, ms per pod.
+    pub agent_ms: f64,
+    /// Processes exec'd for it (the flex driver), ms per pod.
+    pub per_pod_process_ms: f64,
+}
+
+impl UnmountCpu {
+    /// Both, ms per pod.
+    pub fn node_ms(&self) -> f64 {
+        self.agent_ms + self.per_pod_process_ms
+    }
+}
+
 /// The unavoidable cryptography of one identity, each step's cost on this machine now.
 #[derive(Debug, Serialize)]
 pub struct CryptoFloor {
@@ -122,6 +139,8 @@ pub struct BenchReport {
     /// cryptography, all of it (`crypto_floor`, ZTS's steps included). In files mode that is the
     /// agent alone.
     pub node: DaemonCpu,
+    /// What unmounting a pod's volume costs the node when the pod goes (not in `node`).
+    pub unmount: UnmountCpu,
     /// All CPU of the run per identity, ms.
     pub cpu_per_identity_ms: f64,
     /// The unavoidable part.
@@ -381,10 +400,25 @@ async fn measure(
     let children_cpu_after = children_usage();
     let after = stack.usage();
 
-    // Unmount outside the measurement.
+    // Unmount as kubelet does when the pods go: outside the identities' latency and CPU, but
+    // measured apart, because a pod's volume costs the node this too.
+    let agent_cpu = |usage: &[(String, Usage)]| {
+        usage
+            .iter()
+            .filter(|(name, _)| name == AGENT)
+            .map(|(_, u)| u.cpu_seconds)
+            .sum::<f64>()
+    };
+    let teardown_before = (agent_cpu(&stack.usage()), children_usage());
     for mounted in &volumes {
         kubelet.take_down(&info, mounted).await?;
     }
+    let teardown_after = (agent_cpu(&stack.usage()), children_usage());
+    let unmount = UnmountCpu {
+        agent_ms: (teardown_after.0 - teardown_before.0).max(0.0) * 1e3 / options.pods as f64,
+        per_pod_process_ms: (teardown_after.1 - teardown_before.1).max(0.0) * 1e3
+            / options.pods as f64,
+    };
 
     let mut latencies: Vec<Duration> = times.iter().map(|t| t.total).collect();
     let mut processes = Vec::new();
@@ -467,6 +501,7 @@ async fn measure(
         daemons,
         system,
         node,
+        unmount,
         per_pod_process_ms,
         cpu_per_identity_ms,
         cpu_to_floor_ratio: cpu_per_identity_ms / floor.total_ms,
@@ -699,6 +734,12 @@ pub fn print_human(report: &BenchReport) {
         );
     }
     println!(
+        "  unmount when the pod goes (not above)   {:>7.3} ms per pod on the node (agent {:.3}, processes {:.3})",
+        report.unmount.node_ms(),
+        report.unmount.agent_ms,
+        report.unmount.per_pod_process_ms
+    );
+    println!(
         "all CPU per identity {:.2} ms (stand-ins included); crypto floor {:.3} ms; ratio {:.1}x",
         report.cpu_per_identity_ms, report.crypto_floor.total_ms, report.cpu_to_floor_ratio
     );
@@ -707,7 +748,7 @@ pub fn print_human(report: &BenchReport) {
 /// The volume kinds of one run side by side.
 pub fn print_comparison(reports: &[BenchReport]) {
     println!(
-        "{:<11} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15}",
+        "{:<11} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15} {:>15}",
         "volume",
         "p50 ms",
         "p99 ms",
@@ -717,6 +758,7 @@ pub fn print_comparison(reports: &[BenchReport]) {
         "x its crypto",
         "node CPU/id ms",
         "x the crypto",
+        "unmount ms/pod",
         "agent RSS MiB"
     );
     for r in reports {
@@ -727,7 +769,7 @@ pub fn print_comparison(reports: &[BenchReport]) {
             .and_then(|p| p.peak_rss_mib)
             .unwrap_or(f64::NAN);
         println!(
-            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.1}",
+            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.3} {:>15.1}",
             r.volume.name(),
             r.latency_ms.p50,
             r.latency_ms.p99,
@@ -737,6 +779,7 @@ pub fn print_comparison(reports: &[BenchReport]) {
             r.system.ratio,
             r.node.cpu_per_identity_ms,
             r.node.ratio,
+            r.unmount.node_ms(),
             agent_rss
         );
     }

@@ -303,6 +303,20 @@ fn bench_reports_arrivals_of_real_size_pods() {
     // flex pays a driver and a SIA process per pod; files mode none
     assert!(reports[0]["per_pod_process_ms"].as_f64().unwrap() > 0.0);
     assert_eq!(reports[1]["per_pod_process_ms"], 0.0);
+    // unmounting is measured apart: flex execs the driver once more per pod, files mode nothing
+    // (the agent unpublishes; its share may be under the clock tick with 3 pods)
+    assert!(
+        reports[0]["unmount"]["per_pod_process_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0,
+        "{}",
+        reports[0]["unmount"]
+    );
+    assert_eq!(reports[1]["unmount"]["per_pod_process_ms"], 0.0);
+    for report in &reports {
+        assert!(report["unmount"]["agent_ms"].as_f64().unwrap() >= 0.0);
+    }
     // the node's share is the agent plus the per-pod processes, against the whole floor
     for report in &reports {
         let agent = report["daemons"][0]["cpu_per_identity_ms"]
