@@ -135,17 +135,12 @@ impl FileSet {
             return Err(e);
         }
 
-        // Swap ..data in one rename.
+        // Swap ..data in one step.
         let data_link = self.dir.join(DATA_LINK);
-        let previous = fs::read_link(&data_link)
-            .ok()
-            .and_then(|t| t.to_str().map(str::to_owned));
-        let tmp_link = self.dir.join(format!("..data_tmp.{}", random_hex()));
-        let swapped = symlink_with_owner(Path::new(&set_name), &tmp_link, owner).and_then(|()| {
-            fs::rename(&tmp_link, &data_link).map_err(io_err("swapping", &data_link))
-        });
-        if let Err(e) = swapped {
-            let _ = fs::remove_file(&tmp_link);
+        let current = fs::read_link(&data_link);
+        let data_absent = matches!(&current, Err(e) if e.kind() == io::ErrorKind::NotFound);
+        let previous = current.ok().and_then(|t| t.to_str().map(str::to_owned));
+        if let Err(e) = link_atomically(Path::new(&set_name), &data_link, owner, data_absent) {
             let _ = fs::remove_dir_all(&set_dir);
             return Err(e);
         }
@@ -154,10 +149,12 @@ impl FileSet {
         for name in top_names(files) {
             let top = self.dir.join(name);
             let target = Path::new(DATA_LINK).join(name);
-            if fs::read_link(&top).ok().as_deref() != Some(target.as_path()) {
-                let tmp = self.dir.join(format!("..link_tmp.{}", random_hex()));
-                symlink_with_owner(&target, &tmp, owner)?;
-                fs::rename(&tmp, &top).map_err(io_err("linking", &top))?;
+            match fs::read_link(&top) {
+                Ok(now) if now == target => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    link_atomically(&target, &top, owner, true)?;
+                }
+                _ => link_atomically(&target, &top, owner, false)?,
             }
         }
         self.remove_superseded(&set_name, previous.as_deref(), files)?;
@@ -420,6 +417,32 @@ fn subdirectories<'a>(files: &'a [FileSpec<'a>]) -> impl Iterator<Item = &'a str
         .filter(move |dir| seen.insert(*dir))
 }
 
+/// Points `link` at `target` so that no reader ever sees it half made: a fresh link with its
+/// owner set is renamed over it. When `link` is `absent` and no owner is to be set, the link is
+/// made in place instead — creating a symlink is itself atomic — which saves a rename and a
+/// random name per link; the first set in a new directory (every files-mode publish) is all
+/// such links. Should the name have appeared meanwhile, the rename is used after all.
+fn link_atomically(
+    target: &Path,
+    link: &Path,
+    owner: Option<Owner>,
+    absent: bool,
+) -> Result<(), FilesError> {
+    if absent && owner.is_none() {
+        match std::os::unix::fs::symlink(target, link) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err("linking", link)(e)),
+        }
+    }
+    let tmp = link.with_file_name(format!("..link_tmp.{}", random_hex()));
+    symlink_with_owner(target, &tmp, owner)?;
+    fs::rename(&tmp, link).map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        io_err("linking", link)(e)
+    })
+}
+
 fn symlink_with_owner(target: &Path, link: &Path, owner: Option<Owner>) -> Result<(), FilesError> {
     std::os::unix::fs::symlink(target, link).map_err(io_err("linking", link))?;
     if let Some(o) = owner {
@@ -514,6 +537,51 @@ mod tests {
             fs::read(out.join(&names[0]).join("service.key.pem")).unwrap(),
             b"k2"
         );
+    }
+
+    /// A first set in an empty dir is linked in place (no temporary names left); a name that
+    /// is already something else — a plain file, a link elsewhere, a dangling `..data` — is
+    /// replaced by a link, in one rename, with nothing of the old left.
+    #[test]
+    fn links_are_made_in_place_or_renamed_over_what_is_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = FileSet::new(tmp.path().join("out"));
+        set.write(&specs(b"k1", b"c1"), None).unwrap();
+        let names = |dir: &Path| {
+            let mut n: Vec<String> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().into_string().unwrap())
+                .collect();
+            n.sort();
+            n
+        };
+        let first = names(set.dir());
+        assert_eq!(first.len(), 4, "{first:?}");
+        assert_eq!(
+            &first[1..],
+            [DATA_LINK, "service.cert.pem", "service.key.pem"]
+        );
+
+        let other = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("other");
+        fs::create_dir(&out).unwrap();
+        fs::write(out.join("service.key.pem"), b"planted").unwrap();
+        std::os::unix::fs::symlink(other.path(), out.join("service.cert.pem")).unwrap();
+        std::os::unix::fs::symlink("..gone", out.join(DATA_LINK)).unwrap();
+        let set = FileSet::new(&out);
+        set.write(&specs(b"k2", b"c2"), None).unwrap();
+        assert_eq!(
+            set.read(&["service.key.pem", "service.cert.pem"]).unwrap(),
+            [b"k2".to_vec(), b"c2".to_vec()]
+        );
+        for name in ["service.key.pem", "service.cert.pem"] {
+            assert_eq!(
+                fs::read_link(out.join(name)).unwrap(),
+                Path::new(DATA_LINK).join(name)
+            );
+        }
+        let left = names(&out);
+        assert_eq!(left.len(), 4, "nothing temporary or stale left: {left:?}");
     }
 
     #[test]
