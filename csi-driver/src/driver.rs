@@ -178,7 +178,7 @@ impl<I: Issuer> Driver<I> {
             self.config.tmpfs_bytes,
         )
         .map_err(internal)?;
-        let data: VolumeData = read_json_file(&pending.paths().data_json).map_err(internal)?;
+        let data = pending.data().clone();
         let answer = tokio::time::timeout(
             self.config.issue_timeout,
             self.issuer.issue(id, &data, Registration::First),

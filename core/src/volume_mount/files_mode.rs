@@ -21,7 +21,7 @@ use super::mountinfo::MountTable;
 use super::steps::{
     HostDirs, Rollback, StepError, Undo, VolumeRequest, bind, errno_step, remount_read_only, step,
 };
-use crate::volume::{VolumeId, VolumePaths, write_new_file};
+use crate::volume::{VolumeData, VolumeId, VolumePaths, write_new_file};
 use nix::mount::{MsFlags, mount};
 use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -60,6 +60,7 @@ fn checkpoint(step: FilesStep, fail_at: Option<FilesStep>) -> Result<(), StepErr
 pub struct PendingFilesVolume {
     id: VolumeId,
     paths: VolumePaths,
+    data: VolumeData,
     target: PathBuf,
     rollback: Rollback,
     fail_at: Option<FilesStep>,
@@ -100,8 +101,8 @@ pub fn begin_failing(
         .create(&paths.dir)
         .map_err(step(format!("creating {}", paths.dir.display())))?;
     rollback.push(Undo::RemoveVolume(paths.clone()));
-    let json = serde_json::to_vec_pretty(&request.data(target_text))
-        .map_err(|e| StepError(e.to_string()))?;
+    let data = request.data(target_text);
+    let json = serde_json::to_vec_pretty(&data).map_err(|e| StepError(e.to_string()))?;
     write_new_file(&paths.data_json, &json, 0o600).map_err(|e| StepError(e.to_string()))?;
     fs::DirBuilder::new()
         .mode(0o755)
@@ -130,6 +131,7 @@ pub fn begin_failing(
     Ok(PendingFilesVolume {
         id,
         paths,
+        data,
         target: PathBuf::from(target_text),
         rollback,
         fail_at,
@@ -145,6 +147,11 @@ impl PendingFilesVolume {
     /// The volume's host paths.
     pub fn paths(&self) -> &VolumePaths {
         &self.paths
+    }
+
+    /// What its `data.json` says (as written, so the caller need not read it back).
+    pub fn data(&self) -> &VolumeData {
+        &self.data
     }
 
     /// Where the credential set is written (the tmpfs).
@@ -219,6 +226,9 @@ mod tests {
         assert_eq!(volume_dirs(), 0);
 
         let pending = begin(&host, target_text, &request(), 65536).unwrap();
+        let on_disk: crate::volume::VolumeData =
+            crate::volume::read_json_file(&pending.paths().data_json).unwrap();
+        assert_eq!(&on_disk, pending.data(), "data() is what data.json holds");
         fs::write(pending.files_dir().join("service.cert.pem"), b"cert").unwrap();
         let paths = pending.paths().clone();
         pending.publish().unwrap();
