@@ -138,7 +138,7 @@ impl FileSet {
         // Swap ..data in one step.
         let data_link = self.dir.join(DATA_LINK);
         let current = fs::read_link(&data_link);
-        let data_absent = matches!(&current, Err(e) if e.kind() == io::ErrorKind::NotFound);
+        let data_absent = is_absent(&current);
         let previous = current.ok().and_then(|t| t.to_str().map(str::to_owned));
         if let Err(e) = link_atomically(Path::new(&set_name), &data_link, owner, data_absent) {
             let _ = fs::remove_dir_all(&set_dir);
@@ -149,12 +149,9 @@ impl FileSet {
         for name in top_names(files) {
             let top = self.dir.join(name);
             let target = Path::new(DATA_LINK).join(name);
-            match fs::read_link(&top) {
-                Ok(now) if now == target => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    link_atomically(&target, &top, owner, true)?;
-                }
-                _ => link_atomically(&target, &top, owner, false)?,
+            let now = fs::read_link(&top);
+            if now.as_deref().ok() != Some(target.as_path()) {
+                link_atomically(&target, &top, owner, is_absent(&now))?;
             }
         }
         self.remove_superseded(&set_name, previous.as_deref(), files)?;
@@ -415,6 +412,11 @@ fn subdirectories<'a>(files: &'a [FileSpec<'a>]) -> impl Iterator<Item = &'a str
         .iter()
         .filter_map(|f| f.name.split_once('/').map(|(dir, _)| dir))
         .filter(move |dir| seen.insert(*dir))
+}
+
+/// Whether `read_link` found nothing at all at the name (not: something that is not a link).
+fn is_absent(read: &io::Result<PathBuf>) -> bool {
+    matches!(read, Err(e) if e.kind() == io::ErrorKind::NotFound)
 }
 
 /// Points `link` at `target` so that no reader ever sees it half made: a fresh link with its

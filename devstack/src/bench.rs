@@ -414,10 +414,10 @@ async fn measure(
         kubelet.take_down(&info, mounted).await?;
     }
     let teardown_after = (agent_cpu(&stack.usage()), children_usage());
+    let per_identity_ms = |cpu: f64| cpu * 1e3 / options.pods as f64;
     let unmount = UnmountCpu {
-        agent_ms: (teardown_after.0 - teardown_before.0).max(0.0) * 1e3 / options.pods as f64,
-        per_pod_process_ms: (teardown_after.1 - teardown_before.1).max(0.0) * 1e3
-            / options.pods as f64,
+        agent_ms: per_identity_ms((teardown_after.0 - teardown_before.0).max(0.0)),
+        per_pod_process_ms: per_identity_ms((teardown_after.1 - teardown_before.1).max(0.0)),
     };
 
     let mut latencies: Vec<Duration> = times.iter().map(|t| t.total).collect();
@@ -436,7 +436,6 @@ async fn measure(
     let children_cpu = (children_cpu_after - children_cpu_before).max(0.0);
     total_cpu += children_cpu;
     let floor = crypto_floor(algorithm)?;
-    let per_identity_ms = |cpu: f64| cpu * 1e3 / options.pods as f64;
     let per_pod_process_ms = per_identity_ms(children_cpu);
     let daemons = daemon_cpu(&processes, &floor, options.pods);
     let system = {
