@@ -108,7 +108,7 @@ enum Command {
         /// Time between samples.
         #[arg(long, default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
         sample: std::time::Duration,
-        /// Samples before this are warm-up; the first after it is the baseline.
+        /// Samples before this are warm-up; the baseline is the highest sample up to the first after it.
         #[arg(long, default_value = "5m", value_parser = athenz_core::refresh::parse_duration)]
         warmup: std::time::Duration,
         /// Growth allowed over the baseline, percent (plus 1 MiB, 4 fds, 2 threads).
