@@ -246,6 +246,51 @@ fn file_set(c: &mut Criterion) {
     });
 }
 
+/// The same set on tmpfs, where a files-mode volume's set lives: the first set in a fresh
+/// directory (every publish) and a swap over an earlier one (every rotation). Mounts a tmpfs, so
+/// only as root; otherwise it says so and measures nothing.
+fn file_set_on_tmpfs(c: &mut Criterion) {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("files/*_tmpfs: not root, so not measured (it mounts a tmpfs)");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    nix::mount::mount(
+        Some("bench"),
+        tmp.path(),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=256m"),
+    )
+    .unwrap();
+    let contents = CredentialContents::sized_as_a_pod_s();
+    let files = contents.specs();
+    let set = FileSet::new(tmp.path().join("out"));
+    c.bench_function("files/swap_4_files_tmpfs", |b| {
+        b.iter(|| set.write(&files, None).unwrap())
+    });
+    let fresh = tmp.path().join("fresh");
+    let mut made = 0u64;
+    c.bench_function("files/first_set_tmpfs", |b| {
+        b.iter_batched(
+            || {
+                // each set is new in its own directory; the old ones are cleared outside the timing
+                if made.is_multiple_of(1000) {
+                    let _ = std::fs::remove_dir_all(&fresh);
+                    std::fs::create_dir(&fresh).unwrap();
+                }
+                made += 1;
+                let dir = fresh.join(made.to_string());
+                std::fs::create_dir(&dir).unwrap();
+                FileSet::new(dir)
+            },
+            |set| set.write(&files, None).unwrap(),
+            criterion::BatchSize::SmallInput,
+        )
+    });
+    nix::mount::umount2(tmp.path(), nix::mount::MntFlags::MNT_DETACH).unwrap();
+}
+
 /// One files-mode volume from publish to unpublish, without its identity: the tmpfs, `data.json`,
 /// the first credential set, the read-only bind at the target, and the unmount and removal
 /// (DESIGN.md 4.10). Real mounts, so only as root; otherwise it says so and measures nothing.
@@ -325,6 +370,6 @@ fn thread_cpu() -> Duration {
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = keys, csr, ntoken, ids, handshake, file_set, files_volume_lifecycle
+    targets = keys, csr, ntoken, ids, handshake, file_set, file_set_on_tmpfs, files_volume_lifecycle
 }
 criterion_main!(benches);
