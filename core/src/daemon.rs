@@ -226,12 +226,32 @@ pub async fn serve_ops(
     .await;
 }
 
+/// How a daemon's process runs, from its settings.
+#[derive(Debug, Clone, Copy)]
+pub struct RunSettings {
+    /// Log format.
+    pub log_format: crate::telemetry::LogFormat,
+    /// Worker threads of its runtime; `None`: one per CPU (tokio's default, which
+    /// `TOKIO_WORKER_THREADS` overrides).
+    pub worker_threads: Option<usize>,
+}
+
+impl RunSettings {
+    /// `log_format`, a worker per CPU.
+    pub fn logging(log_format: crate::telemetry::LogFormat) -> Self {
+        Self {
+            log_format,
+            worker_threads: None,
+        }
+    }
+}
+
 /// The whole command of a daemon: parses `args` (the program name first; a bad setting exits 2
 /// with clap's message) into `C`, then [`run_until_terminated`] with `start`. Each daemon crate's
 /// `main_with_args` is this, so `main` and `athenz-devstack` run it the same way.
 pub fn parse_and_run<C, S, Fut, B>(
     args: impl IntoIterator<Item = std::ffi::OsString>,
-    log_format: impl FnOnce(&C) -> crate::telemetry::LogFormat,
+    settings: impl FnOnce(&C) -> RunSettings,
     start: S,
 ) -> std::io::Result<()>
 where
@@ -240,25 +260,22 @@ where
     Fut: Future<Output = Result<(B, tokio::task::JoinHandle<()>), StartError>>,
 {
     let config = C::parse_from(args);
-    let format = log_format(&config);
-    run_until_terminated(format, |shutdown| start(config, shutdown))
+    let settings = settings(&config);
+    run_until_terminated(settings, |shutdown| start(config, shutdown))
 }
 
 /// The `main` of every daemon: installs the crypto provider and logging, seeds the crypto
 /// generator (see [`crate::random::seed_crypto_generator`]), starts the daemon on a
 /// multi-threaded runtime, runs until SIGTERM or SIGINT, then drains it. A start-up error is logged
 /// and ends the process with exit code 2 (a usage error: it names the setting).
-pub fn run_until_terminated<S, Fut, B>(
-    log_format: crate::telemetry::LogFormat,
-    start: S,
-) -> std::io::Result<()>
+pub fn run_until_terminated<S, Fut, B>(settings: RunSettings, start: S) -> std::io::Result<()>
 where
     S: FnOnce(Shutdown) -> Fut,
     Fut: Future<Output = Result<(B, tokio::task::JoinHandle<()>), StartError>>,
 {
     crate::install_crypto_provider();
-    let _ = crate::telemetry::init_logging(log_format);
-    let runtime = server_runtime()?;
+    let _ = crate::telemetry::init_logging(settings.log_format);
+    let runtime = server_runtime_with(settings.worker_threads)?;
     runtime.block_on(async {
         let shutdown = Shutdown::new();
         let (_, task) = match start(shutdown.clone()).await {
@@ -285,11 +302,22 @@ where
 /// identity. The daemons run on it, and so do the testbed's stand-ins for ZTS and Kubernetes,
 /// whose seeding would otherwise land in the first identities a benchmark measures.
 pub fn server_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    server_runtime_with(None)
+}
+
+/// [`server_runtime`] with `worker_threads` workers (`None`: one per CPU).
+pub fn server_runtime_with(
+    worker_threads: Option<usize>,
+) -> std::io::Result<tokio::runtime::Runtime> {
     if let Err(e) = crate::random::seed_crypto_generator() {
         // Not fatal here: whatever needs randomness later fails with its own error.
         tracing::warn!(error = %e, "seeding the crypto generator at start failed");
     }
-    tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = worker_threads {
+        builder.worker_threads(workers.max(1));
+    }
+    builder
         .enable_all()
         .on_thread_park(crate::random::seed_crypto_generator_once_per_thread)
         .build()

@@ -194,11 +194,15 @@ impl VolumesDir {
 
     /// Creates the directory (0700) if it is missing.
     pub fn ensure(&self) -> Result<(), VolumeError> {
-        match fs::create_dir_all(&self.root) {
-            Ok(()) => {}
-            Err(e) => return Err(io_err("creating", &self.root)(e)),
+        // one lstat when it is there (every publish asks); made only when missing
+        let meta = match fs::symlink_metadata(&self.root) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir_all(&self.root).map_err(io_err("creating", &self.root))?;
+                fs::symlink_metadata(&self.root)
+            }
+            other => other,
         }
-        let meta = fs::symlink_metadata(&self.root).map_err(io_err("inspecting", &self.root))?;
+        .map_err(io_err("inspecting", &self.root))?;
         if !meta.is_dir() {
             return Err(VolumeError::Invalid {
                 path: self.root.clone(),

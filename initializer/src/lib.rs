@@ -238,5 +238,9 @@ pub async fn start(
 /// clap's message) and serves until SIGTERM. `main` runs it, and so does `athenz-devstack` when it
 /// re-executes itself under this name.
 pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Result<()> {
-    athenz_core::daemon::parse_and_run(args, |c: &Config| c.ops.log_format, start)
+    athenz_core::daemon::parse_and_run(
+        args,
+        |c: &Config| athenz_core::daemon::RunSettings::logging(c.ops.log_format),
+        start,
+    )
 }

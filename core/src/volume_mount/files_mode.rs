@@ -24,7 +24,7 @@ use super::steps::{
 use crate::volume::{VolumeData, VolumeId, VolumePaths, write_new_file};
 use nix::mount::{MsFlags, mount};
 use std::fs;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 /// Default size of a files-mode tmpfs: a credential set is a few KiB (two are kept while a
@@ -122,11 +122,8 @@ pub fn begin_failing(
         paths.files.display()
     )))?;
     rollback.push(Undo::Unmount(paths.files.clone()));
-    // the umask may have narrowed the root's mode; pods of any uid traverse it
-    fs::set_permissions(&paths.files, fs::Permissions::from_mode(0o755)).map_err(step(format!(
-        "setting the mode of {}",
-        paths.files.display()
-    )))?;
+    // the tmpfs's root has exactly `mode=0755` (the umask applies to files made in it, not to
+    // the mount's root): pods of any uid traverse it
     checkpoint(FilesStep::Tmpfs, fail_at)?;
     Ok(PendingFilesVolume {
         id,
@@ -235,6 +232,12 @@ mod tests {
         let table = MountTable::read().unwrap();
         assert!(is_complete(&table, &target, &paths));
         assert_eq!(fs::read(target.join("service.cert.pem")).unwrap(), b"cert");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&fs::metadata(&target).unwrap().permissions())
+                & 0o7777,
+            0o755,
+            "pods of any uid traverse the volume"
+        );
         let err = fs::write(target.join("planted"), b"x").unwrap_err();
         assert_eq!(
             err.raw_os_error(),
