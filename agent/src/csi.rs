@@ -5,9 +5,8 @@
 
 use crate::kubelet::Absent;
 use crate::service::{Agent, Failure, PodIp};
-use athenz_core::agent_api::IdentityResponse;
 use athenz_core::volume::{VolumeData, VolumeId};
-use athenz_csi_driver::{CurrentPair, IssueError, Issuer, Registration};
+use athenz_csi_driver::{CurrentPair, IssueError, Issued, Issuer, Registration};
 use http::StatusCode;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -33,7 +32,7 @@ impl Issuer for AgentIssuer {
         id: &VolumeId,
         data: &VolumeData,
         registration: Registration,
-    ) -> Result<IdentityResponse, IssueError> {
+    ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
         let lock = self.agent.lock_for(id).await;
         let _serialised = lock.lock().await;
@@ -52,7 +51,7 @@ impl Issuer for AgentIssuer {
         id: &VolumeId,
         data: &VolumeData,
         current: &CurrentPair,
-    ) -> Result<IdentityResponse, IssueError> {
+    ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
         let lock = self.agent.lock_for(id).await;
         let _serialised = lock.lock().await;

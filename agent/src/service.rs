@@ -22,6 +22,7 @@ use athenz_core::zts::{
     InstanceIdentity, InstanceRef, InstanceRefreshInformation, InstanceRegisterInformation,
     ZtsClient, ZtsError,
 };
+use athenz_csi_driver::Issued;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use std::collections::HashMap;
@@ -548,7 +549,7 @@ impl Agent {
         key: &PrivateKey,
         identity: &InstanceIdentity,
         previous_serial: Option<String>,
-    ) -> Result<IdentityResponse, Failure> {
+    ) -> Result<Issued, Failure> {
         let leaf = identity
             .x509_certificate
             .as_deref()
@@ -581,7 +582,7 @@ impl Agent {
             .set(info.not_after.unix_timestamp());
         write_json_file(&paths.state_json, &state, 0o600)
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        Ok(IdentityResponse {
+        let answer = IdentityResponse {
             key_pem: key
                 .to_pkcs8_pem()
                 .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
@@ -592,7 +593,8 @@ impl Agent {
                 .not_after
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
-        })
+        };
+        Ok(Issued { answer, cert: info })
     }
 
     /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer).
@@ -623,7 +625,8 @@ impl Agent {
         }
         let answer = self
             .register(&paths, &data, PodIp::Required, Absent::MayAppear)
-            .await?;
+            .await?
+            .answer;
         recent.0 = Some((std::time::Instant::now(), answer.clone()));
         Ok(answer)
     }
@@ -637,7 +640,7 @@ impl Agent {
         data: &VolumeData,
         ip: PodIp,
         absent: Absent,
-    ) -> Result<IdentityResponse, Failure> {
+    ) -> Result<Issued, Failure> {
         if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
             && state.pod_uid != data.pod_uid
         {
@@ -757,6 +760,7 @@ impl Agent {
             PodIp::Required,
         )
         .await
+        .map(|issued| issued.answer)
     }
 
     /// Refreshes volume `id` with the pair it presents: checked to be this volume's latest
@@ -770,7 +774,7 @@ impl Agent {
         key_pem: &Secret,
         cert_pem: &str,
         ip: PodIp,
-    ) -> Result<IdentityResponse, Failure> {
+    ) -> Result<Issued, Failure> {
         let state: VolumeState = read_json_file(&paths.state_json).map_err(|_| {
             fail(
                 StatusCode::NOT_FOUND,

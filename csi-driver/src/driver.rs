@@ -14,7 +14,7 @@
 //! two-minute call timeout.
 
 use crate::request::{Publish, check_target_path, check_volume_id};
-use crate::rotation::{Health, Rotation, leaf_info, write_set};
+use crate::rotation::{Health, Rotation, write_set};
 use crate::{IssueError, Issuer, Registration};
 use athenz_core::csi::v1::{
     NodeGetVolumeStatsResponse, NodePublishVolumeRequest, VolumeCondition, VolumeUsage,
@@ -191,12 +191,11 @@ impl<I: Issuer> Driver<I> {
             ))
         })?
         .map_err(issue_status)?;
-        let cert = leaf_info(&answer.cert_pem).map_err(internal)?;
         let group = publish.request.csi.as_ref().and_then(|c| c.group);
-        write_set(pending.files_dir(), &answer, group).map_err(internal)?;
+        write_set(pending.files_dir(), &answer.answer, group).map_err(internal)?;
         let files = pending.files_dir().to_owned();
         pending.publish().map_err(internal)?;
-        self.rotation.track(id.clone(), data, files, &cert);
+        self.rotation.track(id.clone(), data, files, &answer.cert);
         Ok(())
     }
 

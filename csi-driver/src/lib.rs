@@ -20,6 +20,7 @@ pub mod server;
 pub mod service;
 
 use athenz_core::agent_api::IdentityResponse;
+use athenz_core::crypto::CertInfo;
 use athenz_core::secret::Secret;
 use athenz_core::volume::{VolumeData, VolumeId};
 use std::future::Future;
@@ -37,6 +38,16 @@ pub struct IssueError {
     pub transient: bool,
     /// What happened.
     pub message: String,
+}
+
+/// An identity as the issuer got it: the answer the files are written from, and its leaf
+/// certificate as the issuer read it to check it (so it is not parsed again here).
+#[derive(Debug, Clone)]
+pub struct Issued {
+    /// The credentials.
+    pub answer: IdentityResponse,
+    /// The leaf certificate of `answer.cert_pem`.
+    pub cert: CertInfo,
 }
 
 /// The pair a files-mode volume holds now, presented to re-issue it.
@@ -67,7 +78,7 @@ pub trait Issuer: Send + Sync + 'static {
         id: &VolumeId,
         data: &VolumeData,
         registration: Registration,
-    ) -> impl Future<Output = Result<IdentityResponse, IssueError>> + Send;
+    ) -> impl Future<Output = Result<Issued, IssueError>> + Send;
 
     /// Re-issues it, presenting the pair it holds now (a refresh).
     fn reissue(
@@ -75,7 +86,7 @@ pub trait Issuer: Send + Sync + 'static {
         id: &VolumeId,
         data: &VolumeData,
         current: &CurrentPair,
-    ) -> impl Future<Output = Result<IdentityResponse, IssueError>> + Send;
+    ) -> impl Future<Output = Result<Issued, IssueError>> + Send;
 
     /// The pod's IP as the kubelet lists it now (`None`: none yet, or not listed).
     fn pod_ip(

@@ -177,7 +177,7 @@ pub fn write_set(
 }
 
 /// The leaf of an answer.
-pub fn leaf_info(cert_pem: &str) -> Result<CertInfo, String> {
+fn leaf_info(cert_pem: &str) -> Result<CertInfo, String> {
     CertInfo::from_pem(cert_pem).map_err(|e| format!("the issued certificate: {e}"))
 }
 
@@ -456,22 +456,22 @@ impl<I: Issuer> Rotation<I> {
             }
         }
         .map_err(|e| e.message)?;
-        let info = leaf_info(&answer.cert_pem)?;
-        gate.write(|| write_set(files, &answer, group))?;
-        Ok(info)
+        gate.write(|| write_set(files, &answer.answer, group))?;
+        Ok(answer.cert)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Issued;
 
     /// An issuer whose re-issue blocks its worker thread (no await) until released: the rotation
     /// task is mid-poll, past anything an abort could interrupt, when the volume is unpublished.
     struct StalledIssuer {
         entered: std::sync::mpsc::SyncSender<()>,
         release: Mutex<std::sync::mpsc::Receiver<()>>,
-        answer: IdentityResponse,
+        answer: Issued,
     }
 
     impl Issuer for StalledIssuer {
@@ -480,7 +480,7 @@ mod tests {
             _: &VolumeId,
             _: &VolumeData,
             _: Registration,
-        ) -> Result<IdentityResponse, IssueError> {
+        ) -> Result<Issued, IssueError> {
             Err(IssueError {
                 transient: false,
                 message: "not in this test".into(),
@@ -492,7 +492,7 @@ mod tests {
             _: &VolumeId,
             _: &VolumeData,
             _: &CurrentPair,
-        ) -> Result<IdentityResponse, IssueError> {
+        ) -> Result<Issued, IssueError> {
             self.entered.send(()).unwrap();
             lock(&self.release)
                 .recv_timeout(Duration::from_secs(10))
@@ -547,7 +547,11 @@ mod tests {
         let issuer = Arc::new(StalledIssuer {
             entered: entered_tx,
             release: Mutex::new(release_rx),
-            answer: identity(0x0b),
+            answer: {
+                let answer = identity(0x0b);
+                let cert = leaf_info(&answer.cert_pem).unwrap();
+                Issued { answer, cert }
+            },
         });
         let policy = RefreshPolicy {
             min_delay: Duration::from_millis(1),
