@@ -447,11 +447,15 @@ impl<'a> SetDir<'a> {
         self.path.join(name)
     }
 
-    fn err(&self, action: &'static str, name: &str) -> impl FnOnce(Errno) -> FilesError + '_ {
-        let path = self.path(name);
+    /// The error of `action` on `name`; the path is made only when there is an error.
+    fn err<'b>(
+        &'b self,
+        action: &'static str,
+        name: &'b str,
+    ) -> impl FnOnce(Errno) -> FilesError + 'b {
         move |e| FilesError::Io {
             action,
-            path,
+            path: self.path(name),
             source: e.into(),
         }
     }
@@ -503,7 +507,6 @@ impl<'a> SetDir<'a> {
             subdirs.push((shown, fd));
         }
         for file in files {
-            let name = format!("{set_name}/{}", file.name);
             let write = || -> io::Result<()> {
                 let fd = openat(
                     &set,
@@ -527,7 +530,11 @@ impl<'a> SetDir<'a> {
                 }
                 Ok(())
             };
-            write().map_err(io_err("writing", &self.path(&name)))?;
+            write().map_err(|source| FilesError::Io {
+                action: "writing",
+                path: self.path(set_name).join(file.name),
+                source,
+            })?;
         }
         for (shown, fd) in &subdirs {
             self.sync(fd, shown)?;
@@ -977,8 +984,16 @@ mod tests {
     }
 
     /// The issue's atomicity check: 500 replacements against a reader loop that never sees a mix.
+    ///
+    /// A naive reader of a top-level name always gets a whole file. It may find nothing only
+    /// when two swaps fall inside its one `open(2)` — the set it resolved has then been removed
+    /// (the previous set is kept, the one before it is not). Sets are replaced hours apart in
+    /// use; here, back to back, a reader descheduled on a loaded machine can be overtaken, so
+    /// the test counts the writes begun and finished around each naive read and holds a
+    /// "not found" to that one condition.
     #[test]
     fn concurrent_reader_never_sees_a_mixed_set() {
+        use std::sync::atomic::AtomicUsize;
         let tmp = tempfile::tempdir().unwrap();
         let set = Arc::new(FileSet::new(tmp.path()));
         let padding = vec![b'x'; 8192];
@@ -990,11 +1005,16 @@ mod tests {
         set.write(&specs(&content("key", 0), &content("cert", 0)), None)
             .unwrap();
         let done = Arc::new(AtomicBool::new(false));
+        // writes begun and finished (the first, above, is finished)
+        let begun = Arc::new(AtomicUsize::new(0));
+        let finished = Arc::new(AtomicUsize::new(0));
         let reader = {
             let (set, done) = (set.clone(), done.clone());
+            let (begun, finished) = (begun.clone(), finished.clone());
             std::thread::spawn(move || {
                 let mut reads = 0usize;
                 let mut top_level_reads = 0usize;
+                let mut overtaken = 0usize;
                 while !done.load(Ordering::Relaxed) {
                     let got = set.read(&["service.key.pem", "service.cert.pem"]).unwrap();
                     let key_gen = &got[0][4..9];
@@ -1003,20 +1023,40 @@ mod tests {
                     assert_eq!(got[0].len(), 10 + 8192, "partial key file");
                     reads += 1;
                     // naive readers of the top-level names always get whole files
-                    let key = fs::read(set.dir().join("service.key.pem")).unwrap();
-                    assert!(key.starts_with(b"key-") && key.len() == 10 + 8192);
-                    top_level_reads += 1;
+                    let finished_before = finished.load(Ordering::SeqCst);
+                    match fs::read(set.dir().join("service.key.pem")) {
+                        Ok(key) => {
+                            assert!(key.starts_with(b"key-") && key.len() == 10 + 8192);
+                            top_level_reads += 1;
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                            let begun_after = begun.load(Ordering::SeqCst);
+                            assert!(
+                                begun_after >= finished_before + 2,
+                                "a naive read found nothing with fewer than two swaps inside it \
+                                 ({finished_before} writes finished before, {begun_after} begun after)"
+                            );
+                            overtaken += 1;
+                        }
+                        Err(e) => panic!("naive read: {e}"),
+                    }
                 }
-                (reads, top_level_reads)
+                (reads, top_level_reads, overtaken)
             })
         };
         for i in 1..=500 {
+            begun.fetch_add(1, Ordering::SeqCst);
             set.write(&specs(&content("key", i), &content("cert", i)), None)
                 .unwrap();
+            finished.fetch_add(1, Ordering::SeqCst);
         }
         done.store(true, Ordering::Relaxed);
-        let (reads, top) = reader.join().unwrap();
+        let (reads, top, overtaken) = reader.join().unwrap();
         assert!(reads > 0 && top > 0);
+        assert!(
+            overtaken < top,
+            "{overtaken} of {top} naive reads were overtaken"
+        );
         let last = set.read(&["service.key.pem"]).unwrap();
         assert!(last[0].starts_with(b"key-00500|"));
     }
