@@ -70,9 +70,6 @@ impl Failure {
 fn zts_failure(e: ZtsError) -> Failure {
     match &e {
         _ if e.is_transient() => fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        ZtsError::Rejected { status: 500, .. } => {
-            fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
-        }
         ZtsError::Rejected { status, .. } if (400..500).contains(status) => {
             fail(StatusCode::FORBIDDEN, e.to_string())
         }

@@ -2,59 +2,29 @@
 //! returns a [`Deny`] carrying its name, which is both the metric label and the start of the 403
 //! message, so an operator sees at once which rule refused a pod.
 
+use crate::decision::{Deny, Policy, deny, split};
 use crate::keys::PublicKeys;
 use crate::pods::PodFacts;
 use crate::replay::{ReplayCache, ReplayRefusal};
-use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
+use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_core::subject::PodSubject;
 use athenz_core::zts::{InstanceConfirmation, attr};
-use jsonwebtoken::{Algorithm, Validation};
+use jsonwebtoken::Validation;
 use serde::Deserialize;
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-/// A failed check.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Deny {
-    /// The check's name (metric label).
-    pub check: &'static str,
-    /// Why, for ZTS's logs.
-    pub message: String,
-}
-
-impl std::fmt::Display for Deny {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.check, self.message)
+/// `attestationData` is there: ZTS sends a refresh with none when the instance gave none, and a
+/// certificate alone proves nothing about the pod now.
+pub fn check_attestation_present(c: &InstanceConfirmation) -> Result<(), Deny> {
+    if c.attestation_data.is_empty() {
+        Err(deny(
+            "attestation_data",
+            "missing: every launch and refresh must carry a fresh attestation",
+        ))
+    } else {
+        Ok(())
     }
-}
-
-pub(crate) fn deny(check: &'static str, message: impl Into<String>) -> Deny {
-    Deny {
-        check,
-        message: message.into(),
-    }
-}
-
-/// Settings the checks use.
-pub struct Policy {
-    /// Our provider name.
-    pub provider: String,
-    /// Algorithms accepted (ES256, RS256 by default; never none, never HMAC).
-    pub algorithms: Vec<Algorithm>,
-    /// Expected `aud`.
-    pub audience: String,
-    /// Expected `iss`, if checked.
-    pub issuer: Option<String>,
-    /// Allowed clock skew, seconds.
-    pub skew_secs: i64,
-    /// Longest a token may still be valid, seconds: bounds how long its jti must be remembered.
-    pub max_lifetime_secs: i64,
-    /// Namespace ↔ domain rules.
-    pub mapper: DomainMapper,
-    /// DNS suffix of pod SANs.
-    pub dns_suffix: String,
-    /// Who node agents are, and how their tokens are checked (DESIGN.md 4.9).
-    pub node: crate::node::NodePolicy,
 }
 
 /// `provider` is ours.
@@ -405,15 +375,6 @@ fn sorted(ips: &HashSet<IpAddr>) -> String {
     let mut ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
     ips.sort();
     ips.join(", ")
-}
-
-pub(crate) fn split(value: Option<&String>) -> impl Iterator<Item = &str> {
-    value
-        .map(String::as_str)
-        .unwrap_or("")
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
 }
 
 /// Every `sanDNS`, `sanIP` and `sanURI` entry is one the pod is entitled to, as computed by the

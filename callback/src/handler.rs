@@ -1,8 +1,10 @@
 //! `POST <base>/instance` and `POST <base>/refresh`: run every check in order; allow = 200 with
 //! the confirmation echoed plus `certExpiryTime`; deny = 403 naming the check; malformed = 400;
-//! Kubernetes API unavailable = 503.
+//! cannot tell now (the Kubernetes API unreachable, timing out, 5xx, 429) = 504, the one answer
+//! real ZTS passes on as retryable (see [`crate::decision`]).
 
-use crate::checks::{self, Deny, Policy};
+use crate::checks;
+use crate::decision::{Policy, Refusal, Undecided};
 use crate::keys::PublicKeys;
 use crate::node;
 use crate::pods::Cluster;
@@ -25,9 +27,10 @@ use std::sync::Arc;
 pub struct DecisionLabels {
     /// `instance` or `refresh`.
     pub route: &'static str,
-    /// `allow`, `deny`, `malformed`, `unavailable`.
+    /// `allow`, `deny` (403), `malformed` (400), `undecided` (504: a check could not be made).
     pub outcome: &'static str,
-    /// The check that decided (`none` when allowed).
+    /// The check that decided (`none` when allowed); for `undecided`, what could not answer
+    /// (`kubernetes_api`, `token_review`).
     pub check: &'static str,
 }
 
@@ -86,15 +89,12 @@ pub struct CallbackHandler {
     pub metrics: CallbackMetrics,
 }
 
-enum Refusal {
-    Deny(Deny),
-    Unavailable(String),
-}
-
-impl From<Deny> for Refusal {
-    fn from(d: Deny) -> Self {
-        Self::Deny(d)
-    }
+/// A Kubernetes API failure, as the answer "cannot tell now".
+fn kubernetes_api(e: impl std::fmt::Display) -> Refusal {
+    Refusal::Undecided(Undecided {
+        source: "kubernetes_api",
+        message: e.to_string(),
+    })
 }
 
 impl CallbackHandler {
@@ -111,6 +111,7 @@ impl CallbackHandler {
     async fn confirm(&self, c: &InstanceConfirmation) -> Result<(), Refusal> {
         let p = &self.policy;
         checks::check_provider(p, c)?;
+        checks::check_attestation_present(c)?;
         if p.node.is_agent(&c.domain, &c.service) {
             return self.confirm_node(c).await;
         }
@@ -120,7 +121,7 @@ impl CallbackHandler {
             .cluster
             .pod(&subject.namespace, &subject.name)
             .await
-            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+            .map_err(kubernetes_api)?;
         checks::check_pod(&subject, pod.as_ref())?;
         if let Some(pod) = &pod {
             checks::check_pod_node(&subject, &claims, pod)?;
@@ -132,7 +133,7 @@ impl CallbackHandler {
             self.cluster
                 .service(&subject.namespace, &subject.service)
                 .await
-                .map_err(|e| Refusal::Unavailable(e.to_string()))?
+                .map_err(kubernetes_api)?
                 .and_then(|s| s.spec)
                 .and_then(|spec| spec.cluster_ip)
                 .and_then(|ip| ip.parse().ok())
@@ -151,7 +152,12 @@ impl CallbackHandler {
             .cluster
             .review_token(token, &p.audience)
             .await
-            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+            .map_err(|e| {
+                Refusal::Undecided(Undecided {
+                    source: "token_review",
+                    message: e.to_string(),
+                })
+            })?;
         let user = node::check_token_review(p, &review)?;
         node::check_account(p, &user)?;
         let claims = node::check_pod_claims(&user)?;
@@ -159,7 +165,7 @@ impl CallbackHandler {
             .cluster
             .pod(&p.namespace, &claims.pod_name)
             .await
-            .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+            .map_err(kubernetes_api)?;
         let node_name = node::check_agent_pod(p, &claims, pod.as_ref())?;
         node::check_instance_id(&node_name, c)?;
         node::check_node_name(&claims, &node_name)?;
@@ -168,7 +174,7 @@ impl CallbackHandler {
                 .cluster
                 .node(&node_name)
                 .await
-                .map_err(|e| Refusal::Unavailable(e.to_string()))?;
+                .map_err(kubernetes_api)?;
             node::check_node_uid(&node_name, uid, found.as_ref())?;
         }
         node::check_sans(&self.policy, &node_name, c)?;
@@ -236,10 +242,17 @@ impl Handler for CallbackHandler {
                 );
                 error_response(StatusCode::FORBIDDEN, d.to_string())
             }
-            Err(Refusal::Unavailable(e)) => {
-                self.metrics.record(route, "unavailable", "kubernetes_api");
-                tracing::warn!(route, error = %e, "cannot decide: the Kubernetes API is unavailable");
-                error_response(StatusCode::SERVICE_UNAVAILABLE, e)
+            Err(Refusal::Undecided(u)) => {
+                self.metrics.record(route, "undecided", u.source);
+                tracing::warn!(
+                    route,
+                    source = u.source,
+                    reason = %u.message,
+                    domain = %confirmation.domain,
+                    service = %confirmation.service,
+                    "cannot decide now: answering 504 so that the pod retries"
+                );
+                error_response(StatusCode::GATEWAY_TIMEOUT, u.to_string())
             }
         }
     }

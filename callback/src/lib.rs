@@ -3,6 +3,7 @@
 //! jwt-service signed, reads the pod from the Kubernetes API, and checks every requested name.
 
 pub mod checks;
+pub mod decision;
 pub mod handler;
 pub mod keys;
 pub mod node;
@@ -122,7 +123,7 @@ fn algorithms(names: &[String]) -> Result<Vec<Algorithm>, StartError> {
     Ok(algs)
 }
 
-fn node_policy(config: &Config) -> Result<node::NodePolicy, StartError> {
+fn node_policy(config: &Config) -> Result<decision::NodePolicy, StartError> {
     use athenz_core::names;
     let principal = config
         .agent_principal
@@ -140,7 +141,7 @@ fn node_policy(config: &Config) -> Result<node::NodePolicy, StartError> {
             "must not be empty",
         ));
     }
-    Ok(node::NodePolicy {
+    Ok(decision::NodePolicy {
         principal,
         audience: config.node_token_audience.clone(),
         namespace: config.agent_namespace.clone(),
@@ -195,7 +196,7 @@ pub async fn start(
     let handler = Arc::new(handler::CallbackHandler {
         base_path: config.base_path.clone(),
         allowed: setup.allowed.clone(),
-        policy: checks::Policy {
+        policy: decision::Policy {
             provider: config.identity.provider.clone(),
             algorithms: algorithms(&config.algorithms)?,
             audience: config.audience.clone(),

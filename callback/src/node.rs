@@ -4,7 +4,7 @@
 //! certificate will name. So a node's agent can only ever be that node — and the JWTs it asks
 //! for then carry that node, which the pod checks hold against the pod's `spec.nodeName`.
 
-use crate::checks::{Deny, Policy, deny, split};
+use crate::decision::{Deny, NodePolicy, Policy, deny, split};
 use crate::pods::PodFacts;
 use athenz_core::names::CsrIdentity;
 use athenz_core::zts::{InstanceConfirmation, attr};
@@ -28,34 +28,6 @@ pub mod extra {
 /// Longest token accepted (a projected token is about 1 KiB; a review of a megabyte of garbage
 /// would only load the API server).
 const MAX_TOKEN_LEN: usize = 16 * 1024;
-
-/// Who node agents are.
-#[derive(Debug, Clone)]
-pub struct NodePolicy {
-    /// Their Athenz principal, `<admin-domain>.athenz-agent` by default.
-    pub principal: String,
-    /// The audience their tokens must be for.
-    pub audience: String,
-    /// Their pods' namespace.
-    pub namespace: String,
-    /// Their pods' service account.
-    pub service_account: String,
-}
-
-impl NodePolicy {
-    /// Whether `<domain>.<service>` is the node agents' principal.
-    pub fn is_agent(&self, domain: &str, service: &str) -> bool {
-        self.principal.rsplit_once('.') == Some((domain, service))
-    }
-
-    /// `system:serviceaccount:<namespace>:<account>`.
-    fn username(&self) -> String {
-        format!(
-            "system:serviceaccount:{}:{}",
-            self.namespace, self.service_account
-        )
-    }
-}
 
 /// What the review says of the pod the token is bound to.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -62,6 +62,10 @@ impl Cluster {
                 .await
                 .map_err(|e| ApiError(format!("no in-cluster config or kubeconfig: {e}")))?,
         };
+        // No retries inside a confirmation: an API server answering 429 or 503 is shedding load,
+        // and ZTS waits on this call. The callback answers 504 at once and the pod's side (agent,
+        // SIA) retries with its own back-off, bounded by its init timeout.
+        config.default_retry = false;
         config.connect_timeout = Some(timeout);
         config.read_timeout = Some(timeout);
         config.write_timeout = Some(timeout);

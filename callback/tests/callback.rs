@@ -31,6 +31,8 @@ struct Fixture {
     ec: JwtSigner,
     rsa: JwtSigner,
     endpoint: String,
+    /// The operations endpoint (`/metrics`).
+    ops: std::net::SocketAddr,
     shutdown: Shutdown,
     _dir: tempfile::TempDir,
 }
@@ -117,12 +119,23 @@ async fn start() -> Fixture {
         ec,
         rsa,
         endpoint,
+        ops: bound.ops,
         shutdown,
         _dir: dir,
     }
 }
 
 impl Fixture {
+    /// `GET /metrics` of the callback's operations endpoint.
+    async fn metrics_text(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.ops))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// A client with a certificate for `cn` from the ZTS PKI.
     fn client(&self, cn: Option<&str>) -> reqwest::Client {
         self.client_with(cn.map(|cn| LeafSpec::service(cn, &[])))
@@ -592,7 +605,10 @@ async fn forged_tokens_are_denied() {
     assert_denied(f.confirm(&confirmation(parts.join("."))).await, "signature");
     // garbage
     assert_denied(f.confirm(&confirmation("a.b.c".into())).await, "algorithm");
-    assert_denied(f.confirm(&confirmation(String::new())).await, "algorithm");
+    assert_denied(
+        f.confirm(&confirmation(String::new())).await,
+        "attestation_data",
+    );
     // replay: the same token twice
     let once = es256(&f, &claims());
     assert_eq!(f.confirm(&confirmation(once.clone())).await.0, 200);
@@ -607,12 +623,28 @@ async fn malformed_confirmations_and_refused_callers() {
         "{",
         "[]",
         r#"{"provider":1}"#,
-        r#"{"provider":"p","domain":"d","service":"s"}"#,
         r#"{"provider":"p","domain":"d","service":"s","attestationData":"x","attributes":{"a":1}}"#,
     ] {
         let (status, body_json) = f.post("instance", body).await;
         assert_eq!(status, 400, "{body}: {body_json}");
         assert_eq!(body_json["code"], 400);
+    }
+    // A refresh by certificate alone reaches the provider with attestationData null or absent
+    // (ZTSImpl.processProviderX509RefreshRequest passes on what the instance sent): a named
+    // refusal, not a malformed request.
+    let mut without = serde_json::to_value(confirmation(es256(&f, &claims()))).unwrap();
+    for attestation in [None, Some(serde_json::Value::Null)] {
+        let object = without.as_object_mut().unwrap();
+        object.remove("attestationData");
+        if let Some(value) = attestation {
+            object.insert("attestationData".into(), value);
+        }
+        for route in ["instance", "refresh"] {
+            assert_denied(
+                f.post(route, &without.to_string()).await,
+                "attestation_data",
+            );
+        }
     }
     let c = serde_json::to_string(&confirmation(es256(&f, &claims()))).unwrap();
     // an allowed CA but not a ZTS principal
@@ -803,16 +835,42 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     assert!(err.to_string().contains("pod_exists"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreachable_kubernetes_api_is_503_not_a_verdict() {
-    let mut f = start().await;
-    f.kube.stop();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (status, body) = f.confirm(&confirmation(es256(&f, &claims()))).await;
-    assert_eq!(status, 503, "{body}");
+/// Confirms a fresh launch, expecting 504 "cannot tell now" from the Kubernetes API; its message.
+async fn undecided(f: &Fixture) -> String {
+    let (status, body) = f.confirm(&confirmation(es256(f, &claims()))).await;
+    assert_eq!(status, 504, "{body}");
+    let message = body["message"].as_str().unwrap().to_owned();
     assert!(
-        body["message"].as_str().unwrap().contains("Kubernetes API"),
-        "{body}"
+        message.starts_with("cannot tell now (kubernetes_api): Kubernetes API"),
+        "{message}"
+    );
+    message
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_kubernetes_api_is_504_not_a_verdict() {
+    let f = start().await;
+    // Real ZTS passes only a provider's 504 on as retryable (ZTSImpl.validateConfirmationData):
+    // every "cannot tell now" is 504 with its cause, never 403 and never another 5xx.
+    f.kube.set_unreachable(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    undecided(&f).await;
+    f.kube.set_unreachable(false);
+    for failing in [429, 500, 503] {
+        f.kube
+            .set_failing_status(Some(http::StatusCode::from_u16(failing).unwrap()));
+        let message = undecided(&f).await;
+        assert!(message.contains(&failing.to_string()), "{message}");
+    }
+    f.kube.set_failing_status(None);
+    // and once it answers again, the same pod is confirmed
+    assert_eq!(f.confirm(&confirmation(es256(&f, &claims()))).await.0, 200);
+    let metrics = f.metrics_text().await;
+    assert!(
+        metrics.contains(
+            r#"athenz_callback_decisions_total{route="instance",outcome="undecided",check="kubernetes_api"} 4"#
+        ),
+        "{metrics}"
     );
 }
 

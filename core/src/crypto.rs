@@ -263,6 +263,12 @@ impl CertInfo {
         }
         let names = read_sans(cert.extensions().iter().map(|ext| ext.parsed_extension()))
             .map_err(CryptoError::BadCertificate)?;
+        if let Some(email) = names.emails.first() {
+            // no certificate of this system carries one: an identity is its DNS, IP and URI names
+            return Err(CryptoError::BadCertificate(format!(
+                "unsupported SAN type email {email:?}"
+            )));
+        }
         let validity = cert.validity();
         Ok(Self {
             common_name: first_cn(cert.subject()),
@@ -374,6 +380,9 @@ pub struct CsrInfo {
     pub ip_addresses: Vec<IpAddr>,
     /// URI SANs.
     pub uris: Vec<String>,
+    /// Email (rfc822Name) SANs: Athenz role-certificate CSRs may name the principal as
+    /// `<principal>@<suffix>` (certificates never carry one here and refuse it).
+    pub emails: Vec<String>,
     /// Public key as DER SubjectPublicKeyInfo.
     pub public_key_der: Vec<u8>,
     /// The CSR itself, DER.
@@ -413,6 +422,7 @@ impl CsrInfo {
             dns_names: names.dns,
             ip_addresses: names.ips,
             uris: names.uris,
+            emails: names.emails,
             public_key_der: info.subject_pki.raw.to_vec(),
             der: der.to_vec(),
         })
@@ -512,6 +522,7 @@ struct Sans {
     dns: Vec<String>,
     ips: Vec<IpAddr>,
     uris: Vec<String>,
+    emails: Vec<String>,
 }
 
 fn read_sans<'a>(exts: impl Iterator<Item = &'a ParsedExtension<'a>>) -> Result<Sans, String> {
@@ -527,6 +538,7 @@ fn read_sans<'a>(exts: impl Iterator<Item = &'a ParsedExtension<'a>>) -> Result<
                 match name {
                     GeneralName::DNSName(d) => sans.dns.push((*d).to_owned()),
                     GeneralName::URI(u) => sans.uris.push((*u).to_owned()),
+                    GeneralName::RFC822Name(e) => sans.emails.push((*e).to_owned()),
                     GeneralName::IPAddress(bytes) => sans.ips.push(ip_from_bytes(bytes)?),
                     other => return Err(format!("unsupported SAN type {other}")),
                 }

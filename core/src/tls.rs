@@ -463,6 +463,27 @@ pub fn client_config_expecting(
     identity: Option<ClientIdentity>,
     expected_principal: &str,
 ) -> Result<ClientConfig, TlsError> {
+    client_config_verifying(cas, identity, expected_principal, HostName::Checked)
+}
+
+/// A client config that trusts `cas` and accepts a server whose certificate chains to them and
+/// whose CN is `expected_principal`, whatever host names it carries: what Athenz ZTS checks of an
+/// instance provider (`ProviderHostnameVerifier` replaces the host name check with the CN check;
+/// the chain is still verified by ZTS's trust store).
+pub fn client_config_expecting_cn_only(
+    cas: &[CertificateDer<'static>],
+    identity: Option<ClientIdentity>,
+    expected_principal: &str,
+) -> Result<ClientConfig, TlsError> {
+    client_config_verifying(cas, identity, expected_principal, HostName::Ignored)
+}
+
+fn client_config_verifying(
+    cas: &[CertificateDer<'static>],
+    identity: Option<ClientIdentity>,
+    expected_principal: &str,
+    host_name: HostName,
+) -> Result<ClientConfig, TlsError> {
     let roots = root_store(cas)?;
     let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
         .build()
@@ -470,6 +491,7 @@ pub fn client_config_expecting(
     let verifier = Arc::new(ExpectedPrincipalVerifier {
         inner,
         expected: expected_principal.to_owned(),
+        host_name,
     });
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -493,12 +515,22 @@ fn with_identity(
     }
 }
 
-/// Verifies the server as WebPKI does (chain to the roots, name, validity), then requires its
-/// certificate CN to be one principal.
+/// Whether a server certificate must name the host connected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostName {
+    /// It must (WebPKI).
+    Checked,
+    /// It need not: the CN check stands in for it.
+    Ignored,
+}
+
+/// Verifies the server as WebPKI does (chain to the roots, name unless ignored, validity), then
+/// requires its certificate CN to be one principal.
 #[derive(Debug)]
 struct ExpectedPrincipalVerifier {
     inner: Arc<rustls::client::WebPkiServerVerifier>,
     expected: String,
+    host_name: HostName,
 }
 
 impl rustls::client::danger::ServerCertVerifier for ExpectedPrincipalVerifier {
@@ -510,13 +542,23 @@ impl rustls::client::danger::ServerCertVerifier for ExpectedPrincipalVerifier {
         ocsp_response: &[u8],
         now: rustls_pki_types::UnixTime,
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        let verified = self.inner.verify_server_cert(
+        // WebPKI checks the name last, after the chain and validity: a name error means
+        // everything else passed.
+        let verified = match self.inner.verify_server_cert(
             end_entity,
             intermediates,
             server_name,
             ocsp_response,
             now,
-        )?;
+        ) {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. },
+            )) if self.host_name == HostName::Ignored => {
+                rustls::client::danger::ServerCertVerified::assertion()
+            }
+            other => other?,
+        };
         match principal_of(end_entity) {
             Some(cn) if cn == self.expected => Ok(verified),
             other => Err(rustls::Error::General(format!(

@@ -26,14 +26,27 @@ pub const MAX_RESPONSE_LEN: usize = 1024 * 1024;
 pub const PRINCIPAL_AUTH_HEADER: &str = "Athenz-Principal-Auth";
 
 /// `POST /zts/v1/rolecert`: a role certificate for a CSR made by [`crate::names::role_csr_identity`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+/// Athenz's `RoleCertificateRequest`: unknown fields are ignored, as ZTS ignores them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
 pub struct RoleCertificateRequest {
     /// The CSR, PEM.
     pub csr: String,
     /// Lifetime asked for, minutes (ZTS caps it); 0 for ZTS's default.
     #[serde(default)]
     pub expiry_time: i64,
+    /// The principal the caller asks on behalf of (authorized proxy users only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_for_principal: Option<String>,
+    /// Validity start of the certificate being replaced (ZTS's signing priority).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_cert_not_before: Option<String>,
+    /// Validity end of the certificate being replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prev_cert_not_after: Option<String>,
+    /// Which of ZTS's signing keys to use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub x509_cert_signer_key_id: Option<String>,
 }
 
 /// The answer of `POST /zts/v1/rolecert`.
@@ -149,11 +162,23 @@ pub struct InstanceConfirmation {
     pub domain: String,
     /// Service of the instance.
     pub service: String,
-    /// Attestation data from the instance (the identity JWT).
+    /// Attestation data from the instance (the identity JWT). Real ZTS sends it as the instance
+    /// gave it, so a refresh without any arrives with it null or absent: read as empty (for the
+    /// callback to refuse by name), and left out when empty.
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Secret::is_empty"
+    )]
     pub attestation_data: Secret,
     /// Attributes: `instanceId`, `clientIP`, `sanDNS`, `sanIP`, `sanURI`, `certExpiryTime`, ...
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub attributes: BTreeMap<String, String>,
+}
+
+/// A JSON `null` read as an empty secret.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Secret, D::Error> {
+    Option::<Secret>::deserialize(d).map(Option::unwrap_or_default)
 }
 
 /// Attribute keys of an [`InstanceConfirmation`].
@@ -248,11 +273,14 @@ pub enum ZtsError {
 }
 
 impl ZtsError {
-    /// Whether retrying later may succeed: unreachable, timeouts, and 429/502/503/504.
+    /// Whether retrying later may succeed: no answer (unreachable, a timeout) and the statuses
+    /// real ZTS answers when it cannot decide now: 504 (a provider that did not answer, or
+    /// answered 504: Athenz `ZTSImpl.validateConfirmationData`), 503 and 429 (overload), 500
+    /// and 502. Every other answer (400, 401, 403, 404, ...) is ZTS's verdict: final.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Unreachable(_) => true,
-            Self::Rejected { status, .. } => matches!(status, 429 | 502 | 503 | 504),
+            Self::Rejected { status, .. } => matches!(status, 429 | 500 | 502 | 503 | 504),
             _ => false,
         }
     }
@@ -678,6 +706,10 @@ mod tests {
         };
         assert!(rejected(503).is_transient());
         assert!(rejected(504).is_transient());
+        assert!(rejected(500).is_transient());
+        assert!(rejected(429).is_transient());
+        assert!(!rejected(404).is_transient());
+        assert!(!rejected(401).is_transient());
         assert!(!rejected(403).is_transient());
         assert!(!rejected(400).is_transient());
         assert!(ZtsError::Unreachable("x".into()).is_transient());

@@ -116,6 +116,11 @@ pub async fn run_standins(
         let (api, kubelets) = (api.clone(), kubelets.clone());
         tokio::spawn(athenz_testbed::faults::follow(path, move |f| {
             api.set_pod_reads_missing(f.api_pods_missing);
+            api.set_failing_status(
+                f.api_status
+                    .and_then(|s| reqwest::StatusCode::from_u16(s).ok()),
+            );
+            api.set_unreachable(f.api_unreachable);
             for kubelet in &kubelets {
                 let controls = kubelet.controls();
                 controls.set_delay(std::time::Duration::from_millis(f.kubelet_delay_ms));

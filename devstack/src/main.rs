@@ -57,6 +57,10 @@ enum Command {
         /// driver at nodes[].agent.csi_socket.
         #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
         volume: stack::VolumeKind,
+        /// The dev ZTS and the Kubernetes stand-ins follow DIR/faults.json, so a script or test
+        /// can inject faults into the running stack (the fields of `chaos`'s faults file).
+        #[arg(long)]
+        fault_injection: bool,
     },
     /// Measure the full path for many pods.
     Bench {
@@ -313,6 +317,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             nodes,
             peer_check,
             volume,
+            fault_injection,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -325,6 +330,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 nodes,
                 peer_check,
                 volume,
+                fault_injection,
                 ..stack::StackOptions::new(state_dir, &key)
             };
             runtime()?.block_on(up(options))?;

@@ -2,9 +2,8 @@
 //! half signs fuzzed claims so the checks after the signature are reached; the public half is
 //! loaded by the callback's own key loader, from a directory as in production).
 
-use athenz_callback::checks::Policy;
+use athenz_callback::decision::{NodePolicy, Policy};
 use athenz_callback::keys::PublicKeys;
-use athenz_callback::node::NodePolicy;
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey};
 use athenz_core::names::DomainMapper;
 use base64::Engine;

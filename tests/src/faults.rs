@@ -27,6 +27,12 @@ pub struct Faults {
     /// The API stand-in answers 404 to every single-pod read, as for a deleted pod: the
     /// callback then denies every launch and refresh.
     pub api_pods_missing: bool,
+    /// The API stand-in's port is closed: every connection is refused, as with an API server
+    /// that is down (the callback then answers 504 and starting pods wait).
+    pub api_unreachable: bool,
+    /// The API stand-in answers every request with this status (429 or 5xx) and a Kubernetes
+    /// `Status`, as an overloaded or failing API server does.
+    pub api_status: Option<u16>,
     /// The kubelet stand-ins answer `/pods` after this many milliseconds.
     pub kubelet_delay_ms: u64,
     /// The kubelet stand-ins answer `/pods` with 500.
@@ -69,6 +75,13 @@ impl Faults {
         {
             return Err(format!(
                 "zts_instance_status {status} is not an error status (400-599)"
+            ));
+        }
+        if let Some(status) = faults.api_status
+            && !(status == 429 || (500..=599).contains(&status))
+        {
+            return Err(format!(
+                "api_status {status} is not a failing API server's status (429 or 500-599)"
             ));
         }
         if faults.kubelet_delay_ms > 60_000 {
@@ -170,6 +183,15 @@ mod tests {
             (br#"{"zts_instance_status": 200}"#, "not an error status"),
             (br#"{"zts_instance_status": 70000}"#, "invalid value"),
             (br#"{"kubelet_delay_ms": 3600000}"#, "over a minute"),
+            (
+                br#"{"api_status": 404}"#,
+                "not a failing API server's status",
+            ),
+            (
+                br#"{"api_status": 200}"#,
+                "not a failing API server's status",
+            ),
+            (br#"{"api_unreachable": "yes"}"#, "invalid type"),
             (
                 br#"{"kubelet_failing": true, "rm": "-rf"}"#,
                 "unknown field",

@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Service, Service
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// The pods, each with a revision that changes whenever it may have changed (any write or
@@ -343,14 +344,54 @@ fn list<T: serde::Serialize>(kind: &str, items: Vec<T>) -> Response<Body> {
     )
 }
 
+/// Faults the stand-in shows while they are set (chaos runs and tests inject them).
+#[derive(Debug, Default)]
+struct ApiFaults {
+    /// Single-pod reads answer 404, as for a deleted pod.
+    pod_reads_missing: AtomicBool,
+    /// Every request is answered with this status (0: none) and a Kubernetes `Status`, as an
+    /// overloaded or failing API server answers.
+    answer_status: AtomicU16,
+}
+
+/// The `Status` a failing API server answers with `code`, and its `Retry-After` (the API
+/// server's priority and fairness sends one with every 429).
+fn failure(code: StatusCode) -> Response<Body> {
+    let reason = match code.as_u16() {
+        429 => "TooManyRequests",
+        500 => "InternalError",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "Unknown",
+    };
+    let mut response = status(
+        code,
+        reason,
+        format!("the API stand-in is told to fail ({code})"),
+    );
+    if code == StatusCode::TOO_MANY_REQUESTS {
+        response.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+    }
+    response
+}
+
 struct ApiHandler {
     cluster: Cluster,
-    /// Single-pod reads answer 404 while set (a fault a chaos run injects).
-    pod_reads_missing: Arc<std::sync::atomic::AtomicBool>,
+    faults: Arc<ApiFaults>,
 }
 
 impl Handler for ApiHandler {
     async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
+        let failing = self.faults.answer_status.load(Ordering::SeqCst);
+        if let Some(code) = (failing != 0)
+            .then(|| StatusCode::from_u16(failing).ok())
+            .flatten()
+        {
+            return failure(code);
+        }
         if req.method() != Method::GET {
             if let Some(response) = writes::handle(&self.cluster, &req) {
                 return response;
@@ -387,9 +428,7 @@ impl Handler for ApiHandler {
                 list("PodList", self.cluster.pods(Some(ns), node.as_deref()))
             }
             ["api", "v1", "namespaces", _, "pods", name]
-                if self
-                    .pod_reads_missing
-                    .load(std::sync::atomic::Ordering::SeqCst) =>
+                if self.faults.pod_reads_missing.load(Ordering::SeqCst) =>
             {
                 not_found("pods", name)
             }
@@ -435,12 +474,23 @@ fn with_kind<T: serde::Serialize>(object: T, kind: &str) -> serde_json::Value {
     value
 }
 
+/// Whether the stand-in's port takes connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serving {
+    /// Listening.
+    Up,
+    /// The port closed: connections are refused, as with an API server that is down.
+    Unreachable,
+    /// Stopped for good.
+    Stopped,
+}
+
 /// A running stand-in.
 pub struct KubeApi {
     cluster: Cluster,
-    pod_reads_missing: Arc<std::sync::atomic::AtomicBool>,
+    faults: Arc<ApiFaults>,
     addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    serving: tokio::sync::watch::Sender<Serving>,
 }
 
 impl KubeApi {
@@ -454,33 +504,50 @@ impl KubeApi {
         let cluster = Cluster::default();
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let pod_reads_missing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        tokio::spawn(
-            Server::new(
-                Listener::Tcp(listener),
-                Arc::new(ApiHandler {
-                    cluster: cluster.clone(),
-                    pod_reads_missing: pod_reads_missing.clone(),
-                }),
-            )
-            .serve(async {
-                let _ = rx.await;
-            }),
-        );
+        let faults = Arc::new(ApiFaults::default());
+        let handler = Arc::new(ApiHandler {
+            cluster: cluster.clone(),
+            faults: faults.clone(),
+        });
+        let (serving, watch) = tokio::sync::watch::channel(Serving::Up);
+        tokio::spawn(serve_until_stopped(listener, addr, handler, watch));
         Ok(Self {
             cluster,
-            pod_reads_missing,
+            faults,
             addr,
-            shutdown: Some(tx),
+            serving,
         })
     }
 
     /// While set, every single-pod read answers 404 (as for a deleted pod), whatever the store
     /// holds: the callback then denies every launch.
     pub fn set_pod_reads_missing(&self, missing: bool) {
-        self.pod_reads_missing
-            .store(missing, std::sync::atomic::Ordering::SeqCst);
+        self.faults
+            .pod_reads_missing
+            .store(missing, Ordering::SeqCst);
+    }
+
+    /// While set, every request is answered with `status` (429, 500, 503, 504, ...) and a
+    /// Kubernetes `Status` object; `None` clears it.
+    pub fn set_failing_status(&self, status: Option<StatusCode>) {
+        self.faults
+            .answer_status
+            .store(status.map_or(0, |s| s.as_u16()), Ordering::SeqCst);
+    }
+
+    /// While set, the port is closed: open connections are drained and new ones refused, as
+    /// with an API server that is down; cleared, it listens again on the same address.
+    pub fn set_unreachable(&self, unreachable: bool) {
+        self.serving.send_if_modified(|now| {
+            let next = match (*now, unreachable) {
+                (Serving::Stopped, _) => return false,
+                (_, true) => Serving::Unreachable,
+                (_, false) => Serving::Up,
+            };
+            let changed = *now != next;
+            *now = next;
+            changed
+        });
     }
 
     /// `http://127.0.0.1:<port>`.
@@ -495,8 +562,48 @@ impl KubeApi {
 
     /// Stops serving (the port then refuses connections).
     pub fn stop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
+        self.serving.send_replace(Serving::Stopped);
+    }
+}
+
+/// Serves on `listener` while the state is [`Serving::Up`]; closes the port while it is
+/// [`Serving::Unreachable`] and binds `addr` again when it is up again; ends at
+/// [`Serving::Stopped`].
+async fn serve_until_stopped(
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    handler: Arc<ApiHandler>,
+    mut watch: tokio::sync::watch::Receiver<Serving>,
+) {
+    let mut listener = Some(listener);
+    loop {
+        let state = *watch.borrow_and_update();
+        match state {
+            Serving::Stopped => return,
+            Serving::Unreachable => {
+                if watch.changed().await.is_err() {
+                    return;
+                }
+            }
+            Serving::Up => {
+                let bound = match listener.take() {
+                    Some(l) => l,
+                    None => match tokio::net::TcpListener::bind(addr).await {
+                        Ok(l) => l,
+                        Err(e) => {
+                            tracing::warn!(%addr, error = %e, "the API stand-in cannot listen again; retrying");
+                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    },
+                };
+                let mut stop = watch.clone();
+                Server::new(Listener::Tcp(bound), handler.clone())
+                    .serve(async move {
+                        let _ = stop.wait_for(|s| *s != Serving::Up).await;
+                    })
+                    .await;
+            }
         }
     }
 }

@@ -249,29 +249,30 @@ async fn csr_rule_violations_are_400() {
     let cases: Vec<(String, &str)> = vec![
         (
             csr_with(&key, |id| id.common_name = "media.sports.db".into()),
-            "is not the principal",
+            "CSR validation failed - Unable to validate CSR common name",
         ),
         (
             csr_with(&key, |id| id.dns_names.push("web.evil.example".into())),
-            "not under an allowed suffix",
+            "CSR validation failed - web.evil.example does not end with provider/service \
+             configured suffix",
         ),
         (
             csr_with(&key, |id| id.uris.push(spiffe.clone())),
-            "more than one SPIFFE",
+            "unable to parse PKCS10 CSR: Invalid SPIFFE URI present in CSR",
         ),
         (
             csr_with(&key, |id| {
                 id.uris.retain(|u| !u.starts_with("athenz://"));
                 id.dns_names.retain(|d| !d.contains(".instanceid."));
             }),
-            "no instance id",
+            "CSR validation failed - InstanceId cannot be empty",
         ),
-        ("garbage".into(), "unable to parse cert request"),
+        ("garbage".into(), "unable to parse PKCS10 CSR"),
     ];
     for (csr, why) in cases {
         let (status, message) = rejected(s.client.register(&register_info(csr)).await.unwrap_err());
         assert_eq!(status, 400, "{message}");
-        assert!(message.contains(why), "{why}: {message}");
+        assert!(message.starts_with(why), "{why}: {message}");
     }
     assert!(
         s.provider.recorded().is_empty(),
@@ -435,8 +436,14 @@ async fn refresh_principal_and_instance_mismatches_are_refused() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(status, 403);
-    assert!(message.contains("principal mismatch"), "{message}");
+    // ZTSImpl.postInstanceRefreshInformation: requestError, the path's principal first
+    assert_eq!(
+        (status, message.as_str()),
+        (
+            400,
+            "Principal mismatch: media.sports.web vs. media.sports.db"
+        )
+    );
 
     // CSR for another instance id than the path
     let other_csr = csr_with(&key, |id| {
@@ -456,8 +463,11 @@ async fn refresh_principal_and_instance_mismatches_are_refused() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(status, 403);
-    assert!(message.contains("instance id mismatch"), "{message}");
+    // X509CertRequest.validateInstanceId, reported by processProviderX509RefreshRequest
+    assert_eq!(
+        (status, message.as_str()),
+        (400, "CSR validation failed - instance id mismatch")
+    );
 
     // the right CSR and path, but the certificate of another instance
     let other_uid = "11111111-2222-4333-8444-555555555555";
@@ -480,8 +490,11 @@ async fn refresh_principal_and_instance_mismatches_are_refused() {
             .await
             .unwrap_err(),
     );
-    assert_eq!(status, 403);
-    assert!(message.contains("instance id mismatch"), "{message}");
+    // X509CertRequest.validateInstanceId, reported by processProviderX509RefreshRequest
+    assert_eq!(
+        (status, message.as_str()),
+        (400, "CSR validation failed - instance id mismatch")
+    );
 }
 
 #[tokio::test]
@@ -678,8 +691,11 @@ async fn key_based_refresh_rejections() {
         .await
         .unwrap_err(),
     );
-    assert_eq!(status, 400);
-    assert!(message.contains("not the registered key"), "{message}");
+    // ZTSImpl.postInstanceRefreshRequest
+    assert_eq!(
+        (status, message.as_str()),
+        (400, "Invalid CSR - public key mismatch")
+    );
 
     // no token at all
     let err = s

@@ -94,7 +94,9 @@ async fn access_tokens_verify_with_pyjwt_and_are_bound_to_the_client_certificate
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["token_type"], "Bearer");
     assert_eq!(body["expires_in"], 600);
-    assert_eq!(body["scope"], "media.sports:role.readers");
+    // every role asked for was granted: Athenz sends no scope back
+    // (ZTSImpl.processAccessTokenStandardRequest)
+    assert!(body.get("scope").is_none(), "{body}");
     let token = body["access_token"].as_str().unwrap();
     let header: serde_json::Value = serde_json::from_slice(
         &base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -150,12 +152,13 @@ async fn every_refusal_has_zts_code_and_reason() {
         (
             "grant_type=client_credentials&scope=media.sports:role.writers",
             403,
-            "not a member of writers",
+            "postAccessTokenRequest: principal media.sports.web is not included in the \
+             requested role(s) in domain media.sports",
         ),
         (
             "grant_type=client_credentials&scope=media.sports:role.nope",
             403,
-            "not a member",
+            "postAccessTokenRequest: principal media.sports.web is not included",
         ),
         (
             "grant_type=client_credentials&scope=weather:domain",
@@ -165,35 +168,39 @@ async fn every_refusal_has_zts_code_and_reason() {
         (
             "grant_type=client_credentials&scope=media.sports:roles.x",
             400,
-            "invalid scope item",
+            "No domains in scope",
         ),
         (
             "grant_type=client_credentials&scope=a:domain+b:domain",
             400,
-            "multiple domains",
+            "Multiple domains in scope",
         ),
-        ("grant_type=client_credentials", 400, "empty scope"),
+        (
+            "grant_type=client_credentials",
+            400,
+            "Invalid request: no scope provided",
+        ),
         (
             "grant_type=password&scope=media.sports:domain",
             400,
-            "grant_type",
+            "Invalid grant request: password",
         ),
+        // an undecodable component is skipped (AccessTokenRequest.decodeString is null)
         (
-            "grant_type=client_credentials&scope=media.sports:domain&expires_in=-5",
+            "grant_type=client_credentials&scope=%ff",
             400,
-            "expires_in",
+            "Invalid request: no scope provided",
         ),
-        ("grant_type=client_credentials&scope=%ff", 400, "not UTF-8"),
     ] {
         let (status, body) = token_request(&zts, &web, form).await;
         assert_eq!(status, code, "{form}: {body}");
         assert!(
-            body["message"].as_str().unwrap().contains(reason),
+            body["message"].as_str().unwrap().starts_with(reason),
             "{form}: {body}"
         );
         assert_eq!(body["code"], code);
     }
-    // no client certificate: 401; not a form: 400
+    // no client certificate: 401; not a form: 415 (the resource's @Consumes)
     let (anonymous, _) = client(&zts, None);
     let (status, _) = token_request(
         &zts,
@@ -208,7 +215,7 @@ async fn every_refusal_has_zts_code_and_reason() {
         .send()
         .await
         .unwrap();
-    assert_eq!(res.status().as_u16(), 400);
+    assert_eq!(res.status().as_u16(), 415);
 }
 
 #[tokio::test]
@@ -254,14 +261,18 @@ async fn role_tokens_verify_over_their_exact_text_and_refuse_as_zts_does() {
     let all = RoleToken::parse(body["token"].as_str().unwrap()).unwrap();
     assert_eq!(all.roles, ["readers"]);
     for (query, code, reason) in [
-        ("?role=writers", 403, "not a member"),
+        (
+            "?role=writers",
+            403,
+            "getRoleToken: principal media.sports.web is not included",
+        ),
         ("?role=bad%20role", 400, "invalid role"),
-        ("?role=readers&maxExpiryTime=-1", 400, "maxExpiryTime"),
+        ("?role=readers&maxExpiryTime=x", 404, "HTTP 404"),
     ] {
         let (status, body) = get(query).await;
         assert_eq!(status, code, "{query}: {body}");
         assert!(
-            body["message"].as_str().unwrap().contains(reason),
+            body["message"].as_str().unwrap().starts_with(reason),
             "{query}: {body}"
         );
     }
@@ -345,7 +356,7 @@ async fn role_certificates_for_members_verify_with_openssl() {
         (
             csr_for(DOMAIN, "writers", "media.sports.web"),
             403,
-            "not a member",
+            "postRoleCertificateRequestExt: principal media.sports.web is not included",
         ),
         (
             csr_for("weather", "readers", "media.sports.web"),
@@ -354,27 +365,31 @@ async fn role_certificates_for_members_verify_with_openssl() {
         ),
         (
             build_csr(&other_caller, &key).unwrap(),
-            403,
-            "is not the caller",
-        ),
-        (
-            build_csr(&no_spiffe, &key).unwrap(),
             400,
-            "exactly the URIs",
+            "Unable to validate cert request",
         ),
         (
             build_csr(&service_cn, &key).unwrap(),
             400,
-            "is not <domain>:role.<role>",
+            "Unable to parse PKCS10 CSR: Role Certificate CN is not a valid role",
         ),
         (csr.replace("MII", "MIJ"), 400, "unable to parse"),
     ] {
         let (status, body) = post(serde_json::json!({"csr": csr})).await;
         assert_eq!(status, code, "{body}");
-        assert!(body["message"].as_str().unwrap().contains(reason), "{body}");
+        assert!(
+            body["message"].as_str().unwrap().starts_with(reason),
+            "{body}"
+        );
     }
-    let (status, body) = post(serde_json::json!({"csr": csr, "extra": 1})).await;
-    assert_eq!(status, 400, "{body}");
+    // X509RoleCertRequest: a SPIFFE URI is checked only when present, and unknown fields are
+    // ignored (Athenz's JSON reader)
+    let (status, body) = post(serde_json::json!({
+        "csr": build_csr(&no_spiffe, &key).unwrap(),
+        "extra": 1
+    }))
+    .await;
+    assert_eq!(status, 200, "{body}");
     let (anonymous, _) = client(&zts, None);
     let res = anonymous
         .post(format!("{}/rolecert", zts.url()))
@@ -417,7 +432,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
         .unwrap();
     assert_eq!(access.token_type, "Bearer");
     assert_eq!(access.expires_in, 300);
-    assert_eq!(access.scope.as_deref(), Some("media.sports:role.readers"));
+    assert_eq!(access.scope, None, "every role asked for was granted");
     assert!(!format!("{access:?}").contains(access.access_token.expose()));
 
     let role = client
@@ -437,6 +452,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
         .role_certificate(&RoleCertificateRequest {
             csr,
             expiry_time: 0,
+            ..RoleCertificateRequest::default()
         })
         .await
         .unwrap();
@@ -453,7 +469,7 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, ZtsError::Rejected { status: 403, message, .. } if message.contains("not a member")),
+        matches!(&err, ZtsError::Rejected { status: 403, message, .. } if message.contains("is not included in the requested role(s)")),
         "{err}"
     );
     assert!(!err.is_transient());

@@ -225,6 +225,7 @@ impl ZtsAccess {
             .role_certificate(&RoleCertificateRequest {
                 csr,
                 expiry_time: minutes,
+                ..RoleCertificateRequest::default()
             })
             .await?;
         CertInfo::from_pem(&answer.x509_certificate).map_err(|e| {

@@ -52,46 +52,6 @@ pub struct Scope {
     pub roles: Option<BTreeSet<String>>,
 }
 
-/// Parses a `scope` (space-separated `<d>:domain` or `<d>:role.<r>` items, one domain), as ZTS
-/// does; an OpenID `openid` item is not served here and refused.
-pub fn parse_scope(scope: &str) -> Result<Scope, AuthzRefusal> {
-    let mut domain: Option<&str> = None;
-    let mut roles = BTreeSet::new();
-    let mut whole_domain = false;
-    let items: Vec<&str> = scope.split(' ').filter(|s| !s.is_empty()).collect();
-    if items.is_empty() {
-        return Err(bad_request("empty scope"));
-    }
-    if items.len() > 64 {
-        return Err(bad_request("too many scope items (at most 64)"));
-    }
-    for item in items {
-        let (d, what) = item
-            .split_once(':')
-            .ok_or_else(|| bad_request(format!("invalid scope item {item:?}")))?;
-        athenz_core::names::validate_domain("scope", d)
-            .map_err(|e| bad_request(format!("invalid domain in scope item {item:?}: {e}")))?;
-        if domain.is_some_and(|seen| seen != d) {
-            return Err(bad_request("multiple domains in scope"));
-        }
-        domain = Some(d);
-        if what == "domain" {
-            whole_domain = true;
-        } else if let Some(role) = what.strip_prefix("role.") {
-            if !valid_role(role) {
-                return Err(bad_request(format!("invalid role in scope item {item:?}")));
-            }
-            roles.insert(role.to_owned());
-        } else {
-            return Err(bad_request(format!("invalid scope item {item:?}")));
-        }
-    }
-    Ok(Scope {
-        domain: domain.unwrap_or_default().to_owned(),
-        roles: (!whole_domain).then_some(roles),
-    })
-}
-
 fn valid_role(role: &str) -> bool {
     athenz_core::names::validate_role("role", role).is_ok()
 }
@@ -119,9 +79,11 @@ pub fn role_scope(domain: &str, roles: Option<&str>) -> Result<Scope, AuthzRefus
     })
 }
 
-/// The roles of `scope` that `principal` is in, from `roles`: 404 for a domain with no roles,
-/// 403 (naming the roles) when the caller is in none of them or a named role does not exist.
+/// The roles of `scope` that `principal` is in, from `roles`: 404 for a domain with no roles
+/// ("No such domain"), 403 when the caller is in none of them or a named role does not exist,
+/// with Athenz's message (`ZTSImpl.tokenErrorMessage`, which names the route `caller`).
 pub fn granted_roles(
+    caller: &str,
     roles: &[RoleEntry],
     scope: &Scope,
     principal: &str,
@@ -145,34 +107,20 @@ pub fn granted_roles(
         .map(|r| r.role.clone())
         .collect();
     if granted.is_empty() {
-        let asked = scope.roles.as_ref().map_or_else(
-            || format!("any role of {}", scope.domain),
-            |r| r.iter().cloned().collect::<Vec<_>>().join(","),
-        );
+        let asked = if scope.roles.is_some() {
+            "the requested role(s)"
+        } else {
+            "any role"
+        };
         return Err(AuthzRefusal(
             403,
-            format!("{principal} is not a member of {asked}"),
+            format!(
+                "{caller}: principal {principal} is not included in {asked} in domain {}",
+                scope.domain
+            ),
         ));
     }
     Ok(granted)
-}
-
-/// A decoded `application/x-www-form-urlencoded` body (`+` is a space).
-pub fn parse_form(body: &[u8]) -> Result<Vec<(String, String)>, AuthzRefusal> {
-    let text = std::str::from_utf8(body).map_err(|_| bad_request("the form is not UTF-8 text"))?;
-    text.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |s: &str| {
-                percent_encoding::percent_decode_str(&s.replace('+', " "))
-                    .decode_utf8()
-                    .map(|c| c.into_owned())
-                    .map_err(|_| bad_request(format!("the form field {k:?} is not UTF-8")))
-            };
-            Ok((decode(k)?, decode(v)?))
-        })
-        .collect()
 }
 
 /// The claims of an access token as ZTS writes them.
@@ -217,13 +165,14 @@ pub fn thumbprint(cert_der: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(cert_der))
 }
 
-/// Signs `claims` as an `at+jwt` with the token key (ES256, `kid` [`TOKEN_KEY_ID`]).
-pub fn sign_access_token(key: &PrivateKey, claims: &AccessTokenClaims) -> Result<String, String> {
+/// Signs `claims` as a JWT of type `typ` (`at+jwt` for access tokens, `JWT` for ID tokens) with
+/// the token key (ES256, `kid` [`TOKEN_KEY_ID`]).
+pub fn sign_jwt(key: &PrivateKey, typ: &str, claims: &impl Serialize) -> Result<String, String> {
     let pem = key.to_pkcs8_pem().map_err(|e| e.to_string())?;
     let encoding = jsonwebtoken::EncodingKey::from_ec_pem(pem.expose().as_bytes())
         .map_err(|e| e.to_string())?;
     let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
-    header.typ = Some("at+jwt".into());
+    header.typ = Some(typ.into());
     header.kid = Some(TOKEN_KEY_ID.into());
     jsonwebtoken::encode(&header, claims, &encoding).map_err(|e| e.to_string())
 }
@@ -271,65 +220,33 @@ mod tests {
     }
 
     #[test]
-    fn scopes_parse_as_zts_reads_them_and_refusals_say_why() {
-        assert_eq!(
-            parse_scope("media.sports:role.readers media.sports:role.writers").unwrap(),
-            Scope {
-                domain: "media.sports".into(),
-                roles: Some(["readers".to_owned(), "writers".to_owned()].into()),
-            }
-        );
-        assert_eq!(parse_scope("media.sports:domain").unwrap().roles, None);
-        for (bad, why) in [
-            ("", "empty scope"),
-            ("media.sports", "invalid scope item"),
-            ("media.sports:role.", "invalid role"),
-            ("media.sports:role.a;b", "invalid role"),
-            ("media.sports:group.x", "invalid scope item"),
-            ("a:domain b:domain", "multiple domains"),
-            ("-bad:domain", "invalid domain"),
-            ("openid media.sports:domain", "invalid scope item"),
-        ] {
-            let err = parse_scope(bad).unwrap_err();
-            assert_eq!(err.0, 400, "{bad}");
-            assert!(err.1.contains(why), "{bad}: {}", err.1);
-        }
-        let many = vec!["d:role.r"; 65].join(" ");
-        assert!(parse_scope(&many).unwrap_err().1.contains("too many"));
-    }
-
-    #[test]
     fn members_exact_prefix_and_everyone() {
         let r = roles();
-        let scope = parse_scope("media.sports:domain").unwrap();
+        let scope = role_scope("media.sports", None).unwrap();
         assert_eq!(
-            granted_roles(&r, &scope, "media.sports.web").unwrap(),
+            granted_roles("t", &r, &scope, "media.sports.web").unwrap(),
             ["readers", "public"]
         );
         assert_eq!(
-            granted_roles(&r, &scope, "finance.ledger").unwrap(),
+            granted_roles("t", &r, &scope, "finance.ledger").unwrap(),
             ["readers", "public"]
         );
-        let writers = parse_scope("media.sports:role.writers").unwrap();
-        let err = granted_roles(&r, &writers, "media.sports.web").unwrap_err();
+        let writers = role_scope("media.sports", Some("writers")).unwrap();
+        let err = granted_roles("getRoleToken", &r, &writers, "media.sports.web").unwrap_err();
         assert_eq!(err.0, 403);
-        assert!(err.1.contains("not a member of writers"), "{}", err.1);
-        let unknown_role = parse_scope("media.sports:role.nope").unwrap();
-        assert_eq!(granted_roles(&r, &unknown_role, "x.y").unwrap_err().0, 403);
-        let unknown_domain = parse_scope("weather:domain").unwrap();
         assert_eq!(
-            granted_roles(&r, &unknown_domain, "x.y").unwrap_err().0,
-            404
+            err.1,
+            "getRoleToken: principal media.sports.web is not included in the requested role(s) \
+             in domain media.sports"
         );
-    }
-
-    #[test]
-    fn forms_decode_percent_and_plus() {
-        let form =
-            parse_form(b"grant_type=client_credentials&scope=a%3Adomain+b&expires_in=60").unwrap();
-        assert_eq!(form[1], ("scope".to_owned(), "a:domain b".to_owned()));
-        assert!(parse_form(&[0xff, b'=', b'1']).is_err());
-        assert!(parse_form(b"scope=%ff").is_err());
+        let unknown_role = role_scope("media.sports", Some("nope")).unwrap();
+        assert_eq!(
+            granted_roles("t", &r, &unknown_role, "x.y").unwrap_err().0,
+            403
+        );
+        let unknown_domain = role_scope("weather", None).unwrap();
+        let err = granted_roles("t", &r, &unknown_domain, "x.y").unwrap_err();
+        assert_eq!((err.0, err.1.as_str()), (404, "No such domain: weather"));
     }
 
     #[test]
@@ -361,7 +278,7 @@ mod tests {
                 x5t_s256: thumbprint(b"cert"),
             },
         };
-        let token = sign_access_token(&key, &claims).unwrap();
+        let token = sign_jwt(&key, "at+jwt", &claims).unwrap();
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
         validation.set_audience(&["media.sports"]);
         let data =

@@ -6,19 +6,22 @@
 //! small PKI — a root and an intermediate that signs everything — and exposes the intermediate so
 //! tests can mint certificates ZTS and its clients trust.
 
+pub mod access_token_request;
 pub mod authz;
-pub mod csr_rules;
+pub mod instance_provider_client;
+pub mod instance_refresh;
 pub mod instances;
-pub mod provider_client;
 pub mod registry;
 pub mod server;
+pub mod x509_cert_request;
+pub mod x509_role_cert_request;
 
 use crate::pki::{CertAuthority, LeafSpec, PkiError};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, pem_certificates};
 use athenz_core::http::{HttpMetrics, Listener, Server, ServerLimits};
 use athenz_core::tls::{self, ClientAuth, ClientIdentity, ReloadingIdentity, TlsError};
+use instance_provider_client::ProviderClients;
 use instances::{InstanceKey, InstanceRecord, InstanceStore};
-use provider_client::ProviderClients;
 use registry::{ProviderEntry, Registry, RegistryError, ServiceEntry};
 use serde::{Deserialize, Serialize};
 use server::{RouteSettings, ZtsHandler, ZtsState};
@@ -92,6 +95,12 @@ pub struct DevZtsConfig {
     pub roles: Vec<authz::RoleEntry>,
     /// Longest access token or role token issued, seconds (a longer `expires_in` is cut to it).
     pub max_token_expiry_secs: u32,
+    /// Issue an ID token for an access token request with the `openid` scope (Athenz's
+    /// `athenz.zts.oauth_openid_scope`, default false; the request is accepted either way).
+    pub openid_scope: bool,
+    /// Principals that may ask for tokens and role certificates on behalf of another (Athenz's
+    /// `athenz.zts.authorized_proxy_users`).
+    pub authorized_proxy_users: Vec<String>,
 }
 
 impl Default for DevZtsConfig {
@@ -110,6 +119,8 @@ impl Default for DevZtsConfig {
             extra_provider_cas: Vec::new(),
             roles: Vec::new(),
             max_token_expiry_secs: 24 * 3600,
+            openid_scope: false,
+            authorized_proxy_users: Vec::new(),
         }
     }
 }
@@ -234,6 +245,8 @@ impl DevZts {
                 service_dns_suffixes: config.service_dns_suffixes.clone(),
                 ntoken_skew: time::Duration::seconds(60),
                 max_token_expiry: time::Duration::seconds(i64::from(config.max_token_expiry_secs)),
+                openid_scope: config.openid_scope,
+                authorized_proxy_users: config.authorized_proxy_users.clone(),
             },
             roles: config.roles.clone(),
             instance_fault: std::sync::atomic::AtomicU16::new(0),

@@ -1,0 +1,171 @@
+//! ZTS's calls to instance providers, as Athenz makes them (`InstanceHttpProvider`,
+//! `InstanceProviderClient`, `ProviderHostnameVerifier` in `libs/java/instance_provider`):
+//!
+//! - a new client, so a new mutual-TLS connection with a full handshake, for every confirmation
+//!   (`ZTSImpl` gets a fresh `InstanceHttpProvider` per request and closes it afterwards); no
+//!   connection is pooled and no TLS session resumed;
+//! - the provider's server certificate must chain to ZTS's trust store and have the provider's
+//!   service name as its CN; its host names are not checked (`ProviderHostnameVerifier.verify`
+//!   stands in for the host name check). This is checked in the handshake, before the attestation
+//!   data is sent;
+//! - `<endpoint>/instance` for launches, `<endpoint>/refresh` for refreshes
+//!   (`postInstanceConfirmation`, `postRefreshConfirmation`);
+//! - outcomes: 200 confirms with the provider's answer; a connect or read failure is
+//!   `GATEWAY_TIMEOUT`; any other status is kept with the provider's answer text (newlines made
+//!   spaces), as `ProviderResourceException(code, text)` whose message is
+//!   `ResourceException (<code>): <text>`.
+
+use super::registry::ProviderEntry;
+use athenz_core::client::{error_chain, read_limited};
+use athenz_core::tls::{self, ClientIdentity};
+use athenz_core::zts::InstanceConfirmation;
+use rustls_pki_types::CertificateDer;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Largest provider answer read.
+const MAX_ANSWER: usize = 256 * 1024;
+
+/// `ProviderResourceException.GATEWAY_TIMEOUT`.
+const GATEWAY_TIMEOUT: u16 = 504;
+
+/// Which provider route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProviderRoute {
+    /// `/instance`: a launch.
+    Instance,
+    /// `/refresh`: a refresh.
+    Refresh,
+}
+
+impl ProviderRoute {
+    fn path(self) -> &'static str {
+        match self {
+            Self::Instance => "/instance",
+            Self::Refresh => "/refresh",
+        }
+    }
+}
+
+/// A provider call that did not confirm: Athenz's `ProviderResourceException`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderRefusal {
+    /// The provider's status, or 504 when it could not be reached or did not answer.
+    pub code: u16,
+    /// `ResourceException (<code>): <text>`.
+    pub message: String,
+}
+
+impl ProviderRefusal {
+    fn new(code: u16, text: &str) -> Self {
+        Self {
+            code,
+            message: format!("ResourceException ({code}): {}", text.replace('\n', " ")),
+        }
+    }
+
+    /// Whether ZTS answers its own client 504 (else 403): only for a provider's 504, which
+    /// includes no answer (`ZTSImpl.validateConfirmationData`).
+    pub fn is_gateway_timeout(&self) -> bool {
+        self.code == GATEWAY_TIMEOUT
+    }
+}
+
+/// Makes a provider client per confirmation, from a TLS configuration made once per provider.
+pub struct ProviderClients {
+    cas: Vec<CertificateDer<'static>>,
+    identity: ClientIdentity,
+    timeout: Duration,
+    configs: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
+}
+
+impl ProviderClients {
+    /// Clients that trust `cas` for provider servers and present `identity`.
+    pub fn new(
+        cas: Vec<CertificateDer<'static>>,
+        identity: ClientIdentity,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            cas,
+            identity,
+            timeout,
+            configs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The TLS configuration for `provider`'s server, without session resumption: every
+    /// confirmation pays a full handshake, as each of Athenz's fresh provider clients does.
+    fn config(&self, provider: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut configs = self
+            .configs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(c) = configs.get(provider) {
+            return Ok(c.clone());
+        }
+        let mut config =
+            tls::client_config_expecting_cn_only(&self.cas, Some(self.identity.clone()), provider)
+                .map_err(|e| e.to_string())?;
+        config.resumption = rustls::client::Resumption::disabled();
+        let config = Arc::new(config);
+        configs.insert(provider.to_owned(), config.clone());
+        Ok(config)
+    }
+
+    /// A client used for one confirmation and dropped with its connection.
+    fn client(&self, provider: &str) -> Result<reqwest::Client, String> {
+        reqwest::Client::builder()
+            .tls_backend_preconfigured((*self.config(provider)?).clone())
+            .timeout(self.timeout)
+            .connect_timeout(self.timeout)
+            .pool_max_idle_per_host(0)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| e.to_string())
+    }
+
+    /// Asks `provider` to confirm; returns its confirmation on 200.
+    pub async fn confirm(
+        &self,
+        provider: &ProviderEntry,
+        route: ProviderRoute,
+        confirmation: &InstanceConfirmation,
+    ) -> Result<InstanceConfirmation, ProviderRefusal> {
+        let client = self
+            .client(&provider.name)
+            .map_err(|e| ProviderRefusal::new(GATEWAY_TIMEOUT, &e))?;
+        let url = format!(
+            "{}{}",
+            provider.endpoint.trim_end_matches('/'),
+            route.path()
+        );
+        let resp = client
+            .post(url)
+            .json(confirmation)
+            .send()
+            .await
+            .map_err(|e| ProviderRefusal::new(GATEWAY_TIMEOUT, &error_chain(&e)))?;
+        let status = resp.status().as_u16();
+        let body = read_limited(resp, MAX_ANSWER).await;
+        if status != 200 {
+            // `responseText`: the answer with newlines made spaces, or N/A if none could be read.
+            let text = body
+                .ok()
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| "N/A".into());
+            return Err(ProviderRefusal::new(status, &text));
+        }
+        let body = body.map_err(|e| ProviderRefusal {
+            code: 200,
+            message: format!("the provider's confirmation could not be read: {e}"),
+        })?;
+        // An unreadable 200 is an exception outside ProviderResourceException: ZTS answers 403.
+        serde_json::from_slice(&body).map_err(|e| ProviderRefusal {
+            code: 200,
+            message: format!("the provider's confirmation is unreadable: {e}"),
+        })
+    }
+}
