@@ -91,9 +91,12 @@ pub struct InstanceRegisterInformation {
     pub domain: String,
     /// Service of the instance.
     pub service: String,
-    /// Attestation data for the provider (the identity JWT).
+    /// Attestation data for the provider (the identity JWT). Optional in Athenz's schema
+    /// (`ZTSSchema`): ZTS itself refuses an X.509 register without it, by name.
+    #[serde(default)]
     pub attestation_data: Secret,
-    /// PEM CSR.
+    /// PEM CSR (optional in Athenz's schema: without one ZTS issues a JWT SVID instead).
+    #[serde(default)]
     pub csr: String,
     /// Whether to return an ntoken too.
     #[serde(default, skip_serializing_if = "Option::is_none")]

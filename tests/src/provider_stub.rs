@@ -26,6 +26,13 @@ pub enum Decision {
         /// Message.
         message: String,
     },
+    /// This status with exactly this body (a provider that answers something else).
+    Raw {
+        /// HTTP status.
+        status: u16,
+        /// The body.
+        body: String,
+    },
 }
 
 /// One call the provider received.
@@ -91,6 +98,12 @@ impl Handler for Script {
                 StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN),
                 message,
             ),
+            Decision::Raw { status, body } => {
+                let mut response = Response::new(Body::from(body));
+                *response.status_mut() =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                response
+            }
         }
     }
 }
@@ -128,15 +141,23 @@ impl ProviderStub {
         base_path: &str,
         decision: Decision,
     ) -> Result<Self, StubError> {
+        let leaf = LeafSpec {
+            ip_addresses: vec![[127, 0, 0, 1].into()],
+            ..LeafSpec::service(name, &["localhost"])
+        };
+        Self::start_with_leaf(ca, &leaf, client_root_pem, base_path, decision).await
+    }
+
+    /// [`Self::start`] with a server certificate made from `leaf` (another CN, no host names).
+    pub async fn start_with_leaf(
+        ca: &CertAuthority,
+        leaf: &LeafSpec,
+        client_root_pem: &str,
+        base_path: &str,
+        decision: Decision,
+    ) -> Result<Self, StubError> {
         let dir = tempfile::tempdir()?;
-        let files = ca.write_service_cert(
-            dir.path(),
-            "provider",
-            &LeafSpec {
-                ip_addresses: vec![[127, 0, 0, 1].into()],
-                ..LeafSpec::service(name, &["localhost"])
-            },
-        )?;
+        let files = ca.write_service_cert(dir.path(), "provider", leaf)?;
         let identity = ReloadingIdentity::load(&files.cert, &files.key)?;
         let client_cas =
             pem_certificates(client_root_pem).map_err(|e| TlsError::BadPem(e.to_string()))?;
