@@ -921,3 +921,40 @@ impl Handler for AgentHandler {
 pub fn jwt_url(base: &str) -> String {
     format!("{}{JWT_PATH}", base.trim_end_matches('/'))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejected(status: u16) -> ZtsError {
+        ZtsError::Rejected {
+            status,
+            code: i32::from(status),
+            message: format!("ZTS says {status}: pod_exists: no such pod"),
+        }
+    }
+
+    /// ZTS's own codes, as Athenz answers them: a provider's 504 or no answer is 504 and,
+    /// with overload (503, 429) and server errors (500, 502), means "try again"; every other
+    /// answer is a verdict the pod must see with ZTS's message (which names the check).
+    #[test]
+    fn zts_answers_are_sorted_into_try_again_and_final() {
+        for status in [429, 500, 502, 503, 504] {
+            let failure = zts_failure(rejected(status));
+            assert_eq!(failure.status, StatusCode::SERVICE_UNAVAILABLE, "{status}");
+        }
+        let unreachable = zts_failure(ZtsError::Unreachable("connection refused".into()));
+        assert_eq!(unreachable.status, StatusCode::SERVICE_UNAVAILABLE);
+        for status in [400, 401, 403, 404] {
+            let failure = zts_failure(rejected(status));
+            assert_eq!(failure.status, StatusCode::FORBIDDEN, "{status}");
+            assert!(
+                failure.message.contains("pod_exists"),
+                "{}",
+                failure.message
+            );
+        }
+        let refused = zts_failure(ZtsError::CertificateRefused("bad certificate".into()));
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    }
+}
