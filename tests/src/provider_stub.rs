@@ -42,6 +42,8 @@ pub struct Recorded {
     pub path: String,
     /// Principal of the client certificate.
     pub principal: Option<String>,
+    /// The client's address: a new source port is a new connection.
+    pub peer: Option<std::net::SocketAddr>,
     /// Raw body.
     pub body: Vec<u8>,
 }
@@ -69,6 +71,10 @@ impl Handler for Script {
             .push(Recorded {
                 path: path.clone(),
                 principal: conn.principal.clone(),
+                peer: match conn.peer {
+                    athenz_core::http::Peer::Tcp(addr) => Some(addr),
+                    athenz_core::http::Peer::Unix { .. } => None,
+                },
                 body: req.body().to_vec(),
             });
         let route = path.strip_prefix(&self.base_path).unwrap_or_default();

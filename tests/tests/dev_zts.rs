@@ -280,6 +280,24 @@ async fn csr_rule_violations_are_400() {
     );
 }
 
+/// As Athenz makes a new provider client for every request (`ZTSImpl` closes each
+/// `InstanceHttpProvider` after use), every confirmation comes on its own connection.
+#[tokio::test]
+async fn every_confirmation_comes_on_a_new_connection() {
+    let s = stack(allow()).await;
+    for _ in 0..3 {
+        let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
+        register(&s, &key).await;
+    }
+    let peers: std::collections::BTreeSet<_> = s
+        .provider
+        .recorded()
+        .iter()
+        .map(|r| r.peer.unwrap())
+        .collect();
+    assert_eq!(peers.len(), 3, "{peers:?}");
+}
+
 #[tokio::test]
 async fn unauthorised_launch_denial_and_provider_down() {
     let mut s = stack(allow()).await;
