@@ -277,8 +277,18 @@ async fn refresh(
     .await
 }
 
-fn set(bed: &Bed, decision: Decision) {
+/// `call` answered while the provider decides as `decision`; the provider allows again after.
+async fn with_decision(
+    bed: &Bed,
+    decision: Decision,
+    call: impl std::future::Future<Output = (u16, String)>,
+) -> (u16, String) {
     bed.stub.set_decision(decision);
+    let answer = call.await;
+    bed.stub.set_decision(Decision::Allow {
+        cert_expiry_minutes: None,
+    });
+    answer
 }
 
 fn deny(status: u16) -> Decision {
@@ -458,15 +468,8 @@ async fn run(bed: &Bed, case: &str) -> (u16, String) {
         | "register_provider_503"
         | "register_provider_504" => {
             let status: u16 = case.rsplit('_').next().unwrap().parse().unwrap();
-            set(bed, deny(status));
-            let answer = register(bed, register_body(PROVIDER, DOMAIN, &ok_csr, jwt)).await;
-            set(
-                bed,
-                Decision::Allow {
-                    cert_expiry_minutes: None,
-                },
-            );
-            answer
+            let body = register_body(PROVIDER, DOMAIN, &ok_csr, jwt);
+            with_decision(bed, deny(status), register(bed, body)).await
         }
         "register_provider_unreachable" => {
             register(bed, register_body(DOWN_PROVIDER, DOMAIN, &ok_csr, jwt)).await
@@ -485,21 +488,12 @@ async fn run(bed: &Bed, case: &str) -> (u16, String) {
             register(bed, register_body(NO_HOST_PROVIDER, DOMAIN, &csr, jwt)).await
         }
         "register_provider_unreadable_200" => {
-            set(
-                bed,
-                Decision::Raw {
-                    status: 200,
-                    body: "<html>ok</html>".into(),
-                },
-            );
-            let answer = register(bed, register_body(PROVIDER, DOMAIN, &ok_csr, jwt)).await;
-            set(
-                bed,
-                Decision::Allow {
-                    cert_expiry_minutes: None,
-                },
-            );
-            answer
+            let raw = Decision::Raw {
+                status: 200,
+                body: "<html>ok</html>".into(),
+            };
+            let body = register_body(PROVIDER, DOMAIN, &ok_csr, jwt);
+            with_decision(bed, raw, register(bed, body)).await
         }
         case if case.starts_with("refresh_") => run_refresh(bed, case).await,
         case if case.starts_with("key_refresh_") => run_key_refresh(bed, case).await,
@@ -569,15 +563,7 @@ async fn run_refresh(bed: &Bed, case: &str) -> (u16, String) {
         }
         "refresh_provider_403" | "refresh_provider_504" => {
             let status: u16 = case.rsplit('_').next().unwrap().parse().unwrap();
-            set(bed, deny(status));
-            let answer = refresh(bed, me, &uid, body).await;
-            set(
-                bed,
-                Decision::Allow {
-                    cert_expiry_minutes: None,
-                },
-            );
-            answer
+            with_decision(bed, deny(status), refresh(bed, me, &uid, body)).await
         }
         "refresh_without_attestation" => {
             let answer = refresh(bed, me, &uid, json!({"csr": csr})).await;
