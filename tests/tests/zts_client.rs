@@ -203,7 +203,8 @@ async fn rejections_keep_code_and_message() {
     match f.client.register(&register_info("broken")).await {
         Err(e @ ZtsError::Rejected { status: 500, .. }) => {
             assert!(e.to_string().contains("oops, not json"), "{e}");
-            assert!(!e.is_transient());
+            // a server error is worth another try (the agent answers its pod 503)
+            assert!(e.is_transient());
         }
         other => panic!("{other:?}"),
     }
