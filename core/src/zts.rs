@@ -670,9 +670,21 @@ mod tests {
         let c: InstanceConfirmation = serde_json::from_str(json).unwrap();
         assert_eq!(c.attributes[attr::SAN_DNS], "a,b");
         assert_eq!(serde_json::to_string(&c).unwrap(), json);
+        // ZTS forwards a refresh without attestation data with none (absent or null): read as
+        // empty, for the callback to refuse by name, and left out when written
+        for missing in [
+            r#"{"provider":"p","domain":"d","service":"s"}"#,
+            r#"{"provider":"p","domain":"d","service":"s","attestationData":null}"#,
+        ] {
+            let c: InstanceConfirmation = serde_json::from_str(missing).unwrap();
+            assert!(c.attestation_data.is_empty());
+            assert_eq!(
+                serde_json::to_string(&c).unwrap(),
+                r#"{"provider":"p","domain":"d","service":"s"}"#
+            );
+        }
         for bad in [
             r#"{"provider":1}"#,
-            r#"{"provider":"p","domain":"d","service":"s"}"#,
             r#"{"provider":"p","domain":"d","service":"s","attestationData":"x","attributes":{"a":1}}"#,
             "[]",
         ] {

@@ -52,7 +52,7 @@ fn demo_issues_refreshes_refuses_and_cleans_up() {
     assert_eq!(authz["bound_to_certificate"], true);
     let refusal = authz["refusal"].as_str().unwrap();
     assert!(
-        refusal.starts_with("403") && refusal.contains("writers"),
+        refusal.starts_with("403") && refusal.contains("not included in the requested role(s)"),
         "{refusal}"
     );
     assert!(
