@@ -12,17 +12,19 @@
 //! `TokenReview`, and `GET /api/v1/nodes/{name}`. Anything else is a 404 or 405 with a Kubernetes `Status` object, as the
 //! real server answers.
 
+mod faults;
 pub mod tokens;
 mod writes;
 
-use athenz_core::http::{Body, ConnInfo, Handler, Listener, Server, json_response};
+use athenz_core::http::{Body, ConnInfo, Handler, json_response};
 use bytes::Bytes;
+use faults::{ApiFaults, Serving, failure, serve_until_stopped};
 use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Service, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 /// The pods, each with a revision that changes whenever it may have changed (any write or
@@ -344,40 +346,6 @@ fn list<T: serde::Serialize>(kind: &str, items: Vec<T>) -> Response<Body> {
     )
 }
 
-/// Faults the stand-in shows while they are set (chaos runs and tests inject them).
-#[derive(Debug, Default)]
-struct ApiFaults {
-    /// Single-pod reads answer 404, as for a deleted pod.
-    pod_reads_missing: AtomicBool,
-    /// Every request is answered with this status (0: none) and a Kubernetes `Status`, as an
-    /// overloaded or failing API server answers.
-    answer_status: AtomicU16,
-}
-
-/// The `Status` a failing API server answers with `code`, and its `Retry-After` (the API
-/// server's priority and fairness sends one with every 429).
-fn failure(code: StatusCode) -> Response<Body> {
-    let reason = match code.as_u16() {
-        429 => "TooManyRequests",
-        500 => "InternalError",
-        503 => "ServiceUnavailable",
-        504 => "Timeout",
-        _ => "Unknown",
-    };
-    let mut response = status(
-        code,
-        reason,
-        format!("the API stand-in is told to fail ({code})"),
-    );
-    if code == StatusCode::TOO_MANY_REQUESTS {
-        response.headers_mut().insert(
-            http::header::RETRY_AFTER,
-            http::HeaderValue::from_static("1"),
-        );
-    }
-    response
-}
-
 struct ApiHandler {
     cluster: Cluster,
     faults: Arc<ApiFaults>,
@@ -474,17 +442,6 @@ fn with_kind<T: serde::Serialize>(object: T, kind: &str) -> serde_json::Value {
     value
 }
 
-/// Whether the stand-in's port takes connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Serving {
-    /// Listening.
-    Up,
-    /// The port closed: connections are refused, as with an API server that is down.
-    Unreachable,
-    /// Stopped for good.
-    Stopped,
-}
-
 /// A running stand-in.
 pub struct KubeApi {
     cluster: Cluster,
@@ -563,48 +520,6 @@ impl KubeApi {
     /// Stops serving (the port then refuses connections).
     pub fn stop(&mut self) {
         self.serving.send_replace(Serving::Stopped);
-    }
-}
-
-/// Serves on `listener` while the state is [`Serving::Up`]; closes the port while it is
-/// [`Serving::Unreachable`] and binds `addr` again when it is up again; ends at
-/// [`Serving::Stopped`].
-async fn serve_until_stopped(
-    listener: tokio::net::TcpListener,
-    addr: SocketAddr,
-    handler: Arc<ApiHandler>,
-    mut watch: tokio::sync::watch::Receiver<Serving>,
-) {
-    let mut listener = Some(listener);
-    loop {
-        let state = *watch.borrow_and_update();
-        match state {
-            Serving::Stopped => return,
-            Serving::Unreachable => {
-                if watch.changed().await.is_err() {
-                    return;
-                }
-            }
-            Serving::Up => {
-                let bound = match listener.take() {
-                    Some(l) => l,
-                    None => match tokio::net::TcpListener::bind(addr).await {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::warn!(%addr, error = %e, "the API stand-in cannot listen again; retrying");
-                            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                let mut stop = watch.clone();
-                Server::new(Listener::Tcp(bound), handler.clone())
-                    .serve(async move {
-                        let _ = stop.wait_for(|s| *s != Serving::Up).await;
-                    })
-                    .await;
-            }
-        }
     }
 }
 

@@ -10,6 +10,7 @@ pub mod access_token_request;
 pub mod authz;
 pub mod instance_provider_client;
 pub mod instance_refresh;
+pub mod instance_refresh_request;
 pub mod instances;
 pub mod registry;
 pub mod server;

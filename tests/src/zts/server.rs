@@ -6,7 +6,7 @@
 //! |---|---|---|---|
 //! | `POST /zts/v1/instance` | none | 201 + `Location` + InstanceIdentity | here (`postInstanceRegisterInformation`), [`super::x509_cert_request`], [`super::instance_provider_client`] |
 //! | `POST /zts/v1/instance/{provider}/{domain}/{service}/{instanceId}` | client cert | 200 InstanceIdentity | [`super::instance_refresh`] |
-//! | `POST /zts/v1/instance/{domain}/{service}/refresh` | ntoken in `Athenz-Principal-Auth` | 200 Identity | here (`postInstanceRefreshRequest`) |
+//! | `POST /zts/v1/instance/{domain}/{service}/refresh` | ntoken in `Athenz-Principal-Auth` | 200 Identity | [`super::instance_refresh_request`] |
 //! | `POST /zts/v1/oauth2/token` | client cert | 200 access token | [`super::access_token_request`] |
 //! | `GET /zts/v1/domain/{domain}/token` | client cert | 200 role token | here (`getRoleToken`) |
 //! | `POST /zts/v1/rolecert` | client cert | 200 role certificate | [`super::x509_role_cert_request`] |
@@ -21,17 +21,14 @@ use super::instance_provider_client::{ProviderClients, ProviderRefusal, Provider
 use super::instance_refresh::RefreshPath;
 use super::instances::{InstanceKey, InstanceStore};
 use super::registry::{ProviderEntry, Registry};
-use super::x509_cert_request::{check_instance_csr, check_parsable, check_service_csr};
+use super::x509_cert_request::{check_instance_csr, check_parsable};
 use crate::pki::{CertAuthority, IssuedCert, LeafSpec};
 use athenz_core::crypto::{CsrInfo, PrivateKey};
 use athenz_core::http::{Body, ConnInfo, Handler, Peer, error_response, json_response};
 use athenz_core::names;
-use athenz_core::ntoken::{NToken, NTokenBuilder, VerifyLimits};
+use athenz_core::ntoken::NTokenBuilder;
 use athenz_core::secret::Secret;
-use athenz_core::zts::{
-    Identity, InstanceConfirmation, InstanceIdentity, InstanceRefreshRequest,
-    InstanceRegisterInformation, PRINCIPAL_AUTH_HEADER, attr,
-};
+use athenz_core::zts::{InstanceConfirmation, InstanceIdentity, InstanceRegisterInformation, attr};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use std::sync::{Arc, RwLock};
@@ -226,7 +223,8 @@ pub fn parse_csr(pem: &str) -> Result<CsrInfo, Refusal> {
     Ok(csr)
 }
 
-fn client_ip(conn: &ConnInfo) -> String {
+/// The client's IP address as text (empty for a Unix socket peer).
+pub(super) fn client_ip(conn: &ConnInfo) -> String {
     match conn.peer {
         Peer::Tcp(addr) => addr.ip().to_string(),
         Peer::Unix { .. } => String::new(),
@@ -543,98 +541,6 @@ impl ZtsHandler {
                 "token": token,
                 "expiryTime": now.unix_timestamp() + lifetime,
             }),
-        ))
-    }
-}
-
-impl ZtsHandler {
-    fn refresh_with_key(
-        &self,
-        req: &Request<Bytes>,
-        conn: &ConnInfo,
-        domain: &str,
-        service: &str,
-    ) -> Outcome {
-        names::validate_domain("domain", domain)
-            .and_then(|()| names::validate_service("service", service))
-            .map_err(|e| Refusal::bad_request(e.to_string()))?;
-        let principal = names::principal(domain, service);
-        let token_text = req
-            .headers()
-            .get(PRINCIPAL_AUTH_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| Refusal::unauthorized("authentication required"))?;
-        let token = NToken::parse(token_text)
-            .map_err(|e| Refusal::unauthorized(format!("invalid principal token: {e}")))?;
-        if token.principal() != principal {
-            return Err(Refusal::bad_request(format!(
-                "Principal mismatch: {principal} vs. {}",
-                token.principal()
-            )));
-        }
-        let key = self
-            .state
-            .registry
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .service_key(&principal, &token.key_version)
-            .cloned()
-            .ok_or_else(|| {
-                Refusal::unauthorized(format!(
-                    "no public key {} registered for {principal}",
-                    token.key_version
-                ))
-            })?;
-        token
-            .verify(
-                &key,
-                OffsetDateTime::now_utc(),
-                VerifyLimits {
-                    max_skew: self.state.settings.ntoken_skew,
-                    ..VerifyLimits::default()
-                },
-            )
-            .map_err(|e| Refusal::unauthorized(e.to_string()))?;
-
-        let request: InstanceRefreshRequest = parse_json(req, "InstanceRefreshRequest")?;
-        let csr = CsrInfo::from_pem(&request.csr)
-            .map_err(|_| Refusal::bad_request("Unable to parse PKCS10 certificate request"))?;
-        let registered = athenz_core::crypto::PublicKey::from_spki_der(&csr.public_key_der)
-            .ok()
-            .filter(|csr_key| csr_key.same_key(&key));
-        // ZTSUtils.verifyCertificateRequest: the CN, and the DNS names under allowed suffixes
-        check_service_csr(
-            &csr,
-            domain,
-            service,
-            &self.state.settings.service_dns_suffixes,
-        )
-        .map_err(|_| Refusal::bad_request("Invalid CSR - data mismatch"))?;
-        if registered.is_none() {
-            return Err(Refusal::bad_request("Invalid CSR - public key mismatch"));
-        }
-        // As ZTS does: an IP SAN must be the address the request comes from.
-        let caller_ip = client_ip(conn);
-        if csr
-            .ip_addresses
-            .iter()
-            .any(|ip| ip.to_string() != caller_ip)
-        {
-            return Err(Refusal::bad_request("Invalid CSR - IP address mismatch"));
-        }
-        let mut minutes = i64::from(self.state.settings.max_cert_lifetime_minutes);
-        if let Some(r) = request.expiry_time.filter(|r| *r > 0) {
-            minutes = minutes.min(i64::from(r));
-        }
-        let issued = self.issue(&csr, Duration::minutes(minutes))?;
-        Ok(json_response(
-            StatusCode::OK,
-            &Identity {
-                name: principal,
-                certificate: issued.cert_pem,
-                ca_cert_bundle: Some(self.state.ca_bundle.clone()),
-                service_token: None,
-            },
         ))
     }
 }
