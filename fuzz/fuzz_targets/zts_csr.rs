@@ -3,10 +3,10 @@
 #![no_main]
 
 use athenz_core::crypto::CsrInfo;
-use athenz_testbed::zts::csr_rules::{check_instance_csr, check_service_csr};
+use athenz_testbed::zts::x509_cert_request::{
+    check_instance_csr, check_parsable, check_service_csr,
+};
 use libfuzzer_sys::fuzz_target;
-
-const PROVIDER: &str = "k8s.admin.athenz-provider";
 
 fuzz_target!(|data: &[u8]| {
     let parsed = match std::str::from_utf8(data) {
@@ -17,7 +17,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let suffixes = ["athenz.cloud".to_owned()];
-    if let Ok(id) = check_instance_csr(&csr, PROVIDER, "media.sports", "web", &suffixes) {
+    let _ = check_parsable(&csr);
+    if let Ok(id) = check_instance_csr(&csr, "media.sports", "web", &suffixes) {
         assert!(!id.is_empty() && !id.contains('/'));
     }
     let _ = check_service_csr(&csr, "k8s.admin", "callback", &suffixes);
