@@ -107,20 +107,25 @@ pub fn granted_roles(
         .map(|r| r.role.clone())
         .collect();
     if granted.is_empty() {
-        let asked = if scope.roles.is_some() {
-            "the requested role(s)"
-        } else {
-            "any role"
-        };
-        return Err(AuthzRefusal(
-            403,
-            format!(
-                "{caller}: principal {principal} is not included in {asked} in domain {}",
-                scope.domain
-            ),
-        ));
+        return Err(not_included(caller, scope, principal));
     }
     Ok(granted)
+}
+
+/// 403 with `ZTSImpl.tokenErrorMessage`: `principal` is in none of the roles `scope` asks for.
+pub fn not_included(caller: &str, scope: &Scope, principal: &str) -> AuthzRefusal {
+    let asked = if scope.roles.is_some() {
+        "the requested role(s)"
+    } else {
+        "any role"
+    };
+    AuthzRefusal(
+        403,
+        format!(
+            "{caller}: principal {principal} is not included in {asked} in domain {}",
+            scope.domain
+        ),
+    )
 }
 
 /// The claims of an access token as ZTS writes them.

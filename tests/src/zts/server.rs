@@ -266,15 +266,7 @@ impl ZtsHandler {
             let theirs = authz::granted_roles(caller, &self.state.roles, scope, proxy)?;
             roles.retain(|r| theirs.contains(r));
             if roles.is_empty() {
-                let asked = if scope.roles.is_some() {
-                    "the requested role(s)"
-                } else {
-                    "any role"
-                };
-                return Err(Refusal::forbidden(format!(
-                    "{caller}: principal {proxy} is not included in {asked} in domain {}",
-                    scope.domain
-                )));
+                return Err(authz::not_included(caller, scope, proxy).into());
             }
         }
         Ok(roles)

@@ -33,7 +33,7 @@ const INSTANCE_ID_DNS: &str = ".instanceid.athenz.";
 pub struct Unparsable(pub String);
 
 /// The instance id in URIs and DNS names, as `X509CertUtils.extractRequestInstanceId` finds it.
-fn instance_id_in(uris: &[String], dns_names: &[String]) -> Option<String> {
+pub(super) fn instance_id_in(uris: &[String], dns_names: &[String]) -> Option<String> {
     let from_uri = uris.iter().find_map(|uri| {
         let rest = uri.strip_prefix(INSTANCE_ID_URI)?;
         rest.split_once('/').map(|(_, id)| id.to_owned())

@@ -17,7 +17,7 @@
 
 use super::authz;
 use super::server::{Refusal, ZtsHandler, parse_csr, parse_json};
-use super::x509_cert_request::{check_parsable, instance_id_of_certificate};
+use super::x509_cert_request::{check_parsable, instance_id_in, instance_id_of_certificate};
 use athenz_core::crypto::{CertInfo, CsrInfo};
 use athenz_core::http::{Body, ConnInfo, json_response};
 use athenz_core::zts::{RoleCertificate, RoleCertificateRequest};
@@ -101,13 +101,8 @@ pub fn csr_is_valid(
         }
     }
     // validateInstanceId: an instance id in the CSR must be the caller certificate's
-    let csr_instance = csr.uris.iter().find_map(|u| {
-        u.strip_prefix("athenz://instanceid/")
-            .and_then(|rest| rest.split_once('/'))
-            .map(|(_, id)| id)
-    });
-    if let Some(id) = csr_instance
-        && instance_id_of_certificate(caller_cert).as_deref() != Some(id)
+    if let Some(id) = instance_id_in(&csr.uris, &[])
+        && instance_id_of_certificate(caller_cert) != Some(id)
     {
         return false;
     }
