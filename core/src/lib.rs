@@ -1,56 +1,53 @@
 //! `athenz-core`: everything two or more parts of athenz-k8s-identity share.
 //!
-//! Each module owns one concern (see `DESIGN.md` section 2):
+//! Modules are grouped by concern (DESIGN.md 7), and each is also reachable at the crate root
+//! (`athenz_core::volume`, `athenz_core::tls`, …), the paths every crate uses:
 //!
-//! | module | concern |
-//! |---|---|
-//! | [`identity_jwt`] | identity JWT claims and the jwt-service wire types |
-//! | [`names`] | Athenz and Kubernetes name rules, namespace ↔ domain mapping, the pod CSR identity |
-//! | [`subject`] | the attested pod subject and its `pod:` URI form |
-//! | [`volume`] | the identity-volume layout shared by the flex driver and the agent |
-//! | [`volume_mount`] | mounting identity volumes: the flex layout and the CSI files layout |
-//! | [`pod_info`] | the pod a volume is for, as kubelet names it (flex options, CSI context) |
-//! | `csi` | CSI v1 messages and gRPC stubs (feature `csi`) |
-//! | [`crypto`] | key generation, CSRs, certificate and CSR reading |
-//! | [`ntoken`] | Athenz principal tokens: build, sign, parse, verify |
-//! | [`files`] | atomic replacement of a set of files (`..data` symlink swap) |
-//! | [`tls`] | rustls configs with client-principal checks and hot reload |
-//! | [`zts`] | ZTS wire types and client |
-//! | [`random`] | randomness from the OS |
-//! | [`refresh`] | when to refresh a certificate and how to back off |
-//! | [`agent_api`] | wire types of the node agent's socket API |
-//! | [`client`] | helpers for outgoing HTTP calls |
-//! | [`daemon`] | settings and start-up shared by every TLS daemon |
-//! | [`http`] | the small HTTP server layer every daemon uses |
-//! | [`peer`] | which pod a process on the agent socket belongs to (cgroup, pinned pid) |
-//! | [`telemetry`] | logging and metrics setup |
-//! | [`secret`] | a wrapper that keeps secrets out of logs |
+//! | folder | module | concern |
+//! |---|---|---|
+//! | [`contracts`] | [`names`] | Athenz and Kubernetes name rules, namespace ↔ domain mapping, the pod CSR identity |
+//! | | [`subject`] | the attested pod subject and its `pod:` URI form |
+//! | | [`pod_info`] | the pod a volume is for, as kubelet names it (flex options, CSI context) |
+//! | | [`pod_fields`] | the pod fields read from kubelet or API JSON |
+//! | | [`agent_api`] | wire types of the node agent's socket API |
+//! | | [`identity_jwt`] | identity JWT claims and the jwt-service wire types |
+//! | | [`ntoken`] | Athenz principal tokens: build, sign, parse, verify |
+//! | | [`role_token`] | Athenz role tokens |
+//! | | [`zts`] | ZTS wire types and client |
+//! | | `csi` | CSI v1 messages and gRPC stubs (feature `csi`) |
+//! | [`node`] | [`volume`] | the identity-volume layout shared by the flex driver and the agent |
+//! | | [`volume_mount`] | mounting identity volumes: the flex layout and the CSI files layout |
+//! | | [`files`] | atomic replacement of a set of files (`..data` swap); [`files::single`]: of one file |
+//! | | [`peer`] | which pod a process on the agent socket belongs to (cgroup, pinned pid) |
+//! | [`serving`] | [`http`] | the small HTTP server layer every daemon uses |
+//! | | [`tls`] | rustls configs with client-principal checks and hot reload |
+//! | | [`daemon`] | settings and start-up shared by every TLS daemon |
+//! | | [`periodic`] | the timer every reloader runs on |
+//! | | [`unix_socket`] | gRPC servers on a Unix socket (CSI, SDS) |
+//! | | [`client`] | helpers for outgoing HTTP calls |
+//! | | [`telemetry`] | logging and metrics setup |
+//! | (root) | [`crypto`] | key generation, CSRs, certificate and CSR reading |
+//! | | [`random`] | randomness from the OS |
+//! | | [`encoding`] | hex |
+//! | | [`refresh`] | when to refresh a certificate and how to back off |
+//! | | [`secret`] | a wrapper that keeps secrets out of logs |
 
-pub mod agent_api;
-pub mod client;
+pub mod contracts;
 pub mod crypto;
-#[cfg(feature = "csi")]
-pub mod csi;
-pub mod daemon;
-pub mod files;
-pub mod http;
-pub mod identity_jwt;
-pub mod names;
-pub mod ntoken;
-pub mod peer;
-pub mod pod_fields;
-pub mod pod_info;
+pub mod encoding;
+pub mod node;
 pub mod random;
 pub mod refresh;
-pub mod role_token;
 pub mod secret;
-pub mod subject;
-pub mod telemetry;
-pub mod tls;
-pub mod unix_socket;
-pub mod volume;
-pub mod volume_mount;
-pub mod zts;
+pub mod serving;
+
+#[cfg(feature = "csi")]
+pub use contracts::csi;
+pub use contracts::{
+    agent_api, identity_jwt, names, ntoken, pod_fields, pod_info, role_token, subject, zts,
+};
+pub use node::{files, peer, volume, volume_mount};
+pub use serving::{client, daemon, http, periodic, telemetry, tls, unix_socket};
 
 /// Installs aws-lc-rs as the process-wide rustls crypto provider.
 ///

@@ -59,7 +59,7 @@ pub fn hex_name<const N: usize>() -> String {
             *b = (seed >> ((i % 16) * 8)) as u8;
         }
     }
-    crate::volume::hex(&bytes)
+    crate::encoding::hex(&bytes)
 }
 
 /// A uniform sample in `[0, 1)` (0.5 if the generator fails).

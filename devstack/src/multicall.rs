@@ -8,46 +8,20 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// The component binaries this one can act as.
-pub const COMPONENTS: &[&str] = &[
-    "athenz-volume-driver",
-    "athenz-identity-agent",
-    "athenz-jwt-service",
-    "athenz-callback",
-    "athenz-initializer",
-    "athenz-sia",
-    "athenz-control-sia",
-];
+/// The component binaries of their own (beside the daemons of `athenz-daemons`) this one can
+/// act as.
+const OWN_BINARIES: &[&str] = &["athenz-volume-driver", "athenz-sia"];
 
-/// Runs the component this process was executed as (the file name of `argv[0]`), if it is one.
+/// Runs the component this process was executed as (the file name of `argv[0]`), if it is one:
+/// the five daemons as `athenz-daemons` runs them, the driver and the SIA from their crates.
 pub fn dispatch() -> Option<ExitCode> {
     let args: Vec<OsString> = std::env::args_os().collect();
-    let name = args
-        .first()
-        .map(Path::new)
-        .and_then(Path::file_name)
-        .and_then(|n| n.to_str())?
-        .to_owned();
-    let daemon = |result: std::io::Result<()>| match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("{name}: {e}");
-            ExitCode::FAILURE
-        }
-    };
-    Some(match name.as_str() {
+    let name = athenz_daemons::invoked_name(&args)?.to_owned();
+    match name.as_str() {
         "athenz-volume-driver" => athenz_volume_driver::main_with_args(&args[1..]),
-        "athenz-identity-agent" if args.get(1).is_some_and(|a| a == "status") => {
-            athenz_identity_agent::main_dispatch(args)
-        }
-        "athenz-identity-agent" => daemon(athenz_identity_agent::main_with_args(args)),
-        "athenz-jwt-service" => daemon(athenz_jwt_service::main_with_args(args)),
-        "athenz-callback" => daemon(athenz_callback::main_with_args(args)),
-        "athenz-initializer" => daemon(athenz_initializer::main_with_args(args)),
-        "athenz-sia" => athenz_sia::main_with_args(args),
-        "athenz-control-sia" => athenz_control_sia::main_with_args(args),
-        _ => return None,
-    })
+        "athenz-sia" => Some(athenz_sia::main_with_args(args)),
+        _ => athenz_daemons::dispatch(&name, args),
+    }
 }
 
 /// Makes `dir` hold one symlink per component, each pointing at this executable — or, with
@@ -56,7 +30,11 @@ pub fn dispatch() -> Option<ExitCode> {
 pub fn install_bin_dir(dir: &Path, components: Option<&Path>) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("finding this executable")?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for name in COMPONENTS.iter().chain(std::iter::once(&"athenz-devstack")) {
+    for name in OWN_BINARIES
+        .iter()
+        .chain(athenz_daemons::DAEMONS)
+        .chain(std::iter::once(&"athenz-devstack"))
+    {
         let link = dir.join(name);
         let target = match components {
             Some(c) if *name != "athenz-devstack" => {

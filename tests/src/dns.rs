@@ -12,6 +12,7 @@ pub type Records = Arc<Mutex<HashMap<String, Vec<IpAddr>>>>;
 pub struct Dns {
     addr: SocketAddr,
     records: Records,
+    asked: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -80,16 +81,28 @@ fn answer(query: &[u8], records: &Records) -> Option<Vec<u8>> {
 impl Dns {
     /// Starts on an ephemeral loopback UDP port.
     pub async fn start() -> std::io::Result<Self> {
-        let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1:0".parse().map_err(std::io::Error::other)?).await
+    }
+
+    /// Starts on `addr` (a loopback address; port 53 for a resolver that reads
+    /// `/etc/resolv.conf`, which cannot name a port).
+    pub async fn start_on(addr: SocketAddr) -> std::io::Result<Self> {
+        let socket = tokio::net::UdpSocket::bind(addr).await?;
         let addr = socket.local_addr()?;
         let records: Records = Arc::default();
-        let table = records.clone();
+        let asked: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (table, log) = (records.clone(), asked.clone());
         let task = tokio::spawn(async move {
             let mut buf = [0u8; 1500];
             loop {
                 let Ok((len, from)) = socket.recv_from(&mut buf).await else {
                     continue;
                 };
+                if let Some((name, _, _)) = question(&buf[..len]) {
+                    log.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(name);
+                }
                 if let Some(reply) = answer(&buf[..len], &table) {
                     let _ = socket.send_to(&reply, from).await;
                 }
@@ -98,8 +111,17 @@ impl Dns {
         Ok(Self {
             addr,
             records,
+            asked,
             task,
         })
+    }
+
+    /// Every name asked about so far, in order (A and AAAA questions each).
+    pub fn asked(&self) -> Vec<String> {
+        self.asked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Where it listens.

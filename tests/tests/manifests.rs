@@ -15,6 +15,15 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// The image deploy/image.sh builds by default (its IMAGE_NAME, tagged with the version), which
+/// every container of ours and the initializer's template must name.
+static IMAGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "ghcr.io/athenz-k8s-identity/athenz-k8s-identity:{}",
+        env!("CARGO_PKG_VERSION")
+    )
+});
+
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
@@ -407,6 +416,38 @@ fn kubectl_kustomize_renders_the_base() {
     assert_eq!(count("MutatingWebhookConfiguration"), 1);
     assert_eq!(count("CSIDriver"), 1);
     assert_eq!(rendered.len(), documents().len());
+    // every container of ours names the image deploy/image.sh builds, tagged with the version
+    let images: Vec<String> = rendered
+        .iter()
+        .flat_map(|d| {
+            let spec = &d["spec"]["template"]["spec"];
+            ["initContainers", "containers"]
+                .into_iter()
+                .flat_map(move |list| spec[list].as_array().cloned().unwrap_or_default())
+        })
+        .filter_map(|c| c["image"].as_str().map(str::to_owned))
+        .filter(|image| !image.starts_with("registry.k8s.io/"))
+        .collect();
+    assert!(images.len() >= 10, "{images:?}");
+    for image in &images {
+        assert_eq!(image, &*IMAGE);
+    }
+    let template = rendered
+        .iter()
+        .find(|d| d["metadata"]["name"] == "athenz-initializer-template")
+        .unwrap()["data"]["template.yaml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let template: Value = serde_saphyr::from_str(&template).unwrap();
+    assert_eq!(template["image"].as_str(), Some(IMAGE.as_str()));
+    let script = std::fs::read_to_string(deploy_dir().join("image.sh")).unwrap();
+    let (name, _version) = IMAGE.rsplit_once(':').unwrap();
+    assert!(
+        script.contains(&format!("name=\"${{IMAGE_NAME:-{name}}}\"")),
+        "deploy/image.sh's default name is not {name}"
+    );
+    assert!(script.contains(r#"tag="${IMAGE_TAG:-$version}""#));
 }
 
 fn env(container: &Container, name: &str) -> Option<String> {
@@ -711,7 +752,7 @@ fn every_environment_variable_is_read_by_its_binary() {
         // ours (the sig-storage sidecars are not)
         for container in containers(&spec)
             .into_iter()
-            .filter(|c| c.image.as_deref() == Some("athenz-k8s-identity:latest"))
+            .filter(|c| c.image.as_deref() == Some(IMAGE.as_str()))
         {
             let command = container.command.clone().unwrap();
             let link = bin.path().join(&command[0]);
@@ -866,73 +907,4 @@ fn no_file_holds_or_mounts_a_key_for_the_agent() {
                 .all(|e| e.secret_ref.is_none())
         );
     }
-}
-
-/// The image build (deploy/Dockerfile) names only profiles the workspace defines, and copies each
-/// binary from the directory a build of it wrote: renaming a profile or moving a binary to another
-/// one fails here rather than in a cluster's image build.
-#[test]
-fn dockerfile_copies_binaries_its_builds_produce() {
-    let dockerfile = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
-    let workspace =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml"))
-            .unwrap();
-    let run = dockerfile.replace("\\\n", " ");
-    let mut built = std::collections::BTreeSet::new();
-    let mut copied = Vec::new();
-    for step in run.split("&&") {
-        let words: Vec<&str> = step.split_whitespace().collect();
-        let after = |flag: &str| {
-            words
-                .iter()
-                .position(|w| *w == flag)
-                .map(|i| words[i + 1].to_owned())
-        };
-        if let Some(at) = words.windows(2).position(|w| w == ["cargo", "build"]) {
-            let words = &words[at..];
-            let profile = match after("--profile") {
-                Some(profile) => {
-                    assert!(
-                        workspace.contains(&format!("[profile.{profile}]")),
-                        "the Dockerfile builds with profile {profile}, which Cargo.toml does not define"
-                    );
-                    profile
-                }
-                None => {
-                    assert!(
-                        words.contains(&"--release"),
-                        "a debug build in the image: {step}"
-                    );
-                    "release".to_owned()
-                }
-            };
-            let dir = match after("--target") {
-                Some(triple) => format!("target/{triple}/{profile}"),
-                None => format!("target/{profile}"),
-            };
-            for pair in words.windows(2).filter(|w| w[0] == "-p") {
-                built.insert(format!("{dir}/{}", pair[1]));
-            }
-        } else if words.first() == Some(&"cp") {
-            copied.extend(
-                words
-                    .iter()
-                    .filter(|w| w.starts_with("target/"))
-                    .map(|w| w.to_string()),
-            );
-        }
-    }
-    assert_eq!(copied.len(), 7, "every binary is copied once: {copied:?}");
-    for path in &copied {
-        assert!(
-            built.contains(path),
-            "the Dockerfile copies {path}, which no build of it writes (built: {built:?})"
-        );
-    }
-    assert!(
-        copied
-            .iter()
-            .any(|p| p.ends_with("/release-small/athenz-sia")),
-        "the pod SIA ships from the size profile"
-    );
 }

@@ -94,7 +94,7 @@ fn main() {
     report("unmount", unmounts);
     let size = std::fs::metadata(DRIVER).map(|m| m.len()).unwrap_or(0);
     println!(
-        "  binary   {DRIVER}: {:.1} MB (this build; see README for the static one)",
+        "  binary   {DRIVER}: {:.1} MB (this build; see docs/binaries/athenz-volume-driver.md for the static one)",
         size as f64 / 1e6
     );
 }

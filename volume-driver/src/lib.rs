@@ -51,8 +51,43 @@ pub fn install_panic_hook() {
 /// exactly one reply (a panic included) and exits with its code. `main` runs it, and so does
 /// `athenz-devstack` when it re-executes itself under this name.
 pub fn main_with_args(args: &[OsString]) -> ! {
+    if let Some(text) = operator_text(args) {
+        use std::io::Write;
+        let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        std::process::exit(0);
+    }
     install_panic_hook();
     print_and_exit(&run(args, &host_dirs_from_env()))
+}
+
+/// What `--help` prints: the driver's calls (kubelet's) and its environment.
+pub const HELP: &str = "\
+Kubelet flex volume driver of athenz-k8s-identity (kubelet execs it; it prints one JSON reply)
+
+Usage: athenz-volume-driver init
+       athenz-volume-driver mount <dir> <options json>
+       athenz-volume-driver unmount <dir>
+
+Options:
+  -h, --help     Print help
+  -V, --version  Print version
+
+Environment:
+  ATHENZ_VOLUMES_DIR  Directory of the volumes (the agent's --volumes-dir)
+  ATHENZ_AGENT_DIR    Directory of the agent's socket (the agent's --agent-dir)
+";
+
+/// `--version` and `--help` (an operator's, never kubelet's calls): the text to print instead
+/// of a JSON reply, or `None` for a kubelet call.
+pub fn operator_text(args: &[OsString]) -> Option<String> {
+    match args.first()?.to_str()? {
+        "--version" | "-V" => Some(format!(
+            "athenz-volume-driver {}\n",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "--help" | "-h" => Some(HELP.to_owned()),
+        _ => None,
+    }
 }
 
 /// One driver invocation, parsed and checked before anything touches the disk.
@@ -187,6 +222,22 @@ mod tests {
     const UID: &str = "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c";
     const DIR: &str =
         "/var/lib/kubelet/pods/0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c/volumes/athenz~identity/athenz";
+
+    #[test]
+    fn version_and_help_are_for_operators_and_kubelet_calls_are_not_taken_for_them() {
+        let arg = |a: &str| vec![OsString::from(a)];
+        let version = operator_text(&arg("--version")).unwrap();
+        assert_eq!(
+            version,
+            format!("athenz-volume-driver {}\n", env!("CARGO_PKG_VERSION"))
+        );
+        assert_eq!(operator_text(&arg("-V")), Some(version));
+        assert!(operator_text(&arg("--help")).unwrap().contains("ATHENZ_VOLUMES_DIR"));
+        for kubelet in ["init", "mount", "unmount", "--versions", ""] {
+            assert_eq!(operator_text(&arg(kubelet)), None, "{kubelet}");
+        }
+        assert_eq!(operator_text(&[]), None);
+    }
 
     fn options() -> String {
         serde_json::json!({

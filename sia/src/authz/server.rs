@@ -1,7 +1,7 @@
 //! The token server of the refresh sidecar: k8s-athenz-sia's REST API (`POST /accesstoken`,
 //! `POST /roletoken`) and its header mode (`X-Athenz-Domain`, `X-Athenz-Role`), with the same
 //! request and response JSON, served from the [`TokenCache`]. Where we differ from it on purpose
-//! (status codes of errors, JSON error bodies) the README's compatibility table says so.
+//! (status codes of errors, JSON error bodies) the compatibility table in docs/binaries/athenz-sia.md says so.
 
 use super::cache::{CacheError, Kind, TokenCache, TokenKey};
 use super::targets::{DomainRole, TokenTypes};

@@ -18,7 +18,6 @@
 //! built, so nothing a pod sends can point outside `<volumes-dir>`.
 
 use hmac::{Hmac, KeyInit, Mac};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 use std::fmt;
@@ -46,38 +45,17 @@ pub const NODE_KEY_FILE: &str = ".node-key";
 /// Size of the node key.
 pub const NODE_KEY_LEN: usize = 32;
 /// Largest `data.json` or `state.json` read; both are a few hundred bytes.
-pub const MAX_VOLUME_FILE_LEN: u64 = 64 * 1024;
+pub const MAX_VOLUME_FILE_LEN: u64 = crate::files::single::MAX_JSON_FILE_LEN;
 
-/// Errors of the volume layer; each names the path involved.
-#[derive(Debug, Error)]
-pub enum VolumeError {
-    /// A filesystem operation failed.
-    #[error("{action} {path}: {source}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The path involved.
-        path: PathBuf,
-        /// The underlying error.
-        source: io::Error,
-    },
-    /// A file exists but is not what it must be.
-    #[error("{path}: {reason}")]
-    Invalid {
-        /// The path involved.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A JSON file did not parse.
-    #[error("{path}: not valid JSON: {source}")]
-    Json {
-        /// The path involved.
-        path: PathBuf,
-        /// The parse error.
-        source: serde_json::Error,
-    },
-}
+/// Errors of the volume layer: those of its files, each naming the path involved.
+pub use crate::files::single::FileError as VolumeError;
+/// The volume files' reads and writes (single files, atomic; JSON capped in size).
+pub use crate::files::single::{
+    read_json_file, sync_dir, write_file_atomic, write_file_atomic_unsynced, write_json_file,
+    write_new_file,
+};
+/// Lowercase hex (volume ids, serials).
+pub use crate::encoding::hex;
 
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VolumeError + 'a {
     move |source| VolumeError::Io {
@@ -139,17 +117,6 @@ impl fmt::Debug for VolumeId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "VolumeId({})", self.0)
     }
-}
-
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
 }
 
 /// The node's secret HMAC key. Ids are unguessable without it, so a pod cannot name another pod's
@@ -507,97 +474,6 @@ impl VolumeStatusRecord {
             });
         }
     }
-}
-
-/// Reads a JSON file of at most [`MAX_VOLUME_FILE_LEN`] bytes, never through a symlink.
-pub fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<T, VolumeError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc_o_nofollow())
-        .open(path)
-        .map_err(io_err("reading", path))?;
-    // volume files are a few hundred bytes: one read, not a read per doubling from 32 bytes
-    let mut buf = Vec::with_capacity(4096);
-    file.take(MAX_VOLUME_FILE_LEN + 1)
-        .read_to_end(&mut buf)
-        .map_err(io_err("reading", path))?;
-    if buf.len() as u64 > MAX_VOLUME_FILE_LEN {
-        return Err(VolumeError::Invalid {
-            path: path.to_owned(),
-            reason: format!("larger than {MAX_VOLUME_FILE_LEN} bytes"),
-        });
-    }
-    serde_json::from_slice(&buf).map_err(|source| VolumeError::Json {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// Writes `value` as JSON to `path` atomically (temporary file, fsync, rename) with `mode`.
-pub fn write_json_file<T: Serialize>(path: &Path, value: &T, mode: u32) -> Result<(), VolumeError> {
-    let json = serde_json::to_vec_pretty(value).map_err(|source| VolumeError::Json {
-        path: path.to_owned(),
-        source,
-    })?;
-    write_file_atomic(path, &json, mode)
-}
-
-/// Creates `path` (which must not exist) with `mode` and writes `bytes`, without fsync. For files
-/// in a directory nobody reads until its creator says it is complete (the driver's fresh volume
-/// dir): atomic replacement and durability buy nothing there, and the fsyncs cost about a
-/// millisecond on every pod start.
-pub fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc_o_nofollow())
-            .open(path)?;
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        file.write_all(bytes)
-    })();
-    result.map_err(io_err("writing", path))
-}
-
-/// Writes `bytes` to `path` atomically: a reader sees the old content or the new, never a part.
-pub fn write_file_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
-    write_replacing(path, bytes, mode, true)
-}
-
-/// [`write_file_atomic`] without the fsyncs: atomic for readers, not durable across a crash.
-pub fn write_file_atomic_unsynced(path: &Path, bytes: &[u8], mode: u32) -> Result<(), VolumeError> {
-    write_replacing(path, bytes, mode, false)
-}
-
-fn write_replacing(path: &Path, bytes: &[u8], mode: u32, durable: bool) -> Result<(), VolumeError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.tmp-{}", crate::random::hex_name::<8>()));
-    let result = (|| {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)?;
-        // The umask may have narrowed the mode; set it exactly.
-        file.set_permissions(fs::Permissions::from_mode(mode))?;
-        file.write_all(bytes)?;
-        if durable {
-            file.sync_all()?;
-        }
-        fs::rename(&tmp, path)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_err("writing", path)(e));
-    }
-    if durable { sync_dir(dir) } else { Ok(()) }
-}
-
-/// fsyncs a directory so a rename or link in it survives a crash.
-pub fn sync_dir(dir: &Path) -> Result<(), VolumeError> {
-    crate::files::fsync_dir(dir).map_err(io_err("syncing", dir))
 }
 
 #[cfg(test)]

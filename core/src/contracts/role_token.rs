@@ -223,7 +223,7 @@ pub fn sign(
     let unsigned = format!(
         "v=Z1;d={domain};r={};p={principal};a={};t={issued};e={};k={key_id}",
         roles.join(","),
-        crate::volume::hex(&salt),
+        crate::encoding::hex(&salt),
         issued + lifetime.whole_seconds()
     );
     let signature = key

@@ -257,7 +257,7 @@ impl ReloadingIdentity {
     /// Checks the files every `interval` from a background task, logging what happened.
     pub fn spawn_watcher(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
-        crate::daemon::every(interval, move || match this.reload() {
+        crate::periodic::every(interval, move || match this.reload() {
             ReloadOutcome::Unchanged => {}
             ReloadOutcome::Reloaded => tracing::info!(
                 cert = %this.cert_path.display(),

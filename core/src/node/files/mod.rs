@@ -35,6 +35,8 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 use thiserror::Error;
 
+pub mod single;
+
 /// Name of the symlink pointing at the current set.
 pub const DATA_LINK: &str = "..data";
 

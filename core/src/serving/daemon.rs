@@ -349,21 +349,8 @@ where
     }
 }
 
-/// Runs `tick` every `interval` on a background task, first at once (missed ticks are delayed,
-/// never bunched). Every reloader here — TLS pairs, signing keys, public keys — runs on this.
-pub fn every(
-    interval: Duration,
-    mut tick: impl FnMut() + Send + 'static,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut timer = tokio::time::interval(interval);
-        timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            timer.tick().await;
-            tick();
-        }
-    })
-}
+/// Periodic reloads run on [`crate::periodic::every`] (below this module and [`crate::tls`]).
+pub use crate::periodic::every;
 
 /// A shutdown signal that many tasks can wait on: resolves for every waiter once triggered.
 #[derive(Debug, Clone)]

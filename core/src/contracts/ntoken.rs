@@ -310,7 +310,7 @@ impl NTokenBuilder {
             "v=S1;d={};n={}{host};a={};t={issued};e={expires};k={}{key_service}",
             self.domain,
             self.service,
-            crate::volume::hex(&salt),
+            crate::encoding::hex(&salt),
             self.key_version
         );
         let signature = key.sign_sha256(unsigned.as_bytes())?;
