@@ -67,8 +67,17 @@ mod tests {
 
     #[test]
     fn a_name_that_is_no_daemon_is_not_run() {
-        for name in ["athenz-sia", "athenz-volume-driver", "athenz-daemons", "", "sh"] {
-            assert!(dispatch(name, vec![OsString::from(name)]).is_none(), "{name}");
+        for name in [
+            "athenz-sia",
+            "athenz-volume-driver",
+            "athenz-daemons",
+            "",
+            "sh",
+        ] {
+            assert!(
+                dispatch(name, vec![OsString::from(name)]).is_none(),
+                "{name}"
+            );
         }
     }
 
@@ -79,7 +88,10 @@ mod tests {
             invoked_name(&args("/usr/local/bin/athenz-callback")),
             Some("athenz-callback")
         );
-        assert_eq!(invoked_name(&args("athenz-jwt-service")), Some("athenz-jwt-service"));
+        assert_eq!(
+            invoked_name(&args("athenz-jwt-service")),
+            Some("athenz-jwt-service")
+        );
         assert_eq!(invoked_name(&[]), None);
         assert!(usage().contains("athenz-identity-agent"));
     }

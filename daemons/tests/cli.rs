@@ -55,6 +55,9 @@ fn its_own_flags_and_refusals() {
     )
     .unwrap();
     for flag in ["--version", "--help", "-V", "-h"] {
-        assert!(page.contains(&format!("`{flag}`")), "{flag} not on its page");
+        assert!(
+            page.contains(&format!("`{flag}`")),
+            "{flag} not on its page"
+        );
     }
 }

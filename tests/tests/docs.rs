@@ -126,7 +126,10 @@ fn every_flag_each_binary_lists_is_on_its_page() {
         "flags --help lists that docs/binaries/ does not: {missing:#?}"
     );
     // the reader found the flags (the driver alone has none but --help and --version)
-    assert!(checked > 100, "only {checked} flags read from the help texts");
+    assert!(
+        checked > 100,
+        "only {checked} flags read from the help texts"
+    );
 }
 
 #[test]
@@ -147,9 +150,16 @@ fn the_flag_reader_reads_clap_and_the_drivers_help() {
 fn the_readme_is_a_newcomers_page() {
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let lines = readme.lines().count();
-    assert!(lines <= 250, "README.md has {lines} lines; move detail to docs/");
+    assert!(
+        lines <= 250,
+        "README.md has {lines} lines; move detail to docs/"
+    );
     // it names the test command CI runs, and every page it links to exists
-    assert!(readme.lines().any(|l| l == "cargo test --workspace --locked"));
+    assert!(
+        readme
+            .lines()
+            .any(|l| l == "cargo test --workspace --locked")
+    );
     for link in readme.split("](").skip(1) {
         let target = link.split([')', '#']).next().unwrap();
         if target.starts_with("http") || target.is_empty() {

@@ -255,7 +255,10 @@ fn the_image_holds_static_audited_binaries_as_user_65532_with_its_labels() {
             .filter_map(|p| p["name"].as_str())
             .collect();
         for needed in ["athenz-core", "rustls", "aws-lc-rs", "tokio"] {
-            assert!(names.contains(needed), "{binary}: {needed} not in {names:?}");
+            assert!(
+                names.contains(needed),
+                "{binary}: {needed} not in {names:?}"
+            );
         }
         let root_crate = if binary == "athenz-daemons" {
             "athenz-daemons"
@@ -366,16 +369,23 @@ async fn names_resolve_from_etc_hosts_and_a_dns_search_list_in_the_image() {
 
     let files = tempfile::tempdir().unwrap();
     let write = |name: &str, text: &str| std::fs::write(files.path().join(name), text).unwrap();
-    write("hosts", "127.0.0.1 localhost\n127.0.0.1 zts-from-hosts.test\n");
+    write(
+        "hosts",
+        "127.0.0.1 localhost\n127.0.0.1 zts-from-hosts.test\n",
+    );
     write(
         "resolv.conf",
         "nameserver 127.0.0.153\nsearch athenz-system.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:1 attempts:1\n",
     );
     let keys = files.path().join("keys");
     std::fs::create_dir(&keys).unwrap();
-    let key = athenz_core::crypto::PrivateKey::generate(athenz_core::crypto::KeyAlgorithm::P256)
-        .unwrap();
-    std::fs::write(keys.join("service.key"), key.to_pkcs8_pem().unwrap().expose()).unwrap();
+    let key =
+        athenz_core::crypto::PrivateKey::generate(athenz_core::crypto::KeyAlgorithm::P256).unwrap();
+    std::fs::write(
+        keys.join("service.key"),
+        key.to_pkcs8_pem().unwrap().expose(),
+    )
+    .unwrap();
     std::fs::write(keys.join("service.version"), "0").unwrap();
     let ca = athenz_testbed::pki::CertAuthority::new_root("resolution test CA").unwrap();
     std::fs::write(keys.join("ca.pem"), ca.root_pem()).unwrap();
@@ -404,7 +414,11 @@ async fn names_resolve_from_etc_hosts_and_a_dns_search_list_in_the_image() {
 
     // /etc/hosts
     let (connections, out) = run("zts-from-hosts.test");
-    assert!(connections > 0, "no connection by /etc/hosts: {}", text(&out));
+    assert!(
+        connections > 0,
+        "no connection by /etc/hosts: {}",
+        text(&out)
+    );
     // DNS, by the search list: a short name (fewer dots than ndots) tried with each suffix
     let (connections, out) = run("zts");
     assert!(connections > 0, "no connection by DNS: {}", text(&out));
@@ -455,8 +469,7 @@ async fn the_devstack_runs_on_the_images_binaries() {
     let volume = stack.pod("media-sports", "web-image", "10.1.0.41").await;
     node::sia_init(&stack.info, &volume).await.unwrap();
     let first = identity::check(&volume.credentials_dir).unwrap();
-    let chain =
-        std::fs::read_to_string(volume.credentials_dir.join("service.cert.pem")).unwrap();
+    let chain = std::fs::read_to_string(volume.credentials_dir.join("service.cert.pem")).unwrap();
     let certs = athenz_core::crypto::pem_certificates(&chain).unwrap();
     let intermediates: String = certs[1..]
         .iter()

@@ -86,8 +86,15 @@ fn the_dockerfile_and_image_sh_build_the_same_image() {
     assert!(script.contains("deploy/build-binaries.sh \"$binaries\""));
     assert!(script.contains("buildah from --quiet scratch"));
     assert!(script.contains("buildah copy --quiet \"$ctr\" \"$binaries/\" /usr/local/bin/"));
-    let stages: Vec<&String> = docker_lines.iter().filter(|l| l.starts_with("FROM ")).collect();
-    assert_eq!(stages.last().unwrap().as_str(), "FROM scratch", "{stages:?}");
+    let stages: Vec<&String> = docker_lines
+        .iter()
+        .filter(|l| l.starts_with("FROM "))
+        .collect();
+    assert_eq!(
+        stages.last().unwrap().as_str(),
+        "FROM scratch",
+        "{stages:?}"
+    );
     assert!(
         docker_lines
             .iter()
@@ -129,7 +136,10 @@ fn the_dockerfile_and_image_sh_build_the_same_image() {
         }
     }
     assert!(docker_lines.contains(&format!("ARG VERSION={}", workspace_field("version"))));
-    assert_eq!(ours["org.opencontainers.image.licenses"], workspace_field("license"));
+    assert_eq!(
+        ours["org.opencontainers.image.licenses"],
+        workspace_field("license")
+    );
 }
 
 #[test]
@@ -178,9 +188,16 @@ fn build_binaries_ships_what_its_builds_write_and_links_every_daemon() {
         .collect();
     assert_eq!(shipped.len(), 3, "{shipped:?}");
     for path in &shipped {
-        assert!(built.contains(path), "{path} is shipped but no build writes it: {built:?}");
+        assert!(
+            built.contains(path),
+            "{path} is shipped but no build writes it: {built:?}"
+        );
     }
-    assert!(shipped.iter().any(|p| p.ends_with("/release-small/athenz-sia")));
+    assert!(
+        shipped
+            .iter()
+            .any(|p| p.ends_with("/release-small/athenz-sia"))
+    );
     assert!(shipped.iter().any(|p| p.ends_with("/dist/athenz-daemons")));
 
     // every command the manifests run is a shipped binary or a daemon's link
@@ -192,7 +209,11 @@ fn build_binaries_ships_what_its_builds_write_and_links_every_daemon() {
         .split_whitespace()
         .map(str::to_owned)
         .collect();
-    assert!(lines.iter().any(|l| l.contains("ln -s athenz-daemons \"$out/$d\"")));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("ln -s athenz-daemons \"$out/$d\""))
+    );
     let names: BTreeSet<String> = shipped
         .iter()
         .map(|p| p.rsplit('/').next().unwrap().to_owned())
@@ -210,7 +231,10 @@ fn build_binaries_ships_what_its_builds_write_and_links_every_daemon() {
     }
     assert!(commands.len() >= 5, "{commands:?}");
     for command in &commands {
-        assert!(names.contains(command), "the manifests run {command}, which the image lacks");
+        assert!(
+            names.contains(command),
+            "the manifests run {command}, which the image lacks"
+        );
     }
     // the agent copies the driver from where the image has it
     let agent = read("deploy/base/agent.yaml");

@@ -232,7 +232,11 @@ mod tests {
             format!("athenz-volume-driver {}\n", env!("CARGO_PKG_VERSION"))
         );
         assert_eq!(operator_text(&arg("-V")), Some(version));
-        assert!(operator_text(&arg("--help")).unwrap().contains("ATHENZ_VOLUMES_DIR"));
+        assert!(
+            operator_text(&arg("--help"))
+                .unwrap()
+                .contains("ATHENZ_VOLUMES_DIR")
+        );
         for kubelet in ["init", "mount", "unmount", "--versions", ""] {
             assert_eq!(operator_text(&arg(kubelet)), None, "{kubelet}");
         }

@@ -47,6 +47,8 @@ pub const NODE_KEY_LEN: usize = 32;
 /// Largest `data.json` or `state.json` read; both are a few hundred bytes.
 pub const MAX_VOLUME_FILE_LEN: u64 = crate::files::single::MAX_JSON_FILE_LEN;
 
+/// Lowercase hex (volume ids, serials).
+pub use crate::encoding::hex;
 /// Errors of the volume layer: those of its files, each naming the path involved.
 pub use crate::files::single::FileError as VolumeError;
 /// The volume files' reads and writes (single files, atomic; JSON capped in size).
@@ -54,8 +56,6 @@ pub use crate::files::single::{
     read_json_file, sync_dir, write_file_atomic, write_file_atomic_unsynced, write_json_file,
     write_new_file,
 };
-/// Lowercase hex (volume ids, serials).
-pub use crate::encoding::hex;
 
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VolumeError + 'a {
     move |source| VolumeError::Io {

@@ -53,7 +53,6 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-
 /// Reads a JSON file of at most [`MAX_JSON_FILE_LEN`] bytes, never through a symlink.
 pub fn read_json_file<T: DeserializeOwned>(path: &Path) -> Result<T, FileError> {
     let file = OpenOptions::new()
