@@ -8,7 +8,7 @@
 #   - each binary's dependency list embedded by `cargo auditable` (section .dep-v0), which
 #     `cargo audit bin`, Trivy and Grype read; symbols stripped;
 #   - one link per daemon, named as the manifests call it, to athenz-daemons.
-# Needs: the Rust toolchain, cargo-auditable (`cargo install cargo-auditable --locked`), binutils.
+# Needs: the Rust toolchain, cargo-auditable (`cargo install cargo-auditable --locked --version 0.7.7`), binutils.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 out="${1:-$root/target/image/bin}"
@@ -19,7 +19,7 @@ built="${CARGO_TARGET_DIR:-target}"
 daemons=(athenz-identity-agent athenz-jwt-service athenz-callback athenz-initializer athenz-control-sia)
 
 command -v cargo-auditable >/dev/null || {
-  echo "build-binaries.sh: cargo-auditable is missing: cargo install cargo-auditable --locked" >&2
+  echo "build-binaries.sh: cargo-auditable is missing: cargo install cargo-auditable --locked --version 0.7.7" >&2
   exit 1
 }
 # --target is what makes crt-static apply to the binaries only, not to build scripts and macros
