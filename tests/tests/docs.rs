@@ -9,23 +9,12 @@ use std::collections::BTreeSet;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
+mod common;
+/// The devstack binary: it runs every component under its name.
+use common::devstack_binary as devstack;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// The devstack binary next to this test's directory; it runs every component under its name.
-fn devstack() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("athenz-devstack");
-    assert!(
-        binary.exists(),
-        "build athenz-devstack first (cargo test --workspace does)"
-    );
-    binary
 }
 
 /// `<name> <args> --help`: its text.

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The devstack binary next to this test's directory (`target/<profile>/athenz-devstack`).
-fn devstack_binary() -> PathBuf {
+pub fn devstack_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().and_then(Path::parent).unwrap();
     let binary = profile_dir.join("athenz-devstack");
