@@ -1,8 +1,10 @@
 //! The release image, run with podman: what a cluster runs is what these tests run.
 //!
-//! `.ci/run` builds the image with `deploy/image.sh` and runs these with `ATHENZ_IMAGE` set to the
-//! reference the script printed (`cargo test -p athenz-testbed --test image -- --ignored`). A
-//! plain `cargo test` lists them as ignored, with that reason: they need the image, podman and root.
+//! The tests build the image first, once, with `deploy/image.sh` (its binaries in
+//! `target/image-build`: this `cargo test` holds the lock of `target/`), or take the one named by
+//! `ATHENZ_IMAGE`. They need buildah, podman, runc, binutils and cargo-auditable, which `.ci/run`
+//! installs, and root; without them they fail and say what is missing, as the other tools' tests
+//! do. They run one at a time: they share the image's mount and port 53.
 //!
 //! podman on this kind of host needs `--runtime runc` (crun 1.8 refuses a hybrid cgroup host) and
 //! explicit rlimits (root here lacks CAP_SYS_RESOURCE), both as flags, no host change.
@@ -34,9 +36,41 @@ const BINARIES: [&str; 3] = ["athenz-daemons", "athenz-sia", "athenz-volume-driv
 /// The bound the release promises for everything in the image, uncompressed.
 const MAX_IMAGE_BYTES: u64 = 25 * 1024 * 1024;
 
+/// The image under test: `ATHENZ_IMAGE`, or the one `deploy/image.sh` builds now (once).
 fn image() -> String {
-    std::env::var("ATHENZ_IMAGE")
-        .expect("ATHENZ_IMAGE: the image reference deploy/image.sh printed as its last line")
+    static IMAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            if let Ok(image) = std::env::var("ATHENZ_IMAGE") {
+                return image;
+            }
+            let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let started = Instant::now();
+            let out = Command::new(repo.join("deploy/image.sh"))
+                .env("CARGO_TARGET_DIR", repo.join("target/image-build"))
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .expect("deploy/image.sh");
+            assert!(
+                out.status.success(),
+                "deploy/image.sh failed (it needs buildah, binutils and cargo-auditable: \
+                 apt-get install buildah podman runc binutils; cargo install cargo-auditable \
+                 --locked --version 0.7.7): {}",
+                text(&out)
+            );
+            let stdout = String::from_utf8(out.stdout).unwrap();
+            let image = stdout.lines().last().unwrap().trim().to_owned();
+            eprintln!("built {image} in {:.0?}", started.elapsed());
+            image
+        })
+        .clone()
+}
+
+/// Held by each test: they share the image's mount (one test's unmount would pull it from
+/// under another) and the DNS port.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn podman(args: &[&str]) -> Output {
@@ -142,8 +176,8 @@ fn embedded_dependencies(binary: &Path) -> serde_json::Value {
 }
 
 #[test]
-#[ignore = "needs the image: .ci/run builds it (deploy/image.sh) and runs these with ATHENZ_IMAGE"]
 fn every_binary_answers_version_with_no_network_read_only_as_65532() {
+    let _serial = one_at_a_time();
     for name in BINARIES.iter().chain(DAEMONS.iter()) {
         let out = podman_run(
             &["--network", "none", "--read-only", "--user", "65532"],
@@ -171,8 +205,8 @@ fn every_binary_answers_version_with_no_network_read_only_as_65532() {
 }
 
 #[test]
-#[ignore = "needs the image: .ci/run builds it (deploy/image.sh) and runs these with ATHENZ_IMAGE"]
 fn the_image_holds_static_audited_binaries_as_user_65532_with_its_labels() {
+    let _serial = one_at_a_time();
     let out = podman(&["image", "inspect", &image()]);
     assert!(out.status.success(), "{}", text(&out));
     let inspect: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -352,8 +386,10 @@ fn control_sia_init(files: &Path, zts_url: &str) -> Output {
 /// `/etc/hosts`, and `/etc/resolv.conf`'s server, search list and `ndots`, as kubelet writes them
 /// for a pod (`<ns>.svc.cluster.local svc.cluster.local cluster.local`, `ndots:5`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the image: .ci/run builds it (deploy/image.sh) and runs these with ATHENZ_IMAGE"]
+// the guard only orders tests, each on its own runtime: nothing on this one contends for it
+#[allow(clippy::await_holding_lock)]
 async fn names_resolve_from_etc_hosts_and_a_dns_search_list_in_the_image() {
+    let _serial = one_at_a_time();
     assert!(
         nix::unistd::geteuid().is_root(),
         "binds a DNS server on port 53"
@@ -446,8 +482,10 @@ async fn names_resolve_from_etc_hosts_and_a_dns_search_list_in_the_image() {
 /// image's `/usr/local/bin` (`--components`), so the driver, agent, jwt-service, callback,
 /// initializer, SIA and control SIA a cluster would run are the ones issuing this identity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs the image: .ci/run builds it (deploy/image.sh) and runs these with ATHENZ_IMAGE"]
+// the guard only orders tests, each on its own runtime: nothing on this one contends for it
+#[allow(clippy::await_holding_lock)]
 async fn the_devstack_runs_on_the_images_binaries() {
+    let _serial = one_at_a_time();
     let mounted = MountedImage::mount();
     let bin = mounted.bin();
     let stack = Devstack::start_with(&["--components", bin.to_str().unwrap()]);
