@@ -4,7 +4,7 @@
 //! the pod as the kubelet lists it, the jwt-service, ZTS, the refresh checks and state.json.
 
 use crate::kubelet::Absent;
-use crate::service::{Agent, Failure, PodIp};
+use crate::service::{Agent, Failure, KeyRequest, PodIp};
 use athenz_core::volume::{VolumeData, VolumeId};
 use athenz_csi_driver::{CurrentPair, IssueError, Issued, Issuer, Registration};
 use http::StatusCode;
@@ -41,7 +41,8 @@ impl Issuer for AgentIssuer {
             Registration::Again => Absent::Gone,
         };
         self.agent
-            .register(&paths, data, PodIp::Optional, absent)
+            // files mode: no process in the pod, so the key is made here whatever --key-source says
+            .register(&paths, data, PodIp::Optional, absent, KeyRequest::Agent)
             .await
             .map_err(issue_error)
     }

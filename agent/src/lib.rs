@@ -3,13 +3,20 @@
 //! gets an identity JWT from the jwt-service, makes a key and CSR, and registers or refreshes the
 //! instance with ZTS.
 
+pub mod attestation;
 pub mod csi;
+pub mod csr_check;
 pub mod install;
 pub mod key_pool;
 pub mod kubelet;
+pub mod metrics;
 pub mod node_identity;
+pub mod refresh;
+pub mod routes;
 pub mod service;
+pub mod service_dns;
 pub mod status;
+pub mod tunnel;
 
 use athenz_core::crypto::KeyAlgorithm;
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
@@ -106,7 +113,16 @@ pub struct Config {
     /// system resolver.
     #[arg(long, env = "DNS_RESOLVER")]
     pub dns_resolver: Option<std::net::SocketAddr>,
-    /// Key type for pods: p256 or rsa2048.
+    /// Where the keys of socket-mode pods (flex, csi-socket) are made: `pod` (the SIA makes its
+    /// key and sends only a CSR; no key crosses the socket; refreshes go to ZTS from the pod,
+    /// through this agent's CONNECT tunnel) or `agent` (the agent makes each key, hands it
+    /// over and is shown it at every refresh). CSI files-mode volumes always get agent-made keys.
+    #[arg(long, env = "KEY_SOURCE", value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
+    pub key_source: athenz_core::agent_api::KeySource,
+    /// Most CONNECT tunnels to ZTS open at once (pod-made keys).
+    #[arg(long, env = "MAX_TUNNELS", default_value_t = 64)]
+    pub max_tunnels: usize,
+    /// Key type the agent makes for pods (agent-made keys and CSI files mode): p256 or rsa2048.
     #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
     pub key_algorithm: KeyAlgorithm,
     /// Most RSA keys made ahead in the background (the pool follows recent demand up to this;
@@ -320,8 +336,22 @@ pub async fn start(
     };
 
     let keys = key_pool::KeyPool::new(config.key_algorithm, config.key_pool_max);
+    let zts_endpoint = athenz_core::agent_api::ZtsEndpoint {
+        url: config.zts_url.trim_end_matches('/').to_owned(),
+        ca_cert_pem: std::fs::read_to_string(&config.zts_ca)
+            .map_err(|e| StartError::new("--zts-ca (ZTS_CA_FILE)", e))?,
+    };
+    let tunnel = tunnel::Tunnel::new(
+        &config.zts_url,
+        config.max_tunnels,
+        config.upstream_timeout.max(Duration::from_secs(30)),
+        config.upstream_timeout,
+    )
+    .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
+    let metrics = metrics::AgentMetrics::register(&mut registry);
+    metrics.set_key_source(config.key_source);
     let agent = Arc::new(service::Agent {
-        metrics: service::AgentMetrics::register(&mut registry),
+        metrics,
         volumes,
         pods: kubelet::PodCache::new(
             kubelet_client,
@@ -350,6 +380,9 @@ pub async fn start(
         peer_check: config.peer_check,
         issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+        key_source: config.key_source,
+        zts_endpoint,
+        tunnel,
     });
     let csi = match &config.csi_socket {
         Some(path) => Some(start_csi(&config, path, &agent, &mut registry)?),
@@ -358,7 +391,7 @@ pub async fn start(
     let http_metrics = HttpMetrics::register(&mut registry);
     let filler = tokio::spawn(Arc::clone(&keys).fill(shutdown.wait()));
     let registry = Arc::new(registry);
-    tracing::info!(socket = %socket.display(), ops = %bound.ops, node = %config.node_name, peer_check = %config.peer_check, "agent listening");
+    tracing::info!(socket = %socket.display(), ops = %bound.ops, node = %config.node_name, peer_check = %config.peer_check, key_source = %config.key_source, "agent listening");
     let task = tokio::spawn(async move {
         let watcher = tokio::spawn(Arc::clone(&node).run(shutdown.wait()));
         let csi = csi.map(|serve| tokio::spawn(serve(Box::pin(shutdown.wait()))));

@@ -3,28 +3,29 @@
 //! ZTS calls across ids are bounded.
 
 use crate::kubelet::{Absent, PodCache};
-use athenz_core::agent_api::{AgentRoute, IdentityResponse, RefreshRequest};
-use athenz_core::crypto::{CertInfo, PrivateKey, build_csr, key_matches_cert};
-use athenz_core::http::{
-    Body, ConnInfo, Handler, Peer, error_response, json_response, unavailable_response,
-};
+pub use crate::metrics::AgentMetrics;
+pub use crate::routes::AgentHandler;
+pub use crate::service_dns::ServiceDns;
+use athenz_core::agent_api::{IdentityResponse, InitRequest, KeySource};
+use crate::metrics::PeerCheckLabels;
+use athenz_core::crypto::{CertInfo, CsrInfo, PrivateKey, build_csr};
+use athenz_core::http::{Body, ConnInfo, error_response, unavailable_response};
 use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
 use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
 use athenz_core::peer::PeerCheck;
 use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
-use athenz_core::tls::{self, ClientIdentity};
+use athenz_core::tls;
 use athenz_core::volume::{
     VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumeStatusRecord, VolumesDir,
     read_json_file, write_json_file,
 };
 use athenz_core::zts::{
-    InstanceIdentity, InstanceRef, InstanceRefreshInformation, InstanceRegisterInformation,
+    InstanceIdentity, InstanceRegisterInformation,
     ZtsClient, ZtsError,
 };
 use athenz_csi_driver::Issued;
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -47,7 +48,7 @@ pub struct Failure {
     pub message: String,
 }
 
-fn fail(status: StatusCode, message: impl Into<String>) -> Failure {
+pub(crate) fn fail(status: StatusCode, message: impl Into<String>) -> Failure {
     Failure {
         status,
         message: message.into(),
@@ -55,7 +56,7 @@ fn fail(status: StatusCode, message: impl Into<String>) -> Failure {
 }
 
 impl Failure {
-    fn into_response(self) -> Response<Body> {
+    pub(crate) fn into_response(self) -> Response<Body> {
         if self.status == StatusCode::SERVICE_UNAVAILABLE {
             unavailable_response(self.message, RETRY_AFTER)
         } else {
@@ -67,7 +68,7 @@ impl Failure {
 /// What a pod is told when ZTS did not issue: a refusal (any 4xx but 429, or a client
 /// certificate refused in the handshake) is 403, final; only unavailability (no answer, 429,
 /// 5xx) is 503, "try again"; an answer that is not ZTS's API is 502.
-fn zts_failure(e: ZtsError) -> Failure {
+pub(crate) fn zts_failure(e: ZtsError) -> Failure {
     match &e {
         _ if e.is_transient() => fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         ZtsError::Rejected { status, .. } if (400..500).contains(status) => {
@@ -75,171 +76,6 @@ fn zts_failure(e: ZtsError) -> Failure {
         }
         ZtsError::CertificateRefused(_) => fail(StatusCode::FORBIDDEN, e.to_string()),
         _ => fail(StatusCode::BAD_GATEWAY, e.to_string()),
-    }
-}
-
-/// Labels of the upstream latency histogram.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct UpstreamLabels {
-    /// `kubelet`, `dns`, `jwt_service`, `zts_register` or `zts_refresh`.
-    pub upstream: &'static str,
-}
-
-/// The agent's own metrics (request counts and latencies come from the HTTP layer).
-#[derive(Clone, Debug)]
-pub struct AgentMetrics {
-    upstream: prometheus_client::metrics::family::Family<
-        UpstreamLabels,
-        prometheus_client::metrics::histogram::Histogram,
-    >,
-    cached_pods: prometheus_client::metrics::gauge::Gauge,
-    cert_expiry: prometheus_client::metrics::gauge::Gauge,
-    peer_checks: prometheus_client::metrics::family::Family<
-        PeerCheckLabels,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    keys_taken: prometheus_client::metrics::family::Family<
-        KeySourceLabels,
-        prometheus_client::metrics::counter::Counter,
-    >,
-    key_pool_ready: prometheus_client::metrics::gauge::Gauge,
-}
-
-/// Labels of the pod-key counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct KeySourceLabels {
-    /// `pool` (made ahead) or `on_path` (made while the pod waited).
-    pub source: &'static str,
-}
-
-/// Labels of the peer-check counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-pub struct PeerCheckLabels {
-    /// `match`, `mismatch` (another pod or none) or `unknown` (the caller could not be identified).
-    pub outcome: &'static str,
-    /// `enforce` or `log`.
-    pub mode: &'static str,
-}
-
-impl AgentMetrics {
-    /// Registers the metrics.
-    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
-        let m = Self {
-            upstream: prometheus_client::metrics::family::Family::new_with_constructor(|| {
-                prometheus_client::metrics::histogram::Histogram::new([
-                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-                ])
-            }),
-            cached_pods: Default::default(),
-            cert_expiry: Default::default(),
-            peer_checks: Default::default(),
-            keys_taken: Default::default(),
-            key_pool_ready: Default::default(),
-        };
-        registry.register(
-            "pod_keys",
-            "Pod keys handed out, by where they were made",
-            m.keys_taken.clone(),
-        );
-        registry.register(
-            "key_pool_ready",
-            "RSA keys made ahead and ready",
-            m.key_pool_ready.clone(),
-        );
-        registry.register(
-            "peer_checks",
-            "Callers on the socket checked against their volume's pod, by outcome",
-            m.peer_checks.clone(),
-        );
-        registry.register(
-            "upstream_duration_seconds",
-            "Upstream call latency",
-            m.upstream.clone(),
-        );
-        registry.register(
-            "kubelet_cached_pods",
-            "Pods in the cached kubelet list",
-            m.cached_pods.clone(),
-        );
-        registry.register(
-            "last_certificate_expiry_seconds",
-            "Expiry (Unix time) of the last certificate issued",
-            m.cert_expiry.clone(),
-        );
-        m
-    }
-
-    fn key_taken(&self, source: crate::key_pool::KeySource, ready: usize) {
-        self.keys_taken
-            .get_or_create(&KeySourceLabels {
-                source: source.label(),
-            })
-            .inc();
-        self.key_pool_ready
-            .set(i64::try_from(ready).unwrap_or(i64::MAX));
-    }
-
-    fn observe(&self, upstream: &'static str, started: std::time::Instant) {
-        self.upstream
-            .get_or_create(&UpstreamLabels { upstream })
-            .observe(started.elapsed().as_secs_f64());
-    }
-}
-
-/// Looks up a pod's Kubernetes service in DNS.
-pub struct ServiceDns {
-    cluster_domain: String,
-    resolver: Option<hickory_resolver::TokioResolver>,
-}
-
-impl ServiceDns {
-    /// Looks names up under `cluster_domain`, through `server` or the system resolver.
-    pub fn new(cluster_domain: String, server: Option<std::net::SocketAddr>) -> Self {
-        use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig};
-        let resolver = server.map(|addr| {
-            let config = ResolverConfig::from_parts(
-                None,
-                Vec::new(),
-                NameServerConfigGroup::from_ips_clear(&[addr.ip()], addr.port(), true),
-            );
-            let mut builder = hickory_resolver::TokioResolver::builder_with_config(
-                config,
-                hickory_resolver::name_server::TokioConnectionProvider::default(),
-            );
-            builder.options_mut().timeout = Duration::from_secs(2);
-            builder.options_mut().attempts = 1;
-            // no answer cache: a Service deleted since the last lookup must not put its old IP
-            // in a CSR the callback would then refuse; one query per init is cheap
-            builder.options_mut().cache_size = 0;
-            builder.build()
-        });
-        Self {
-            cluster_domain,
-            resolver,
-        }
-    }
-
-    /// The first address of `<service>.<namespace>.svc.<cluster-domain>`, within 2 s.
-    pub async fn lookup(&self, service: &str, namespace: &str) -> Option<IpAddr> {
-        let name = format!("{service}.{namespace}.svc.{}", self.cluster_domain);
-        match &self.resolver {
-            Some(resolver) => {
-                let lookup = tokio::time::timeout(
-                    Duration::from_secs(3),
-                    resolver.lookup_ip(format!("{name}.")),
-                )
-                .await;
-                lookup.ok()?.ok()?.iter().next()
-            }
-            None => {
-                let lookup = tokio::time::timeout(
-                    Duration::from_secs(2),
-                    tokio::net::lookup_host(format!("{name}:0")),
-                )
-                .await;
-                lookup.ok()?.ok()?.next().map(|a| a.ip())
-            }
-        }
     }
 }
 
@@ -290,11 +126,36 @@ pub struct Agent {
     pub issuance_slots: Semaphore,
     /// One lock per volume id, holding its latest init answer for [`COALESCE`].
     pub locks: Mutex<HashMap<VolumeId, Arc<Mutex<RecentInit>>>>,
+    /// Where socket-mode pods' keys are made (`--key-source`).
+    pub key_source: KeySource,
+    /// ZTS as pods that refresh through the tunnel are told it.
+    pub zts_endpoint: athenz_core::agent_api::ZtsEndpoint,
+    /// The `CONNECT` tunnel to ZTS.
+    pub tunnel: crate::tunnel::Tunnel,
 }
 
-/// The latest init answer of a volume, kept for [`COALESCE`].
+/// The latest init answer of a volume, kept for [`COALESCE`], with the public key (DER) of the
+/// pod's CSR when the pod made the key: a repeated init gets it only for the same key.
 #[derive(Default)]
-pub struct RecentInit(Option<(std::time::Instant, IdentityResponse)>);
+pub struct RecentInit(pub(crate) Option<(std::time::Instant, IdentityResponse, Option<Vec<u8>>)>);
+
+/// Where the key of an identity being issued comes from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeyRequest<'a> {
+    /// The agent makes it (pool or on the request path) and hands it over.
+    Agent,
+    /// The pod made it and sent this CSR, already read and signature-checked.
+    Pod(&'a CsrInfo),
+}
+
+/// What an issued certificate must be for.
+pub(crate) struct KeyFor {
+    /// The key, when the agent made it (and hands it over).
+    made_here: Option<PrivateKey>,
+    /// The public key the CSR carried, DER SubjectPublicKeyInfo.
+    public_key_der: Vec<u8>,
+    source: KeySource,
+}
 
 impl Agent {
     pub(crate) async fn lock_for(&self, id: &VolumeId) -> Arc<Mutex<RecentInit>> {
@@ -303,13 +164,15 @@ impl Agent {
         // every pod ever seen (and keys do not stay in memory)
         locks.retain(|_, l| {
             Arc::strong_count(l) > 1
-                || l.try_lock()
-                    .is_ok_and(|r| r.0.as_ref().is_some_and(|(at, _)| at.elapsed() < COALESCE))
+                || l.try_lock().is_ok_and(|r| {
+                    r.0.as_ref()
+                        .is_some_and(|(at, _, _)| at.elapsed() < COALESCE)
+                })
         });
         Arc::clone(locks.entry(id.clone()).or_default())
     }
 
-    fn volume(&self, id: &VolumeId) -> Result<(VolumePaths, VolumeData), Failure> {
+    pub(crate) fn volume(&self, id: &VolumeId) -> Result<(VolumePaths, VolumeData), Failure> {
         let paths = self.volumes.volume(id);
         let data: VolumeData = match read_json_file(&paths.data_json) {
             Ok(d) => d,
@@ -331,7 +194,12 @@ impl Agent {
 
     /// The caller is a process of the volume's pod (DESIGN.md 4.2): its cgroup names the pod
     /// UID the volume was mounted for. `log` mode lets a mismatch through and logs it.
-    fn check_peer(&self, id: &VolumeId, data: &VolumeData, conn: &ConnInfo) -> Result<(), Failure> {
+    pub(crate) fn check_peer(
+        &self,
+        id: &VolumeId,
+        data: &VolumeData,
+        conn: &ConnInfo,
+    ) -> Result<(), Failure> {
         let mode = match self.peer_check {
             PeerCheck::Off => return Ok(()),
             PeerCheck::Enforce => "enforce",
@@ -455,7 +323,7 @@ impl Agent {
         ip
     }
 
-    async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
+    pub(crate) async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
         let started = std::time::Instant::now();
         let result = self.jwt_call(subject).await;
         self.metrics.observe("jwt_service", started);
@@ -512,12 +380,13 @@ impl Agent {
             })
     }
 
-    async fn csr(
+    /// What the certificate of `subject` must say (DESIGN.md section 3).
+    pub(crate) fn expected_identity(
         &self,
         subject: &PodSubject,
         service_ip: Option<IpAddr>,
-    ) -> Result<(PrivateKey, String), Failure> {
-        let identity = CsrIdentity::for_pod(&PodIdentityInput {
+    ) -> Result<CsrIdentity, Failure> {
+        CsrIdentity::for_pod(&PodIdentityInput {
             domain: &subject.domain,
             service: &subject.service,
             provider: &self.provider,
@@ -526,24 +395,52 @@ impl Agent {
             pod_ip: subject.ip,
             service_ip,
         })
-        .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
-        let (key, source) = self
-            .keys
-            .take()
-            .await
-            .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        self.metrics.key_taken(source, self.keys.ready());
-        let csr = build_csr(&identity, &key)
-            .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        Ok((key, csr))
+        .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))
+    }
+
+    /// The CSR to send ZTS and the key it is for: the agent's own key and CSR, or the pod's CSR
+    /// once it says exactly what `identity` says (400 naming each difference otherwise).
+    pub(crate) async fn csr(
+        &self,
+        identity: &CsrIdentity,
+        key: KeyRequest<'_>,
+    ) -> Result<(KeyFor, String), Failure> {
+        match key {
+            // checked against `identity` by the caller, before the JWT was asked for
+            KeyRequest::Pod(csr) => {
+                let pem = athenz_core::crypto::der_to_pem_labelled(&csr.der, "CERTIFICATE REQUEST");
+                let key = KeyFor {
+                    made_here: None,
+                    public_key_der: csr.public_key_der.clone(),
+                    source: KeySource::Pod,
+                };
+                Ok((key, pem))
+            }
+            KeyRequest::Agent => {
+                let (key, source) = self
+                    .keys
+                    .take()
+                    .await
+                    .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                self.metrics.key_taken(source, self.keys.ready());
+                let csr = build_csr(identity, &key)
+                    .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+                let key = KeyFor {
+                    public_key_der: key.public_key_der(),
+                    made_here: Some(key),
+                    source: KeySource::Agent,
+                };
+                Ok((key, csr))
+            }
+        }
     }
 
     /// Builds the answer and saves the state.
-    fn finish(
+    pub(crate) fn finish(
         &self,
         paths: &VolumePaths,
         subject: &PodSubject,
-        key: &PrivateKey,
+        key: &KeyFor,
         identity: &InstanceIdentity,
         previous_serial: Option<String>,
     ) -> Result<Issued, Failure> {
@@ -553,7 +450,7 @@ impl Agent {
             .ok_or_else(|| fail(StatusCode::BAD_GATEWAY, "ZTS sent no certificate"))?;
         let info = CertInfo::from_pem(leaf)
             .map_err(|e| fail(StatusCode::BAD_GATEWAY, format!("ZTS's certificate: {e}")))?;
-        if !key_matches_cert(key, &info) {
+        if info.public_key_der != key.public_key_der {
             return Err(fail(
                 StatusCode::BAD_GATEWAY,
                 "ZTS's certificate is not for the key sent",
@@ -573,6 +470,7 @@ impl Agent {
             previous_cert_serial: previous_serial.filter(|s| *s != info.serial_hex),
             cert_expiry: info.not_after,
             updated_at: time::OffsetDateTime::now_utc(),
+            key_source: Some(key.source),
         };
         self.metrics
             .cert_expiry
@@ -581,7 +479,10 @@ impl Agent {
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let answer = IdentityResponse {
             key_pem: key
-                .to_pkcs8_pem()
+                .made_here
+                .as_ref()
+                .map(PrivateKey::to_pkcs8_pem)
+                .transpose()
                 .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
             cert_pem,
             ca_cert_pem: signer,
@@ -597,7 +498,7 @@ impl Agent {
     /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer).
     ///
     /// While one is held the key pool does not refill: pods waiting now come first.
-    async fn issuance_slot(
+    pub(crate) async fn issuance_slot(
         &self,
     ) -> Result<(tokio::sync::SemaphorePermit<'_>, crate::key_pool::Busy<'_>), Failure> {
         let busy = self.keys.busy();
@@ -609,22 +510,61 @@ impl Agent {
         Ok((slot, busy))
     }
 
-    /// `POST /v1/init/{id}`.
-    pub async fn init(&self, id: &VolumeId, conn: &ConnInfo) -> Result<IdentityResponse, Failure> {
+    /// `POST /v1/init/{id}`: with the pod's CSR when the agent runs with pod-made keys, with
+    /// none (`{}`) when it makes the key.
+    pub async fn init(
+        &self,
+        id: &VolumeId,
+        body: &[u8],
+        conn: &ConnInfo,
+    ) -> Result<IdentityResponse, Failure> {
+        let request: InitRequest = serde_json::from_slice(body).map_err(|e| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                format!("invalid init request: {e}"),
+            )
+        })?;
+        let csr = match (self.key_source, &request.csr) {
+            (KeySource::Pod, Some(pem)) => Some(CsrInfo::from_pem(pem).map_err(|e| {
+                fail(StatusCode::BAD_REQUEST, format!("the pod's CSR: {e}"))
+            })?),
+            (KeySource::Pod, None) => {
+                return Err(fail(
+                    StatusCode::BAD_REQUEST,
+                    "this agent runs with --key-source pod (KEY_SOURCE): an init must carry the \
+                     pod's CSR and no key is handed out; run the SIA with --key-source pod",
+                ));
+            }
+            (KeySource::Agent, Some(_)) => {
+                return Err(fail(
+                    StatusCode::BAD_REQUEST,
+                    "this agent runs with --key-source agent (KEY_SOURCE): it makes the pod's \
+                     key, so an init carries no CSR; run the SIA with --key-source agent",
+                ));
+            }
+            (KeySource::Agent, None) => None,
+        };
         let lock = self.lock_for(id).await;
         let mut recent = lock.lock().await;
         let (paths, data) = self.volume(id)?;
         self.check_peer(id, &data, conn)?;
-        if let Some((at, answer)) = &recent.0
+        let public_key = csr.as_ref().map(|c| c.public_key_der.clone());
+        if let Some((at, answer, key)) = &recent.0
             && at.elapsed() < COALESCE
+            && *key == public_key
         {
             return Ok(answer.clone());
         }
+        let key = match &csr {
+            Some(csr) => KeyRequest::Pod(csr),
+            None => KeyRequest::Agent,
+        };
         let answer = self
-            .register(&paths, &data, PodIp::Required, Absent::MayAppear)
+            .register(&paths, &data, PodIp::Required, Absent::MayAppear, key)
             .await?
             .answer;
-        recent.0 = Some((std::time::Instant::now(), answer.clone()));
+        self.metrics.issued("init", self.key_source);
+        recent.0 = Some((std::time::Instant::now(), answer.clone(), public_key));
         Ok(answer)
     }
 
@@ -637,6 +577,7 @@ impl Agent {
         data: &VolumeData,
         ip: PodIp,
         absent: Absent,
+        key: KeyRequest<'_>,
     ) -> Result<Issued, Failure> {
         if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
             && state.pod_uid != data.pod_uid
@@ -647,12 +588,17 @@ impl Agent {
             ));
         }
         let (subject, service_ip) = self.pod_subject(data, ip, absent).await?;
+        // the pod's CSR is checked before anything leaves the node: a refusal costs no JWT
+        let identity = self.expected_identity(&subject, service_ip)?;
+        if let KeyRequest::Pod(csr) = key {
+            crate::csr_check::check(csr, &identity)?;
+        }
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
         let _slot = self.issuance_slot().await?;
         let jwt = self.jwt(&subject).await?;
-        let (key, csr) = self.csr(&subject, service_ip).await?;
+        let (key, csr) = self.csr(&identity, key).await?;
         let started = std::time::Instant::now();
         let registered = self
             .zts
@@ -672,50 +618,6 @@ impl Agent {
         self.finish(paths, &subject, &key, &registered.identity, None)
     }
 
-    /// A certificate presented for refresh is one this agent got from Athenz for this volume and
-    /// may still use (DESIGN.md 6): valid now, chaining to the Athenz CA, and the latest issued
-    /// for the volume or the one presented for the last refresh. Checked before anything leaves the node, so a pod
-    /// cannot use the agent to show ZTS a certificate it made itself, or one it was issued long
-    /// ago, and a refusal is final (403), not "try again".
-    fn check_presented(
-        &self,
-        chain: &[rustls_pki_types::CertificateDer<'static>],
-        info: &CertInfo,
-        state: &VolumeState,
-    ) -> Result<(), Failure> {
-        let now = time::OffsetDateTime::now_utc();
-        if info.not_after <= now {
-            return Err(fail(
-                StatusCode::FORBIDDEN,
-                format!("the certificate expired at {}", info.not_after),
-            ));
-        }
-        if info.not_before > now {
-            return Err(fail(
-                StatusCode::FORBIDDEN,
-                format!("the certificate is not valid before {}", info.not_before),
-            ));
-        }
-        self.athenz_ca.check(chain).map_err(|e| {
-            fail(
-                StatusCode::FORBIDDEN,
-                format!("the certificate was not issued by the Athenz CA: {e}"),
-            )
-        })?;
-        if info.serial_hex != state.cert_serial
-            && state.previous_cert_serial.as_deref() != Some(info.serial_hex.as_str())
-        {
-            return Err(fail(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "the certificate (serial {}) has been superseded: the latest issued for this volume is {}",
-                    info.serial_hex, state.cert_serial
-                ),
-            ));
-        }
-        Ok(())
-    }
-
     /// Keeps the volume's `status.json` (what `athenz-identity-agent status` shows) in step with
     /// the last call: the failure the pod was given, or none after a success. Only an existing
     /// volume has a record; writes happen only when the record changes.
@@ -731,188 +633,6 @@ impl Agent {
         });
         if let Err(e) = updated {
             tracing::debug!(%id, error = %e, "status record not written");
-        }
-    }
-
-    /// `POST /v1/refresh/{id}`.
-    pub async fn refresh(
-        &self,
-        id: &VolumeId,
-        body: &[u8],
-        conn: &ConnInfo,
-    ) -> Result<IdentityResponse, Failure> {
-        let request = parse_refresh_request(body)?;
-        let lock = self.lock_for(id).await;
-        let mut recent = lock.lock().await;
-        // a refresh supersedes any coalesced init answer
-        recent.0 = None;
-        let (paths, data) = self.volume(id)?;
-        self.check_peer(id, &data, conn)?;
-        self.refresh_pair(
-            id,
-            &paths,
-            &data,
-            &request.key_pem,
-            &request.cert_pem,
-            PodIp::Required,
-        )
-        .await
-        .map(|issued| issued.answer)
-    }
-
-    /// Refreshes volume `id` with the pair it presents: checked to be this volume's latest
-    /// identity before anything leaves the node, then shown to ZTS. The work of a refresh once
-    /// the caller is known to be the pod (and of a CSI files-mode rotation).
-    pub(crate) async fn refresh_pair(
-        &self,
-        id: &VolumeId,
-        paths: &VolumePaths,
-        data: &VolumeData,
-        key_pem: &Secret,
-        cert_pem: &str,
-        ip: PodIp,
-    ) -> Result<Issued, Failure> {
-        let state: VolumeState = read_json_file(&paths.state_json).map_err(|_| {
-            fail(
-                StatusCode::NOT_FOUND,
-                format!("volume {id} has not been initialised"),
-            )
-        })?;
-        // the presented pair must be this volume's identity, before anything leaves the node
-        let PresentedPair { info, presented } = PresentedPair::parse(key_pem.expose(), cert_pem)?;
-        let principal = athenz_core::names::principal(&state.domain, &state.service);
-        let instance_uri = athenz_core::names::instance_id_uri(&state.provider, &state.instance_id);
-        if info.common_name != principal || !info.uris.contains(&instance_uri) {
-            return Err(fail(
-                StatusCode::BAD_REQUEST,
-                "the certificate is not this volume's identity",
-            ));
-        }
-        self.check_presented(&presented.cert, &info, &state)?;
-        // the pod had its identity, so the kubelet listed it: missing from a new list, it is gone
-        let (subject, service_ip) = self.pod_subject(data, ip, Absent::Gone).await?;
-        if subject.uid != state.pod_uid {
-            return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
-        }
-        let _slot = self.issuance_slot().await?;
-        let jwt = self.jwt(&subject).await?;
-        let (new_key, csr) = self.csr(&subject, service_ip).await?;
-        let started = std::time::Instant::now();
-        let identity = self
-            .zts
-            .refresh_instance(
-                &InstanceRef {
-                    provider: &state.provider,
-                    domain: &state.domain,
-                    service: &state.service,
-                    instance_id: &state.instance_id,
-                },
-                &InstanceRefreshInformation {
-                    attestation_data: Some(jwt),
-                    csr: Some(csr),
-                    token: Some(true),
-                    ..Default::default()
-                },
-                ClientIdentity::Fixed(presented),
-            )
-            .await;
-        self.metrics.observe("zts_refresh", started);
-        let identity = identity.map_err(zts_failure)?;
-        // as ZTS does: the certificate just presented stays usable once (its answer may be lost)
-        self.finish(paths, &subject, &new_key, &identity, Some(info.serial_hex))
-    }
-}
-
-/// The key and certificate a pod presents for refresh, parsed: what the socket API reads from a
-/// pod before anything else is looked at. Pure, so the fuzz target `agent_request` drives it.
-pub struct PresentedPair {
-    /// The leaf certificate's fields.
-    pub info: CertInfo,
-    /// The pair in the form ZTS will be shown it (leaf + chain, with the key).
-    pub presented: Arc<tls::CertifiedKey>,
-}
-
-impl PresentedPair {
-    /// Parses `cert_pem` (leaf alone or leaf + chain) and `key_pem`; 400 unless both parse and
-    /// the key is the certificate's.
-    pub fn parse(key_pem: &str, cert_pem: &str) -> Result<Self, Failure> {
-        let info = CertInfo::from_pem(cert_pem)
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        let key = PrivateKey::from_pem(key_pem)
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        if !key_matches_cert(&key, &info) {
-            return Err(fail(
-                StatusCode::BAD_REQUEST,
-                "the key does not belong to the certificate",
-            ));
-        }
-        let presented = tls::certified_key_from_pem(cert_pem, key_pem)
-            .map_err(|e| fail(StatusCode::BAD_REQUEST, e.to_string()))?;
-        Ok(Self { info, presented })
-    }
-}
-
-/// Reads a refresh body (DESIGN.md 4.2): strict JSON, 400 naming the fault otherwise.
-pub fn parse_refresh_request(body: &[u8]) -> Result<RefreshRequest, Failure> {
-    serde_json::from_slice(body).map_err(|e| {
-        fail(
-            StatusCode::BAD_REQUEST,
-            format!("invalid refresh request: {e}"),
-        )
-    })
-}
-
-/// The socket handler.
-pub struct AgentHandler {
-    /// The agent.
-    pub agent: Arc<Agent>,
-}
-
-impl Handler for AgentHandler {
-    async fn handle(&self, req: Request<Bytes>, conn: Arc<ConnInfo>) -> Response<Body> {
-        let path = req.uri().path().to_owned();
-        if path == "/healthz" {
-            return json_response(StatusCode::OK, &"ok");
-        }
-        let route = match AgentRoute::parse(&path) {
-            None => return error_response(StatusCode::NOT_FOUND, "no such route"),
-            Some(Err(e)) => return error_response(StatusCode::BAD_REQUEST, e.to_string()),
-            Some(Ok(r)) => r,
-        };
-        if req.method() != Method::POST {
-            return error_response(StatusCode::METHOD_NOT_ALLOWED, "use POST");
-        }
-        let (pid, uid) = match conn.peer {
-            Peer::Unix { pid, uid, .. } => (pid, Some(uid)),
-            Peer::Tcp(_) => (None, None),
-        };
-        let (verb, result) = match &route {
-            AgentRoute::Init(id) => ("init", self.agent.init(id, &conn).await),
-            AgentRoute::Refresh(id) => ("refresh", self.agent.refresh(id, req.body(), &conn).await),
-        };
-        let volume_id = match &route {
-            AgentRoute::Init(id) | AgentRoute::Refresh(id) => id,
-        };
-        self.agent.record_outcome(volume_id, result.as_ref().err());
-        let id = volume_id.to_string();
-        match result {
-            Ok(answer) => {
-                tracing::info!(verb, %id, ?pid, ?uid, expires = %answer.expires_at, "identity issued");
-                json_response(StatusCode::OK, &answer)
-            }
-            Err(failure) => {
-                tracing::info!(verb, %id, ?pid, ?uid, status = %failure.status, reason = %failure.message, "refused");
-                failure.into_response()
-            }
-        }
-    }
-
-    fn route(&self, req: &http::request::Parts) -> &'static str {
-        match AgentRoute::parse(req.uri.path()) {
-            Some(Ok(AgentRoute::Init(_))) => "init",
-            Some(Ok(AgentRoute::Refresh(_))) => "refresh",
-            _ if req.uri.path() == "/healthz" => "healthz",
-            _ => "other",
         }
     }
 }

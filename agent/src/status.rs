@@ -6,6 +6,7 @@
 //! which is when it is needed, and it adds nothing a pod could reach (the agent socket is mounted
 //! into pods; a listing of every pod's identity does not belong there).
 
+use athenz_core::agent_api::KeySource;
 use athenz_core::volume::{
     CsiMode, DEFAULT_VOLUMES_DIR, VolumeData, VolumeId, VolumeState, VolumeStatusRecord,
     VolumesDir, read_json_file,
@@ -57,6 +58,9 @@ pub struct VolumeReport {
     pub next_refresh: Option<String>,
     /// Who refreshes: `agent` (files mode) or `pod` (the pod's SIA).
     pub refreshed_by: &'static str,
+    /// Where the current certificate's key was made: `pod` (it never left the pod) or `agent`;
+    /// none before an identity was issued.
+    pub key_source: Option<&'static str>,
     /// The last failure the agent met for this volume, `<RFC 3339 time> <message>`.
     pub last_error: Option<String>,
     /// Nothing below is wrong.
@@ -145,6 +149,8 @@ fn volume_report(
         not_after: state.map(|s| rfc3339(s.cert_expiry)),
         next_refresh: next_refresh.map(rfc3339),
         refreshed_by,
+        // states written before the setting existed hold agent-made keys
+        key_source: state.map(|s| s.key_source.unwrap_or(KeySource::Agent).as_str()),
         last_error: record
             .last_error
             .as_ref()
@@ -158,12 +164,12 @@ fn volume_report(
 pub fn to_text(report: &NodeReport) -> String {
     let dash = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let mut out = format!(
-        "{:<40} {:<10} {:<28} {:<34} {:<20} {:<20} {:<6} {}\n",
-        "POD", "MODE", "PRINCIPAL", "SERIAL", "NOT AFTER", "NEXT REFRESH", "BY", "HEALTHY"
+        "{:<40} {:<10} {:<28} {:<34} {:<20} {:<20} {:<6} {:<6} {}\n",
+        "POD", "MODE", "PRINCIPAL", "SERIAL", "NOT AFTER", "NEXT REFRESH", "BY", "KEY", "HEALTHY"
     );
     for v in &report.volumes {
         out.push_str(&format!(
-            "{:<40} {:<10} {:<28} {:<34} {:<20} {:<20} {:<6} {}\n",
+            "{:<40} {:<10} {:<28} {:<34} {:<20} {:<20} {:<6} {:<6} {}\n",
             v.pod,
             v.mode,
             dash(&v.principal),
@@ -171,6 +177,7 @@ pub fn to_text(report: &NodeReport) -> String {
             dash(&v.not_after),
             dash(&v.next_refresh),
             v.refreshed_by,
+            v.key_source.unwrap_or("-"),
             if v.healthy { "yes" } else { "NO" },
         ));
     }

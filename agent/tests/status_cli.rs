@@ -3,6 +3,7 @@
 //! certificate expired: the table, the JSON, and the exit codes a script relies on.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use athenz_core::agent_api::KeySource;
 use athenz_core::volume::{
     CsiMode, CsiVolume, VolumeData, VolumeId, VolumeState, VolumeStatusRecord, VolumesDir,
     write_json_file,
@@ -49,6 +50,13 @@ fn volume(volumes: &VolumesDir, n: u8, csi: Option<CsiMode>, expires_in: Duratio
             previous_cert_serial: None,
             cert_expiry: now + expires_in,
             updated_at: now - Duration::minutes(10),
+            // flex: the pod made its key; files mode: the agent; volume 3: a state written
+            // before the setting existed (shown as agent)
+            key_source: match (n, csi) {
+                (3, _) => None,
+                (_, Some(CsiMode::Files)) => Some(KeySource::Agent),
+                _ => Some(KeySource::Pod),
+            },
         },
         0o600,
     )
@@ -86,6 +94,7 @@ fn status_lists_every_volume_and_exits_by_their_health() {
     assert_eq!(v["principal"], "media.sports.web");
     assert_eq!(v["cert_serial"], "5e01");
     assert_eq!(v["refreshed_by"], "pod");
+    assert_eq!(v["key_source"], "pod");
     assert_eq!(v["healthy"], true);
 
     // a files-mode volume whose last rotation failed, and an expired one
@@ -109,6 +118,7 @@ fn status_lists_every_volume_and_exits_by_their_health() {
     let files_v = &report["volumes"][1];
     assert_eq!(files_v["mode"], "csi-files");
     assert_eq!(files_v["refreshed_by"], "agent");
+    assert_eq!(files_v["key_source"], "agent");
     assert!(
         files_v["last_error"]
             .as_str()
@@ -117,6 +127,7 @@ fn status_lists_every_volume_and_exits_by_their_health() {
     );
     let expired = &report["volumes"][2];
     assert_eq!(expired["mode"], "csi-socket");
+    assert_eq!(expired["key_source"], "agent");
     assert!(
         expired["problem"]
             .as_str()
@@ -128,6 +139,11 @@ fn status_lists_every_volume_and_exits_by_their_health() {
     let (code, text, _) = run(&["--volumes-dir", dir_arg]);
     assert_eq!(code, 1);
     assert!(text.starts_with("POD "), "{text}");
+    let header = text.lines().next().unwrap();
+    assert!(header.contains(" KEY "), "{header}");
+    let flex_line = text.lines().find(|l| l.starts_with("media-sports/web-1 ")).unwrap();
+    let columns: Vec<&str> = flex_line.split_whitespace().collect();
+    assert_eq!(&columns[columns.len() - 3..], ["pod", "pod", "yes"], "{flex_line}");
     assert!(text.contains("media-sports/web-2"), "{text}");
     assert!(
         text.contains("the last attempt failed: 503 ZTS unavailable"),

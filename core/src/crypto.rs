@@ -336,14 +336,19 @@ pub fn pem_certificates(pem: &str) -> Result<Vec<CertificateDer<'static>>, Crypt
 
 /// A DER certificate as PEM (`CERTIFICATE`, 64-column base64).
 pub fn der_to_pem(der: &[u8]) -> String {
+    der_to_pem_labelled(der, "CERTIFICATE")
+}
+
+/// DER as PEM with the block label `label` (e.g. `CERTIFICATE REQUEST`), 64-column base64.
+pub fn der_to_pem_labelled(der: &[u8], label: &str) -> String {
     use base64::Engine;
     let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    let mut out = format!("-----BEGIN {label}-----\n");
     for chunk in b64.as_bytes().chunks(64) {
         out.push_str(&String::from_utf8_lossy(chunk));
         out.push('\n');
     }
-    out.push_str("-----END CERTIFICATE-----\n");
+    out.push_str(&format!("-----END {label}-----\n"));
     out
 }
 
@@ -385,6 +390,9 @@ pub struct CsrInfo {
     pub emails: Vec<String>,
     /// Public key as DER SubjectPublicKeyInfo.
     pub public_key_der: Vec<u8>,
+    /// Every subject attribute, in order, as `<short name or OID>=<value>` (so a check can say
+    /// exactly what a subject holds beyond CN and OU).
+    pub subject_attributes: Vec<String>,
     /// The CSR itself, DER.
     pub der: Vec<u8>,
 }
@@ -424,6 +432,7 @@ impl CsrInfo {
             uris: names.uris,
             emails: names.emails,
             public_key_der: info.subject_pki.raw.to_vec(),
+            subject_attributes: subject_attributes(&info.subject),
             der: der.to_vec(),
         })
     }
@@ -558,6 +567,79 @@ fn ip_from_bytes(bytes: &[u8]) -> Result<IpAddr, String> {
     }
 }
 
+fn subject_attributes(name: &X509Name<'_>) -> Vec<String> {
+    use x509_parser::oid_registry::{OID_X509_COMMON_NAME, OID_X509_ORGANIZATIONAL_UNIT};
+    name.iter_attributes()
+        .map(|attr| {
+            let oid = attr.attr_type();
+            let label = if *oid == OID_X509_COMMON_NAME {
+                "CN".to_owned()
+            } else if *oid == OID_X509_ORGANIZATIONAL_UNIT {
+                "OU".to_owned()
+            } else {
+                oid.to_id_string()
+            };
+            let value = attr.as_str().unwrap_or("<not a string>");
+            format!("{label}={value}")
+        })
+        .collect()
+}
+
+/// A public key's algorithm and size, as a CSR check names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyType {
+    /// EC on the P-256 curve.
+    EcP256,
+    /// RSA of `bits` modulus bits.
+    Rsa {
+        /// Modulus size.
+        bits: usize,
+    },
+    /// Anything else, described.
+    Other(String),
+}
+
+impl fmt::Display for KeyType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::EcP256 => f.write_str("EC P-256"),
+            Self::Rsa { bits } => write!(f, "RSA-{bits}"),
+            Self::Other(what) => f.write_str(what),
+        }
+    }
+}
+
+/// The algorithm and size of a DER SubjectPublicKeyInfo.
+pub fn public_key_type(spki_der: &[u8]) -> Result<KeyType, CryptoError> {
+    use x509_parser::public_key::PublicKey as Parsed;
+    let (_, spki) = SubjectPublicKeyInfo::from_der(spki_der)
+        .map_err(|e| CryptoError::BadPublicKey(format!("not valid DER: {e}")))?;
+    let parsed = spki
+        .parsed()
+        .map_err(|e| CryptoError::BadPublicKey(format!("unreadable key: {e}")))?;
+    Ok(match parsed {
+        Parsed::RSA(rsa) => KeyType::Rsa {
+            bits: rsa.key_size(),
+        },
+        Parsed::EC(_) => {
+            let curve = spki
+                .algorithm
+                .parameters
+                .as_ref()
+                .and_then(|p| p.as_oid().ok());
+            match curve {
+                Some(c) if c == x509_parser::oid_registry::OID_EC_P256 => KeyType::EcP256,
+                Some(c) => KeyType::Other(format!("EC on curve {}", c.to_id_string())),
+                None => KeyType::Other("EC without a named curve".into()),
+            }
+        }
+        _ => KeyType::Other(format!(
+            "a {} key",
+            spki.algorithm.algorithm.to_id_string()
+        )),
+    })
+}
+
 fn first_cn(name: &X509Name<'_>) -> String {
     name.iter_common_name()
         .next()
@@ -614,7 +696,23 @@ mod tests {
             assert_eq!(csr.ip_addresses, id.ip_addresses);
             assert_eq!(csr.uris, id.uris);
             assert_eq!(csr.public_key_der, key.public_key_der());
+            assert_eq!(
+                csr.subject_attributes,
+                [
+                    format!("CN={}", id.common_name),
+                    "OU=k8s.admin.athenz-callback".to_owned()
+                ]
+            );
+            let expected = match alg {
+                KeyAlgorithm::P256 => KeyType::EcP256,
+                KeyAlgorithm::Rsa2048 => KeyType::Rsa { bits: 2048 },
+            };
+            assert_eq!(public_key_type(&csr.public_key_der).unwrap(), expected);
         }
+        let p384 = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let kind = public_key_type(&rcgen::PublicKeyData::subject_public_key_info(&p384)).unwrap();
+        assert!(matches!(&kind, KeyType::Other(w) if w.contains("1.3.132.0.34")), "{kind}");
+        assert!(public_key_type(b"garbage").is_err());
     }
 
     #[test]

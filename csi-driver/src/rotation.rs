@@ -163,10 +163,15 @@ pub fn write_set(
         uid: None,
         gid: Some(gid),
     });
+    // files mode: the agent made the key, so an answer always carries it
+    let key_pem = answer
+        .key_pem
+        .as_ref()
+        .ok_or("the issuer's answer carries no key (files mode needs an agent-made key)")?;
     write_credentials(
         &FileSet::new(files),
         &Credentials {
-            key_pem: Some(&answer.key_pem),
+            key_pem: Some(key_pem),
             cert_pem: &answer.cert_pem,
             ca_pem: &answer.ca_cert_pem,
             ntoken: &answer.ntoken,

@@ -1,12 +1,21 @@
 //! Wire types of the node agent's socket API (DESIGN.md 4.2), used by the agent (server) and the
 //! SIA (client).
 //!
-//! `POST /v1/init/{id}` and `POST /v1/refresh/{id}` (with [`RefreshRequest`]) answer with
-//! [`IdentityResponse`]; errors are [`crate::http::ErrorBody`].
+//! `POST /v1/init/{id}` (with [`InitRequest`]) and `POST /v1/refresh/{id}` (with
+//! [`RefreshRequest`]) answer with [`IdentityResponse`]; errors are [`crate::http::ErrorBody`].
+//!
+//! With pod-made keys ([`KeySource::Pod`], DESIGN.md 4.6) no key crosses the socket: the SIA asks
+//! `GET /v1/csr/{id}` what its CSR must say ([`CsrTemplate`]), sends only the CSR to init, and
+//! refreshes with ZTS itself: `POST /v1/attestation/{id}` ([`AttestationRequest`] →
+//! [`AttestationResponse`]) gives it the JWT, `CONNECT <zts host:port>` (header
+//! [`VOLUME_HEADER`]) a byte tunnel to ZTS, and `POST /v1/certificate/{id}`
+//! ([`CertificateReport`]) tells the agent which certificate the pod now holds.
 
+use crate::names::CsrIdentity;
 use crate::secret::Secret;
 use crate::volume::{InvalidVolumeId, VolumeId};
 use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
 
 /// Largest request body the agent accepts: 64 KiB.
 pub const MAX_REQUEST_BODY: usize = 64 * 1024;
@@ -14,13 +23,48 @@ pub const MAX_REQUEST_BODY: usize = 64 * 1024;
 pub const INIT_PREFIX: &str = "/v1/init/";
 /// Route prefix of refresh.
 pub const REFRESH_PREFIX: &str = "/v1/refresh/";
+/// Route prefix of the CSR template (`GET`).
+pub const CSR_PREFIX: &str = "/v1/csr/";
+/// Route prefix of the refresh attestation.
+pub const ATTESTATION_PREFIX: &str = "/v1/attestation/";
+/// Route prefix of the certificate report.
+pub const CERTIFICATE_PREFIX: &str = "/v1/certificate/";
+/// Header of a `CONNECT` naming the volume the tunnel is for (the caller must be its pod).
+pub const VOLUME_HEADER: &str = "athenz-volume-id";
+
+/// Where a pod's private key is made (`--key-source` of the agent and the SIA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    /// In the pod, by its SIA; only CSRs and certificates cross the socket.
+    #[default]
+    Pod,
+    /// By the agent, handed to the pod over the socket (and shown back at every refresh).
+    Agent,
+}
+
+impl KeySource {
+    /// The setting's value, as metrics and `status` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pod => "pod",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The credentials handed to a pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdentityResponse {
-    /// Private key, PKCS#8 PEM.
-    #[serde(rename = "keyPEM")]
-    pub key_pem: Secret,
+    /// Private key, PKCS#8 PEM: only when the agent made it ([`KeySource::Agent`]).
+    #[serde(rename = "keyPEM", default, skip_serializing_if = "Option::is_none")]
+    pub key_pem: Option<Secret>,
     /// Leaf certificate followed by the chain, PEM.
     #[serde(rename = "certPEM")]
     pub cert_pem: String,
@@ -46,6 +90,111 @@ pub struct RefreshRequest {
     pub cert_pem: String,
 }
 
+/// Body of `POST /v1/init/{id}`: `{}` when the agent makes the key, the pod's CSR otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InitRequest {
+    /// The pod's CSR, PEM: it must say exactly what [`CsrTemplate`] says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csr: Option<String>,
+}
+
+/// What a pod's CSR must say (`GET /v1/csr/{id}`): the subject and every SAN, as the agent
+/// derives them from the kubelet and the volume. Nothing more, nothing less is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsrTemplate {
+    /// Subject CN: `<domain>.<service>`.
+    #[serde(rename = "commonName")]
+    pub common_name: String,
+    /// Subject OU: the provider.
+    #[serde(
+        rename = "organizationalUnit",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub organizational_unit: Option<String>,
+    /// DNS SANs.
+    #[serde(rename = "dnsNames", default)]
+    pub dns_names: Vec<String>,
+    /// IP SANs.
+    #[serde(rename = "ipAddresses", default)]
+    pub ip_addresses: Vec<IpAddr>,
+    /// URI SANs.
+    #[serde(default)]
+    pub uris: Vec<String>,
+}
+
+impl From<CsrIdentity> for CsrTemplate {
+    fn from(identity: CsrIdentity) -> Self {
+        Self {
+            common_name: identity.common_name,
+            organizational_unit: identity.organizational_unit,
+            dns_names: identity.dns_names,
+            ip_addresses: identity.ip_addresses,
+            uris: identity.uris,
+        }
+    }
+}
+
+impl From<CsrTemplate> for CsrIdentity {
+    fn from(template: CsrTemplate) -> Self {
+        Self {
+            common_name: template.common_name,
+            organizational_unit: template.organizational_unit,
+            dns_names: template.dns_names,
+            ip_addresses: template.ip_addresses,
+            uris: template.uris,
+        }
+    }
+}
+
+/// Body of `POST /v1/attestation/{id}` and `POST /v1/certificate/{id}`: the certificate the pod
+/// holds (public; the key stays in the pod).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateReport {
+    /// The leaf alone or leaf + chain, PEM.
+    #[serde(rename = "certPEM")]
+    pub cert_pem: String,
+}
+
+/// Body of `POST /v1/attestation/{id}`.
+pub type AttestationRequest = CertificateReport;
+
+/// Where ZTS is and how to verify it, for a pod that refreshes through the agent's tunnel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZtsEndpoint {
+    /// ZTS's base URL, `https://<host>[:port]/zts/v1`; `CONNECT` to its `host:port`.
+    pub url: String,
+    /// CA certificates that verify ZTS's server certificate, PEM.
+    #[serde(rename = "caCertPEM")]
+    pub ca_cert_pem: String,
+}
+
+/// Answer of `POST /v1/attestation/{id}`: what a pod needs to refresh with ZTS itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttestationResponse {
+    /// The identity JWT for ZTS's `attestationData`, for this pod only.
+    #[serde(rename = "attestationData")]
+    pub attestation_data: Secret,
+    /// What the new CSR must say.
+    pub csr: CsrTemplate,
+    /// The refresh path's provider.
+    pub provider: String,
+    /// Athenz domain.
+    pub domain: String,
+    /// Athenz service.
+    pub service: String,
+    /// Instance id (the pod UID).
+    #[serde(rename = "instanceId")]
+    pub instance_id: String,
+    /// ZTS.
+    pub zts: ZtsEndpoint,
+}
+
 /// Which agent operation a request path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AgentRoute {
@@ -53,6 +202,12 @@ pub enum AgentRoute {
     Init(VolumeId),
     /// `POST /v1/refresh/{id}`.
     Refresh(VolumeId),
+    /// `GET /v1/csr/{id}`.
+    Csr(VolumeId),
+    /// `POST /v1/attestation/{id}`.
+    Attestation(VolumeId),
+    /// `POST /v1/certificate/{id}`.
+    Certificate(VolumeId),
 }
 
 /// Path of the init call for `id`.
@@ -65,15 +220,95 @@ pub fn refresh_path(id: &VolumeId) -> String {
     format!("{REFRESH_PREFIX}{id}")
 }
 
+/// Host and port of a ZTS base URL (`https://<host>[:port]/zts/v1`; port 443 when none): where
+/// the agent's tunnel goes and what a `CONNECT` names.
+pub fn zts_authority(url: &str) -> Result<(String, u16), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("ZTS URL {url:?}: {e}"))?;
+    if uri.scheme_str() != Some("https") {
+        return Err(format!("ZTS URL {url:?}: must be https"));
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| format!("ZTS URL {url:?}: no host"))?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_ascii_lowercase();
+    Ok((host, authority.port_u16().unwrap_or(443)))
+}
+
+/// `host:port`, with an IPv6 host in brackets.
+pub fn format_authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+/// Path of the CSR template call for `id`.
+pub fn csr_path(id: &VolumeId) -> String {
+    format!("{CSR_PREFIX}{id}")
+}
+
+/// Path of the attestation call for `id`.
+pub fn attestation_path(id: &VolumeId) -> String {
+    format!("{ATTESTATION_PREFIX}{id}")
+}
+
+/// Path of the certificate report for `id`.
+pub fn certificate_path(id: &VolumeId) -> String {
+    format!("{CERTIFICATE_PREFIX}{id}")
+}
+
 impl AgentRoute {
-    /// Parses a request path. `None` means "not an init or refresh path"; `Some(Err)` means the
-    /// route is right but the id is not a valid id (the empty id included), which is a 400.
+    /// Parses a request path. `None` means "not a volume route"; `Some(Err)` means the route is
+    /// right but the id is not a valid id (the empty id included), which is a 400.
     pub fn parse(path: &str) -> Option<Result<Self, InvalidVolumeId>> {
-        if let Some(id) = path.strip_prefix(INIT_PREFIX) {
-            Some(VolumeId::parse(id).map(Self::Init))
-        } else {
-            path.strip_prefix(REFRESH_PREFIX)
-                .map(|id| VolumeId::parse(id).map(Self::Refresh))
+        type Make = fn(VolumeId) -> AgentRoute;
+        let routes: [(&str, Make); 5] = [
+            (INIT_PREFIX, Self::Init),
+            (REFRESH_PREFIX, Self::Refresh),
+            (CSR_PREFIX, Self::Csr),
+            (ATTESTATION_PREFIX, Self::Attestation),
+            (CERTIFICATE_PREFIX, Self::Certificate),
+        ];
+        routes.iter().find_map(|(prefix, make)| {
+            path.strip_prefix(prefix)
+                .map(|id| VolumeId::parse(id).map(make))
+        })
+    }
+
+    /// The volume the route is for.
+    pub fn volume(&self) -> &VolumeId {
+        match self {
+            Self::Init(id)
+            | Self::Refresh(id)
+            | Self::Csr(id)
+            | Self::Attestation(id)
+            | Self::Certificate(id) => id,
+        }
+    }
+
+    /// The route's name, as metrics and logs show it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Init(_) => "init",
+            Self::Refresh(_) => "refresh",
+            Self::Csr(_) => "csr",
+            Self::Attestation(_) => "attestation",
+            Self::Certificate(_) => "certificate",
+        }
+    }
+
+    /// The method the route takes.
+    pub fn method(&self) -> http::Method {
+        match self {
+            Self::Csr(_) => http::Method::GET,
+            _ => http::Method::POST,
         }
     }
 }
@@ -85,7 +320,7 @@ mod tests {
     #[test]
     fn identity_response_field_names() {
         let r = IdentityResponse {
-            key_pem: Secret::new("K"),
+            key_pem: Some(Secret::new("K")),
             cert_pem: "C".into(),
             ca_cert_pem: "A".into(),
             ntoken: Secret::new("N"),
@@ -102,6 +337,67 @@ mod tests {
             !shown.contains("\"K\"") && !shown.contains("\"N\""),
             "{shown}"
         );
+        // a pod-made key: the answer carries none, not even an empty field
+        let keyless = IdentityResponse { key_pem: None, ..r };
+        let json = serde_json::to_string(&keyless).unwrap();
+        assert!(!json.contains("keyPEM"), "{json}");
+        assert_eq!(serde_json::from_str::<IdentityResponse>(&json).unwrap(), keyless);
+    }
+
+    #[test]
+    fn pod_key_bodies_are_strict() {
+        assert_eq!(
+            serde_json::from_str::<InitRequest>("{}").unwrap(),
+            InitRequest::default()
+        );
+        let with_csr: InitRequest = serde_json::from_str(r#"{"csr":"C"}"#).unwrap();
+        assert_eq!(with_csr.csr.as_deref(), Some("C"));
+        for bad in [r#"{"keyPEM":"k"}"#, r#"{"csr":1}"#, r#"{"csr":"a","x":1}"#, ""] {
+            assert!(serde_json::from_str::<InitRequest>(bad).is_err(), "{bad}");
+        }
+        for bad in [r#"{}"#, r#"{"certPEM":"c","keyPEM":"k"}"#, r#"{"certPEM":null}"#] {
+            assert!(
+                serde_json::from_str::<CertificateReport>(bad).is_err(),
+                "{bad}"
+            );
+        }
+        let template = CsrTemplate {
+            common_name: "d.s".into(),
+            organizational_unit: Some("p".into()),
+            dns_names: vec!["s.d.example".into()],
+            ip_addresses: vec!["10.0.0.1".parse().unwrap()],
+            uris: vec!["spiffe://x".into()],
+        };
+        assert_eq!(
+            serde_json::to_string(&template).unwrap(),
+            r#"{"commonName":"d.s","organizationalUnit":"p","dnsNames":["s.d.example"],"ipAddresses":["10.0.0.1"],"uris":["spiffe://x"]}"#
+        );
+        let back: CsrIdentity = template.clone().into();
+        assert_eq!(CsrTemplate::from(back), template);
+    }
+
+    #[test]
+    fn zts_authorities() {
+        assert_eq!(
+            zts_authority("https://ZTS.example:4443/zts/v1").unwrap(),
+            ("zts.example".to_owned(), 4443)
+        );
+        assert_eq!(
+            zts_authority("https://zts.example/zts/v1").unwrap(),
+            ("zts.example".to_owned(), 443)
+        );
+        let (host, port) = zts_authority("https://[::1]:8443/zts/v1").unwrap();
+        assert_eq!(format_authority(&host, port), "[::1]:8443");
+        for bad in ["http://zts/zts/v1", "zts:443", "", "https:///zts/v1"] {
+            assert!(zts_authority(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn key_source_names() {
+        assert_eq!(KeySource::default(), KeySource::Pod);
+        assert_eq!(KeySource::Agent.to_string(), "agent");
+        assert_eq!(serde_json::to_string(&KeySource::Pod).unwrap(), r#""pod""#);
     }
 
     #[test]
@@ -145,6 +441,20 @@ mod tests {
         ] {
             assert!(matches!(AgentRoute::parse(&bad), Some(Err(_))), "{bad}");
         }
+        for (path, name) in [
+            (format!("/v1/csr/{id}"), "csr"),
+            (format!("/v1/attestation/{id}"), "attestation"),
+            (format!("/v1/certificate/{id}"), "certificate"),
+        ] {
+            let route = AgentRoute::parse(&path).unwrap().unwrap();
+            assert_eq!(route.name(), name);
+            assert_eq!(route.volume().to_string(), id);
+        }
+        assert_eq!(
+            AgentRoute::parse(&format!("/v1/csr/{id}")).unwrap().unwrap().method(),
+            http::Method::GET
+        );
+        assert!(matches!(AgentRoute::parse("/v1/attestation/x"), Some(Err(_))));
         assert_eq!(AgentRoute::parse("/healthz"), None);
         assert_eq!(AgentRoute::parse("/v1/other/x"), None);
     }

@@ -412,6 +412,10 @@ pub struct VolumeState {
     /// When this state was written.
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+    /// Where the certificate's key was made (absent in states written before the setting
+    /// existed, when the agent made every key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_source: Option<crate::agent_api::KeySource>,
 }
 
 /// `status.json`: what `athenz-identity-agent status` shows beyond `state.json` — the last

@@ -270,8 +270,12 @@ impl<H: Handler> Server<H> {
     /// Serves until `shutdown` completes, then stops accepting and waits up to the grace period
     /// for in-flight connections.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
-        let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-        let slots = Arc::new(Semaphore::new(self.limits.max_connections.max(1)));
+        let max_connections = self.limits.max_connections.max(1);
+        let slots = Arc::new(Semaphore::new(max_connections));
+        // Shutdown is told to every connection through this channel; each drains its in-flight
+        // request and closes. A connection holds a slot until it ends, so "every slot free" is
+        // "every connection drained".
+        let (stop_connections, stopping) = tokio::sync::watch::channel(false);
         let shared = Arc::new(Shared {
             handler: self.handler,
             limits: self.limits,
@@ -299,7 +303,7 @@ impl<H: Handler> Server<H> {
                     continue;
                 }
             };
-            let watcher = graceful.watcher();
+            let watcher = stopping.clone();
             let shared = Arc::clone(&shared);
             let tls = self.tls.clone();
             tokio::spawn(async move {
@@ -366,7 +370,9 @@ impl<H: Handler> Server<H> {
                 }
             });
         }
-        if tokio::time::timeout(self.limits.grace, graceful.shutdown())
+        let _ = stop_connections.send(true);
+        let drained = u32::try_from(max_connections).unwrap_or(u32::MAX);
+        if tokio::time::timeout(self.limits.grace, slots.acquire_many(drained))
             .await
             .is_err()
         {
@@ -419,7 +425,7 @@ async fn serve_connection<H, I>(
     h2: bool,
     conn: ConnInfo,
     shared: Arc<Shared<H>>,
-    watcher: hyper_util::server::graceful::Watcher,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
 ) where
     H: Handler,
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -438,6 +444,21 @@ async fn serve_connection<H, I>(
     // read timeout runs from the moment the connection is served, so idle connections cannot
     // hold the connection slots.
     let io = TokioIo::new(io);
+    // Drives a connection until it ends; once shutdown is signalled, asks it to finish its
+    // in-flight request and close, then drives it to that end.
+    macro_rules! until_stopped {
+        ($conn:expr) => {{
+            let conn = $conn;
+            tokio::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => result,
+                () = async { drop(stopping.wait_for(|stop| *stop).await) } => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
+        }};
+    }
     let result = if h2 {
         let mut builder = http2::Builder::new(TokioExecutor::new());
         builder
@@ -446,14 +467,16 @@ async fn serve_connection<H, I>(
             .max_concurrent_streams(128)
             .keep_alive_interval(Some(shared.limits.header_timeout))
             .keep_alive_timeout(shared.limits.header_timeout);
-        watcher.watch(builder.serve_connection(io, service)).await
+        until_stopped!(builder.serve_connection(io, service))
     } else {
         let mut builder = http1::Builder::new();
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(shared.limits.header_timeout)
             .max_buf_size(64 * 1024);
-        watcher.watch(builder.serve_connection(io, service)).await
+        // with upgrades: a handler may take the connection over (the agent's CONNECT tunnel);
+        // the connection's slot is released once it has
+        until_stopped!(builder.serve_connection(io, service).with_upgrades())
     };
     if let Err(e) = result {
         tracing::debug!(error = %e, "connection ended with an error");
