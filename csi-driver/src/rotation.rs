@@ -520,7 +520,7 @@ mod tests {
         params.serial_number = Some(serial.into());
         let cert = params.self_signed(&key).unwrap();
         IdentityResponse {
-            key_pem: Secret::new(key.serialize_pem()),
+            key_pem: Some(Secret::new(key.serialize_pem())),
             cert_pem: cert.pem(),
             ca_cert_pem: cert.pem(),
             ntoken: Secret::new("v=S1;d=media;n=web;s=sig".to_owned()),

@@ -1,6 +1,10 @@
 //! The agent's socket API from the pod's side (hyperlocal over the Unix socket).
 
-use athenz_core::agent_api::{IdentityResponse, RefreshRequest, init_path, refresh_path};
+use athenz_core::agent_api::{
+    AttestationResponse, CertificateReport, CsrTemplate, IdentityResponse, InitRequest,
+    RefreshRequest, VOLUME_HEADER, attestation_path, certificate_path, csr_path, init_path,
+    refresh_path,
+};
 use athenz_core::http::ErrorBody;
 use athenz_core::volume::VolumeId;
 use bytes::Bytes;
@@ -94,6 +98,35 @@ fn connect_error(e: &(dyn std::error::Error + 'static)) -> AgentError {
     }
 }
 
+/// A `{"certPEM"}` body.
+fn report_body(cert_pem: &str) -> Result<Vec<u8>, AgentError> {
+    serde_json::to_vec(&CertificateReport {
+        cert_pem: cert_pem.to_owned(),
+    })
+    .map_err(|e| AgentError::BadAnswer(e.to_string()))
+}
+
+/// An answer's `Retry-After`, in seconds.
+fn retry_after<B>(response: &http::Response<B>) -> Option<u64> {
+    response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The agent's refusal: its `{code,message}`, or the body as text.
+fn refusal(code: u16, body: &[u8], retry_after: Option<u64>) -> AgentError {
+    let message = serde_json::from_slice::<ErrorBody>(body)
+        .map(|e| e.message)
+        .unwrap_or_else(|_| String::from_utf8_lossy(body).into_owned());
+    AgentError::Refused {
+        code,
+        message,
+        retry_after,
+    }
+}
+
 /// A client of one volume's identity.
 pub struct AgentClient {
     socket: PathBuf,
@@ -113,10 +146,25 @@ impl AgentClient {
         }
     }
 
-    async fn post(&self, path: &str, body: Vec<u8>) -> Result<IdentityResponse, AgentError> {
+    async fn post<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<T, AgentError> {
+        self.call(http::Method::POST, path, body).await
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: http::Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<T, AgentError> {
         check_endpoint(&self.socket)?;
         let uri: hyper::Uri = hyperlocal::Uri::new(&self.socket, path).into();
-        let req = http::Request::post(uri)
+        let req = http::Request::builder()
+            .method(method)
+            .uri(uri)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| AgentError::BadAnswer(e.to_string()))?;
@@ -127,11 +175,7 @@ impl AgentClient {
                 .await
                 .map_err(|e| connect_error(&e))?;
             let status = resp.status().as_u16();
-            let retry_after = resp
-                .headers()
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok());
+            let retry_after = retry_after(&resp);
             let body = Limited::new(resp.into_body(), MAX_ANSWER)
                 .collect()
                 .await
@@ -146,21 +190,87 @@ impl AgentClient {
                     AgentError::Unreachable(format!("no answer within {:?}", self.timeout))
                 })??;
         if status != 200 {
-            let message = serde_json::from_slice::<ErrorBody>(&body)
-                .map(|e| e.message)
-                .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
-            return Err(AgentError::Refused {
-                code: status,
-                message,
-                retry_after,
-            });
+            return Err(refusal(status, &body, retry_after));
         }
         serde_json::from_slice(&body).map_err(|e| AgentError::BadAnswer(e.to_string()))
     }
 
-    /// `POST /v1/init/{id}`.
+    /// `POST /v1/init/{id}` with no CSR: the agent makes the key (`--key-source agent`).
     pub async fn init(&self) -> Result<IdentityResponse, AgentError> {
         self.post(&init_path(&self.id), b"{}".to_vec()).await
+    }
+
+    /// `POST /v1/init/{id}` with the pod's CSR: the answer carries no key.
+    pub async fn init_with_csr(&self, csr: String) -> Result<IdentityResponse, AgentError> {
+        let body = serde_json::to_vec(&InitRequest { csr: Some(csr) })
+            .map_err(|e| AgentError::BadAnswer(e.to_string()))?;
+        self.post(&init_path(&self.id), body).await
+    }
+
+    /// `GET /v1/csr/{id}`: what this pod's CSR must say.
+    pub async fn csr_template(&self) -> Result<CsrTemplate, AgentError> {
+        self.call(http::Method::GET, &csr_path(&self.id), Vec::new())
+            .await
+    }
+
+    /// `POST /v1/attestation/{id}` with the certificate the pod holds.
+    pub async fn attestation(&self, cert_pem: &str) -> Result<AttestationResponse, AgentError> {
+        self.post(&attestation_path(&self.id), report_body(cert_pem)?)
+            .await
+    }
+
+    /// `POST /v1/certificate/{id}`: tells the agent the certificate the pod holds now.
+    pub async fn report_certificate(&self, cert_pem: &str) -> Result<(), AgentError> {
+        let _: serde_json::Value = self
+            .post(&certificate_path(&self.id), report_body(cert_pem)?)
+            .await?;
+        Ok(())
+    }
+
+    /// `CONNECT <authority>` on the agent socket: a byte stream to ZTS, spliced by the agent.
+    pub async fn tunnel(
+        &self,
+        authority: &str,
+    ) -> Result<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>, AgentError> {
+        check_endpoint(&self.socket)?;
+        let open = async {
+            let stream = tokio::net::UnixStream::connect(&self.socket)
+                .await
+                .map_err(|e| connect_error(&e))?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| AgentError::Unreachable(e.to_string()))?;
+            tokio::spawn(connection.with_upgrades());
+            let request = http::Request::builder()
+                .method(http::Method::CONNECT)
+                .uri(authority)
+                .header(http::header::HOST, authority)
+                .header(VOLUME_HEADER, self.id.to_string())
+                .body(Full::new(Bytes::new()))
+                .map_err(|e| AgentError::BadAnswer(format!("CONNECT {authority}: {e}")))?;
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| AgentError::Unreachable(e.to_string()))?;
+            if response.status() != http::StatusCode::OK {
+                let code = response.status().as_u16();
+                let retry_after = retry_after(&response);
+                let body = Limited::new(response.into_body(), MAX_ANSWER)
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                return Err(refusal(code, &body, retry_after));
+            }
+            hyper::upgrade::on(response)
+                .await
+                .map(hyper_util::rt::TokioIo::new)
+                .map_err(|e| AgentError::Unreachable(format!("CONNECT {authority}: {e}")))
+        };
+        tokio::time::timeout(self.timeout, open)
+            .await
+            .map_err(|_| AgentError::Unreachable(format!("no tunnel within {:?}", self.timeout)))?
     }
 
     /// `POST /v1/refresh/{id}` with the current pair.

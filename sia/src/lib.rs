@@ -5,6 +5,8 @@
 
 pub mod authz;
 pub mod client;
+pub mod pod_key;
+pub mod pod_refresh;
 pub mod run;
 pub mod sds;
 pub mod status;
@@ -59,6 +61,14 @@ pub struct Settings {
     /// The latest a refresh may come.
     #[arg(long, env = "REFRESH_INTERVAL", default_value = "24h", value_parser = parse_duration)]
     pub refresh_interval: Duration,
+    /// Where the key is made: `pod` (here: only a CSR goes to the agent, and refreshes go to ZTS
+    /// from this process, through the agent's tunnel or to --zts-url) or `agent` (the agent
+    /// makes it and is shown it at every refresh). Must match the agent's --key-source.
+    #[arg(long, env = "KEY_SOURCE", value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
+    pub key_source: athenz_core::agent_api::KeySource,
+    /// Key type made with --key-source pod: p256 or rsa2048.
+    #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
+    pub key_algorithm: athenz_core::crypto::KeyAlgorithm,
     /// Group (name or gid) that may read the key and ntoken (they become 0640).
     #[arg(long, env = "GROUP")]
     pub group: Option<String>,
@@ -89,7 +99,8 @@ pub struct Settings {
     /// Token lifetime asked of ZTS (0: ZTS's default).
     #[arg(long, env = "TOKEN_EXPIRY", default_value = "0", value_parser = parse_optional_duration)]
     pub token_expiry: Duration,
-    /// ZTS base URL (`https://<host>:<port>/zts/v1`), for role certificates and tokens; called with
+    /// ZTS base URL (`https://<host>:<port>/zts/v1`), for role certificates and tokens and, with
+    /// --key-source pod, the identity's refreshes (instead of the agent's tunnel); called with
     /// the pod's own certificate. (k8s-athenz-sia's ENDPOINT is the agent socket here.)
     #[arg(long, env = "ZTS_URL")]
     pub zts_url: Option<String>,
@@ -161,7 +172,8 @@ pub fn main_with_args(
 ) -> std::process::ExitCode {
     use std::process::ExitCode;
     let started = std::time::Instant::now();
-    // No TLS here (the agent is reached over a Unix socket), so no crypto provider is installed:
+    // TLS configs here name their crypto provider (athenz_core::tls::provider), so none is
+    // installed process-wide:
     // it would only add memory to a process that runs in every pod.
     let cli = Cli::parse_from(args);
     let (settings, refresh) = match cli.command {

@@ -7,6 +7,9 @@ use crate::authz::targets::{TokenTypes, parse_targets};
 use crate::authz::zts::ZtsAccess;
 use crate::authz::{Authz, TargetFailure};
 use crate::client::{AgentClient, AgentError};
+use crate::pod_key::PodKey;
+use crate::pod_refresh::{PodRefreshError, ZtsRoute};
+use athenz_core::agent_api::KeySource;
 use crate::sds::{Publisher, Sds, Snapshot};
 use athenz_core::agent_api::{IdentityResponse, RefreshRequest};
 use athenz_core::crypto::CertInfo;
@@ -77,6 +80,35 @@ pub struct Sia {
     metrics_addr: Option<SocketAddr>,
     /// One writer of the set at a time (identity refresh and token renewal both write it).
     write_lock: Mutex<()>,
+    /// How refreshes reach ZTS with a pod-made key (`None` with --key-source agent).
+    zts_route: Option<ZtsRoute>,
+}
+
+/// With a pod-made key: ZTS directly when --zts-url is set, else the agent's tunnel (verifying ZTS
+/// by --zts-ca when set, else by the CA bundle the agent names).
+fn load_zts_route(settings: &Settings) -> Result<Option<ZtsRoute>, String> {
+    if settings.key_source != KeySource::Pod {
+        return Ok(None);
+    }
+    let ca = match settings.zts_ca.as_ref().or(settings.zts_ca_file.as_ref()) {
+        Some(path) => Some(
+            athenz_core::tls::read_certs_file(path)
+                .map_err(|e| format!("--zts-ca (SERVER_CA_CERT) {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let Some(url) = settings.zts_url.as_deref().filter(|u| !u.is_empty()) else {
+        return Ok(Some(ZtsRoute::Tunnel { ca }));
+    };
+    let ca_certs = ca.ok_or("--zts-ca (SERVER_CA_CERT) is required with --zts-url")?;
+    let zts = athenz_core::zts::ZtsClient::new(athenz_core::zts::ZtsClientConfig {
+        url: url.to_owned(),
+        ca_certs,
+        timeout: ZTS_TIMEOUT,
+        connect_timeout: ZTS_TIMEOUT,
+    })
+    .map_err(|e| format!("--zts-url (ZTS_URL): {e}"))?;
+    Ok(Some(ZtsRoute::Direct(zts)))
 }
 
 /// Where the token server listens, and how it serves.
@@ -187,7 +219,9 @@ impl Sia {
             ),
             _ => None,
         };
+        let zts_route = load_zts_route(&settings)?;
         Ok(Self {
+            zts_route,
             client: AgentClient::new(settings.endpoint.clone(), id, settings.request_timeout),
             set: FileSet::new(&settings.out_dir),
             owner,
@@ -218,8 +252,12 @@ impl Sia {
     }
 
     fn write(&self, answer: &IdentityResponse) -> Result<(), String> {
+        let key_pem = answer
+            .key_pem
+            .as_ref()
+            .ok_or("the answer carries no key and none was made here")?;
         self.write_set(&Credentials {
-            key_pem: Some(&answer.key_pem),
+            key_pem: Some(key_pem),
             cert_pem: &answer.cert_pem,
             ca_pem: &answer.ca_cert_pem,
             ntoken: &answer.ntoken,
@@ -246,7 +284,8 @@ impl Sia {
         answer: &IdentityResponse,
         deadline: Instant,
     ) -> Result<(), String> {
-        let mut failures = authz.rotate(&answer.key_pem, &answer.cert_pem).await?;
+        let key_pem = answer.key_pem.clone().unwrap_or_default();
+        let mut failures = authz.rotate(&key_pem, &answer.cert_pem).await?;
         loop {
             if failures.is_empty() {
                 return Ok(());
@@ -280,8 +319,14 @@ impl Sia {
             max: Duration::from_secs(10),
         };
         let mut attempt = 0;
+        // one key for every attempt: an RSA key costs tens of milliseconds, and a refused CSR
+        // says nothing against the key
+        let pod_key = match self.settings.key_source {
+            KeySource::Pod => Some(PodKey::generate(self.settings.key_algorithm)?),
+            KeySource::Agent => None,
+        };
         loop {
-            match self.client.init().await {
+            match self.register(pod_key.as_ref()).await {
                 Ok(answer) => {
                     if let Some(authz) = &self.authz {
                         self.authorize_all(authz, &answer, deadline).await?;
@@ -312,6 +357,61 @@ impl Sia {
                 }
                 Err(e) => return Err(format!("{e} (not retried: it cannot heal)")),
             }
+        }
+    }
+
+    /// One registration through the agent: with `pod_key`, the agent's template, this pod's CSR
+    /// and the answer completed with the key that never left the pod; without, the agent's key.
+    async fn register(&self, pod_key: Option<&PodKey>) -> Result<IdentityResponse, AgentError> {
+        let Some(key) = pod_key else {
+            return self.client.init().await;
+        };
+        let template = self.client.csr_template().await?;
+        let csr = key.csr(template).map_err(AgentError::BadAnswer)?;
+        let mut answer = self.client.init_with_csr(csr).await?;
+        if answer.key_pem.is_some() {
+            return Err(AgentError::BadAnswer(
+                "the agent sent a key although this pod made its own".into(),
+            ));
+        }
+        key.check_certificate(&answer.cert_pem)
+            .map_err(AgentError::BadAnswer)?;
+        answer.key_pem = Some(key.pem().clone());
+        Ok(answer)
+    }
+
+    /// One refresh: through the agent with its key, or with ZTS itself with a new pod-made key.
+    async fn refresh_once(
+        &self,
+        pair: &RefreshRequest,
+    ) -> Result<Result<IdentityResponse, String>, String> {
+        let Some(route) = &self.zts_route else {
+            return retry_unless_misconfigured(self.client.refresh(pair).await);
+        };
+        let refreshed = crate::pod_refresh::refresh(
+            &self.client,
+            route,
+            self.settings.key_algorithm,
+            &pair.key_pem,
+            &pair.cert_pem,
+            self.settings.request_timeout,
+        )
+        .await;
+        match refreshed {
+            Ok(answer) => Ok(Ok(answer)),
+            Err(PodRefreshError::Agent(e)) => retry_unless_misconfigured(Err(e)),
+            Err(e) => Ok(Err(e.to_string())),
+        }
+    }
+
+    /// With a pod-made key, tells the agent which certificate the pod holds now (its state and
+    /// `status` show it); a failure only leaves them one refresh behind.
+    async fn report(&self, answer: &IdentityResponse) {
+        if self.zts_route.is_none() {
+            return;
+        }
+        if let Err(e) = self.client.report_certificate(&answer.cert_pem).await {
+            tracing::warn!(error = %e, "the agent was not told the new certificate");
         }
     }
 
@@ -462,9 +562,13 @@ impl Sia {
                 // the agent binds the call to the pod by its cgroup, not by the certificate.
                 Ok((_, current)) if current.not_after <= time::OffsetDateTime::now_utc() => {
                     tracing::warn!(expired = %current.not_after, "the certificate expired; registering anew");
-                    retry_unless_misconfigured(self.client.init().await)?
+                    let pod_key = match self.settings.key_source {
+                        KeySource::Pod => Some(PodKey::generate(self.settings.key_algorithm)?),
+                        KeySource::Agent => None,
+                    };
+                    retry_unless_misconfigured(self.register(pod_key.as_ref()).await)?
                 }
-                Ok((pair, _)) => retry_unless_misconfigured(self.client.refresh(&pair).await)?,
+                Ok((pair, _)) => self.refresh_once(&pair).await?,
                 Err(e) => Err(e),
             };
             let outcome = match outcome {
@@ -477,9 +581,10 @@ impl Sia {
             match outcome {
                 Ok(answer) => {
                     tracing::info!(expires = %answer.expires_at, "identity refreshed");
+                    self.report(&answer).await;
                     if let Some(sds) = sds {
                         match Snapshot::new(
-                            answer.key_pem.clone(),
+                            answer.key_pem.clone().unwrap_or_default(),
                             answer.cert_pem.clone(),
                             answer.ca_cert_pem.clone(),
                         ) {
@@ -516,7 +621,8 @@ impl Sia {
     /// is written (a failure keeps the earlier ones; they are retried).
     async fn rotate_authz(&self, answer: &IdentityResponse) {
         let Some(authz) = &self.authz else { return };
-        match authz.rotate(&answer.key_pem, &answer.cert_pem).await {
+        let key_pem = answer.key_pem.clone().unwrap_or_default();
+        match authz.rotate(&key_pem, &answer.cert_pem).await {
             Ok(failures) if failures.is_empty() => {}
             Ok(failures) => {
                 tracing::warn!(failed = %describe(&failures), "role certificates or tokens not renewed with the new identity; retrying")

@@ -295,7 +295,7 @@ async fn refresh_checks_the_pair_before_anything_leaves_the_node() {
         (pair(&Secret::new("garbage"), "garbage"), "garbage"),
         (pair(&stranger_key, &mine.cert_pem), "mismatched pair"),
         (
-            pair(&theirs.key_pem, &theirs.cert_pem),
+            pair(theirs.key_pem.as_ref().unwrap(), &theirs.cert_pem),
             "another volume's certificate",
         ),
     ] {
@@ -313,18 +313,18 @@ async fn refresh_checks_the_pair_before_anything_leaves_the_node() {
     // the happy refresh, twice; then the first certificate again, superseded twice: refused by
     // the agent (ZTS never sees it, so it does not revoke the instance)
     let second = client(&node, &id)
-        .refresh(&pair(&mine.key_pem, &mine.cert_pem))
+        .refresh(&pair(mine.key_pem.as_ref().unwrap(), &mine.cert_pem))
         .await
         .unwrap();
     assert_ne!(second.cert_pem, mine.cert_pem);
     let third = client(&node, &id)
-        .refresh(&pair(&second.key_pem, &second.cert_pem))
+        .refresh(&pair(second.key_pem.as_ref().unwrap(), &second.cert_pem))
         .await
         .unwrap();
     assert_eq!(refreshes(&node).await, 2.0);
     let (code, message) = refused(
         client(&node, &id)
-            .refresh(&pair(&mine.key_pem, &mine.cert_pem))
+            .refresh(&pair(mine.key_pem.as_ref().unwrap(), &mine.cert_pem))
             .await
             .unwrap_err(),
     );
@@ -334,13 +334,13 @@ async fn refresh_checks_the_pair_before_anything_leaves_the_node() {
     // the one presented for the latest refresh is still accepted (an answer the pod never
     // wrote), as ZTS accepts its previous serial; then the one before is superseded
     let fourth = client(&node, &id)
-        .refresh(&pair(&second.key_pem, &second.cert_pem))
+        .refresh(&pair(second.key_pem.as_ref().unwrap(), &second.cert_pem))
         .await
         .unwrap();
     assert_ne!(fourth.cert_pem, third.cert_pem);
     let (code, message) = refused(
         client(&node, &id)
-            .refresh(&pair(&third.key_pem, &third.cert_pem))
+            .refresh(&pair(third.key_pem.as_ref().unwrap(), &third.cert_pem))
             .await
             .unwrap_err(),
     );
@@ -360,7 +360,7 @@ async fn refresh_refuses_certificates_athenz_did_not_issue_without_asking_zts() 
     let id = pod_with_volume(&node, "web-12", &uid(12), "10.1.2.12");
     let mine = client(&node, &id).init().await.unwrap();
     let info = CertInfo::from_pem(&mine.cert_pem).unwrap();
-    let key = PrivateKey::from_pem(mine.key_pem.expose()).unwrap();
+    let key = PrivateKey::from_pem(mine.key_pem.as_ref().unwrap().expose()).unwrap();
     let spec = |validity: time::Duration, backdate: time::Duration| LeafSpec {
         common_name: info.common_name.clone(),
         organizational_units: info.organizational_units.clone(),
@@ -401,7 +401,7 @@ async fn refresh_refuses_certificates_athenz_did_not_issue_without_asking_zts() 
             "-addext",
             &format!("subjectAltName={}", uri_sans.join(",")),
         ],
-        mine.key_pem.expose().as_bytes(),
+        mine.key_pem.as_ref().unwrap().expose().as_bytes(),
     )
     .unwrap();
     let self_signed =
@@ -412,7 +412,7 @@ async fn refresh_refuses_certificates_athenz_did_not_issue_without_asking_zts() 
         (self_signed.as_str(), "not issued by the Athenz CA"),
     ] {
         let request = RefreshRequest {
-            key_pem: mine.key_pem.clone(),
+            key_pem: mine.key_pem.clone().unwrap(),
             cert_pem: cert.to_owned(),
         };
         let (code, message) = refused(client(&node, &id).refresh(&request).await.unwrap_err());
@@ -422,7 +422,7 @@ async fn refresh_refuses_certificates_athenz_did_not_issue_without_asking_zts() 
     assert_eq!(refreshes(&node).await, 0.0, "ZTS was called");
     // and the real one still refreshes
     let request = RefreshRequest {
-        key_pem: mine.key_pem.clone(),
+        key_pem: mine.key_pem.clone().unwrap(),
         cert_pem: mine.cert_pem.clone(),
     };
     client(&node, &id).refresh(&request).await.unwrap();
@@ -768,7 +768,7 @@ async fn the_operators_status_shows_each_volume_and_its_last_error() {
 
     // the next success clears it
     let good = RefreshRequest {
-        key_pem: issued.key_pem.clone(),
+        key_pem: issued.key_pem.clone().unwrap(),
         cert_pem: issued.cert_pem.clone(),
     };
     let renewed = client(&node, &id).refresh(&good).await.unwrap();

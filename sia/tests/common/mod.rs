@@ -5,6 +5,7 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use athenz_core::agent_api::KeySource;
 use athenz_core::daemon::Shutdown;
 use athenz_core::volume::{VolumeData, VolumeId, VolumesDir, write_json_file};
 use athenz_testbed::fixtures::{self, PROVIDER};
@@ -95,6 +96,8 @@ pub struct Node {
     pub agent_config: athenz_identity_agent::Config,
     /// The agent's arguments other than its directories (to start more agents).
     pub agent_args: Vec<String>,
+    /// The agent's `--key-source`, which [`sia`] gives the SIA too.
+    pub key_source: KeySource,
     /// Registrations the callback confirmed before any pod asked (the agent's own node identity).
     pub node_registers: f64,
 }
@@ -106,13 +109,24 @@ impl Drop for Node {
     }
 }
 
-/// Everything up and wired; `key_algorithm` is the agent's `--key-algorithm`.
+/// Everything up and wired; `key_algorithm` is the agent's `--key-algorithm`. The agent makes
+/// the pods' keys (`--key-source agent`): most tests here drive the socket API by hand with a
+/// key pair; [`node_pod_keys`] runs the default, pod-made keys.
 pub async fn node(key_algorithm: &str) -> Node {
     node_with(key_algorithm, DevZtsConfig::default()).await
 }
 
 /// [`node`] with a dev ZTS configured by `zts_config`.
 pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
+    node_full(key_algorithm, zts_config, KeySource::Agent).await
+}
+
+/// Everything up and wired, the agent and the SIA making keys as `key_source` says.
+pub async fn node_pod_keys() -> Node {
+    node_full("p256", DevZtsConfig::default(), KeySource::Pod).await
+}
+
+async fn node_full(key_algorithm: &str, zts_config: DevZtsConfig, key_source: KeySource) -> Node {
     athenz_core::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -228,6 +242,7 @@ pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
         format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
         format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
         format!("--key-algorithm={key_algorithm}"),
+        format!("--key-source={key_source}"),
         "--ops-listen=127.0.0.1:0".to_owned(),
         "--upstream-timeout=5s".to_owned(),
     ];
@@ -267,6 +282,7 @@ pub async fn node_with(key_algorithm: &str, zts_config: DevZtsConfig) -> Node {
         jwt_shutdown,
         agent_config,
         agent_args,
+        key_source,
     }
 }
 
@@ -416,6 +432,7 @@ pub async fn sia(
         .env("ENDPOINT", &node.socket)
         .env("OUT_DIR", out)
         .env("INIT_TIMEOUT", "20s")
+        .env("KEY_SOURCE", node.key_source.to_string())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);

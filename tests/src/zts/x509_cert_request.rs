@@ -167,6 +167,7 @@ mod tests {
             uris: uris.iter().map(|s| (*s).to_owned()).collect(),
             emails: Vec::new(),
             public_key_der: Vec::new(),
+            subject_attributes: vec![format!("CN={cn}")],
             der: Vec::new(),
         }
     }

@@ -17,7 +17,9 @@ use std::time::Duration;
 use thiserror::Error;
 
 mod authz;
+mod over_stream;
 pub use authz::{AccessTokenResponse, RoleCertificate, RoleCertificateRequest, RoleTokenResponse};
+pub use over_stream::refresh_instance_over;
 
 /// ZTS's error body.
 pub type ResourceError = ErrorBody;
@@ -313,10 +315,7 @@ impl ZtsClient {
     ) -> Result<InstanceIdentity, ZtsError> {
         target.validate()?;
         let client = build_http_client(&self.config, Some(current))?;
-        let url = format!(
-            "{}/instance/{}/{}/{}/{}",
-            self.base, target.provider, target.domain, target.service, target.instance_id
-        );
+        let url = format!("{}{}", self.base, target.refresh_path());
         let resp = send(client.post(url).json(info)).await?;
         read_json(resp, 200, "instance identity").await
     }
@@ -484,6 +483,15 @@ pub struct InstanceRef<'a> {
 }
 
 impl InstanceRef<'_> {
+    /// The refresh route under the base URL: `/instance/{provider}/{domain}/{service}/{id}`
+    /// (call [`Self::validate`] first).
+    pub fn refresh_path(&self) -> String {
+        format!(
+            "/instance/{}/{}/{}/{}",
+            self.provider, self.domain, self.service, self.instance_id
+        )
+    }
+
     /// Validates every path segment before it is put in a URL.
     pub fn validate(&self) -> Result<(), NameError> {
         names::validate_provider("provider", self.provider)?;
@@ -519,7 +527,7 @@ async fn send(req: reqwest::RequestBuilder) -> Result<reqwest::Response, ZtsErro
 }
 
 /// The TLS alert in an error's chain by which a server refused the client's certificate.
-fn certificate_alert(
+pub(crate) fn certificate_alert(
     error: &(dyn std::error::Error + 'static),
 ) -> Option<rustls::AlertDescription> {
     use rustls::AlertDescription as A;
@@ -553,8 +561,19 @@ async fn read_json<T: DeserializeOwned>(
             },
             ReadError::Transport(t) => ZtsError::Unreachable(t),
         })?;
+    decode_answer(status, &body, expected, context)
+}
+
+/// ZTS's answer `body` with `status`: the `expected` type when the status is `expected`, else
+/// ZTS's error (its `{code,message}`, or the body quoted when it is not one).
+pub(crate) fn decode_answer<T: DeserializeOwned>(
+    status: u16,
+    body: &[u8],
+    expected: u16,
+    context: &'static str,
+) -> Result<T, ZtsError> {
     if status != expected {
-        return Err(match serde_json::from_slice::<ErrorBody>(&body) {
+        return Err(match serde_json::from_slice::<ErrorBody>(body) {
             Ok(err) => ZtsError::Rejected {
                 status,
                 code: err.code,
@@ -563,11 +582,11 @@ async fn read_json<T: DeserializeOwned>(
             Err(_) => ZtsError::Rejected {
                 status,
                 code: i32::from(status),
-                message: crate::names::Quoted::new(&String::from_utf8_lossy(&body)).to_string(),
+                message: crate::names::Quoted::new(&String::from_utf8_lossy(body)).to_string(),
             },
         });
     }
-    serde_json::from_slice(&body).map_err(|e| ZtsError::BadResponse {
+    serde_json::from_slice(body).map_err(|e| ZtsError::BadResponse {
         context,
         reason: e.to_string(),
     })
