@@ -4,6 +4,7 @@
 
 use crate::kubelet::{Absent, PodCache};
 pub use crate::metrics::AgentMetrics;
+pub use crate::refresh::{PresentedPair, parse_refresh_request};
 pub use crate::routes::AgentHandler;
 pub use crate::service_dns::ServiceDns;
 use athenz_core::agent_api::{IdentityResponse, InitRequest, KeySource};

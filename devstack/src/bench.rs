@@ -9,6 +9,7 @@ use crate::kube::{KubeClient, NewPod, PodSize};
 use crate::pod_volume::{MountedVolume, NodeKubelet, PodTimes};
 use crate::procs::Usage;
 use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
+use athenz_core::agent_api::KeySource;
 use anyhow::{Context, bail};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey};
 use athenz_testbed::stats::percentile;
@@ -39,6 +40,9 @@ pub struct BenchOptions {
     pub pod_size: PodSize,
     /// The volume kinds to measure, each on a fresh stack, in this order.
     pub volumes: Vec<VolumeKind>,
+    /// Where socket-mode pods' keys are made; each is measured for every volume kind, on a
+    /// fresh stack (files mode always makes its keys on the node: measured once).
+    pub key_sources: Vec<KeySource>,
 }
 
 /// One process's share of the run.
@@ -102,6 +106,8 @@ pub struct CryptoFloor {
 pub struct BenchReport {
     /// The pods' volume.
     pub volume: VolumeKind,
+    /// Where the pods' keys were made.
+    pub key_source: KeySource,
     /// Pods.
     pub pods: usize,
     /// Pods in flight at once (with `arrival_ms` 0).
@@ -235,12 +241,21 @@ pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<Vec
         "rsa2048" => KeyAlgorithm::Rsa2048,
         other => bail!("--key {other:?}: must be p256 or rsa2048"),
     };
+    if options.key_sources.is_empty() {
+        bail!("--key-source: name at least one of pod, agent");
+    }
     let mut reports = Vec::new();
     for &volume in &options.volumes {
-        let report = run_one(state_dir, options, algorithm, volume)
-            .await
-            .with_context(|| format!("the {volume:?} run"))?;
-        reports.push(report);
+        for &key_source in &options.key_sources {
+            // files mode has no SIA: the agent makes its keys whatever the setting
+            if volume == VolumeKind::CsiFiles && key_source != options.key_sources[0] {
+                continue;
+            }
+            let report = run_one(state_dir, options, algorithm, volume, key_source)
+                .await
+                .with_context(|| format!("the {} run with {key_source} keys", volume.name()))?;
+            reports.push(report);
+        }
     }
     Ok(reports)
 }
@@ -251,6 +266,7 @@ async fn run_one(
     options: &BenchOptions,
     algorithm: KeyAlgorithm,
     volume: VolumeKind,
+    key_source: KeySource,
 ) -> anyhow::Result<BenchReport> {
     // The stack's state on a tmpfs: the figures are then the system's, not those of the host
     // disk's inode allocator (on a much-churned ext4, creating the volumes' directories cost
@@ -260,6 +276,7 @@ async fn run_one(
         components: options.components.clone(),
         peer_check: options.peer_check,
         volume,
+        key_source,
         ..StackOptions::new(state_dir.to_owned(), &options.key)
     })
     .await;
@@ -471,6 +488,11 @@ async fn measure(
     let cpu_per_identity_ms = per_identity_ms(total_cpu);
     Ok(BenchReport {
         volume,
+        key_source: if volume == VolumeKind::CsiFiles {
+            KeySource::Agent
+        } else {
+            info.key_source
+        },
         pods: options.pods,
         concurrency: options.concurrency,
         arrival_ms: ms(options.arrival),
@@ -664,11 +686,12 @@ pub fn print_human(report: &BenchReport) {
         format!("all existing first, concurrency {}", report.concurrency)
     };
     println!(
-        "{} volume: {} {:?} pods, {arrival}, {} keys, peer check {}",
+        "{} volume: {} {:?} pods, {arrival}, {} keys made by the {}, peer check {}",
         report.volume.name(),
         report.pods,
         report.pod_size,
         report.key,
+        report.key_source,
         report.peer_check
     );
     println!(
@@ -755,8 +778,9 @@ pub fn print_human(report: &BenchReport) {
 /// The volume kinds of one run side by side.
 pub fn print_comparison(reports: &[BenchReport]) {
     println!(
-        "{:<11} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15} {:>15}",
+        "{:<11} {:<6} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15} {:>15}",
         "volume",
+        "keys",
         "p50 ms",
         "p99 ms",
         "max ms",
@@ -776,8 +800,9 @@ pub fn print_comparison(reports: &[BenchReport]) {
             .and_then(|p| p.peak_rss_mib)
             .unwrap_or(f64::NAN);
         println!(
-            "{:<11} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.3} {:>15.1}",
+            "{:<11} {:<6} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.3} {:>15.1}",
             r.volume.name(),
+            r.key_source.as_str(),
             r.latency_ms.p50,
             r.latency_ms.p99,
             r.latency_ms.max,

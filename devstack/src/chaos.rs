@@ -112,6 +112,8 @@ pub struct ChaosOptions {
     pub sia_kills: usize,
     /// Separately built component binaries to run instead of this one.
     pub components: Option<PathBuf>,
+    /// Where the flex pods' keys are made.
+    pub key_source: athenz_core::agent_api::KeySource,
 }
 
 /// One fault's row.
@@ -165,6 +167,7 @@ pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<Cha
         volume: VolumeKind::CsiFiles,
         cert_expiry_minutes: Some(options.lifetime_minutes),
         fault_injection: true,
+        key_source: options.key_source,
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
@@ -899,7 +902,7 @@ async fn sia_killed_mid_write(
         let mut command =
             crate::procs::Command::new("sia-init-killed", Path::new(program), args.to_vec());
         command.cwd = Some(volume.mount_dir.clone());
-        command.env = crate::node::sia_env(&volume)
+        command.env = crate::node::sia_env(&stack.info, &volume)
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v))
             .collect();

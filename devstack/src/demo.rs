@@ -115,6 +115,7 @@ const DEMO_CSI_REFRESH: Duration = Duration::from_secs(1);
 pub async fn run(
     state_dir: &Path,
     volume: VolumeKind,
+    key_source: athenz_core::agent_api::KeySource,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
@@ -128,6 +129,7 @@ pub async fn run(
         nodes: 2,
         volume,
         csi_refresh_interval: (volume == VolumeKind::CsiFiles).then_some(DEMO_CSI_REFRESH),
+        key_source,
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
@@ -164,6 +166,7 @@ fn describe_stack(info: &StackInfo, print: &mut dyn FnMut(String)) {
         ));
     }
     print(format!("  peer check        {}", info.peer_check));
+    print(format!("  pod keys made by  the {}", info.key_source));
     print("  (the control plane's certificates came from ZTS through athenz-control-sia)".into());
 }
 

@@ -6,6 +6,7 @@
 use athenz_devstack::{bench, chaos, demo, kube, multicall, soak, stack, userns};
 
 use anyhow::Context;
+use athenz_core::agent_api::KeySource;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,9 @@ enum Command {
         /// the agent's CSI driver) or csi-files (nothing in the pod).
         #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
         volume: stack::VolumeKind,
+        /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
+        #[arg(long, value_enum, default_value_t = KeySource::Pod)]
+        key_source: KeySource,
     },
     /// Start the stack and keep it running until Ctrl-C or SIGTERM; writes DIR/stack.json.
     Up {
@@ -61,6 +65,9 @@ enum Command {
         /// can inject faults into the running stack (the fields of `chaos`'s faults file).
         #[arg(long)]
         fault_injection: bool,
+        /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
+        #[arg(long, value_enum, default_value_t = KeySource::Pod)]
+        key_source: KeySource,
     },
     /// Measure the full path for many pods.
     Bench {
@@ -95,6 +102,10 @@ enum Command {
         /// on a fresh stack, and compared.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "flex")]
         volume: Vec<stack::VolumeKind>,
+        /// Where socket-mode pods' keys are made; several (e.g. pod,agent) are measured one
+        /// after the other, each on a fresh stack, and compared.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "pod")]
+        key_source: Vec<KeySource>,
     },
     /// Run the stack for a long time with short certificate lifetimes; sample every daemon's
     /// RSS, fds and threads and every pod's files; fail on growth past the bound after warm-up,
@@ -151,6 +162,9 @@ enum Command {
         /// How many times `sia-killed-mid-write` kills the SIA.
         #[arg(long, default_value_t = 1000)]
         sia_kills: usize,
+        /// Where the flex pods' keys are made (the agents' and SIAs' --key-source).
+        #[arg(long, value_enum, default_value_t = KeySource::Pod)]
+        key_source: KeySource,
         /// Run each component from its own binary in DIR instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,
@@ -179,6 +193,8 @@ enum Command {
         volume_dir: PathBuf,
         #[arg(long)]
         credentials_dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
+        key_source: athenz_core::agent_api::KeySource,
     },
     /// The Kubernetes API and kubelet stand-ins (started by the stack).
     #[command(hide = true)]
@@ -271,11 +287,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             socket,
             volume_dir,
             credentials_dir,
+            key_source,
         } => {
             let answer = runtime()?.block_on(athenz_devstack::node::pod_refresh_once(
                 &socket,
                 &volume_dir,
                 &credentials_dir,
+                key_source,
             ))?;
             println!("{}", serde_json::to_string(&answer)?);
             Ok(ExitCode::SUCCESS)
@@ -284,6 +302,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             json,
             state_dir,
             volume,
+            key_source,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -298,7 +317,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("{line}");
                 }
             };
-            let report = runtime()?.block_on(demo::run(&dir, volume, &mut print))?;
+            let report = runtime()?.block_on(demo::run(&dir, volume, key_source, &mut print))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -318,6 +337,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             peer_check,
             volume,
             fault_injection,
+            key_source,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -331,6 +351,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 peer_check,
                 volume,
                 fault_injection,
+                key_source,
                 ..stack::StackOptions::new(state_dir, &key)
             };
             runtime()?.block_on(up(options))?;
@@ -343,6 +364,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             faults,
             sia_kills,
             components,
+            key_source,
             json,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
@@ -363,6 +385,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 sia_kills,
                 components,
+                key_source,
             };
             let report = runtime()?.block_on(chaos::run(temp.path(), &options))?;
             if json {
@@ -428,6 +451,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             arrival,
             pod_size,
             volume,
+            key_source,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -445,6 +469,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 arrival,
                 pod_size,
                 volumes: volume,
+                key_sources: key_source,
             };
             let reports = runtime()?.block_on(bench::run(temp.path(), &options))?;
             if json {

@@ -247,8 +247,17 @@ pub fn remove_pod_side(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<
 /// kubelet put them on this node. The SIA runs in the volume's mount dir and names the id file
 /// and socket relative to it: in a pod the socket path is short
 /// (`/var/athenz/identity/connect/agent.sock`), but under kubelet's pod directory it would exceed
-/// the 108 bytes a Unix socket address holds.
-pub fn sia_env(volume: &PodVolume) -> Vec<(&'static str, String)> {
+/// the 108 bytes a Unix socket address holds. With them, where the SIA's key is made and what
+/// kind, as the stack's agents expect.
+pub fn sia_env(stack: &StackInfo, volume: &PodVolume) -> Vec<(&'static str, String)> {
+    let mut env = sia_paths_env(volume);
+    env.push(("KEY_SOURCE", stack.key_source.to_string()));
+    env.push(("KEY_ALGORITHM", stack.key_algorithm.clone()));
+    env
+}
+
+/// The SIA's paths for `volume` (see [`sia_env`]).
+pub fn sia_paths_env(volume: &PodVolume) -> Vec<(&'static str, String)> {
     vec![
         ("ID_FILE", "id".into()),
         (
@@ -291,7 +300,7 @@ pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<S
     let started = Instant::now();
     let mut argv = stack.sia.clone();
     argv.push("init".into());
-    let mut env = sia_env(volume);
+    let mut env = sia_env(stack, volume);
     env.push(("LOG_FORMAT", "json".into()));
     let what = format!("athenz-sia init for {}", volume.pod.name);
     let (_, log) = run_capturing(
@@ -338,7 +347,7 @@ pub fn sia_refresh(
         args,
     );
     command.cwd = Some(volume.mount_dir.clone());
-    command.env = sia_env(volume)
+    command.env = sia_env(stack, volume)
         .into_iter()
         .chain(extra_env.iter().cloned())
         .map(|(k, v)| (k.to_owned(), v))
@@ -362,6 +371,7 @@ pub async fn refresh_once(
         path_flag("socket", &volume.node.socket),
         path_flag("volume-dir", &volume.mount_dir),
         path_flag("credentials-dir", &volume.credentials_dir),
+        format!("--key-source={}", stack.key_source),
     ];
     let output = run(
         &in_pod(stack, &volume.uid, &argv)?,
@@ -394,11 +404,14 @@ pub enum RefreshOnceAnswer {
 }
 
 /// The body of `pod-refresh-once`: one refresh through `socket` with the pair in
-/// `credentials_dir`, for the volume whose id is in `volume_dir/id`.
+/// `credentials_dir`, for the volume whose id is in `volume_dir/id`, as the SIA makes it with
+/// `key_source` (with a pod-made key: the agent's attestation, ZTS through the agent's tunnel,
+/// the new certificate reported).
 pub async fn pod_refresh_once(
     socket: &Path,
     volume_dir: &Path,
     credentials_dir: &Path,
+    key_source: athenz_core::agent_api::KeySource,
 ) -> anyhow::Result<RefreshOnceAnswer> {
     use athenz_core::agent_api::RefreshRequest;
     use athenz_core::secret::Secret;
@@ -411,6 +424,27 @@ pub async fn pod_refresh_once(
         key_pem: Secret::new(read("service.key.pem").context("reading the key")?),
         cert_pem: read("service.cert.pem").context("reading the certificate")?,
     };
+    if key_source == athenz_core::agent_api::KeySource::Pod {
+        let refreshed = athenz_sia::pod_refresh::refresh(
+            &client,
+            &athenz_sia::pod_refresh::ZtsRoute::Tunnel { ca: None },
+            athenz_core::crypto::KeyAlgorithm::P256,
+            &request.key_pem,
+            &request.cert_pem,
+            Duration::from_secs(30),
+        )
+        .await;
+        return Ok(match refreshed {
+            Ok(answer) => {
+                client
+                    .report_certificate(&answer.cert_pem)
+                    .await
+                    .context("reporting the new certificate")?;
+                RefreshOnceAnswer::Refreshed(answer.cert_pem)
+            }
+            Err(e) => RefreshOnceAnswer::Refused(e.to_string()),
+        });
+    }
     Ok(match client.refresh(&request).await {
         Ok(answer) => RefreshOnceAnswer::Refreshed(answer.cert_pem),
         Err(e) => RefreshOnceAnswer::Refused(e.to_string()),
@@ -466,7 +500,7 @@ mod tests {
             mount_dir: PathBuf::from("/k/pods/u/volumes/athenz~volume-driver/athenz-identity"),
             credentials_dir: PathBuf::from("/k/pods/u/credentials"),
         };
-        let env = sia_env(&volume);
+        let env = sia_paths_env(&volume);
         assert_eq!(env[0], ("ID_FILE", "id".to_owned()));
         assert_eq!(env[1], ("ENDPOINT", "connect/agent.sock".to_owned()));
         assert_eq!(env[2], ("OUT_DIR", "/k/pods/u/credentials".to_owned()));

@@ -3,6 +3,7 @@
 //! a cluster, their certificates obtained from ZTS with `athenz-control-sia` (and kept fresh by its
 //! refresh sidecars). [`StackInfo`] is the `stack.json` contract of DESIGN.md 5.
 
+use athenz_core::agent_api::KeySource;
 use crate::kube::KubeInfo;
 use crate::multicall;
 use crate::procs::{Command, Process, Usage, free_port};
@@ -176,11 +177,22 @@ pub struct StackInfo {
     pub node_attestation: NodeAttestation,
     /// The agents' `--peer-check`.
     pub peer_check: PeerCheck,
+    /// Where socket-mode pods' keys are made: the agents' and the SIAs' `--key-source`.
+    #[serde(default)]
+    pub key_source: KeySource,
+    /// The key type made for pods (the agents' `--key-algorithm`, and the SIAs' with pod-made
+    /// keys).
+    #[serde(default = "default_key_algorithm")]
+    pub key_algorithm: String,
     /// Where pod cgroups are made (kubelet-shaped, `kubepods-pod<uid_>.slice/…`); `null` when
     /// this host lets the stack make none (then `peer_check` is `off` unless overridden).
     pub pod_cgroup_root: Option<PathBuf>,
     /// Process ids by component (they change when a component is restarted).
     pub processes: BTreeMap<String, u32>,
+}
+
+fn default_key_algorithm() -> String {
+    "p256".into()
 }
 
 /// Writes `value` as JSON to `path` atomically (readers never see half), mode 0644 — the shared
@@ -214,6 +226,8 @@ pub struct StackOptions {
     pub state_dir: PathBuf,
     /// The agent's `--key-algorithm`: p256 or rsa2048.
     pub key_algorithm: String,
+    /// The agents' and SIAs' `--key-source`.
+    pub key_source: KeySource,
     /// Run the components from their own binaries in this directory instead of this one.
     pub components: Option<PathBuf>,
     /// How many nodes (each its own kubelet, agent and node identity); at least 1.
@@ -267,6 +281,7 @@ impl StackOptions {
         Self {
             state_dir,
             key_algorithm: key_algorithm.to_owned(),
+            key_source: KeySource::Pod,
             components: None,
             nodes: 1,
             peer_check: None,
@@ -570,6 +585,7 @@ impl Stack {
                 format!("--zts-url={}", zts_info.url),
                 path_arg("zts-ca", &ca),
                 format!("--key-algorithm={}", options.key_algorithm),
+                format!("--key-source={}", options.key_source),
                 format!("--ops-listen=127.0.0.1:{agent_ops}"),
                 "--upstream-timeout=5s".into(),
             ];
@@ -668,6 +684,8 @@ impl Stack {
                 principal: AGENT_PRINCIPAL.into(),
             },
             peer_check,
+            key_source: options.key_source,
+            key_algorithm: options.key_algorithm.clone(),
             pod_cgroup_root,
             processes: BTreeMap::new(),
         };
