@@ -108,8 +108,9 @@ impl Agent {
     }
 
     /// A certificate a pod says it holds: this volume's identity (400), valid now and from the
-    /// Athenz CA (403), and not older than the latest the agent knows of (403). Newer ones are
-    /// accepted: the pod got them from ZTS itself, and its report of the last may have been lost.
+    /// Athenz CA (403), and the latest the agent knows of, the one before it, or one that
+    /// expires no earlier than the latest (403 otherwise). Newer ones are accepted: the pod got them
+    /// from ZTS itself, and its report of the last may have been lost.
     fn check_held_certificate(
         &self,
         cert_pem: &str,
@@ -121,7 +122,9 @@ impl Agent {
         let chain = pem_certificates(cert_pem)
             .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("the certificate: {e}")))?;
         self.check_issued_by_athenz(&chain, &info)?;
-        if info.not_after < state.cert_expiry {
+        let known = info.serial_hex == state.cert_serial
+            || state.previous_cert_serial.as_deref() == Some(info.serial_hex.as_str());
+        if !known && info.not_after < state.cert_expiry {
             return Err(fail(
                 StatusCode::FORBIDDEN,
                 format!(

@@ -141,8 +141,14 @@ mod tests {
         let mut changed = expected();
         changed.dns_names[0] = "api.media-sports.athenz.cloud".into();
         let why = refusal(&changed);
-        assert!(why.contains("DNS SAN api.media-sports.athenz.cloud is not this pod's"), "{why}");
-        assert!(why.contains(&format!("DNS SAN {} is missing", expected().dns_names[0])), "{why}");
+        assert!(
+            why.contains("DNS SAN api.media-sports.athenz.cloud is not this pod's"),
+            "{why}"
+        );
+        assert!(
+            why.contains(&format!("DNS SAN {} is missing", expected().dns_names[0])),
+            "{why}"
+        );
 
         let mut added = expected();
         added.ip_addresses.push("10.9.9.9".parse().unwrap());
@@ -174,6 +180,9 @@ mod tests {
             "key RSA-1024 is too weak: RSA keys need at least 2048 bits"
         );
         let why = key_refusal(include_bytes!("../tests/fixtures/p384.spki.der")).unwrap();
-        assert!(why.starts_with("key type EC on curve 1.3.132.0.34 is not allowed"), "{why}");
+        assert!(
+            why.starts_with("key type EC on curve 1.3.132.0.34 is not allowed"),
+            "{why}"
+        );
     }
 }

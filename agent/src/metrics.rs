@@ -185,4 +185,3 @@ impl AgentMetrics {
             .observe(started.elapsed().as_secs_f64());
     }
 }
-

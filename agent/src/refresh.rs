@@ -2,8 +2,8 @@
 //! rotation): the presented pair is checked to be the volume's latest identity before anything
 //! leaves the node, then shown to ZTS as the TLS client certificate.
 
-use crate::service::{Agent, Failure, KeyRequest, PodIp, fail, zts_failure};
 use crate::kubelet::Absent;
+use crate::service::{Agent, Failure, KeyRequest, PodIp, fail, zts_failure};
 use athenz_core::agent_api::{IdentityResponse, KeySource, RefreshRequest};
 use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
 use athenz_core::http::ConnInfo;
@@ -217,4 +217,3 @@ pub fn parse_refresh_request(body: &[u8]) -> Result<RefreshRequest, Failure> {
         )
     })
 }
-

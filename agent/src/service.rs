@@ -4,11 +4,11 @@
 
 use crate::kubelet::{Absent, PodCache};
 pub use crate::metrics::AgentMetrics;
+use crate::metrics::PeerCheckLabels;
 pub use crate::refresh::{PresentedPair, parse_refresh_request};
 pub use crate::routes::AgentHandler;
 pub use crate::service_dns::ServiceDns;
 use athenz_core::agent_api::{IdentityResponse, InitRequest, KeySource};
-use crate::metrics::PeerCheckLabels;
 use athenz_core::crypto::{CertInfo, CsrInfo, PrivateKey, build_csr};
 use athenz_core::http::{Body, ConnInfo, error_response, unavailable_response};
 use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
@@ -21,10 +21,7 @@ use athenz_core::volume::{
     VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumeStatusRecord, VolumesDir,
     read_json_file, write_json_file,
 };
-use athenz_core::zts::{
-    InstanceIdentity, InstanceRegisterInformation,
-    ZtsClient, ZtsError,
-};
+use athenz_core::zts::{InstanceIdentity, InstanceRegisterInformation, ZtsClient, ZtsError};
 use athenz_csi_driver::Issued;
 use http::{Response, StatusCode};
 use std::collections::HashMap;
@@ -519,6 +516,8 @@ impl Agent {
         body: &[u8],
         conn: &ConnInfo,
     ) -> Result<IdentityResponse, Failure> {
+        // an empty body is `{}`: what clients before pod-made keys could send
+        let body = if body.is_empty() { b"{}" } else { body };
         let request: InitRequest = serde_json::from_slice(body).map_err(|e| {
             fail(
                 StatusCode::BAD_REQUEST,
@@ -526,9 +525,10 @@ impl Agent {
             )
         })?;
         let csr = match (self.key_source, &request.csr) {
-            (KeySource::Pod, Some(pem)) => Some(CsrInfo::from_pem(pem).map_err(|e| {
-                fail(StatusCode::BAD_REQUEST, format!("the pod's CSR: {e}"))
-            })?),
+            (KeySource::Pod, Some(pem)) => Some(
+                CsrInfo::from_pem(pem)
+                    .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("the pod's CSR: {e}")))?,
+            ),
             (KeySource::Pod, None) => {
                 return Err(fail(
                     StatusCode::BAD_REQUEST,

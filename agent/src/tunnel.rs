@@ -54,7 +54,10 @@ impl Tunnel {
 
     fn is_target(&self, authority: Option<&http::uri::Authority>) -> bool {
         authority.is_some_and(|a| {
-            a.host().trim_start_matches('[').trim_end_matches(']').eq_ignore_ascii_case(&self.host)
+            a.host()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .eq_ignore_ascii_case(&self.host)
                 && a.port_u16() == Some(self.port)
         })
     }
@@ -85,11 +88,13 @@ pub async fn open(agent: &Agent, req: &mut Request<Bytes>, conn: &ConnInfo) -> R
             Response::new(Body::new(Bytes::new()))
         }
         Err(failure) => {
-            agent.metrics.tunnel(if failure.status == StatusCode::SERVICE_UNAVAILABLE {
-                "unreachable"
-            } else {
-                "refused"
-            });
+            agent
+                .metrics
+                .tunnel(if failure.status == StatusCode::SERVICE_UNAVAILABLE {
+                    "unreachable"
+                } else {
+                    "refused"
+                });
             tracing::info!(status = %failure.status, reason = %failure.message, "tunnel refused");
             failure.into_response()
         }
@@ -132,7 +137,12 @@ async fn checked_connect(
         .to_str()
         .ok()
         .map(VolumeId::parse)
-        .ok_or_else(|| fail(StatusCode::BAD_REQUEST, format!("{VOLUME_HEADER}: not text")))?
+        .ok_or_else(|| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                format!("{VOLUME_HEADER}: not text"),
+            )
+        })?
         .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("{VOLUME_HEADER}: {e}")))?;
     let (_, data) = agent.volume(&id)?;
     agent.check_peer(&id, &data, conn)?;
@@ -143,20 +153,27 @@ async fn checked_connect(
         )
     })?;
     let target = (tunnel.host.as_str(), tunnel.port);
-    let zts = tokio::time::timeout(tunnel.connect_timeout, tokio::net::TcpStream::connect(target))
-        .await
-        .map_err(|_| {
-            fail(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("ZTS ({}) did not accept a connection within {:?}", tunnel.authority(), tunnel.connect_timeout),
-            )
-        })?
-        .map_err(|e| {
-            fail(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("ZTS ({}) unreachable: {e}", tunnel.authority()),
-            )
-        })?;
+    let zts = tokio::time::timeout(
+        tunnel.connect_timeout,
+        tokio::net::TcpStream::connect(target),
+    )
+    .await
+    .map_err(|_| {
+        fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "ZTS ({}) did not accept a connection within {:?}",
+                tunnel.authority(),
+                tunnel.connect_timeout
+            ),
+        )
+    })?
+    .map_err(|e| {
+        fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("ZTS ({}) unreachable: {e}", tunnel.authority()),
+        )
+    })?;
     let _ = zts.set_nodelay(true);
     Ok((zts, slot))
 }

@@ -62,6 +62,8 @@ fn an_agent_in_another_pid_namespace_refuses_with_the_host_pid_hint() {
         .arg("--admin-domain=k8s.admin")
         .arg("--ops-listen=127.0.0.1:0")
         .arg("--peer-check=enforce")
+        // a key-less init reaches the peer check (with pod-made keys it would need a CSR)
+        .arg("--key-source=agent")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -141,9 +141,16 @@ fn status_lists_every_volume_and_exits_by_their_health() {
     assert!(text.starts_with("POD "), "{text}");
     let header = text.lines().next().unwrap();
     assert!(header.contains(" KEY "), "{header}");
-    let flex_line = text.lines().find(|l| l.starts_with("media-sports/web-1 ")).unwrap();
+    let flex_line = text
+        .lines()
+        .find(|l| l.starts_with("media-sports/web-1 "))
+        .unwrap();
     let columns: Vec<&str> = flex_line.split_whitespace().collect();
-    assert_eq!(&columns[columns.len() - 3..], ["pod", "pod", "yes"], "{flex_line}");
+    assert_eq!(
+        &columns[columns.len() - 3..],
+        ["pod", "pod", "yes"],
+        "{flex_line}"
+    );
     assert!(text.contains("media-sports/web-2"), "{text}");
     assert!(
         text.contains("the last attempt failed: 503 ZTS unavailable"),

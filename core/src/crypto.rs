@@ -417,9 +417,17 @@ impl CsrInfo {
         if !rest.is_empty() {
             return Err(CryptoError::BadCsr("trailing bytes after the CSR".into()));
         }
+        let info = &csr.certification_request_info;
+        // an RSA key under 2048 bits cannot be verified at all: say that, not "bad signature"
+        if let Ok(KeyType::Rsa { bits }) = public_key_type(info.subject_pki.raw)
+            && bits < 2048
+        {
+            return Err(CryptoError::BadCsr(format!(
+                "key RSA-{bits} is too weak: RSA keys need at least 2048 bits"
+            )));
+        }
         csr.verify_signature()
             .map_err(|e| CryptoError::BadCsr(format!("signature does not verify: {e}")))?;
-        let info = &csr.certification_request_info;
         let names = match csr.requested_extensions() {
             Some(exts) => read_sans(exts).map_err(CryptoError::BadCsr)?,
             None => Sans::default(),
@@ -633,10 +641,7 @@ pub fn public_key_type(spki_der: &[u8]) -> Result<KeyType, CryptoError> {
                 None => KeyType::Other("EC without a named curve".into()),
             }
         }
-        _ => KeyType::Other(format!(
-            "a {} key",
-            spki.algorithm.algorithm.to_id_string()
-        )),
+        _ => KeyType::Other(format!("a {} key", spki.algorithm.algorithm.to_id_string())),
     })
 }
 
@@ -711,7 +716,10 @@ mod tests {
         }
         let p384 = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
         let kind = public_key_type(&rcgen::PublicKeyData::subject_public_key_info(&p384)).unwrap();
-        assert!(matches!(&kind, KeyType::Other(w) if w.contains("1.3.132.0.34")), "{kind}");
+        assert!(
+            matches!(&kind, KeyType::Other(w) if w.contains("1.3.132.0.34")),
+            "{kind}"
+        );
         assert!(public_key_type(b"garbage").is_err());
     }
 

@@ -3,11 +3,11 @@
 //! a cluster, their certificates obtained from ZTS with `athenz-control-sia` (and kept fresh by its
 //! refresh sidecars). [`StackInfo`] is the `stack.json` contract of DESIGN.md 5.
 
-use athenz_core::agent_api::KeySource;
 use crate::kube::KubeInfo;
 use crate::multicall;
 use crate::procs::{Command, Process, Usage, free_port};
 use anyhow::{Context, bail};
+use athenz_core::agent_api::KeySource;
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey};
 use athenz_core::peer::PeerCheck;
 use athenz_testbed::fixtures::{

@@ -14,8 +14,8 @@ pub struct PodKey {
 impl PodKey {
     /// Makes a key (P-256 ~20 µs; RSA-2048 tens of milliseconds).
     pub fn generate(algorithm: KeyAlgorithm) -> Result<Self, String> {
-        let key = PrivateKey::generate(algorithm)
-            .map_err(|e| format!("making the pod's key: {e}"))?;
+        let key =
+            PrivateKey::generate(algorithm).map_err(|e| format!("making the pod's key: {e}"))?;
         let pem = key
             .to_pkcs8_pem()
             .map_err(|e| format!("encoding the pod's key: {e}"))?;

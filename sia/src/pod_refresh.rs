@@ -56,7 +56,9 @@ pub async fn refresh(
 ) -> Result<IdentityResponse, PodRefreshError> {
     let attestation = client.attestation(cert_pem).await?;
     let key = PodKey::generate(algorithm).map_err(PodRefreshError::Local)?;
-    let csr = key.csr(attestation.csr.clone()).map_err(PodRefreshError::Local)?;
+    let csr = key
+        .csr(attestation.csr.clone())
+        .map_err(PodRefreshError::Local)?;
     let current = certified_key_from_pem(cert_pem, key_pem.expose())
         .map_err(|e| PodRefreshError::Local(format!("the current pair: {e}")))?;
     let target = InstanceRef {
@@ -103,7 +105,9 @@ pub async fn refresh(
         .x509_certificate
         .as_deref()
         .ok_or_else(|| PodRefreshError::Local("ZTS sent no certificate".into()))?;
-    let info = key.check_certificate(leaf).map_err(PodRefreshError::Local)?;
+    let info = key
+        .check_certificate(leaf)
+        .map_err(PodRefreshError::Local)?;
     let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
     let cert_pem = athenz_core::crypto::leaf_with_chain(leaf, &signer)
         .unwrap_or_else(|_| format!("{}\n", leaf.trim_end()));

@@ -9,8 +9,8 @@ use crate::authz::{Authz, TargetFailure};
 use crate::client::{AgentClient, AgentError};
 use crate::pod_key::PodKey;
 use crate::pod_refresh::{PodRefreshError, ZtsRoute};
-use athenz_core::agent_api::KeySource;
 use crate::sds::{Publisher, Sds, Snapshot};
+use athenz_core::agent_api::KeySource;
 use athenz_core::agent_api::{IdentityResponse, RefreshRequest};
 use athenz_core::crypto::CertInfo;
 use athenz_core::files::{

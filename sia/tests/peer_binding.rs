@@ -81,6 +81,7 @@ async fn sia_init(
         .env("ENDPOINT", socket)
         .env("OUT_DIR", out)
         .env("INIT_TIMEOUT", "10s")
+        .env("KEY_SOURCE", node.key_source.to_string())
         .kill_on_drop(true)
         .output()
         .await
@@ -93,7 +94,8 @@ async fn sia_init(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforce_serves_the_pods_own_processes_and_refuses_every_other() {
-    let node = node("p256").await;
+    // pod-made keys, the default: the CSR template and the init are both bound to the pod
+    let node = node_pod_keys().await;
     let (socket, ops) = agent_with(&node, PeerCheck::Enforce).await;
     let root = CgroupRoot::new(&v2());
     let pod = uid(1);
@@ -133,16 +135,41 @@ async fn enforce_serves_the_pods_own_processes_and_refuses_every_other() {
     assert!(stderr.contains("403"), "{stderr}");
     assert!(stderr.contains("no pod's cgroup"), "{stderr}");
 
-    for outcome in ["match", "mismatch", "unknown"] {
+    // a tunnel to ZTS asked by a process in no pod, naming the volume: 403 as well
+    let answer = raw_connect(&socket, &node.agent_config.zts_url, &id);
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("no pod's cgroup"), "{answer}");
+
+    // the pod's own init asked twice (CSR template, init); every refusal came at the first call
+    for (outcome, calls) in [("match", 2.0), ("mismatch", 1.0), ("unknown", 2.0)] {
         let line =
             format!(r#"athenz_agent_peer_checks_total{{outcome="{outcome}",mode="enforce"}}"#);
-        assert_eq!(metric(ops, &line).await, 1.0, "{outcome}");
+        assert_eq!(metric(ops, &line).await, calls, "{outcome}");
     }
+}
+
+/// `CONNECT <ZTS host:port>` for volume `id` on `socket` from this test's own process; the
+/// agent's whole answer.
+fn raw_connect(socket: &Path, zts_url: &str, id: &VolumeId) -> String {
+    use std::io::{Read, Write};
+    let (host, port) = athenz_core::agent_api::zts_authority(zts_url).unwrap();
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "CONNECT {host}:{port} HTTP/1.1\r\nhost: {host}:{port}\r\nathenz-volume-id: {id}\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = stream.read(&mut answer).unwrap();
+    String::from_utf8_lossy(&answer[..n]).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cgroupfs_drivers_shape_is_read_too() {
-    let node = node("p256").await;
+    let node = node_pod_keys().await;
     let (socket, _) = agent_with(&node, PeerCheck::Enforce).await;
     // the cgroupfs driver's path, under v1 where a pids hierarchy is mounted (hybrid hosts like
     // this one), else under v2

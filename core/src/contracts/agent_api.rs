@@ -223,9 +223,7 @@ pub fn refresh_path(id: &VolumeId) -> String {
 /// Host and port of a ZTS base URL (`https://<host>[:port]/zts/v1`; port 443 when none): where
 /// the agent's tunnel goes and what a `CONNECT` names.
 pub fn zts_authority(url: &str) -> Result<(String, u16), String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("ZTS URL {url:?}: {e}"))?;
+    let uri: http::Uri = url.parse().map_err(|e| format!("ZTS URL {url:?}: {e}"))?;
     if uri.scheme_str() != Some("https") {
         return Err(format!("ZTS URL {url:?}: must be https"));
     }
@@ -341,7 +339,10 @@ mod tests {
         let keyless = IdentityResponse { key_pem: None, ..r };
         let json = serde_json::to_string(&keyless).unwrap();
         assert!(!json.contains("keyPEM"), "{json}");
-        assert_eq!(serde_json::from_str::<IdentityResponse>(&json).unwrap(), keyless);
+        assert_eq!(
+            serde_json::from_str::<IdentityResponse>(&json).unwrap(),
+            keyless
+        );
     }
 
     #[test]
@@ -352,10 +353,19 @@ mod tests {
         );
         let with_csr: InitRequest = serde_json::from_str(r#"{"csr":"C"}"#).unwrap();
         assert_eq!(with_csr.csr.as_deref(), Some("C"));
-        for bad in [r#"{"keyPEM":"k"}"#, r#"{"csr":1}"#, r#"{"csr":"a","x":1}"#, ""] {
+        for bad in [
+            r#"{"keyPEM":"k"}"#,
+            r#"{"csr":1}"#,
+            r#"{"csr":"a","x":1}"#,
+            "",
+        ] {
             assert!(serde_json::from_str::<InitRequest>(bad).is_err(), "{bad}");
         }
-        for bad in [r#"{}"#, r#"{"certPEM":"c","keyPEM":"k"}"#, r#"{"certPEM":null}"#] {
+        for bad in [
+            r#"{}"#,
+            r#"{"certPEM":"c","keyPEM":"k"}"#,
+            r#"{"certPEM":null}"#,
+        ] {
             assert!(
                 serde_json::from_str::<CertificateReport>(bad).is_err(),
                 "{bad}"
@@ -451,10 +461,16 @@ mod tests {
             assert_eq!(route.volume().to_string(), id);
         }
         assert_eq!(
-            AgentRoute::parse(&format!("/v1/csr/{id}")).unwrap().unwrap().method(),
+            AgentRoute::parse(&format!("/v1/csr/{id}"))
+                .unwrap()
+                .unwrap()
+                .method(),
             http::Method::GET
         );
-        assert!(matches!(AgentRoute::parse("/v1/attestation/x"), Some(Err(_))));
+        assert!(matches!(
+            AgentRoute::parse("/v1/attestation/x"),
+            Some(Err(_))
+        ));
         assert_eq!(AgentRoute::parse("/healthz"), None);
         assert_eq!(AgentRoute::parse("/v1/other/x"), None);
     }

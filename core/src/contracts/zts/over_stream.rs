@@ -48,7 +48,11 @@ where
         .authority()
         .map(ToString::to_string)
         .unwrap_or_else(|| host.clone());
-    let path = format!("{}{}", base.path().trim_end_matches('/'), target.refresh_path());
+    let path = format!(
+        "{}{}",
+        base.path().trim_end_matches('/'),
+        target.refresh_path()
+    );
     let body = serde_json::to_vec(info)
         .map_err(|e| ZtsError::Unreachable(format!("encoding the request: {e}")))?;
     let call = async {
