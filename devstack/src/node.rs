@@ -253,6 +253,8 @@ pub fn sia_env(stack: &StackInfo, volume: &PodVolume) -> Vec<(&'static str, Stri
     let mut env = sia_paths_env(volume);
     env.push(("KEY_SOURCE", stack.key_source.to_string()));
     env.push(("KEY_ALGORITHM", stack.key_algorithm.clone()));
+    // as the stack's agents' --upstream-timeout: a pod's own ZTS calls give up as theirs do
+    env.push(("ZTS_TIMEOUT", "5s".to_owned()));
     env
 }
 

@@ -66,6 +66,14 @@ pub struct Settings {
     /// makes it and is shown it at every refresh). Must match the agent's --key-source.
     #[arg(long, env = "KEY_SOURCE", value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
     pub key_source: athenz_core::agent_api::KeySource,
+    /// With --key-source pod, how refreshes reach ZTS: `tunnel` (through the agent's CONNECT
+    /// tunnel to the ZTS the agent names, verified by the CA bundle the agent names; the pod
+    /// needs no route to ZTS) or `direct` (to --zts-url, verified by --zts-ca).
+    #[arg(long, env = "REFRESH_ROUTE", value_enum, default_value_t = RefreshRoute::Tunnel)]
+    pub refresh_route: RefreshRoute,
+    /// Time allowed for one ZTS call (refresh, role certificate, token).
+    #[arg(long, env = "ZTS_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub zts_timeout: Duration,
     /// Key type made with --key-source pod: p256 or rsa2048.
     #[arg(long, env = "KEY_ALGORITHM", default_value = "p256")]
     pub key_algorithm: athenz_core::crypto::KeyAlgorithm,
@@ -100,8 +108,7 @@ pub struct Settings {
     #[arg(long, env = "TOKEN_EXPIRY", default_value = "0", value_parser = parse_optional_duration)]
     pub token_expiry: Duration,
     /// ZTS base URL (`https://<host>:<port>/zts/v1`), for role certificates and tokens and, with
-    /// --key-source pod, the identity's refreshes (instead of the agent's tunnel); called with
-    /// the pod's own certificate. (k8s-athenz-sia's ENDPOINT is the agent socket here.)
+    /// --refresh-route direct, the identity's refreshes; called with the pod's own certificate. (k8s-athenz-sia's ENDPOINT is the agent socket here.)
     #[arg(long, env = "ZTS_URL")]
     pub zts_url: Option<String>,
     /// CA certificates (PEM) that verify ZTS (k8s-athenz-sia's SERVER_CA_CERT; ZTS_CA_FILE also read).
@@ -133,6 +140,15 @@ pub struct Settings {
     /// Log format: human or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "human")]
     pub log_format: LogFormat,
+}
+
+/// How a pod-made key's refreshes reach ZTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RefreshRoute {
+    /// Through the agent's `CONNECT` tunnel.
+    Tunnel,
+    /// To `--zts-url` directly.
+    Direct,
 }
 
 /// A duration setting that may be zero (`0`: not set).

@@ -20,12 +20,12 @@ use std::time::Duration;
 /// How the SIA reaches ZTS for its refreshes.
 pub enum ZtsRoute {
     /// Through the agent's tunnel, to the ZTS the agent names; `ca` overrides the CA bundle the
-    /// agent sends (`--zts-ca`).
+    /// agent sends.
     Tunnel {
-        /// CA certificates that verify ZTS, when configured here.
+        /// CA certificates that verify ZTS, when not the agent's.
         ca: Option<Vec<CertificateDer<'static>>>,
     },
-    /// Directly (`--zts-url`).
+    /// Directly (`--refresh-route direct`, to `--zts-url`).
     Direct(ZtsClient),
 }
 

@@ -25,9 +25,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Time allowed for one ZTS call (role certificate or token).
-const ZTS_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// The longest the sidecar sleeps between looks at its tokens.
 const AUTHZ_IDLE: Duration = Duration::from_secs(3600);
 /// The shortest: a due slot is fetched or backs off, never spun on.
@@ -84,28 +81,31 @@ pub struct Sia {
     zts_route: Option<ZtsRoute>,
 }
 
-/// With a pod-made key: ZTS directly when --zts-url is set, else the agent's tunnel (verifying ZTS
-/// by --zts-ca when set, else by the CA bundle the agent names).
+/// With a pod-made key: through the agent's tunnel, or to --zts-url (`--refresh-route direct`).
 fn load_zts_route(settings: &Settings) -> Result<Option<ZtsRoute>, String> {
     if settings.key_source != KeySource::Pod {
         return Ok(None);
     }
-    let ca = match settings.zts_ca.as_ref().or(settings.zts_ca_file.as_ref()) {
-        Some(path) => Some(
-            athenz_core::tls::read_certs_file(path)
-                .map_err(|e| format!("--zts-ca (SERVER_CA_CERT) {}: {e}", path.display()))?,
-        ),
-        None => None,
-    };
-    let Some(url) = settings.zts_url.as_deref().filter(|u| !u.is_empty()) else {
-        return Ok(Some(ZtsRoute::Tunnel { ca }));
-    };
-    let ca_certs = ca.ok_or("--zts-ca (SERVER_CA_CERT) is required with --zts-url")?;
+    if settings.refresh_route == crate::RefreshRoute::Tunnel {
+        return Ok(Some(ZtsRoute::Tunnel { ca: None }));
+    }
+    let url = settings
+        .zts_url
+        .as_deref()
+        .filter(|u| !u.is_empty())
+        .ok_or("--zts-url (ZTS_URL) is required with --refresh-route direct")?;
+    let ca = settings
+        .zts_ca
+        .as_ref()
+        .or(settings.zts_ca_file.as_ref())
+        .ok_or("--zts-ca (SERVER_CA_CERT) is required with --refresh-route direct")?;
+    let ca_certs = athenz_core::tls::read_certs_file(ca)
+        .map_err(|e| format!("--zts-ca (SERVER_CA_CERT) {}: {e}", ca.display()))?;
     let zts = athenz_core::zts::ZtsClient::new(athenz_core::zts::ZtsClientConfig {
         url: url.to_owned(),
         ca_certs,
-        timeout: ZTS_TIMEOUT,
-        connect_timeout: ZTS_TIMEOUT,
+        timeout: settings.zts_timeout,
+        connect_timeout: settings.zts_timeout,
     })
     .map_err(|e| format!("--zts-url (ZTS_URL): {e}"))?;
     Ok(Some(ZtsRoute::Direct(zts)))
@@ -151,8 +151,8 @@ fn load_authz(
         .as_ref()
         .or(settings.zts_ca_file.as_ref())
         .ok_or("--zts-ca (SERVER_CA_CERT) is required with --zts-url")?;
-    let zts =
-        ZtsAccess::new(url, ca, ZTS_TIMEOUT).map_err(|e| format!("--zts-url / --zts-ca: {e}"))?;
+    let zts = ZtsAccess::new(url, ca, settings.zts_timeout)
+        .map_err(|e| format!("--zts-url / --zts-ca: {e}"))?;
     let role_auth_header = http::HeaderName::try_from(settings.role_auth_header.as_str())
         .map_err(|e| format!("--role-auth-header (ROLE_AUTH_HEADER): {e}"))?;
     let policy = CachePolicy {
@@ -394,7 +394,7 @@ impl Sia {
             self.settings.key_algorithm,
             &pair.key_pem,
             &pair.cert_pem,
-            self.settings.request_timeout,
+            self.settings.zts_timeout,
         )
         .await;
         match refreshed {
