@@ -7,6 +7,7 @@ pub mod attestation;
 pub mod csi;
 pub mod csr_check;
 pub mod install;
+pub mod jwt_client;
 pub mod key_pool;
 pub mod kubelet;
 pub mod metrics;

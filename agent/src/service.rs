@@ -11,10 +11,9 @@ pub use crate::service_dns::ServiceDns;
 use athenz_core::agent_api::{IdentityResponse, InitRequest, KeySource};
 use athenz_core::crypto::{CertInfo, CsrInfo, PrivateKey, build_csr};
 use athenz_core::http::{Body, ConnInfo, error_response, unavailable_response};
-use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
+use athenz_core::identity_jwt::JWT_PATH;
 use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
 use athenz_core::peer::PeerCheck;
-use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
 use athenz_core::tls;
 use athenz_core::volume::{
@@ -319,63 +318,6 @@ impl Agent {
         let ip = dns.lookup(&subject.service, &subject.namespace).await;
         self.metrics.observe("dns", started);
         ip
-    }
-
-    pub(crate) async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
-        let started = std::time::Instant::now();
-        let result = self.jwt_call(subject).await;
-        self.metrics.observe("jwt_service", started);
-        result
-    }
-
-    async fn jwt_call(&self, subject: &PodSubject) -> Result<Secret, Failure> {
-        if !self.node.is_valid() {
-            return Err(fail(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!(
-                    "the agent has no valid node identity for {} yet (ZTS or the callback unreachable?)",
-                    self.node.node_name()
-                ),
-            ));
-        }
-        let resp = self
-            .jwt_client
-            .post(&self.jwt_url)
-            .json(&JwtRequest {
-                subject: subject.clone(),
-            })
-            .send()
-            .await
-            .map_err(|e| {
-                fail(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("jwt-service: {}", athenz_core::client::error_chain(&e)),
-                )
-            })?;
-        let status = resp.status();
-        let body = athenz_core::client::read_limited(resp, 64 * 1024)
-            .await
-            .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, format!("jwt-service: {e}")))?;
-        if !status.is_success() {
-            let why = String::from_utf8_lossy(&body).into_owned();
-            // its refusal is final (403); its trouble is "try again" (503)
-            return Err(fail(
-                if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-                    StatusCode::SERVICE_UNAVAILABLE
-                } else {
-                    StatusCode::FORBIDDEN
-                },
-                format!("jwt-service answered {status}: {why}"),
-            ));
-        }
-        serde_json::from_slice::<JwtResponse>(&body)
-            .map(|r| r.jwt)
-            .map_err(|e| {
-                fail(
-                    StatusCode::BAD_GATEWAY,
-                    format!("jwt-service answered: {e}"),
-                )
-            })
     }
 
     /// What the certificate of `subject` must say (DESIGN.md section 3).
