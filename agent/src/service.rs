@@ -396,10 +396,6 @@ impl Agent {
                 "ZTS's certificate is not for the key sent",
             ));
         }
-        let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
-        // certPEM: the leaf, then the chain; an unreadable bundle still leaves the leaf usable
-        let cert_pem = athenz_core::crypto::leaf_with_chain(leaf, &signer)
-            .unwrap_or_else(|_| format!("{}\n", leaf.trim_end()));
         let state = VolumeState {
             provider: self.provider.clone(),
             instance_id: subject.uid.clone(),
@@ -417,21 +413,13 @@ impl Agent {
             .set(info.not_after.unix_timestamp());
         write_json_file(&paths.state_json, &state, 0o600)
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        let answer = IdentityResponse {
-            key_pem: key
-                .made_here
-                .as_ref()
-                .map(PrivateKey::to_pkcs8_pem)
-                .transpose()
-                .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?,
-            cert_pem,
-            ca_cert_pem: signer,
-            ntoken: identity.service_token.clone().unwrap_or_default(),
-            expires_at: info
-                .not_after
-                .format(&time::format_description::well_known::Rfc3339)
-                .unwrap_or_default(),
-        };
+        let key_pem = key
+            .made_here
+            .as_ref()
+            .map(PrivateKey::to_pkcs8_pem)
+            .transpose()
+            .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let answer = IdentityResponse::from_instance_identity(identity, leaf, &info, key_pem);
         Ok(Issued { answer, cert: info })
     }
 

@@ -108,17 +108,10 @@ pub async fn refresh(
     let info = key
         .check_certificate(leaf)
         .map_err(PodRefreshError::Local)?;
-    let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
-    let cert_pem = athenz_core::crypto::leaf_with_chain(leaf, &signer)
-        .unwrap_or_else(|_| format!("{}\n", leaf.trim_end()));
-    Ok(IdentityResponse {
-        key_pem: Some(key.pem().clone()),
-        cert_pem,
-        ca_cert_pem: signer,
-        ntoken: identity.service_token.clone().unwrap_or_default(),
-        expires_at: info
-            .not_after
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap_or_default(),
-    })
+    Ok(IdentityResponse::from_instance_identity(
+        &identity,
+        leaf,
+        &info,
+        Some(key.pem().clone()),
+    ))
 }

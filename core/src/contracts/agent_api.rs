@@ -78,6 +78,33 @@ pub struct IdentityResponse {
     pub expires_at: String,
 }
 
+impl IdentityResponse {
+    /// The answer for ZTS's `identity` whose leaf (`leaf_pem`, read as `leaf`) was checked to be
+    /// for the key: `certPEM` is the leaf then the chain (an unreadable bundle still leaves the
+    /// leaf usable), `caCertPEM` ZTS's signer bundle, `expiresAt` the leaf's expiry. Shared by
+    /// the agent (what it answers) and the SIA (what it gets from ZTS itself with a pod-made key).
+    pub fn from_instance_identity(
+        identity: &crate::zts::InstanceIdentity,
+        leaf_pem: &str,
+        leaf: &crate::crypto::CertInfo,
+        key_pem: Option<Secret>,
+    ) -> Self {
+        let signer = identity.x509_certificate_signer.clone().unwrap_or_default();
+        let cert_pem = crate::crypto::leaf_with_chain(leaf_pem, &signer)
+            .unwrap_or_else(|_| format!("{}\n", leaf_pem.trim_end()));
+        Self {
+            key_pem,
+            cert_pem,
+            ca_cert_pem: signer,
+            ntoken: identity.service_token.clone().unwrap_or_default(),
+            expires_at: leaf
+                .not_after
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        }
+    }
+}
+
 /// Body of `POST /v1/refresh/{id}`: the pair the pod holds now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -230,12 +257,18 @@ pub fn zts_authority(url: &str) -> Result<(String, u16), String> {
     let authority = uri
         .authority()
         .ok_or_else(|| format!("ZTS URL {url:?}: no host"))?;
+    Ok(host_and_port(authority, 443))
+}
+
+/// An authority's host (lowercase, IPv6 without brackets) and port (`default_port` when none):
+/// how the agent compares a `CONNECT` target with ZTS's.
+pub fn host_and_port(authority: &http::uri::Authority, default_port: u16) -> (String, u16) {
     let host = authority
         .host()
         .trim_start_matches('[')
         .trim_end_matches(']')
         .to_ascii_lowercase();
-    Ok((host, authority.port_u16().unwrap_or(443)))
+    (host, authority.port_u16().unwrap_or(default_port))
 }
 
 /// `host:port`, with an IPv6 host in brackets.
