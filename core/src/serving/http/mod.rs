@@ -22,12 +22,14 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
+
+mod ops;
+pub use ops::{OpsHandler, Readiness, termination_signal};
 
 /// The error body of every API in the system (and of ZTS): `{"code": <status>, "message": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -590,107 +592,6 @@ async fn drain(body: &mut Incoming, mut seen: u64, deadline: tokio::time::Instan
             _ => return,
         }
     }
-}
-
-/// Resolves when the process is asked to stop (SIGTERM, as Kubernetes sends, or SIGINT / Ctrl-C).
-/// Pass it to [`Server::serve`] so in-flight requests drain within the grace period.
-pub async fn termination_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received; draining"),
-                _ = int.recv() => tracing::info!("SIGINT received; draining"),
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            // Without signal handling the daemon can only be killed; say so and wait forever.
-            tracing::error!(error = %e, "cannot install signal handlers");
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// Whether the process is ready to serve; flipped by the daemon as its dependencies come up.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<AtomicBool>);
-
-impl Readiness {
-    /// Marks ready or not.
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Release);
-    }
-
-    /// Whether ready.
-    pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
-
-/// The operations endpoint of every daemon: `GET /healthz`, `GET /readyz`, `GET /metrics`.
-pub struct OpsHandler {
-    registry: Arc<Registry>,
-    readiness: Readiness,
-}
-
-impl OpsHandler {
-    /// Serves `registry` and reports `readiness`.
-    pub fn new(registry: Arc<Registry>, readiness: Readiness) -> Self {
-        Self {
-            registry,
-            readiness,
-        }
-    }
-}
-
-impl Handler for OpsHandler {
-    async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
-        if req.method() != http::Method::GET {
-            return error_response(StatusCode::METHOD_NOT_ALLOWED, "only GET is served here");
-        }
-        match req.uri().path() {
-            "/healthz" => text_response(StatusCode::OK, "ok\n", "text/plain"),
-            "/readyz" if self.readiness.is_ready() => {
-                text_response(StatusCode::OK, "ready\n", "text/plain")
-            }
-            "/readyz" => {
-                text_response(StatusCode::SERVICE_UNAVAILABLE, "not ready\n", "text/plain")
-            }
-            "/metrics" => match crate::telemetry::encode_metrics(&self.registry) {
-                Ok(text) => text_response(
-                    StatusCode::OK,
-                    text,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
-                Err(_) => internal_error(),
-            },
-            _ => error_response(StatusCode::NOT_FOUND, "no such route"),
-        }
-    }
-
-    fn route(&self, req: &http::request::Parts) -> &'static str {
-        match req.uri.path() {
-            "/healthz" => "healthz",
-            "/readyz" => "readyz",
-            "/metrics" => "metrics",
-            _ => "other",
-        }
-    }
-}
-
-fn text_response(
-    status: StatusCode,
-    body: impl Into<Bytes>,
-    content_type: &'static str,
-) -> Response<Body> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, content_type)
-        .body(Full::new(body.into()))
-        .unwrap_or_else(|_| internal_error())
 }
 
 #[cfg(test)]
