@@ -184,4 +184,3 @@ pub fn public_key_type(spki_der: &[u8]) -> Result<KeyType, CryptoError> {
         _ => KeyType::Other(format!("a {} key", spki.algorithm.algorithm.to_id_string())),
     })
 }
-

@@ -11,13 +11,18 @@ use crate::procs::Usage;
 use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
 use athenz_core::agent_api::KeySource;
-use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey};
+use athenz_core::crypto::KeyAlgorithm;
 use athenz_testbed::stats::percentile;
 use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod floor;
+mod print;
+pub use floor::{CryptoFloor, FloorStep, crypto_floor};
+pub use print::{print_comparison, print_human};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -90,15 +95,6 @@ impl UnmountCpu {
     pub fn node_ms(&self) -> f64 {
         self.agent_ms + self.per_pod_process_ms
     }
-}
-
-/// The unavoidable cryptography of one identity, each step's cost on this machine now.
-#[derive(Debug, Serialize)]
-pub struct CryptoFloor {
-    /// Steps, who does them and their microseconds.
-    pub steps: Vec<FloorStep>,
-    /// Their sum, milliseconds.
-    pub total_ms: f64,
 }
 
 /// The results of one volume kind.
@@ -560,259 +556,11 @@ fn daemon_cpu(processes: &[ProcessReport], floor: &CryptoFloor, pods: usize) -> 
     rows
 }
 
-/// Mean microseconds of `op` over `n` runs.
-fn time_us(n: u32, mut op: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
-    let started = Instant::now();
-    for _ in 0..n {
-        op()?;
-    }
-    Ok(started.elapsed().as_secs_f64() * 1e6 / f64::from(n))
-}
-
 /// The agent's name in the stack's process list (and in the floor's parts).
-const AGENT: &str = "agent";
+pub(crate) const AGENT: &str = "agent";
 /// The jwt-service's.
-const JWT_SERVICE: &str = "jwt-service";
+pub(crate) const JWT_SERVICE: &str = "jwt-service";
 /// The callback's.
-const CALLBACK: &str = "callback";
+pub(crate) const CALLBACK: &str = "callback";
 /// The development ZTS's (a stand-in: its CPU is reported, not judged).
-const ZTS: &str = "zts";
-
-impl CryptoFloor {
-    /// The floor of one part, ms.
-    pub fn of(&self, part: &str) -> f64 {
-        self.steps
-            .iter()
-            .filter(|s| s.part == part)
-            .map(|s| s.us)
-            .sum::<f64>()
-            / 1e3
-    }
-}
-
-/// One unavoidable cryptographic step.
-#[derive(Debug, Serialize)]
-pub struct FloorStep {
-    /// Who must do it: `agent`, `jwt-service`, `callback` or `zts`.
-    pub part: &'static str,
-    /// What it is.
-    pub step: &'static str,
-    /// Its cost on this machine now, µs.
-    pub us: f64,
-}
-
-/// The cryptography one identity needs, whoever implements it: the pod's key pair and CSR
-/// signature (agent), the identity JWT's signature (jwt-service, ES256), its verification and one
-/// mutual-TLS handshake with ZTS as the server (callback), the CSR's verification and the
-/// certificate's and ntoken's signatures (ZTS, P-256). Connections from the agent to the
-/// jwt-service and ZTS are reused, so their handshakes are not per identity.
-pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
-    let message = [7u8; 256];
-    let p256 = PrivateKey::generate(KeyAlgorithm::P256)?;
-    let p256_public = PublicKey::from_spki_der(&p256.public_key_der())?;
-    let p256_signature = p256.sign_sha256(&message)?;
-    let pod_key = PrivateKey::generate(algorithm)?;
-    let pod_public = PublicKey::from_spki_der(&pod_key.public_key_der())?;
-    let pod_signature = pod_key.sign_sha256(&message)?;
-    let keygen_runs = if algorithm == KeyAlgorithm::P256 {
-        500
-    } else {
-        30
-    };
-    let check = |ok: bool| {
-        if ok {
-            Ok(())
-        } else {
-            Err(anyhow::anyhow!("a signature did not verify"))
-        }
-    };
-    let sign_p256 = || {
-        time_us(500, || {
-            p256.sign_sha256(&message)?;
-            Ok(())
-        })
-    };
-    let step = |part, step, us| FloorStep { part, step, us };
-    let steps = vec![
-        step(
-            AGENT,
-            "pod key generation",
-            time_us(keygen_runs, || {
-                PrivateKey::generate(algorithm)?;
-                Ok(())
-            })?,
-        ),
-        step(
-            AGENT,
-            "CSR signature (pod key)",
-            time_us(200, || {
-                pod_key.sign_sha256(&message)?;
-                Ok(())
-            })?,
-        ),
-        step(JWT_SERVICE, "JWT signature (ES256)", sign_p256()?),
-        step(
-            CALLBACK,
-            "JWT verification (ES256)",
-            time_us(500, || {
-                check(p256_public.verify_sha256(&message, &p256_signature))
-            })?,
-        ),
-        step(
-            CALLBACK,
-            "TLS handshake, server side (mutual, P-256)",
-            crate::handshake::server_side_us(100)?,
-        ),
-        step(
-            ZTS,
-            "CSR verification",
-            time_us(200, || {
-                check(pod_public.verify_sha256(&message, &pod_signature))
-            })?,
-        ),
-        step(ZTS, "certificate signature (CA, P-256)", sign_p256()?),
-        step(ZTS, "ntoken signature (P-256)", sign_p256()?),
-    ];
-    let total_ms = steps.iter().map(|s| s.us).sum::<f64>() / 1e3;
-    Ok(CryptoFloor { steps, total_ms })
-}
-
-/// The report as a person reads it.
-pub fn print_human(report: &BenchReport) {
-    let l = &report.latency_ms;
-    let arrival = if report.arrival_ms > 0.0 {
-        format!("one pod every {:.0} ms", report.arrival_ms)
-    } else {
-        format!("all existing first, concurrency {}", report.concurrency)
-    };
-    println!(
-        "{} volume: {} {:?} pods, {arrival}, {} keys made by the {}, peer check {}",
-        report.volume.name(),
-        report.pods,
-        report.pod_size,
-        report.key,
-        report.key_source,
-        report.peer_check
-    );
-    println!(
-        "latency mount -> files written: p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-        l.p50, l.p90, l.p99, l.max
-    );
-    let parts = &report.latency_parts_ms;
-    let part = |name: &str, l: &Latency| {
-        println!(
-            "  {name:<44} p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms",
-            l.p50, l.p90, l.p99
-        );
-    };
-    part("mount (driver / NodePublishVolume)", &parts.mount);
-    if let Some(sia) = &parts.sia {
-        part("athenz-sia init, as it reports (agent incl.)", sia);
-    }
-    if let Some(start) = &parts.sia_process_start {
-        part("SIA process start and pod placement", start);
-    }
-    println!(
-        "all {} identities in {:.3} s: {:.0} identities/s",
-        report.pods, report.wall_seconds, report.throughput_per_second
-    );
-    println!(
-        "{:<34} {:>10} {:>14} {:>10}",
-        "process", "CPU s", "peak RSS MiB", "RSS MiB"
-    );
-    let mib = |m: Option<f64>| m.map_or_else(|| "-".to_owned(), |m| format!("{m:.1}"));
-    for p in report
-        .processes
-        .iter()
-        .chain(std::iter::once(&report.short_lived))
-    {
-        println!(
-            "{:<34} {:>10.3} {:>14} {:>10}",
-            p.name,
-            p.cpu_seconds,
-            mib(p.peak_rss_mib),
-            mib(p.rss_mib)
-        );
-    }
-    println!("unavoidable cryptography per identity:");
-    for s in &report.crypto_floor.steps {
-        println!("  {:<12} {:<44} {:>9.1} us", s.part, s.step, s.us);
-    }
-    println!("daemon CPU per identity against its own cryptography:");
-    for d in &report.daemons {
-        // The dev ZTS opens a new mutual-TLS connection for every confirmation, as real ZTS
-        // does (a provider client per request), so the callback's figure includes a full
-        // server-side handshake per identity.
-        let name = if d.name == CALLBACK {
-            "callback (a confirmation, new mTLS each)"
-        } else {
-            d.name.as_str()
-        };
-        println!(
-            "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
-            name, d.cpu_per_identity_ms, d.floor_ms, d.ratio
-        );
-    }
-    println!(
-        "  per-pod processes (no cryptography)  {:>7.3} ms per pod",
-        report.per_pod_process_ms
-    );
-    for s in [&report.system, &report.node] {
-        println!(
-            "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
-            s.name, s.cpu_per_identity_ms, s.floor_ms, s.ratio
-        );
-    }
-    println!(
-        "  unmount when the pod goes (not above)   {:>7.3} ms per pod on the node (agent {:.3}, processes {:.3})",
-        report.unmount.node_ms(),
-        report.unmount.agent_ms,
-        report.unmount.per_pod_process_ms
-    );
-    println!(
-        "all CPU per identity {:.2} ms (stand-ins included); crypto floor {:.3} ms; ratio {:.1}x",
-        report.cpu_per_identity_ms, report.crypto_floor.total_ms, report.cpu_to_floor_ratio
-    );
-}
-
-/// The volume kinds of one run side by side.
-pub fn print_comparison(reports: &[BenchReport]) {
-    println!(
-        "{:<11} {:<6} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15} {:>15}",
-        "volume",
-        "keys",
-        "p50 ms",
-        "p99 ms",
-        "max ms",
-        "all s",
-        "system CPU/id ms",
-        "x its crypto",
-        "node CPU/id ms",
-        "x the crypto",
-        "unmount ms/pod",
-        "agent RSS MiB"
-    );
-    for r in reports {
-        let agent_rss = r
-            .processes
-            .iter()
-            .find(|p| p.name == AGENT)
-            .and_then(|p| p.peak_rss_mib)
-            .unwrap_or(f64::NAN);
-        println!(
-            "{:<11} {:<6} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.3} {:>15.1}",
-            r.volume.name(),
-            r.key_source.as_str(),
-            r.latency_ms.p50,
-            r.latency_ms.p99,
-            r.latency_ms.max,
-            r.wall_seconds,
-            r.system.cpu_per_identity_ms,
-            r.system.ratio,
-            r.node.cpu_per_identity_ms,
-            r.node.ratio,
-            r.unmount.node_ms(),
-            agent_rss
-        );
-    }
-}
+pub(crate) const ZTS: &str = "zts";
