@@ -1,8 +1,9 @@
 //! Randomness from the operating system (the `getrandom` syscall).
 //!
-//! Used for node keys, salts, jitter and temporary names. Not aws-lc-rs's generator: its first use
-//! in a process costs about 20 ms of initialisation, which dominated the flex driver's run time
-//! (the driver is a short-lived process kubelet execs for every pod).
+//! Used for node keys, salts, jitter and temporary names. Not aws-lc-rs's generator: the flex
+//! driver, a short-lived process kubelet execs for every pod, needs a few bytes and nothing else
+//! from aws-lc; built with aws-lc's CPU-jitter entropy source (this workspace builds without it,
+//! `.cargo/config.toml`), that generator's first use cost about 20 ms of CPU.
 
 use thiserror::Error;
 
@@ -17,10 +18,12 @@ pub fn fill(buf: &mut [u8]) -> Result<(), RandomError> {
 }
 
 /// Draws once from aws-lc-rs's generator (the one rustls and key generation use), so that its
-/// seeding — jitter entropy, tens of milliseconds of CPU, once per thread: aws-lc keeps a
-/// generator per thread — happens now rather than inside the first TLS handshake or key a
-/// request needs on this thread. Daemons call it before they listen and on every runtime worker
-/// when it first goes idle: otherwise their first pods wait for it and the cost lands in their CPU.
+/// seeding — once per process and per thread: aws-lc keeps a generator per thread — happens now
+/// rather than inside the first TLS handshake or key a request needs on this thread. Daemons call
+/// it before they listen and on every runtime worker when it first goes idle. From the kernel, as
+/// this workspace builds aws-lc, seeding is cheap; with aws-lc's CPU-jitter entropy source (a
+/// build without `.cargo/config.toml`'s setting, or a FIPS build) it is tens of milliseconds of
+/// CPU, which would otherwise land in the first pods' latency.
 pub fn seed_crypto_generator() -> Result<(), RandomError> {
     use aws_lc_rs::rand::SecureRandom;
     let mut byte = [0u8; 1];

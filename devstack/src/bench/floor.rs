@@ -1,7 +1,8 @@
 //! The cryptography one identity cannot do without, timed on this machine in the same run: the
 //! floor the bench's CPU figures are compared with.
 
-use super::{AGENT, CALLBACK, JWT_SERVICE, ZTS};
+use super::{AGENT, CALLBACK, JWT_SERVICE, SIA, ZTS};
+use athenz_core::agent_api::KeySource;
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, PublicKey};
 use serde::Serialize;
 use std::time::Instant;
@@ -30,7 +31,7 @@ impl CryptoFloor {
 /// One unavoidable cryptographic step.
 #[derive(Debug, Serialize)]
 pub struct FloorStep {
-    /// Who must do it: `agent`, `jwt-service`, `callback` or `zts`.
+    /// Who must do it: `sia`, `agent`, `jwt-service`, `callback` or `zts`.
     pub part: &'static str,
     /// What it is.
     pub step: &'static str,
@@ -39,11 +40,13 @@ pub struct FloorStep {
 }
 
 /// The cryptography one identity needs, whoever implements it: the pod's key pair and CSR
-/// signature (agent), the identity JWT's signature (jwt-service, ES256), its verification and one
-/// mutual-TLS handshake with ZTS as the server (callback), the CSR's verification and the
-/// certificate's and ntoken's signatures (ZTS, P-256). Connections from the agent to the
-/// jwt-service and ZTS are reused, so their handshakes are not per identity.
-pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
+/// signature (by whoever `key_source` says makes the key: the pod's SIA, which the agent then
+/// checks by verifying the CSR's signature, or the agent), the identity JWT's signature
+/// (jwt-service, ES256), its verification and one mutual-TLS handshake with ZTS as the server
+/// (callback), the CSR's verification and the certificate's and ntoken's signatures (ZTS,
+/// P-256). Connections from the agent to the jwt-service and ZTS are reused, so their handshakes
+/// are not per identity.
+pub fn crypto_floor(algorithm: KeyAlgorithm, key_source: KeySource) -> anyhow::Result<CryptoFloor> {
     let message = [7u8; 256];
     let p256 = PrivateKey::generate(KeyAlgorithm::P256)?;
     let p256_public = PublicKey::from_spki_der(&p256.public_key_der())?;
@@ -70,9 +73,18 @@ pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
         })
     };
     let step = |part, step, us| FloorStep { part, step, us };
-    let steps = vec![
+    let key_maker = match key_source {
+        KeySource::Pod => SIA,
+        KeySource::Agent => AGENT,
+    };
+    let verify_csr = || {
+        time_us(200, || {
+            check(pod_public.verify_sha256(&message, &pod_signature))
+        })
+    };
+    let mut steps = vec![
         step(
-            AGENT,
+            key_maker,
             "pod key generation",
             time_us(keygen_runs, || {
                 PrivateKey::generate(algorithm)?;
@@ -80,7 +92,7 @@ pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
             })?,
         ),
         step(
-            AGENT,
+            key_maker,
             "CSR signature (pod key)",
             time_us(200, || {
                 pod_key.sign_sha256(&message)?;
@@ -100,16 +112,17 @@ pub fn crypto_floor(algorithm: KeyAlgorithm) -> anyhow::Result<CryptoFloor> {
             "TLS handshake, server side (mutual, P-256)",
             crate::handshake::server_side_us(100)?,
         ),
-        step(
-            ZTS,
-            "CSR verification",
-            time_us(200, || {
-                check(pod_public.verify_sha256(&message, &pod_signature))
-            })?,
-        ),
+        step(ZTS, "CSR verification", verify_csr()?),
         step(ZTS, "certificate signature (CA, P-256)", sign_p256()?),
         step(ZTS, "ntoken signature (P-256)", sign_p256()?),
     ];
+    if key_source == KeySource::Pod {
+        // the agent checks the pod's CSR before it asks for a JWT (agent/src/csr_check.rs)
+        steps.insert(
+            2,
+            step(AGENT, "CSR verification (the pod's CSR)", verify_csr()?),
+        );
+    }
     let total_ms = steps.iter().map(|s| s.us).sum::<f64>() / 1e3;
     Ok(CryptoFloor { steps, total_ms })
 }

@@ -131,7 +131,8 @@ pub struct BenchReport {
     /// This system's daemons (agent, jwt-service, callback), each and together, against their
     /// own unavoidable cryptography; the stand-ins (ZTS, Kubernetes) are not counted.
     pub daemons: Vec<DaemonCpu>,
-    /// The per-pod processes (driver and SIA, no cryptography of their own), CPU ms per pod.
+    /// The per-pod processes (driver and SIA), CPU ms per pod: with pod-made keys the SIA makes
+    /// the key and signs the CSR (the floor's `sia` steps), else they do no cryptography.
     pub per_pod_process_ms: f64,
     /// Every process of this system for one identity (agent, jwt-service, callback and the
     /// per-pod processes; not the stand-ins) against the cryptography they cannot avoid.
@@ -448,17 +449,23 @@ async fn measure(
     }
     let children_cpu = (children_cpu_after - children_cpu_before).max(0.0);
     total_cpu += children_cpu;
-    let floor = crypto_floor(algorithm)?;
+    let key_source = if volume == VolumeKind::CsiFiles {
+        KeySource::Agent
+    } else {
+        info.key_source
+    };
+    let floor = crypto_floor(algorithm, key_source)?;
     let per_pod_process_ms = per_identity_ms(children_cpu);
     let daemons = daemon_cpu(&processes, &floor, options.pods);
     let system = {
         let daemons_total = daemons.last().context("the daemons' sum")?;
         let cpu = daemons_total.cpu_per_identity_ms + per_pod_process_ms;
+        let floor_ms = daemons_total.floor_ms + floor.of(SIA);
         DaemonCpu {
             name: format!("{} + per-pod processes", daemons_total.name),
             cpu_per_identity_ms: cpu,
-            floor_ms: daemons_total.floor_ms,
-            ratio: cpu / daemons_total.floor_ms,
+            floor_ms,
+            ratio: cpu / floor_ms,
         }
     };
     let node = {
@@ -484,11 +491,7 @@ async fn measure(
     let cpu_per_identity_ms = per_identity_ms(total_cpu);
     Ok(BenchReport {
         volume,
-        key_source: if volume == VolumeKind::CsiFiles {
-            KeySource::Agent
-        } else {
-            info.key_source
-        },
+        key_source,
         pods: options.pods,
         concurrency: options.concurrency,
         arrival_ms: ms(options.arrival),
@@ -558,6 +561,8 @@ fn daemon_cpu(processes: &[ProcessReport], floor: &CryptoFloor, pods: usize) -> 
 
 /// The agent's name in the stack's process list (and in the floor's parts).
 pub(crate) const AGENT: &str = "agent";
+/// The pod's SIA in the floor's parts (it makes the pod's key with pod-made keys).
+pub(crate) const SIA: &str = "sia";
 /// The jwt-service's.
 pub(crate) const JWT_SERVICE: &str = "jwt-service";
 /// The callback's.

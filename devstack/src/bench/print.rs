@@ -1,6 +1,6 @@
 //! The bench's report as text: one run, and several runs side by side.
 
-use super::{AGENT, BenchReport, CALLBACK, Latency};
+use super::{AGENT, BenchReport, CALLBACK, Latency, SIA};
 
 /// The report as a person reads it.
 pub fn print_human(report: &BenchReport) {
@@ -78,10 +78,21 @@ pub fn print_human(report: &BenchReport) {
             name, d.cpu_per_identity_ms, d.floor_ms, d.ratio
         );
     }
-    println!(
-        "  per-pod processes (no cryptography)  {:>7.3} ms per pod",
-        report.per_pod_process_ms
-    );
+    let sia_floor_ms = report.crypto_floor.of(SIA);
+    if sia_floor_ms > 0.0 {
+        println!(
+            "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
+            "per-pod processes (the pod's key, CSR)",
+            report.per_pod_process_ms,
+            sia_floor_ms,
+            report.per_pod_process_ms / sia_floor_ms
+        );
+    } else {
+        println!(
+            "  per-pod processes (no cryptography)  {:>7.3} ms per pod",
+            report.per_pod_process_ms
+        );
+    }
     for s in [&report.system, &report.node] {
         println!(
             "  {:<36} {:>7.3} ms / {:>6.3} ms = {:.1}x",
