@@ -13,6 +13,7 @@
 
 mod common;
 
+use athenz_core::agent_api::KeySource;
 use athenz_core::peer::PeerCheck;
 use athenz_core::volume::VolumeId;
 use athenz_testbed::cgroups;
@@ -95,7 +96,18 @@ async fn sia_init(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enforce_serves_the_pods_own_processes_and_refuses_every_other() {
     // pod-made keys, the default: the CSR template and the init are both bound to the pod
-    let node = node_pod_keys().await;
+    enforce_serves_only_the_pod(node_pod_keys().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enforce_holds_with_agent_made_keys_too() {
+    enforce_serves_only_the_pod(node("p256").await).await;
+}
+
+/// The pod's own process is served; another pod's process and a host process holding the
+/// volume's id and the socket are refused, whichever side makes the keys.
+async fn enforce_serves_only_the_pod(node: Node) {
+    let pod_keys = node.key_source == KeySource::Pod;
     let (socket, ops) = agent_with(&node, PeerCheck::Enforce).await;
     let root = CgroupRoot::new(&v2());
     let pod = uid(1);
@@ -135,13 +147,26 @@ async fn enforce_serves_the_pods_own_processes_and_refuses_every_other() {
     assert!(stderr.contains("403"), "{stderr}");
     assert!(stderr.contains("no pod's cgroup"), "{stderr}");
 
-    // a tunnel to ZTS asked by a process in no pod, naming the volume: 403 as well
     let answer = raw_connect(&socket, &node.agent_config.zts_url, &id);
-    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
-    assert!(answer.contains("no pod's cgroup"), "{answer}");
+    if pod_keys {
+        // a tunnel to ZTS asked by a process in no pod, naming the volume: 403 as well
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(answer.contains("no pod's cgroup"), "{answer}");
+    } else {
+        // an agent making the keys offers no tunnel at all, and says which setting
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(answer.contains("key-source"), "{answer}");
+    }
 
-    // the pod's own init asked twice (CSR template, init); every refusal came at the first call
-    for (outcome, calls) in [("match", 2.0), ("mismatch", 1.0), ("unknown", 2.0)] {
+    // with pod-made keys the pod's init asks twice (CSR template, init), else once; every
+    // refusal came at the first call
+    let per_init = if pod_keys { 1.0 } else { 0.0 };
+    let unknown = if pod_keys { 2.0 } else { 1.0 };
+    for (outcome, calls) in [
+        ("match", 1.0 + per_init),
+        ("mismatch", 1.0),
+        ("unknown", unknown),
+    ] {
         let line =
             format!(r#"athenz_agent_peer_checks_total{{outcome="{outcome}",mode="enforce"}}"#);
         assert_eq!(metric(ops, &line).await, calls, "{outcome}");

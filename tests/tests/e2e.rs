@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use athenz_core::agent_api::KeySource;
 use athenz_core::crypto::{CertInfo, pem_certificates};
 use athenz_devstack::crossnode;
 use athenz_devstack::demo::count_volumes;
@@ -148,6 +149,22 @@ async fn refresh_sidecar_replaces_the_set_and_exits_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_pod_is_refused_a_refresh_and_unmounts_cleanly() {
     let stack = Devstack::start();
+    assert_eq!(stack.info.key_source, KeySource::Pod, "the default");
+    a_deleted_pod_is_refused_a_refresh(&stack).await;
+}
+
+/// The refusals between pods, nodes and deleted pods hold with agent-made keys too (the
+/// default, pod-made keys, is checked by the tests above and below; between pods:
+/// sia/tests/peer_binding.rs, in both modes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_hold_with_agent_made_keys() {
+    let stack = Devstack::start_with(&["--nodes", "2", "--key-source", "agent"]);
+    assert_eq!(stack.info.key_source, KeySource::Agent);
+    a_node_obtains_identities_only_for_its_own_pods_in(&stack).await;
+    a_deleted_pod_is_refused_a_refresh(&stack).await;
+}
+
+async fn a_deleted_pod_is_refused_a_refresh(stack: &Devstack) {
     let volume = stack.pod("finance-ledger", "ledger-0", "10.1.0.41").await;
     node::sia_init(&stack.info, &volume).await.unwrap();
     // while it exists, a refresh works
@@ -522,6 +539,11 @@ async fn stack_json_is_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_obtains_identities_only_for_its_own_pods() {
     let stack = Devstack::start_with(&["--nodes", "2"]);
+    assert_eq!(stack.info.key_source, KeySource::Pod, "the default");
+    a_node_obtains_identities_only_for_its_own_pods_in(&stack).await;
+}
+
+async fn a_node_obtains_identities_only_for_its_own_pods_in(stack: &Devstack) {
     let info = &stack.info;
     assert_eq!(info.nodes.len(), 2);
     let (n1, n2) = (&info.nodes[0], &info.nodes[1]);
