@@ -37,6 +37,40 @@ pub fn hierarchies() -> (Option<PathBuf>, Option<PathBuf>) {
     (v2, v1_pids)
 }
 
+/// The mount point of every cgroup hierarchy: the v2 one and each v1 one (a controller, a
+/// set of co-mounted controllers or a named hierarchy such as `name=systemd`).
+pub fn all_mount_points() -> Vec<PathBuf> {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split(' ').next()?;
+            (fstype == "cgroup" || fstype == "cgroup2")
+                .then(|| left.split(' ').nth(4).map(PathBuf::from))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Removes the cgroup `path` (as `/proc/<pid>/cgroup` and `linux.cgroupsPath` name it, from the
+/// hierarchy's root) and everything below it, in every hierarchy where it exists: a runtime
+/// deletes a container's cgroup but leaves the pod's for the kubelet.
+pub fn remove_everywhere(path: &str) {
+    let relative = path.trim_start_matches('/');
+    if relative.is_empty() || relative.split('/').any(|c| c == "..") {
+        return;
+    }
+    for mount in all_mount_points() {
+        let dir = mount.join(relative);
+        if dir.is_dir() {
+            remove_tree(&dir);
+        }
+    }
+}
+
 /// A cgroup hierarchy to make pod cgroups in: cgroup v2 where it is mounted, else the v1 `pids`
 /// controller.
 pub fn find_hierarchy() -> Option<PathBuf> {

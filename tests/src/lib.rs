@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`csi_kubelet`] | a CSI caller making kubelet's calls, in kubelet's order, with kubelet's arguments |
 //! | [`cgroups`] | kubelet-shaped pod cgroups for processes that play pods (the agent's peer check) |
+//! | [`runtime`] | pods as runc or crun make them: a sandbox and OCI-bundle containers in kubelet's cgroup layout |
 //! | [`dns`] | a DNS stand-in answering A/AAAA from a table |
 //! | [`faults`] | faults a chaos run injects into the stand-ins, through a file they follow |
 //! | [`fixtures`] | the sample pod every test talks about |
@@ -34,6 +35,7 @@ pub mod process;
 pub mod provider_stub;
 pub mod pyjwt;
 pub mod real_pods;
+pub mod runtime;
 pub mod sds_client;
 pub mod stats;
 pub mod zts;
