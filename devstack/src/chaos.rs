@@ -114,6 +114,8 @@ pub struct ChaosOptions {
     pub components: Option<PathBuf>,
     /// Where the flex pods' keys are made.
     pub key_source: athenz_core::agent_api::KeySource,
+    /// How pods' processes start (default: runc where installed and root).
+    pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
 }
 
 /// One fault's row.
@@ -168,6 +170,7 @@ pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<Cha
         cert_expiry_minutes: Some(options.lifetime_minutes),
         fault_injection: true,
         key_source: options.key_source,
+        runtime: options.runtime,
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
@@ -305,7 +308,7 @@ impl Pods {
             .flex
             .refreshers
             .iter()
-            .map(|s| count(s.process.log_path(), "refresh failed"))
+            .map(|s| count(&s.process.log_path(), "refresh failed"))
             .sum();
         let agent = count(
             &stack.state_dir.join("logs").join("agent.log"),
@@ -316,9 +319,9 @@ impl Pods {
 }
 
 /// Restarts what exited, as kubelet would, and reads every set.
-fn supervise(stack: &mut Stack, pods: &mut Pods) -> anyhow::Result<Census> {
+async fn supervise(stack: &mut Stack, pods: &mut Pods) -> anyhow::Result<Census> {
     stack.restart_exited()?;
-    pods.flex.restart_exited_refreshers()?;
+    pods.flex.restart_exited_refreshers().await?;
     Ok(pods.census())
 }
 
@@ -330,7 +333,7 @@ fn healthy(census: &Census) -> bool {
 async fn settle(stack: &mut Stack, pods: &mut Pods, limit: Duration) -> anyhow::Result<()> {
     let until = Instant::now() + limit;
     loop {
-        let census = supervise(stack, pods)?;
+        let census = supervise(stack, pods).await?;
         if healthy(&census) {
             return Ok(());
         }
@@ -381,7 +384,7 @@ async fn watch(
     let started = Instant::now();
     while started.elapsed() < hold {
         during(stack, started.elapsed())?;
-        tally.add(&supervise(stack, pods)?);
+        tally.add(&supervise(stack, pods).await?);
         tokio::time::sleep(TICK).await;
     }
     Ok(())
@@ -397,7 +400,7 @@ async fn recover_when(
 ) -> anyhow::Result<Option<f64>> {
     let started = Instant::now();
     while started.elapsed() < RECOVERY_BOUND * 2 {
-        let census = supervise(stack, pods)?;
+        let census = supervise(stack, pods).await?;
         tally.add(&census);
         if healthy(&census) && also().await {
             return Ok(Some(started.elapsed().as_secs_f64()));
@@ -499,11 +502,11 @@ async fn align_with_a_renewal(stack: &mut Stack, pods: &mut Pods) -> anyhow::Res
                 Some(best.map_or(used, |b| b.max(used)))
             })
     };
-    let Some(mut waiting_for) = next(&supervise(stack, pods)?) else {
+    let Some(mut waiting_for) = next(&supervise(stack, pods).await?) else {
         return Ok(()); // every pod is already in its window
     };
     while started.elapsed() < limit {
-        let census = supervise(stack, pods)?;
+        let census = supervise(stack, pods).await?;
         match next(&census) {
             // the pod crossed into its window (it no longer counts as before it)
             Some(used) if used < waiting_for => return Ok(()),
@@ -790,7 +793,7 @@ async fn disk_full(
             if met.is_none() && rotation_failed_since(&status_file, started) {
                 met = Some(held_since.elapsed());
             }
-            tally.add(&supervise(stack, pods)?);
+            tally.add(&supervise(stack, pods).await?);
             tokio::time::sleep(TICK).await;
         }
         Ok(())

@@ -7,6 +7,7 @@ use crate::identity::{self, IdentityReport};
 use crate::kube::{KubeClient, NewPod};
 use crate::node::{self, PodVolume};
 use crate::pod_volume::{MountedVolume, NodeKubelet};
+use crate::pods::PodRuntime;
 use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
 use athenz_core::volume::VolumeId;
@@ -49,6 +50,8 @@ pub struct PodReport {
 pub struct DemoReport {
     /// The pods' volume.
     pub volume: VolumeKind,
+    /// How the pods' processes ran: runc, crun or process.
+    pub runtime: athenz_testbed::runtime::RuntimeKind,
     /// The pods and their identities.
     pub pods: Vec<PodReport>,
     /// The refreshed pod, its serial before and after.
@@ -116,6 +119,7 @@ pub async fn run(
     state_dir: &Path,
     volume: VolumeKind,
     key_source: athenz_core::agent_api::KeySource,
+    runtime: Option<athenz_testbed::runtime::RuntimeKind>,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
@@ -130,6 +134,7 @@ pub async fn run(
         volume,
         csi_refresh_interval: (volume == VolumeKind::CsiFiles).then_some(DEMO_CSI_REFRESH),
         key_source,
+        runtime,
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
@@ -167,6 +172,10 @@ fn describe_stack(info: &StackInfo, print: &mut dyn FnMut(String)) {
     }
     print(format!("  peer check        {}", info.peer_check));
     print(format!("  pod keys made by  the {}", info.key_source));
+    print(format!(
+        "  pods run by       {} ({})",
+        info.runtime.kind, info.runtime.reason
+    ));
     print("  (the control plane's certificates came from ZTS through athenz-control-sia)".into());
 }
 
@@ -202,6 +211,7 @@ async fn play(
     }
     Ok(DemoReport {
         volume,
+        runtime: stack.info.runtime.kind,
         pods,
         refresh,
         refused_after_delete: refused,
@@ -223,8 +233,13 @@ async fn issue_refresh_refuse(
     let info = &stack.info;
     let kube = KubeClient::new(&info.kube_api.url)?;
     let mut pods = Vec::new();
-    for pod in demo_pods() {
+    for (i, pod) in demo_pods().into_iter().enumerate() {
         let uid = kube.create_running_pod(&pod, &info.node_name).await?;
+        if i == 0 {
+            // its sidecar calls ZTS and serves tokens the demo reads, both on the host's
+            // loopback, where the stand-ins listen: the pod has the host's network
+            PodRuntime::of(info)?.use_host_network(&uid).await;
+        }
         let (times, mounted) = kubelet.give_identity(info, &pod, &uid).await?;
         let issued_in = times.total;
         volumes.push(mounted.clone());
@@ -294,12 +309,13 @@ async fn authorization(
         &stack.state_dir.join("logs"),
         &[
             ("ZTS_URL", info.zts.url.clone()),
-            ("SERVER_CA_CERT", info.zts.ca.display().to_string()),
+            ("SERVER_CA_CERT", PodRuntime::of(info)?.zts_ca(info)),
             ("TARGET_DOMAIN_ROLES", "media.sports:role.readers".into()),
             ("TOKEN_SERVER_ADDR", format!("127.0.0.1:{port}")),
             ("TOKEN_SERVER_REST_API", "true".into()),
         ],
-    )?;
+    )
+    .await?;
     let outcome = async {
         let token = poll_30s("the readers access token file", async || {
             sidecar.check_alive()?;
@@ -416,7 +432,8 @@ async fn refresh_by_sidecar(
         "1s",
         &stack.state_dir.join("logs"),
         &[],
-    )?;
+    )
+    .await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let after = loop {
         tokio::time::sleep(Duration::from_millis(100)).await;

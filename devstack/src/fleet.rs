@@ -5,7 +5,7 @@
 use crate::bench::bench_pod;
 use crate::kube::{KubeClient, PodSize};
 use crate::pod_volume::{MountedVolume, NodeKubelet};
-use crate::procs::Process;
+use crate::pods::PodContainer;
 use crate::stack::{Stack, VolumeKind};
 use anyhow::Context;
 use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
@@ -19,8 +19,8 @@ const CRASH_LOOP_MAX: Duration = Duration::from_secs(300);
 
 /// A pod's refresh sidecar, restarted as kubelet restarts it.
 pub struct Sidecar {
-    /// The running (or exited) process.
-    pub process: Process,
+    /// The running (or exited) container.
+    pub process: PodContainer,
     /// How many times it has exited.
     pub exits: u32,
     /// When kubelet's backoff lets it start again, while it is down.
@@ -28,7 +28,7 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
-    fn new(process: Process) -> Self {
+    fn new(process: PodContainer) -> Self {
         Self {
             process,
             exits: 0,
@@ -37,11 +37,11 @@ impl Sidecar {
     }
 
     /// Restarts it when it has exited and kubelet's backoff has passed; says whether it did.
-    fn restart_as_kubelet_would(&mut self, now: Instant) -> anyhow::Result<bool> {
+    async fn restart_as_kubelet_would(&mut self, now: Instant) -> anyhow::Result<bool> {
         match self.restart_at {
             Some(at) if now >= at => {
                 self.restart_at = None;
-                self.process.restart_if_exited()
+                self.process.restart_if_exited().await
             }
             Some(_) => Ok(false),
             None => {
@@ -120,13 +120,9 @@ impl Fleet {
         let mut refreshers = Vec::new();
         for mounted in &volumes {
             if let Some(volume) = mounted.sia() {
-                refreshers.push(Sidecar::new(crate::node::sia_refresh(
-                    info,
-                    volume,
-                    "24h",
-                    &logs,
-                    &[],
-                )?));
+                refreshers.push(Sidecar::new(
+                    crate::node::sia_refresh(info, volume, "24h", &logs, &[]).await?,
+                ));
             }
         }
         Ok(Self {
@@ -178,11 +174,11 @@ impl Fleet {
     /// Restarts refreshers that exited as kubelet restarts a sidecar — after its crash-loop
     /// backoff (10 s, doubling, at most 5 min), not at once, which would hide what an exit
     /// costs a pod; returns how many it restarted now.
-    pub fn restart_exited_refreshers(&mut self) -> anyhow::Result<usize> {
+    pub async fn restart_exited_refreshers(&mut self) -> anyhow::Result<usize> {
         let now = Instant::now();
         let mut restarted = 0;
         for s in &mut self.refreshers {
-            if s.restart_as_kubelet_would(now)? {
+            if s.restart_as_kubelet_would(now).await? {
                 restarted += 1;
             }
         }

@@ -26,6 +26,7 @@ pub mod kube;
 pub mod multicall;
 pub mod node;
 pub mod pod_volume;
+pub mod pods;
 pub mod procs;
 pub mod soak;
 pub mod stack;

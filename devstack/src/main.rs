@@ -7,6 +7,7 @@ use athenz_devstack::{bench, chaos, demo, kube, multicall, soak, stack, userns};
 
 use anyhow::Context;
 use athenz_core::agent_api::KeySource;
+use athenz_testbed::runtime::RuntimeKind;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -39,6 +40,11 @@ enum Command {
         /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
         #[arg(long, value_enum, default_value_t = KeySource::Pod)]
         key_source: KeySource,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
     },
     /// Start the stack and keep it running until Ctrl-C or SIGTERM; writes DIR/stack.json.
     Up {
@@ -68,6 +74,11 @@ enum Command {
         /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
         #[arg(long, value_enum, default_value_t = KeySource::Pod)]
         key_source: KeySource,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
     },
     /// Measure the full path for many pods.
     Bench {
@@ -106,6 +117,11 @@ enum Command {
         /// after the other, each on a fresh stack, and compared.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "pod")]
         key_source: Vec<KeySource>,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
     },
     /// Run the stack for a long time with short certificate lifetimes; sample every daemon's
     /// RSS, fds and threads and every pod's files; fail on growth past the bound after warm-up,
@@ -165,6 +181,11 @@ enum Command {
         /// Where the flex pods' keys are made (the agents' and SIAs' --key-source).
         #[arg(long, value_enum, default_value_t = KeySource::Pod)]
         key_source: KeySource,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
         /// Run each component from its own binary in DIR instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,
@@ -303,6 +324,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             state_dir,
             volume,
             key_source,
+            runtime: pod_runtime,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -317,7 +339,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     println!("{line}");
                 }
             };
-            let report = runtime()?.block_on(demo::run(&dir, volume, key_source, &mut print))?;
+            let report = runtime()?.block_on(demo::run(
+                &dir,
+                volume,
+                key_source,
+                pod_runtime,
+                &mut print,
+            ))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
@@ -338,6 +366,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             volume,
             fault_injection,
             key_source,
+            runtime: pod_runtime,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -352,6 +381,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 volume,
                 fault_injection,
                 key_source,
+                runtime: pod_runtime,
                 ..stack::StackOptions::new(state_dir, &key)
             };
             runtime()?.block_on(up(options))?;
@@ -365,6 +395,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             sia_kills,
             components,
             key_source,
+            runtime: pod_runtime,
             json,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
@@ -386,6 +417,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 sia_kills,
                 components,
                 key_source,
+                runtime: pod_runtime,
             };
             let report = runtime()?.block_on(chaos::run(temp.path(), &options))?;
             if json {
@@ -452,6 +484,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             pod_size,
             volume,
             key_source,
+            runtime: pod_runtime,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
                 return Ok(code);
@@ -470,6 +503,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 pod_size,
                 volumes: volume,
                 key_sources: key_source,
+                runtime: pod_runtime,
             };
             let reports = runtime()?.block_on(bench::run(temp.path(), &options))?;
             if json {
@@ -521,6 +555,10 @@ async fn up(options: stack::StackOptions) -> anyhow::Result<()> {
         info.volume_driver.join(" ")
     );
     println!("  pod SIA          {}", info.sia.join(" "));
+    println!(
+        "  pods run by      {} ({})",
+        info.runtime.kind, info.runtime.reason
+    );
     for node in &info.nodes {
         println!(
             "  node {:<11} kubelet {}  agent {}",

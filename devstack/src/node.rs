@@ -2,6 +2,7 @@
 //! arguments, run the real `athenz-sia init` in the pod's place, and unmount when the pod goes.
 
 use crate::kube::NewPod;
+use crate::pods::{PodCommand, PodContainer, PodPaths, PodProgram, PodRuntime};
 use crate::stack::StackInfo;
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
@@ -211,7 +212,7 @@ fn mount_memory_volume(dir: &Path) -> anyhow::Result<()> {
 /// `<driver> unmount <dir>`, then removes the dir as kubelet does, and the pod's credentials
 /// volume with it.
 pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()> {
-    remove_pod_side(stack, volume)?;
+    remove_pod_side(stack, volume).await?;
     let reply = run(
         &stack.volume_driver,
         &["unmount".into(), volume.mount_dir.display().to_string()],
@@ -227,19 +228,14 @@ pub async fn unmount(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()
         .with_context(|| format!("removing {}", volume.mount_dir.display()))
 }
 
-/// What the pod had besides the identity volume, gone with the pod: its credentials volume and
-/// (with pod cgroups) its cgroup.
-pub fn remove_pod_side(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()> {
+/// What the pod had besides the identity volume, gone with the pod as kubelet removes it: its
+/// containers and sandbox (or processes) and cgroups, then its credentials volume.
+pub async fn remove_pod_side(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<()> {
+    PodRuntime::of(stack)?.remove_pod(&volume.uid).await?;
     if let Err(e) = nix::mount::umount(&volume.credentials_dir) {
         bail!("unmounting {}: {e}", volume.credentials_dir.display());
     }
     let _ = std::fs::remove_dir(&volume.credentials_dir);
-    if let Some(root) = &stack.pod_cgroup_root {
-        athenz_testbed::cgroups::remove_tree(&athenz_testbed::cgroups::pod_slice(
-            root,
-            &volume.uid,
-        ));
-    }
     Ok(())
 }
 
@@ -250,7 +246,12 @@ pub fn remove_pod_side(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<
 /// the 108 bytes a Unix socket address holds. With them, where the SIA's key is made and what
 /// kind, as the stack's agents expect.
 pub fn sia_env(stack: &StackInfo, volume: &PodVolume) -> Vec<(&'static str, String)> {
-    let mut env = sia_paths_env(volume);
+    sia_env_at(stack, &PodPaths::host(volume))
+}
+
+/// The SIA's settings with the volumes at `paths` (where the pod's process sees them).
+fn sia_env_at(stack: &StackInfo, paths: &PodPaths) -> Vec<(&'static str, String)> {
+    let mut env = paths.sia_env();
     env.push(("KEY_SOURCE", stack.key_source.to_string()));
     env.push(("KEY_ALGORITHM", stack.key_algorithm.clone()));
     // as the stack's agents' --upstream-timeout: a pod's own ZTS calls give up as theirs do
@@ -258,32 +259,17 @@ pub fn sia_env(stack: &StackInfo, volume: &PodVolume) -> Vec<(&'static str, Stri
     env
 }
 
-/// The SIA's paths for `volume` (see [`sia_env`]).
+/// The SIA's paths for `volume` as a host process in its mount dir sees them (see
+/// [`sia_env`]).
 pub fn sia_paths_env(volume: &PodVolume) -> Vec<(&'static str, String)> {
-    vec![
-        ("ID_FILE", "id".into()),
-        (
-            "ENDPOINT",
-            format!("connect/{}", athenz_core::volume::AGENT_SOCKET_NAME),
-        ),
-        ("OUT_DIR", volume.credentials_dir.display().to_string()),
-    ]
+    PodPaths::host(volume).sia_env()
 }
 
-/// `argv` (a program and its arguments) as a process of the pod: inside a new container cgroup
-/// of its pod slice when the stack makes pod cgroups (so the agent's peer check sees the pod),
-/// else as is.
+/// `argv` (a program and its arguments, host paths) as a process of the pod that is none of
+/// its containers: inside a new cgroup of the pod when the stack makes pod cgroups (so the
+/// agent's peer check sees the pod), else as is ([`PodRuntime::in_pod`]).
 pub fn in_pod(stack: &StackInfo, uid: &str, argv: &[String]) -> anyhow::Result<Vec<String>> {
-    let (program, args) = argv.split_first().context("an empty argv")?;
-    match &stack.pod_cgroup_root {
-        Some(root) => {
-            let scope = athenz_testbed::cgroups::container_scope(root, uid)?;
-            Ok(athenz_testbed::cgroups::argv_in_cgroup(
-                &scope, program, args,
-            ))
-        }
-        None => Ok(argv.to_vec()),
-    }
+    PodRuntime::of(stack)?.in_pod(uid, argv)
 }
 
 /// How long an `athenz-sia init` took.
@@ -295,27 +281,43 @@ pub struct SiaInit {
     /// to the files written, i.e. the agent's answer and the writes, without the process start
     /// and the pod placement around it.
     pub own: Duration,
+    /// With a container runtime, the runtime's part: the sandbox's start when this init made
+    /// it, and the container's create + start up to its process running.
+    pub runtime: Option<Duration>,
 }
 
-/// `athenz-sia init` for the pod, as a process of the pod; returns how long it took.
+/// `athenz-sia init` for the pod, as its init container (or a process of the pod); returns how
+/// long it took.
 pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<SiaInit> {
     let started = Instant::now();
-    let mut argv = stack.sia.clone();
-    argv.push("init".into());
-    let mut env = sia_env(stack, volume);
+    let runtime = PodRuntime::of(stack)?;
+    let mut env = sia_env_at(stack, &runtime.paths(volume));
     env.push(("LOG_FORMAT", "json".into()));
     let what = format!("athenz-sia init for {}", volume.pod.name);
-    let (_, log) = run_capturing(
-        &in_pod(stack, &volume.uid, &argv)?,
-        &[],
-        &env,
-        Some(&volume.mount_dir),
-        &what,
-    )
-    .await?;
+    let ran = runtime
+        .run(
+            stack,
+            volume,
+            &PodCommand {
+                name: "sia-init",
+                program: PodProgram::Sia,
+                args: vec!["init".into()],
+                env,
+            },
+            STEP_TIMEOUT,
+        )
+        .await?;
+    if !ran.success {
+        bail!("{what}: {} {}", ran.status, ran.output());
+    }
     let process = started.elapsed();
-    let own = sia_reported_time(&log).with_context(|| format!("{what}: its log {log:?}"))?;
-    Ok(SiaInit { process, own })
+    let own = sia_reported_time(&ran.stderr)
+        .with_context(|| format!("{what}: its log {:?}", ran.stderr))?;
+    Ok(SiaInit {
+        process,
+        own,
+        runtime: ran.runtime_share,
+    })
 }
 
 /// The `took_ms` of the SIA's "identity written" line in its JSON log.
@@ -330,31 +332,33 @@ pub fn sia_reported_time(log: &str) -> anyhow::Result<Duration> {
     Ok(Duration::from_secs_f64(took_ms.max(0.0) / 1e3))
 }
 
-/// Starts `athenz-sia refresh` for the pod with `interval` as the latest refresh.
-pub fn sia_refresh(
+/// Starts `athenz-sia refresh` for the pod, its refresh sidecar, with `interval` as the latest
+/// refresh; a process's log goes under `log`.
+pub async fn sia_refresh(
     stack: &StackInfo,
     volume: &PodVolume,
     interval: &str,
     log: &Path,
     extra_env: &[(&'static str, String)],
-) -> anyhow::Result<crate::procs::Process> {
-    let mut argv = stack.sia.clone();
-    argv.extend(["refresh".into(), format!("--refresh-interval={interval}")]);
-    let argv = in_pod(stack, &volume.uid, &argv)?;
-    let (program, args) = argv.split_first().context("an empty SIA argv")?;
-    let args = args.to_vec();
-    let mut command = crate::procs::Command::new(
-        &format!("sia-refresh-{}", volume.pod.name),
-        Path::new(program),
-        args,
-    );
-    command.cwd = Some(volume.mount_dir.clone());
-    command.env = sia_env(stack, volume)
+) -> anyhow::Result<PodContainer> {
+    let runtime = PodRuntime::of(stack)?;
+    let env: Vec<(&'static str, String)> = sia_env_at(stack, &runtime.paths(volume))
         .into_iter()
         .chain(extra_env.iter().cloned())
-        .map(|(k, v)| (k.to_owned(), v))
         .collect();
-    crate::procs::Process::start(command, log)
+    runtime
+        .start(
+            stack,
+            volume,
+            &PodCommand {
+                name: "sia-refresh",
+                program: PodProgram::Sia,
+                args: vec!["refresh".into(), format!("--refresh-interval={interval}")],
+                env,
+            },
+            log,
+        )
+        .await
 }
 
 /// Asks the agent to refresh the pod's identity with the pair its SIA wrote, as the refresh
@@ -365,34 +369,40 @@ pub async fn refresh_once(
     stack: &StackInfo,
     volume: &PodVolume,
 ) -> anyhow::Result<Result<String, String>> {
-    let sia = stack.sia.first().context("an empty SIA argv")?;
-    let devstack = Path::new(sia).with_file_name("athenz-devstack");
-    let argv = vec![
-        devstack.display().to_string(),
+    let runtime = PodRuntime::of(stack)?;
+    let paths = runtime.paths(volume);
+    let args = vec![
         "pod-refresh-once".into(),
-        path_flag("socket", &volume.node.socket),
-        path_flag("volume-dir", &volume.mount_dir),
-        path_flag("credentials-dir", &volume.credentials_dir),
+        format!("--socket={}", paths.socket),
+        format!("--volume-dir={}", paths.identity_dir),
+        format!("--credentials-dir={}", paths.credentials_dir),
         format!("--key-source={}", stack.key_source),
     ];
-    let output = run(
-        &in_pod(stack, &volume.uid, &argv)?,
-        &[],
-        &[],
-        None,
-        &format!("refreshing {} once", volume.pod.name),
-    )
-    .await?;
-    let answer: RefreshOnceAnswer =
-        serde_json::from_str(output.trim()).context("pod-refresh-once's answer")?;
+    let what = format!("refreshing {} once", volume.pod.name);
+    let ran = runtime
+        .run(
+            stack,
+            volume,
+            &PodCommand {
+                name: "refresh-once",
+                program: PodProgram::Devstack,
+                args,
+                env: Vec::new(),
+            },
+            STEP_TIMEOUT,
+        )
+        .await?;
+    if !ran.success {
+        bail!("{what}: {} {}", ran.status, ran.output());
+    }
+    // its answer is its last line (with a runtime, its stdout and stderr are one log)
+    let line = ran.stdout.lines().last().unwrap_or_default();
+    let answer: RefreshOnceAnswer = serde_json::from_str(line.trim())
+        .with_context(|| format!("pod-refresh-once's answer: {:?}", ran.stdout))?;
     Ok(match answer {
         RefreshOnceAnswer::Refreshed(chain) => Ok(chain),
         RefreshOnceAnswer::Refused(why) => Err(why),
     })
-}
-
-fn path_flag(flag: &str, path: &Path) -> String {
-    format!("--{flag}={}", path.display())
 }
 
 /// What `pod-refresh-once` prints.

@@ -206,7 +206,7 @@ impl NodeKubelet {
         match &mounted.mount {
             Mount::Flex(volume) => node::unmount(info, volume).await,
             Mount::CsiSocket { csi, sia } => {
-                node::remove_pod_side(info, sia)?;
+                node::remove_pod_side(info, sia).await?;
                 unpublish(csi).await
             }
             Mount::CsiFiles { csi } => unpublish(csi).await,

@@ -209,7 +209,9 @@ async fn socket_mode_serves_the_real_sia() {
         .unwrap();
     assert!(volume.target.join("id").exists());
     assert!(volume.target.join("connect/agent.sock").exists());
+    // the pod's credentials emptyDir, which kubelet makes before the pod's containers start
     let credentials = stack.dir.path().join("credentials-socket");
+    std::fs::create_dir_all(&credentials).unwrap();
     let pod_volume = athenz_devstack::node::PodVolume {
         pod: new_pod,
         uid,

@@ -137,7 +137,9 @@ async fn refresh_sidecar_replaces_the_set_and_exits_cleanly() {
     node::sia_init(&stack.info, &volume).await.unwrap();
     let first = identity::check(&volume.credentials_dir).unwrap();
     let logs = stack.dir.path().join("state/logs");
-    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[]).unwrap();
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[])
+        .await
+        .unwrap();
     let second = wait_new_serial(&volume, &first.serial, Duration::from_secs(30)).await;
     let _third = wait_new_serial(&volume, &second, Duration::from_secs(30)).await;
     openssl_verifies(&stack.info, &volume);
@@ -209,7 +211,9 @@ async fn zts_outage_keeps_the_files_and_refresh_recovers() {
     let zts = stack.pid("zts");
     kill(zts, Signal::SIGSTOP).unwrap();
     let logs = stack.dir.path().join("state/logs");
-    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[]).unwrap();
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[])
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(8)).await;
     sidecar.check_alive().unwrap();
     let during = identity::check(&volume.credentials_dir).unwrap();
@@ -222,7 +226,7 @@ async fn zts_outage_keeps_the_files_and_refresh_recovers() {
         cert_before,
         "the files were kept"
     );
-    let log = std::fs::read_to_string(logs.join("sia-refresh-web-z.log")).unwrap();
+    let log = std::fs::read_to_string(sidecar.log_path()).unwrap();
     assert!(log.contains("keeping the current files"), "{log}");
 
     kill(zts, Signal::SIGCONT).unwrap();
@@ -436,7 +440,16 @@ async fn stack_json_is_the_contract() {
     assert!(!info.dns_suffix.starts_with('.'));
     assert!(info.kube_api.url.starts_with("http://127.0.0.1:"));
     assert!(info.kubelet.url.starts_with("http://127.0.0.1:"));
+    // root with runc installed (CI installs it): these end-to-end tests run every pod's SIA
+    // as a container of a real runtime, not as our stand-in's process
+    assert_eq!(
+        info.runtime.kind,
+        athenz_testbed::runtime::RuntimeKind::Runc,
+        "{}",
+        info.runtime.reason
+    );
     let state = stack.dir.path().join("state").canonicalize().unwrap();
+    assert!(info.runtime.state_dir.as_ref().unwrap().starts_with(&state));
     for path in [
         &info.volumes_dir,
         &info.agent_dir,

@@ -524,7 +524,9 @@ async fn the_devstack_runs_on_the_images_binaries() {
 
     // the image's SIA as the refresh sidecar replaces the set
     let logs = stack.dir.path().join("state/logs");
-    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[]).unwrap();
+    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[])
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(now) = identity::check(&volume.credentials_dir)

@@ -52,6 +52,7 @@ impl Bed {
             &self.cgroup_root,
             self.rootfs.clone(),
             &self.dir.path().join(uid),
+            false,
         )
         .await
         .unwrap()

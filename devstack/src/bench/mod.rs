@@ -48,6 +48,8 @@ pub struct BenchOptions {
     /// Where socket-mode pods' keys are made; each is measured for every volume kind, on a
     /// fresh stack (files mode always makes its keys on the node: measured once).
     pub key_sources: Vec<KeySource>,
+    /// How pods' processes start (default: runc where installed and root).
+    pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
 }
 
 /// One process's share of the run.
@@ -274,6 +276,7 @@ async fn run_one(
         peer_check: options.peer_check,
         volume,
         key_source,
+        runtime: options.runtime,
         ..StackOptions::new(state_dir.to_owned(), &options.key)
     })
     .await;

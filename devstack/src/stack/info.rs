@@ -157,6 +157,9 @@ pub struct StackInfo {
     /// keys).
     #[serde(default = "default_key_algorithm")]
     pub key_algorithm: String,
+    /// How pods' processes are started: a container runtime or plain processes, and why.
+    #[serde(default)]
+    pub runtime: RuntimeInfo,
     /// Where pod cgroups are made (kubelet-shaped, `kubepods-pod<uid_>.slice/…`); `null` when
     /// this host lets the stack make none (then `peer_check` is `off` unless overridden).
     pub pod_cgroup_root: Option<PathBuf>,
@@ -166,4 +169,31 @@ pub struct StackInfo {
 
 fn default_key_algorithm() -> String {
     "p256".into()
+}
+
+/// How the stack starts pods' processes (`--runtime`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RuntimeInfo {
+    /// `runc`, `crun` or `process`.
+    pub kind: athenz_testbed::runtime::RuntimeKind,
+    /// Why this one (asked for, or what the host has).
+    pub reason: String,
+    /// The runtime's `--root` and the containers' bundles, image and logs; `null` for
+    /// `process`.
+    pub state_dir: Option<PathBuf>,
+    /// The first component of every container's `linux.cgroupsPath` (kubelet's
+    /// `--cgroup-root`), the stack's own; `null` for `process`.
+    pub cgroup_root: Option<String>,
+}
+
+impl Default for RuntimeInfo {
+    /// What a `stack.json` from before runtimes described.
+    fn default() -> Self {
+        Self {
+            kind: athenz_testbed::runtime::RuntimeKind::Process,
+            reason: "not recorded".into(),
+            state_dir: None,
+            cgroup_root: None,
+        }
+    }
 }

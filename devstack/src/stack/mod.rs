@@ -24,7 +24,7 @@ use std::time::Duration;
 mod info;
 pub use info::{
     AgentInfo, CallbackInfo, Credential, Credentials, NodeAgentInfo, NodeAttestation, NodeInfo,
-    StackInfo, Url, UrlCa,
+    RuntimeInfo, StackInfo, Url, UrlCa,
 };
 
 /// The node the stack's agent serves.
@@ -75,6 +75,9 @@ pub struct StackOptions {
     pub key_source: KeySource,
     /// Run the components from their own binaries in this directory instead of this one.
     pub components: Option<PathBuf>,
+    /// How pods' processes are started; default: runc where it is installed and this is
+    /// root, else plain processes.
+    pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
     /// How many nodes (each its own kubelet, agent and node identity); at least 1.
     pub nodes: usize,
     /// The agents' `--peer-check`; default `enforce` where pod cgroups can be made, else `off`.
@@ -128,6 +131,7 @@ impl StackOptions {
             key_algorithm: key_algorithm.to_owned(),
             key_source: KeySource::Pod,
             components: None,
+            runtime: None,
             nodes: 1,
             peer_check: None,
             volume: VolumeKind::Flex,
@@ -233,6 +237,7 @@ impl Stack {
         let _ = std::fs::remove_file(&stack_json);
         let node_count = options.nodes.max(1);
         let pod_cgroup_root = athenz_testbed::cgroups::create_root();
+        let runtime = choose_runtime(options.runtime, pod_cgroup_root.as_deref(), &state)?;
         let peer_check = options.peer_check.unwrap_or(if pod_cgroup_root.is_some() {
             PeerCheck::Enforce
         } else {
@@ -531,6 +536,7 @@ impl Stack {
             peer_check,
             key_source: options.key_source,
             key_algorithm: options.key_algorithm.clone(),
+            runtime,
             pod_cgroup_root,
             processes: BTreeMap::new(),
         };
@@ -587,10 +593,69 @@ impl Stack {
         while let Some(mut p) = self.processes.pop() {
             p.stop().await;
         }
+        remove_containers(&self.info.runtime).await;
         if let Some(root) = &self.info.pod_cgroup_root {
             athenz_testbed::cgroups::remove_tree(root);
         }
     }
+}
+
+/// The runtime pods get: `asked`, or runc where it is installed and the stack may make pod
+/// cgroups (root), else plain processes; with the reason, which `up` and `demo` print.
+fn choose_runtime(
+    asked: Option<athenz_testbed::runtime::RuntimeKind>,
+    pod_cgroup_root: Option<&Path>,
+    state: &Path,
+) -> anyhow::Result<RuntimeInfo> {
+    use athenz_testbed::runtime::{OciRuntime, RuntimeKind};
+    let (kind, reason) = match (asked, pod_cgroup_root) {
+        (Some(kind), _) => (kind, "--runtime".to_owned()),
+        (None, None) => (
+            RuntimeKind::Process,
+            "no pod cgroups can be made here (not root, or a user namespace)".to_owned(),
+        ),
+        (None, Some(_)) => RuntimeKind::default_here(),
+    };
+    if kind == RuntimeKind::Process {
+        return Ok(RuntimeInfo {
+            kind,
+            reason,
+            state_dir: None,
+            cgroup_root: None,
+        });
+    }
+    let cgroup_root = pod_cgroup_root
+        .and_then(|root| root.file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .with_context(|| {
+            format!(
+                "--runtime {kind}: a container runtime needs root and a writable cgroup hierarchy"
+            )
+        })?;
+    let state_dir = state.join("runtime");
+    // fails now, naming the package, if the runtime is missing
+    OciRuntime::find(kind, &state_dir)?;
+    Ok(RuntimeInfo {
+        kind,
+        reason,
+        state_dir: Some(state_dir),
+        cgroup_root: Some(cgroup_root),
+    })
+}
+
+/// Kills and deletes every container the stack's pods still have (whoever started them), and
+/// removes the stack's cgroup root in every hierarchy.
+async fn remove_containers(runtime: &RuntimeInfo) {
+    let (Some(state_dir), Some(cgroup_root)) = (&runtime.state_dir, &runtime.cgroup_root) else {
+        return;
+    };
+    if let Ok(oci) = athenz_testbed::runtime::OciRuntime::find(runtime.kind, state_dir) {
+        for id in oci.list().await.unwrap_or_default() {
+            let _ = oci.kill(&id, "KILL").await;
+            let _ = oci.delete(&id).await;
+        }
+    }
+    athenz_testbed::cgroups::remove_everywhere(cgroup_root);
 }
 
 /// Generates every control-plane service's key (the ZTS registrations returned) and the JWT

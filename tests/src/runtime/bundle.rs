@@ -24,6 +24,9 @@ pub struct VolumeMount {
 pub enum Namespaces {
     /// The sandbox: new network, IPC, UTS, PID and mount namespaces.
     Sandbox,
+    /// The sandbox of a `hostNetwork: true` pod: the host's network namespace, new IPC, UTS,
+    /// PID and mount namespaces.
+    HostNetworkSandbox,
     /// An application or init container: the network, IPC and UTS namespaces of the sandbox
     /// whose process is this pid, new PID and mount namespaces of its own.
     JoinSandbox(i32),
@@ -50,9 +53,10 @@ pub struct BundleSpec<'a> {
 
 /// The runtime-spec configuration for `spec`.
 pub fn config(spec: &BundleSpec<'_>) -> Value {
-    let env: Vec<String> = std::iter::once("PATH=/usr/local/bin:/usr/bin:/bin".to_owned())
-        .chain(spec.env.iter().map(|(k, v)| format!("{k}={v}")))
-        .collect();
+    let env: Vec<String> =
+        std::iter::once("PATH=/opt/athenz/bin:/usr/local/bin:/usr/bin:/bin".to_owned())
+            .chain(spec.env.iter().map(|(k, v)| format!("{k}={v}")))
+            .collect();
     let mut mounts = vec![
         json!({"destination": "/proc", "type": "proc", "source": "proc"}),
         json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs",
@@ -72,6 +76,10 @@ pub fn config(spec: &BundleSpec<'_>) -> Value {
         Namespaces::Sandbox => (
             json!([{"type": "pid"}, {"type": "network"}, {"type": "ipc"}, {"type": "uts"},
                    {"type": "mount"}]),
+            Some("pod"),
+        ),
+        Namespaces::HostNetworkSandbox => (
+            json!([{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}]),
             Some("pod"),
         ),
         Namespaces::JoinSandbox(pid) => (

@@ -159,6 +159,17 @@ impl OciRuntime {
         }
     }
 
+    /// The ids of every container under this runtime's state directory.
+    pub async fn list(&self) -> Result<Vec<String>, RuntimeError> {
+        let text = self.control(&["list", "--quiet"]).await?;
+        Ok(text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+
     /// Runs a control command (its output is read whole: these commands start no container).
     async fn control(&self, args: &[&str]) -> Result<String, RuntimeError> {
         let what = args.join(" ");

@@ -92,13 +92,17 @@ pub struct Pod {
     cgroup_parent: String,
     dir: PathBuf,
     rootfs: Rootfs,
-    sandbox: Running,
-    containers: tokio::sync::Mutex<BTreeMap<String, Running>>,
+    sandbox: Started,
+    /// The sandbox's runtime process, until the pod is removed.
+    sandbox_child: std::sync::Mutex<Option<Child>>,
+    /// Running containers by name (a std mutex: never held across an await).
+    containers: std::sync::Mutex<BTreeMap<String, Running>>,
 }
 
 impl Pod {
     /// Makes pod `uid`'s sandbox (a pause process holding its network, IPC and UTS namespaces,
-    /// loopback up, in the pod's cgroup), its bundles and logs under `dir`.
+    /// loopback up, in the pod's cgroup; the host's network with `host_network`, as for a
+    /// `hostNetwork: true` pod), its bundles and logs under `dir`.
     pub async fn start(
         runtime: Arc<OciRuntime>,
         uid: &str,
@@ -106,6 +110,7 @@ impl Pod {
         cgroup_root: &str,
         rootfs: Rootfs,
         dir: &Path,
+        host_network: bool,
     ) -> Result<Self, RuntimeError> {
         athenz_core::names::validate_uid("pod uid", uid)
             .map_err(|e| RuntimeError::Invalid(e.to_string()))?;
@@ -122,6 +127,11 @@ impl Pod {
             cwd: "/".into(),
             ..ContainerSpec::default()
         };
+        let namespaces = if host_network {
+            Namespaces::HostNetworkSandbox
+        } else {
+            Namespaces::Sandbox
+        };
         let sandbox = launch(
             &runtime,
             &cgroup_parent,
@@ -129,7 +139,7 @@ impl Pod {
             &rootfs,
             "sandbox",
             &pause,
-            Namespaces::Sandbox,
+            namespaces,
         )
         .await?;
         let pod = Self {
@@ -138,10 +148,13 @@ impl Pod {
             cgroup_parent,
             dir: dir.to_owned(),
             rootfs,
-            sandbox,
-            containers: tokio::sync::Mutex::new(BTreeMap::new()),
+            sandbox: sandbox.started,
+            sandbox_child: std::sync::Mutex::new(Some(sandbox.child)),
+            containers: std::sync::Mutex::new(BTreeMap::new()),
         };
-        pod.loopback_up().await?;
+        if !host_network {
+            pod.loopback_up().await?;
+        }
         Ok(pod)
     }
 
@@ -152,12 +165,12 @@ impl Pod {
 
     /// The sandbox's process on the host.
     pub fn sandbox_pid(&self) -> i32 {
-        self.sandbox.started.pid
+        self.sandbox.pid
     }
 
     /// What starting the sandbox cost.
     pub fn sandbox_started(&self) -> &Started {
-        &self.sandbox.started
+        &self.sandbox
     }
 
     /// The pod's cgroup, as `linux.cgroupsPath` names its parent.
@@ -199,17 +212,63 @@ impl Pod {
         name: &str,
         spec: &ContainerSpec,
     ) -> Result<Started, RuntimeError> {
-        let mut containers = self.containers.lock().await;
-        if containers.contains_key(name) {
+        if self.lock().contains_key(name) {
             return Err(RuntimeError::Invalid(format!(
-                "container {name} of pod {} is running already",
+                "container {name} of pod {} is there already",
                 self.uid
             )));
         }
         let running = self.launch(name, spec).await?;
         let started = running.started.clone();
-        containers.insert(name.to_owned(), running);
+        self.lock().insert(name.to_owned(), running);
         Ok(started)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Running>> {
+        // a panic while holding it leaves a map that is still whole
+        self.containers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Running container `name`'s process on the host.
+    pub fn container_pid(&self, name: &str) -> Option<i32> {
+        self.lock().get(name).map(|r| r.started.pid)
+    }
+
+    /// Container `name`'s log file.
+    pub fn container_log_path(&self, name: &str) -> Option<PathBuf> {
+        self.lock().get(name).map(|r| r.started.log.clone())
+    }
+
+    /// Waits up to `limit` for container `name` to end by itself; then deletes it and gives
+    /// its exit status (`None` if there is no such container). Still running at `limit`: an
+    /// error, and it keeps running.
+    pub async fn wait_container(
+        &self,
+        name: &str,
+        limit: Duration,
+    ) -> Result<Option<i32>, RuntimeError> {
+        let Some(mut running) = self.lock().remove(name) else {
+            return Ok(None);
+        };
+        match tokio::time::timeout(limit, running.child.wait()).await {
+            Ok(status) => {
+                let status = status.map_err(|e| RuntimeError::Spawn {
+                    what: format!("waiting for {name}"),
+                    reason: e.to_string(),
+                })?;
+                self.runtime.delete(&running.started.id).await?;
+                Ok(Some(exit_code(status)))
+            }
+            Err(_) => {
+                self.lock().insert(name.to_owned(), running);
+                Err(RuntimeError::Timeout {
+                    what: format!("container {name} of pod {} to end", self.uid),
+                    after: limit,
+                })
+            }
+        }
     }
 
     /// Runs init container `name` once, to its end (at most `timeout`, then it is killed).
@@ -283,16 +342,15 @@ impl Pod {
         name: &str,
         grace: Duration,
     ) -> Result<Option<i32>, RuntimeError> {
-        let Some(mut running) = self.containers.lock().await.remove(name) else {
+        let Some(mut running) = self.lock().remove(name) else {
             return Ok(None);
         };
         stop(&self.runtime, &mut running, grace).await.map(Some)
     }
 
     /// Whether container `name` is still running (false once its process ended).
-    pub async fn is_running(&self, name: &str) -> bool {
-        let mut containers = self.containers.lock().await;
-        containers
+    pub fn is_running(&self, name: &str) -> bool {
+        self.lock()
             .get_mut(name)
             .is_some_and(|r| matches!(r.child.try_wait(), Ok(None)))
     }
@@ -300,8 +358,8 @@ impl Pod {
     /// Deletes the pod as kubelet does: every container stopped (SIGTERM, `grace`, SIGKILL)
     /// and deleted, the sandbox killed and deleted, and the pod's cgroup removed in every
     /// hierarchy, where the runtime leaves it.
-    pub async fn remove(self, grace: Duration) -> Result<(), RuntimeError> {
-        let containers = std::mem::take(&mut *self.containers.lock().await);
+    pub async fn remove(&self, grace: Duration) -> Result<(), RuntimeError> {
+        let containers = std::mem::take(&mut *self.lock());
         // all at once, as kubelet kills a pod's containers
         let stops: Vec<_> = containers
             .into_values()
@@ -322,9 +380,22 @@ impl Pod {
                 first_error.get_or_insert(e);
             }
         }
-        let mut sandbox = self.sandbox;
-        let killed = kill_and_reap(&self.runtime, &mut sandbox).await;
-        let deleted = self.runtime.delete(&sandbox.started.id).await;
+        let child = self
+            .sandbox_child
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let killed = match child {
+            Some(child) => {
+                let mut sandbox = Running {
+                    started: self.sandbox.clone(),
+                    child,
+                };
+                kill_and_reap(&self.runtime, &mut sandbox).await
+            }
+            None => Ok(()),
+        };
+        let deleted = self.runtime.delete(&self.sandbox.id).await;
         crate::cgroups::remove_everywhere(&self.cgroup_parent);
         match first_error {
             Some(e) => Err(e),
@@ -358,7 +429,9 @@ async fn stop(
     grace: Duration,
 ) -> Result<i32, RuntimeError> {
     let id = running.started.id.clone();
-    runtime.kill(&id, "TERM").await?;
+    if matches!(running.child.try_wait(), Ok(None)) {
+        runtime.kill(&id, "TERM").await?;
+    }
     let status = match tokio::time::timeout(grace, running.child.wait()).await {
         Ok(status) => status,
         Err(_) => {
