@@ -159,7 +159,9 @@ struct Oci {
     /// `linux.cgroupsPath`'s first component, the stack's own (as kubelet's `--cgroup-root`).
     cgroup_root: String,
     pods_dir: PathBuf,
-    sandboxes: tokio::sync::Mutex<HashMap<String, Arc<Pod>>>,
+    /// Each pod's sandbox, made once by the first container that needs it (pods' sandboxes
+    /// start in parallel, as kubelet's pod workers make them).
+    sandboxes: tokio::sync::Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Arc<Pod>>>>>,
     host_network: tokio::sync::Mutex<std::collections::HashSet<String>>,
     zts_ca: PathBuf,
 }
@@ -362,8 +364,8 @@ impl PodRuntime {
     pub async fn remove_pod(&self, uid: &str) -> anyhow::Result<()> {
         match &self.oci {
             Some(oci) => {
-                let pod = oci.sandboxes.lock().await.remove(uid);
-                if let Some(pod) = pod {
+                let cell = oci.sandboxes.lock().await.remove(uid);
+                if let Some(pod) = cell.as_ref().and_then(|c| c.get()) {
                     // a sidecar's handle may still hold it: it finds its container gone
                     pod.remove(GRACE).await?;
                 }
@@ -386,26 +388,34 @@ impl PodRuntime {
 
     /// Pod `uid`'s sandbox, made now if it has none (with how long that took).
     async fn sandbox(&self, oci: &Oci, uid: &str) -> anyhow::Result<(Arc<Pod>, Option<Duration>)> {
-        let mut sandboxes = oci.sandboxes.lock().await;
-        if let Some(pod) = sandboxes.get(uid) {
-            return Ok((pod.clone(), None));
-        }
-        let started = std::time::Instant::now();
-        let host_network = oci.host_network.lock().await.contains(uid);
-        let pod = Pod::start(
-            oci.runtime.clone(),
-            uid,
-            QOS,
-            &oci.cgroup_root,
-            oci.rootfs.clone(),
-            &oci.pods_dir.join(uid),
-            host_network,
-        )
-        .await
-        .with_context(|| format!("the sandbox of pod {uid}"))?;
-        let pod = Arc::new(pod);
-        sandboxes.insert(uid.to_owned(), pod.clone());
-        Ok((pod, Some(started.elapsed())))
+        let cell = oci
+            .sandboxes
+            .lock()
+            .await
+            .entry(uid.to_owned())
+            .or_default()
+            .clone();
+        let mut made_in = None;
+        let pod = cell
+            .get_or_try_init(|| async {
+                let started = std::time::Instant::now();
+                let host_network = oci.host_network.lock().await.contains(uid);
+                let pod = Pod::start(
+                    oci.runtime.clone(),
+                    uid,
+                    QOS,
+                    &oci.cgroup_root,
+                    oci.rootfs.clone(),
+                    &oci.pods_dir.join(uid),
+                    host_network,
+                )
+                .await
+                .with_context(|| format!("the sandbox of pod {uid}"))?;
+                made_in = Some(started.elapsed());
+                anyhow::Ok(Arc::new(pod))
+            })
+            .await?;
+        Ok((pod.clone(), made_in))
     }
 }
 

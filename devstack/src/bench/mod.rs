@@ -106,6 +106,8 @@ pub struct BenchReport {
     pub volume: VolumeKind,
     /// Where the pods' keys were made.
     pub key_source: KeySource,
+    /// How the pods' processes started: runc, crun or process.
+    pub runtime: athenz_testbed::runtime::RuntimeKind,
     /// Pods.
     pub pods: usize,
     /// Pods in flight at once (with `arrival_ms` 0).
@@ -194,6 +196,14 @@ pub struct LatencyParts {
     /// stand-in runtime's placement of it in its container cgroup). Container start, which a
     /// real runtime does its own way; `None` in files mode.
     pub sia_process_start: Option<Latency>,
+    /// This system's part of each pod's start, summed per pod: the mount (driver or
+    /// `NodePublishVolume`) and the SIA's init as it reports it (agent included).
+    pub product: Latency,
+    /// The container runtime's part, summed per pod: with runc or crun, the sandbox's start and
+    /// the init container's create + start up to its process running; with `process`, the
+    /// stand-in's (process start and cgroup placement); `None` in files mode, where no
+    /// container of ours starts.
+    pub runtime: Option<Latency>,
 }
 
 impl LatencyParts {
@@ -204,10 +214,23 @@ impl LatencyParts {
             .iter()
             .filter_map(|t| t.sia.map(|s| s.process.saturating_sub(s.own)))
             .collect();
+        let mut product: Vec<Duration> = times
+            .iter()
+            .map(|t| t.mount + t.sia.map(|s| s.own).unwrap_or_default())
+            .collect();
+        let mut runtime: Vec<Duration> = times
+            .iter()
+            .filter_map(|t| {
+                t.sia
+                    .map(|s| s.runtime.unwrap_or(s.process.saturating_sub(s.own)))
+            })
+            .collect();
         Self {
             mount: Latency::of(&mut mount),
             sia: (!sia.is_empty()).then(|| Latency::of(&mut sia)),
             sia_process_start: (!start.is_empty()).then(|| Latency::of(&mut start)),
+            product: Latency::of(&mut product),
+            runtime: (!runtime.is_empty()).then(|| Latency::of(&mut runtime)),
         }
     }
 }
@@ -495,6 +518,7 @@ async fn measure(
     Ok(BenchReport {
         volume,
         key_source,
+        runtime: info.runtime.kind,
         pods: options.pods,
         concurrency: options.concurrency,
         arrival_ms: ms(options.arrival),

@@ -11,10 +11,11 @@ pub fn print_human(report: &BenchReport) {
         format!("all existing first, concurrency {}", report.concurrency)
     };
     println!(
-        "{} volume: {} {:?} pods, {arrival}, {} keys made by the {}, peer check {}",
+        "{} volume: {} {:?} pods run by {}, {arrival}, {} keys made by the {}, peer check {}",
         report.volume.name(),
         report.pods,
         report.pod_size,
+        report.runtime,
         report.key,
         report.key_source,
         report.peer_check
@@ -36,6 +37,16 @@ pub fn print_human(report: &BenchReport) {
     }
     if let Some(start) = &parts.sia_process_start {
         part("SIA process start and pod placement", start);
+    }
+    part("this system's part: mount + SIA init", &parts.product);
+    if let Some(runtime) = &parts.runtime {
+        let name = match report.runtime {
+            athenz_testbed::runtime::RuntimeKind::Process => {
+                "the stand-in runtime's part: start, placement".to_owned()
+            }
+            kind => format!("{kind}'s part: sandbox, create + start"),
+        };
+        part(&name, runtime);
     }
     println!(
         "all {} identities in {:.3} s: {:.0} identities/s",
@@ -114,9 +125,10 @@ pub fn print_human(report: &BenchReport) {
 /// The volume kinds of one run side by side.
 pub fn print_comparison(reports: &[BenchReport]) {
     println!(
-        "{:<11} {:<6} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15} {:>15}",
+        "{:<11} {:<6} {:<8} {:>9} {:>9} {:>9} {:>10} {:>16} {:>14} {:>14} {:>14} {:>15} {:>15}",
         "volume",
         "keys",
+        "runtime",
         "p50 ms",
         "p99 ms",
         "max ms",
@@ -136,9 +148,10 @@ pub fn print_comparison(reports: &[BenchReport]) {
             .and_then(|p| p.peak_rss_mib)
             .unwrap_or(f64::NAN);
         println!(
-            "{:<11} {:<6} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.3} {:>15.1}",
+            "{:<11} {:<6} {:<8} {:>9.1} {:>9.1} {:>9.1} {:>10.3} {:>16.3} {:>14.1} {:>14.3} {:>14.1} {:>15.3} {:>15.1}",
             r.volume.name(),
             r.key_source.as_str(),
+            r.runtime.as_str(),
             r.latency_ms.p50,
             r.latency_ms.p99,
             r.latency_ms.max,
