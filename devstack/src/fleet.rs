@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 /// Kubelet's crash-loop backoff: the first restart of a container that exited waits 10 s, each
 /// further one twice as long, up to five minutes.
-const CRASH_LOOP_FIRST: Duration = Duration::from_secs(10);
+pub(crate) const CRASH_LOOP_FIRST: Duration = Duration::from_secs(10);
 const CRASH_LOOP_MAX: Duration = Duration::from_secs(300);
 
 /// A pod's refresh sidecar, restarted as kubelet restarts it.

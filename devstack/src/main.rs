@@ -410,7 +410,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 files_pods,
                 lifetime_minutes,
                 faults: if faults.is_empty() {
-                    chaos::ALL_FAULTS.to_vec()
+                    chaos::default_faults(pod_runtime)
                 } else {
                     faults
                 },

@@ -246,11 +246,12 @@ pub async fn remove_pod_side(stack: &StackInfo, volume: &PodVolume) -> anyhow::R
 /// the 108 bytes a Unix socket address holds. With them, where the SIA's key is made and what
 /// kind, as the stack's agents expect.
 pub fn sia_env(stack: &StackInfo, volume: &PodVolume) -> Vec<(&'static str, String)> {
-    sia_env_at(stack, &PodPaths::host(volume))
+    sia_env_in(stack, &PodPaths::host(volume))
 }
 
-/// The SIA's settings with the volumes at `paths` (where the pod's process sees them).
-fn sia_env_at(stack: &StackInfo, paths: &PodPaths) -> Vec<(&'static str, String)> {
+/// The SIA's settings with the volumes at `paths` (where the pod's process sees them,
+/// [`PodRuntime::paths`]).
+pub fn sia_env_in(stack: &StackInfo, paths: &PodPaths) -> Vec<(&'static str, String)> {
     let mut env = paths.sia_env();
     env.push(("KEY_SOURCE", stack.key_source.to_string()));
     env.push(("KEY_ALGORITHM", stack.key_algorithm.clone()));
@@ -291,7 +292,7 @@ pub struct SiaInit {
 pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<SiaInit> {
     let started = Instant::now();
     let runtime = PodRuntime::of(stack)?;
-    let mut env = sia_env_at(stack, &runtime.paths(volume));
+    let mut env = sia_env_in(stack, &runtime.paths(volume));
     env.push(("LOG_FORMAT", "json".into()));
     let what = format!("athenz-sia init for {}", volume.pod.name);
     let ran = runtime
@@ -342,7 +343,7 @@ pub async fn sia_refresh(
     extra_env: &[(&'static str, String)],
 ) -> anyhow::Result<PodContainer> {
     let runtime = PodRuntime::of(stack)?;
-    let env: Vec<(&'static str, String)> = sia_env_at(stack, &runtime.paths(volume))
+    let env: Vec<(&'static str, String)> = sia_env_in(stack, &runtime.paths(volume))
         .into_iter()
         .chain(extra_env.iter().cloned())
         .collect();

@@ -491,6 +491,31 @@ impl PodContainer {
         }
     }
 
+    /// Kills it with SIGKILL, through the runtime for a container (by id, as a node's OOM
+    /// killer would end it); kubelet's restart is [`PodContainer::restart_if_exited`].
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        match self {
+            Self::Process(p) => {
+                if let Ok(pid) = i32::try_from(p.pid()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                Ok(())
+            }
+            Self::Container { pod, name, .. } => Ok(pod.kill_container(name, "KILL").await?),
+        }
+    }
+
+    /// Its container id (`None` for a process).
+    pub fn container_id(&self) -> Option<String> {
+        match self {
+            Self::Process(_) => None,
+            Self::Container { pod, name, .. } => pod.container_id(name),
+        }
+    }
+
     /// Its process on the host, while it runs.
     pub fn pid(&self) -> Option<u32> {
         match self {

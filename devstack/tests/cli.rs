@@ -471,3 +471,76 @@ fn chaos_reports_each_fault_against_its_bounds() {
     assert!(detail.contains("a rotation failed"), "{detail}");
     assert!(detail.ends_with("nothing left behind"), "{detail}");
 }
+
+/// Chaos's faults that need a real runtime, on three flex pods run by runc: the SIA's init
+/// container killed by the runtime mid-request and restarted, the sidecars killed and restarted
+/// as new containers of their pods (still served), a container given another pod's volume and a
+/// process in no pod given one (both refused by the agent's peer check).
+#[test]
+fn chaos_faults_with_a_real_runtime_hold_their_bounds() {
+    let out = Command::new(DEVSTACK)
+        .args([
+            "chaos",
+            "--runtime=runc",
+            "--pods=3",
+            "--files-pods=1",
+            "--faults=init-container-killed,sidecar-restarted,foreign-volume,host-process",
+            "--sia-kills=100",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{report}");
+    assert_eq!(report["passed"], true, "{report}");
+    let faults = report["faults"].as_array().unwrap();
+    let detail = |i: usize| faults[i]["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail(0).starts_with("10 init containers killed by runc"),
+        "{}",
+        detail(0)
+    );
+    assert!(detail(0).contains("0 restarts failed"), "{}", detail(0));
+    assert!(detail(0).ends_with("nothing left behind"), "{}", detail(0));
+    assert!(
+        detail(1).contains("3 restarted") && detail(1).contains("3 as new containers"),
+        "{}",
+        detail(1)
+    );
+    assert!(
+        detail(2).contains("3 refused (403 naming both pods)"),
+        "{}",
+        detail(2)
+    );
+    assert!(!detail(2).contains("not as bound"), "{}", detail(2));
+    assert!(detail(3).contains("3 refused (403"), "{}", detail(3));
+    for f in faults {
+        assert_eq!(f["torn_sets"], 0, "{f}");
+        assert_eq!(f["pods_expired"], 0, "{f}");
+    }
+}
+
+/// The runtime faults need a runtime: with pods as processes, naming one is an error that says
+/// so.
+#[test]
+fn chaos_runtime_faults_without_a_runtime_are_refused() {
+    let out = Command::new(DEVSTACK)
+        .args([
+            "chaos",
+            "--runtime=process",
+            "--pods=1",
+            "--files-pods=0",
+            "--faults=foreign-volume",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--runtime runc or crun"), "{err}");
+}

@@ -127,11 +127,18 @@ impl OciRuntime {
         })
     }
 
-    /// `kill <id> <signal>`; a container that is already gone is not an error.
+    /// `kill <id> <signal>`; a container that is already gone, or whose process has ended
+    /// (runc: "container not running"; crun: "No such process"), is not an error.
     pub async fn kill(&self, id: &str, signal: &str) -> Result<(), RuntimeError> {
         match self.control(&["kill", id, signal]).await {
             Ok(_) => Ok(()),
-            Err(RuntimeError::Failed { ref output, .. }) if is_gone(output) => Ok(()),
+            Err(RuntimeError::Failed { ref output, .. })
+                if is_gone(output)
+                    || output.contains("not running")
+                    || output.contains("No such process") =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }

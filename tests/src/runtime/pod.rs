@@ -231,6 +231,22 @@ impl Pod {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Sends `signal` to container `name` through the runtime (`kill <id> <signal>`), as a
+    /// node's OOM killer or an operator's `crictl stop` would reach it; it stays listed until
+    /// it is stopped or waited for.
+    pub async fn kill_container(&self, name: &str, signal: &str) -> Result<(), RuntimeError> {
+        let id = self.lock().get(name).map(|r| r.started.id.clone());
+        match id {
+            Some(id) => self.runtime.kill(&id, signal).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Running container `name`'s id.
+    pub fn container_id(&self, name: &str) -> Option<String> {
+        self.lock().get(name).map(|r| r.started.id.clone())
+    }
+
     /// Running container `name`'s process on the host.
     pub fn container_pid(&self, name: &str) -> Option<i32> {
         self.lock().get(name).map(|r| r.started.pid)

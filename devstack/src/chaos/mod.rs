@@ -38,6 +38,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+mod runtime_faults;
+
 /// How often the pods' sets are read and the stack supervised.
 const TICK: Duration = Duration::from_millis(250);
 /// The SIA's longest backoff between attempts (`athenz_core::refresh::Backoff::default().max`).
@@ -79,10 +81,47 @@ pub enum Fault {
     AgentNodeCertExpired,
     /// ZTS frozen with SIGSTOP for three certificate lifetimes, then SIGCONT.
     ZtsStopped,
+    /// The SIA's init container killed by the runtime (`kill KILL` by id) at a random point of
+    /// its run, `--sia-kills` times over a tenth, then run again as kubelet restarts it.
+    /// Needs a container runtime.
+    InitContainerKilled,
+    /// Every flex pod's refresh sidecar killed by the runtime and restarted by kubelet's
+    /// crash-loop back-off as a new container in the same pod: still served. Needs a container
+    /// runtime.
+    SidecarRestarted,
+    /// A container of pod A given pod B's identity volume: its SIA refused. Needs a container
+    /// runtime.
+    ForeignVolume,
+    /// A process in no pod given a pod's identity volume: its SIA refused. Needs a container
+    /// runtime.
+    HostProcess,
+}
+
+impl Fault {
+    /// Whether it needs pods made by a container runtime (runc or crun).
+    pub fn needs_runtime(self) -> bool {
+        matches!(
+            self,
+            Self::InitContainerKilled
+                | Self::SidecarRestarted
+                | Self::ForeignVolume
+                | Self::HostProcess
+        )
+    }
+}
+
+/// The faults a run with `runtime` (as `--runtime` says; `None`: the default here) makes when
+/// none are named: all of them, those needing a container runtime only with one.
+pub fn default_faults(runtime: Option<athenz_testbed::runtime::RuntimeKind>) -> Vec<Fault> {
+    let kind = runtime.unwrap_or_else(|| athenz_testbed::runtime::RuntimeKind::default_here().0);
+    ALL_FAULTS
+        .into_iter()
+        .filter(|f| kind != athenz_testbed::runtime::RuntimeKind::Process || !f.needs_runtime())
+        .collect()
 }
 
 /// Every fault, in the order they run.
-pub const ALL_FAULTS: [Fault; 12] = [
+pub const ALL_FAULTS: [Fault; 16] = [
     Fault::JwtServiceKilled,
     Fault::AgentKilled,
     Fault::Zts500,
@@ -95,6 +134,10 @@ pub const ALL_FAULTS: [Fault; 12] = [
     Fault::SiaKilledMidWrite,
     Fault::AgentNodeCertExpired,
     Fault::ZtsStopped,
+    Fault::InitContainerKilled,
+    Fault::SidecarRestarted,
+    Fault::ForeignVolume,
+    Fault::HostProcess,
 ];
 
 /// What to run.
@@ -174,6 +217,22 @@ pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<Cha
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
+    let needing: Vec<Fault> = options
+        .faults
+        .iter()
+        .copied()
+        .filter(|f| f.needs_runtime())
+        .collect();
+    if stack.info.runtime.kind == athenz_testbed::runtime::RuntimeKind::Process
+        && !needing.is_empty()
+    {
+        let reason = stack.info.runtime.reason.clone();
+        stack.stop().await;
+        bail!(
+            "--faults {needing:?} need pods made by a container runtime, and this stack runs them \
+             as processes ({reason}): use --runtime runc or crun"
+        );
+    }
     let result = faults(&mut stack, options).await;
     stack.stop().await;
     let faults = result?;
@@ -264,6 +323,13 @@ async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec
             Fault::SiaKilledMidWrite => {
                 sia_killed_mid_write(stack, &pods, options.sia_kills).await?
             }
+            Fault::InitContainerKilled => {
+                runtime_faults::init_container_killed(stack, &mut pods, options.sia_kills / 10)
+                    .await?
+            }
+            Fault::SidecarRestarted => runtime_faults::sidecars_restarted(stack, &mut pods).await?,
+            Fault::ForeignVolume => runtime_faults::foreign_volume(stack, &mut pods).await?,
+            Fault::HostProcess => runtime_faults::host_process(stack, &mut pods).await?,
         };
         results.push(result);
     }

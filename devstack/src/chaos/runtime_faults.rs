@@ -1,0 +1,322 @@
+//! Faults that need pods made by a real container runtime (issue 35): an init container killed
+//! by the runtime mid-request and restarted as kubelet restarts it, refresh sidecars killed and
+//! restarted as new containers of the same pods, a container of one pod given another pod's
+//! identity volume, and a process in no pod given one. The agent's peer check decides the last
+//! two from the cgroups the runtime wrote.
+
+use super::{
+    FaultResult, Pods, RECOVERY_BOUND, Tally, leftovers, recover, row, set_matches, supervise,
+};
+use crate::chaos::Fault;
+use crate::node::PodVolume;
+use crate::pods::{PodCommand, PodProgram, PodRuntime};
+use crate::stack::Stack;
+use anyhow::Context;
+use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The SIA's init container started `kills` times and killed by the runtime at a random point
+/// of its run (most mid-request), each time run again to its end as kubelet restarts a failed
+/// init container, while a reader checks every set it can read. Bounds: no torn set, every
+/// restarted init succeeds, nothing of the killed runs is left behind.
+pub(super) async fn init_container_killed(
+    stack: &mut Stack,
+    pods: &mut Pods,
+    kills: usize,
+) -> anyhow::Result<FaultResult> {
+    let kills = kills.max(1);
+    let volume = first_sia_volume(pods)?;
+    let out = volume.credentials_dir.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, torn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let reader = {
+        let (stop, reads, torn, out) = (stop.clone(), reads.clone(), torn.clone(), out.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(set) = FileSet::new(&out).read(&[KEY_FILE, CERT_FILE]) {
+                    reads.fetch_add(1, Ordering::Relaxed);
+                    if !set_matches(&set[0], &set[1]) {
+                        torn.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    let info = stack.info.clone();
+    let runtime = PodRuntime::of(&info)?;
+    // kill within the span of one init's own run (the container's process is running when
+    // `start` returns), measured now, so most kills land mid-request
+    let span = crate::node::sia_init(&info, &volume)
+        .await
+        .context("a first init")?
+        .own;
+    let mut ended_first = 0;
+    let mut restarts_failed = 0;
+    let mut tally = Tally::default();
+    let mut replaced = None;
+    for _ in 0..kills {
+        let command = PodCommand {
+            name: "sia-init-killed",
+            program: PodProgram::Sia,
+            args: vec!["init".into()],
+            env: crate::node::sia_env_in(&info, &runtime.paths(&volume)),
+        };
+        let logs = stack.state_dir.join("logs");
+        let mut init = runtime.start(&info, &volume, &command, &logs).await?;
+        tokio::time::sleep(span.mul_f64(athenz_core::random::unit())).await;
+        if init.check_alive().is_err() {
+            ended_first += 1;
+        }
+        init.kill().await?;
+        init.stop().await;
+        // kubelet runs a failed init container again; it removes what the killed one left,
+        // keeping (by design) the set it replaces, which a reader may still be reading
+        replaced = std::fs::read_link(out.join("..data")).ok();
+        if crate::node::sia_init(&info, &volume).await.is_err() {
+            restarts_failed += 1;
+        }
+        tally.add(&supervise(stack, pods).await?);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = reader.join();
+    let leftovers = leftovers(&out, replaced.as_deref())?;
+    tally.torn += torn.load(Ordering::Relaxed);
+    let recovery = recover(stack, pods, &mut tally).await?;
+    let reads = reads.load(Ordering::Relaxed);
+    let mut result = row(
+        Fault::InitContainerKilled,
+        format!(
+            "{kills} init containers killed by {} ({ended_first} had ended first), each run \
+             again: {restarts_failed} restarts failed; {reads} reads; {}",
+            info.runtime.kind,
+            if leftovers.is_empty() {
+                "nothing left behind".to_owned()
+            } else {
+                format!("left behind: {}", leftovers.join(", "))
+            }
+        ),
+        &tally,
+        recovery,
+        false,
+    );
+    result.passed &= leftovers.is_empty() && restarts_failed == 0 && reads > 0;
+    Ok(result)
+}
+
+/// Every flex pod's refresh sidecar killed by the runtime; kubelet's crash-loop back-off starts
+/// each again as a new container in the same pod, which the agent serves as it served the old
+/// one. Bounds: every pod renews after its restart within the recovery bound (plus the 10 s
+/// back-off), nothing expires or tears.
+pub(super) async fn sidecars_restarted(
+    stack: &mut Stack,
+    pods: &mut Pods,
+) -> anyhow::Result<FaultResult> {
+    let before: Vec<Option<String>> = pods
+        .flex
+        .refreshers
+        .iter()
+        .map(|s| s.process.container_id())
+        .collect();
+    let exits_before = pods.flex.sidecar_exits();
+    for sidecar in &mut pods.flex.refreshers {
+        sidecar.process.kill().await?;
+    }
+    // from the kills until every pod renewed since (a renewal needs its sidecar back: in flex
+    // mode nothing else renews a pod)
+    let killed = Instant::now();
+    let mut tally = Tally::default();
+    let flex = pods.flex.volumes.len();
+    let bound = RECOVERY_BOUND + crate::fleet::CRASH_LOOP_FIRST;
+    let mut recovery = None;
+    while killed.elapsed() < bound * 2 {
+        tally.add(&supervise(stack, pods).await?);
+        if (0..flex).all(|i| tally.renewed.contains(&i)) {
+            recovery = Some(killed.elapsed().as_secs_f64());
+            break;
+        }
+        tokio::time::sleep(super::TICK).await;
+    }
+    let restarted = pods.flex.sidecar_exits() - exits_before;
+    let after: Vec<Option<String>> = pods
+        .flex
+        .refreshers
+        .iter()
+        .map(|s| s.process.container_id())
+        .collect();
+    let new_ids = before
+        .iter()
+        .zip(&after)
+        .filter(|(b, a)| a.is_some() && b != a)
+        .count();
+    let sidecars = before.len();
+    let mut result = row(
+        Fault::SidecarRestarted,
+        format!(
+            "{sidecars} sidecars killed; {restarted} restarted after kubelet's back-off, \
+             {new_ids} as new containers of their pods; every pod renewed after"
+        ),
+        &tally,
+        recovery,
+        false,
+    );
+    result.bound_seconds = bound.as_secs_f64();
+    result.passed = tally.torn == 0
+        && tally.expired.is_empty()
+        && new_ids == sidecars
+        && recovery.is_some_and(|r| r <= result.bound_seconds);
+    Ok(result)
+}
+
+/// For each flex pod A with a neighbour B: a container of A given B's identity volume runs
+/// `athenz-sia init`. Bound: every one refused with 403 naming both pods, B's files untouched.
+pub(super) async fn foreign_volume(
+    stack: &mut Stack,
+    pods: &mut Pods,
+) -> anyhow::Result<FaultResult> {
+    let info = stack.info.clone();
+    let volumes: Vec<PodVolume> = pods
+        .flex
+        .volumes
+        .iter()
+        .filter_map(|m| m.sia().cloned())
+        .collect();
+    anyhow::ensure!(
+        volumes.len() >= 2,
+        "foreign-volume needs at least two flex pods"
+    );
+    let mut refused = 0;
+    let mut wrong = Vec::new();
+    let mut tally = Tally::default();
+    for (a, b) in volumes.iter().zip(volumes.iter().cycle().skip(1)) {
+        let b_before = std::fs::read(b.credentials_dir.join(CERT_FILE)).ok();
+        let scratch = stack
+            .state_dir
+            .join("foreign")
+            .join(format!("{}-with-{}", a.pod.name, b.pod.name));
+        std::fs::create_dir_all(&scratch)
+            .with_context(|| format!("creating {}", scratch.display()))?;
+        // A's sandbox and cgroup, B's identity volume
+        let foreign = PodVolume {
+            mount_dir: b.mount_dir.clone(),
+            credentials_dir: scratch,
+            ..a.clone()
+        };
+        match crate::node::sia_init(&info, &foreign).await {
+            Err(e) => {
+                let text = format!("{e:#}");
+                if text.contains("403") && text.contains(&a.uid) && text.contains(&b.uid) {
+                    refused += 1;
+                } else {
+                    wrong.push(format!("{}: {text}", a.pod.name));
+                }
+            }
+            Ok(_) => wrong.push(format!("{} got {}'s identity", a.pod.name, b.pod.name)),
+        }
+        if std::fs::read(b.credentials_dir.join(CERT_FILE)).ok() != b_before {
+            wrong.push(format!("{}'s files changed", b.pod.name));
+        }
+        tally.add(&supervise(stack, pods).await?);
+    }
+    let recovery = recover(stack, pods, &mut tally).await?;
+    let mut result = row(
+        Fault::ForeignVolume,
+        format!(
+            "{} containers given another pod's volume: {refused} refused (403 naming both pods){}",
+            volumes.len(),
+            describe(&wrong)
+        ),
+        &tally,
+        recovery,
+        false,
+    );
+    result.passed &= wrong.is_empty() && refused == volumes.len();
+    Ok(result)
+}
+
+/// For each flex pod: `athenz-sia init` as a process in no pod (the host's), given the pod's
+/// identity volume. Bound: every one refused with 403 (the agent's `enforce`).
+pub(super) async fn host_process(
+    stack: &mut Stack,
+    pods: &mut Pods,
+) -> anyhow::Result<FaultResult> {
+    let info = stack.info.clone();
+    let volumes: Vec<PodVolume> = pods
+        .flex
+        .volumes
+        .iter()
+        .filter_map(|m| m.sia().cloned())
+        .collect();
+    let mut refused = 0;
+    let mut wrong = Vec::new();
+    let mut tally = Tally::default();
+    for volume in &volumes {
+        let scratch = stack.state_dir.join("host-process").join(&volume.pod.name);
+        std::fs::create_dir_all(&scratch)
+            .with_context(|| format!("creating {}", scratch.display()))?;
+        let mut env = crate::node::sia_env(&info, volume);
+        env.retain(|(k, _)| *k != "OUT_DIR");
+        env.push(("OUT_DIR", scratch.display().to_string()));
+        env.push(("INIT_TIMEOUT", "5s".into()));
+        let (program, args) = info.sia.split_first().context("an empty SIA argv")?;
+        let output = tokio::time::timeout(
+            Duration::from_secs(60),
+            tokio::process::Command::new(program)
+                .args(args)
+                .arg("init")
+                .current_dir(&volume.mount_dir)
+                .envs(env.iter().map(|(k, v)| (*k, v)))
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .context("a host process's init: no answer within 60 s")?
+        .context("running the SIA as a host process")?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.status.success() && stderr.contains("403") && stderr.contains("no pod's cgroup")
+        {
+            refused += 1;
+        } else {
+            wrong.push(format!(
+                "{} ({}): {}",
+                volume.pod.name,
+                output.status,
+                stderr.lines().last().unwrap_or_default()
+            ));
+        }
+        tally.add(&supervise(stack, pods).await?);
+    }
+    let recovery = recover(stack, pods, &mut tally).await?;
+    let mut result = row(
+        Fault::HostProcess,
+        format!(
+            "{} host processes given a pod's volume: {refused} refused (403, in no pod's \
+             cgroup){}",
+            volumes.len(),
+            describe(&wrong)
+        ),
+        &tally,
+        recovery,
+        false,
+    );
+    result.passed &= wrong.is_empty() && refused == volumes.len();
+    Ok(result)
+}
+
+fn first_sia_volume(pods: &Pods) -> anyhow::Result<PodVolume> {
+    pods.flex
+        .volumes
+        .first()
+        .and_then(|m| m.sia())
+        .cloned()
+        .context("the first pod runs no SIA")
+}
+
+fn describe(wrong: &[String]) -> String {
+    if wrong.is_empty() {
+        String::new()
+    } else {
+        format!("; not as bound: {}", wrong.join("; "))
+    }
+}
