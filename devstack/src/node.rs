@@ -282,8 +282,10 @@ pub struct SiaInit {
     /// to the files written, i.e. the agent's answer and the writes, without the process start
     /// and the pod placement around it.
     pub own: Duration,
-    /// With a container runtime, the runtime's part: the sandbox's start when this init made
-    /// it, and the container's create + start up to its process running.
+    /// The runtime's part, up to the SIA's first instruction: the sandbox's start when this
+    /// init made it, then from asking for the container (or starting the process) to the SIA's
+    /// `main` (the time of its "identity written" line less its `took_ms`; the host and the
+    /// container share one clock).
     pub runtime: Option<Duration>,
 }
 
@@ -314,11 +316,28 @@ pub async fn sia_init(stack: &StackInfo, volume: &PodVolume) -> anyhow::Result<S
     let process = started.elapsed();
     let own = sia_reported_time(&ran.stderr)
         .with_context(|| format!("{what}: its log {:?}", ran.stderr))?;
+    let to_main =
+        sia_main_started(&ran.stderr).and_then(|main| main.duration_since(ran.asked_at).ok());
     Ok(SiaInit {
         process,
         own,
-        runtime: ran.runtime_share,
+        runtime: to_main.map(|d| d + ran.sandbox.unwrap_or_default()),
     })
+}
+
+/// When the SIA's `main` started: its "identity written" line's time less its `took_ms`.
+pub fn sia_main_started(log: &str) -> Option<std::time::SystemTime> {
+    let line = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|entry| entry["message"] == "identity written")?;
+    let at = time::OffsetDateTime::parse(
+        line["timestamp"].as_str()?,
+        &time::format_description::well_known::Rfc3339,
+    )
+    .ok()?;
+    let took = Duration::from_secs_f64(line["took_ms"].as_f64()?.max(0.0) / 1e3);
+    std::time::SystemTime::from(at).checked_sub(took)
 }
 
 /// The `took_ms` of the SIA's "identity written" line in its JSON log.
@@ -488,6 +507,29 @@ mod tests {
         for needle in ["media-sports", "web-1", uid, "web"] {
             assert!(text.contains(needle), "{needle} not in {text}");
         }
+    }
+
+    /// The SIA's `main` is its "identity written" time less what it took.
+    #[test]
+    fn the_sias_start_is_read_from_its_log() {
+        let log = concat!(
+            "{\"timestamp\":\"2026-11-25T18:00:08.900000Z\",\"message\":\"asking\"}\n",
+            "not json\n",
+            "{\"timestamp\":\"2026-11-25T18:00:09.063857Z\",\"level\":\"INFO\",",
+            "\"message\":\"identity written\",\"took_ms\":15.4}\n"
+        );
+        let main = sia_main_started(log).unwrap();
+        let written = std::time::SystemTime::from(
+            time::OffsetDateTime::parse(
+                "2026-11-25T18:00:09.063857Z",
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap(),
+        );
+        let took = written.duration_since(main).unwrap();
+        assert!((took.as_secs_f64() - 0.0154).abs() < 1e-6, "{took:?}");
+        assert!(sia_main_started("{\"message\":\"identity written\"}").is_none());
+        assert!(sia_main_started("").is_none());
     }
 
     /// Kubelet's layout: `<root>/pods/<uid>/volumes/<vendor~driver>/<volume>`.

@@ -129,9 +129,16 @@ pub struct Ran {
     pub stdout: String,
     /// What it wrote to stderr (with a runtime, stdout and stderr are one log).
     pub stderr: String,
-    /// The runtime's part: for a container, from asking the runtime to its process running
-    /// (create + start), and the sandbox's start when this call made it; for a process, `None`.
+    /// The runtime's part as the runtime's own calls took it: for a container, from asking the
+    /// runtime to its process running (create), and the sandbox's start when this call made it;
+    /// for a process, `None`.
     pub runtime_share: Option<Duration>,
+    /// When the sandbox was ready (or the process about to be started) and the container was
+    /// asked for: with the program's own start time, the runtime's whole part up to the
+    /// program's first instruction.
+    pub asked_at: std::time::SystemTime,
+    /// The sandbox's start, when this call made it.
+    pub sandbox: Option<Duration>,
 }
 
 impl Ran {
@@ -269,10 +276,14 @@ impl PodRuntime {
         } = command;
         let what = format!("{name} of pod {}", volume.pod.name);
         let Some(oci) = &self.oci else {
+            let asked_at = std::time::SystemTime::now();
             let argv = self.in_pod(&volume.uid, &host_argv(stack, *program, args)?)?;
-            return run_process(&argv, env, &volume.mount_dir, timeout, &what).await;
+            let mut ran = run_process(&argv, env, &volume.mount_dir, timeout, &what).await?;
+            ran.asked_at = asked_at;
+            return Ok(ran);
         };
         let (pod, sandbox) = self.sandbox(oci, &volume.uid).await?;
+        let asked_at = std::time::SystemTime::now();
         let spec = container_spec(*program, args, env, volume, &oci.zts_ca);
         let finished = pod
             .run_once(name, &spec, timeout)
@@ -286,6 +297,8 @@ impl PodRuntime {
             stdout: log.clone(),
             stderr: log,
             runtime_share: Some(finished.started.runtime_share + sandbox.unwrap_or_default()),
+            asked_at,
+            sandbox,
         })
     }
 
@@ -665,5 +678,7 @@ async fn run_process(
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
         runtime_share: None,
+        asked_at: std::time::SystemTime::now(),
+        sandbox: None,
     })
 }

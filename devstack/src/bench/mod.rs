@@ -199,10 +199,10 @@ pub struct LatencyParts {
     /// This system's part of each pod's start, summed per pod: the mount (driver or
     /// `NodePublishVolume`) and the SIA's init as it reports it (agent included).
     pub product: Latency,
-    /// The container runtime's part, summed per pod: with runc or crun, the sandbox's start and
-    /// the init container's create + start up to its process running; with `process`, the
-    /// stand-in's (process start and cgroup placement); `None` in files mode, where no
-    /// container of ours starts.
+    /// The container runtime's part, summed per pod, up to the SIA's first instruction: with
+    /// runc or crun, the sandbox's start and the init container's create + start; with
+    /// `process`, the stand-in's (process start and cgroup placement); `None` in files mode,
+    /// where no container of ours starts.
     pub runtime: Option<Latency>,
 }
 
