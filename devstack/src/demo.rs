@@ -252,6 +252,21 @@ async fn issue_refresh_refuse(
             issued_in.as_secs_f64() * 1e3
         ));
         print_identity(&identity, print);
+        if let Some(sia) = mounted.sia() {
+            // its application container, started after the init container, reads the same set
+            let app = node::app_reads(info, sia).await?;
+            anyhow::ensure!(
+                app.serial == identity.serial,
+                "{}'s application container read serial {}, not {}",
+                pod.name,
+                app.serial,
+                identity.serial
+            );
+            print(format!(
+                "  app      its application container ({}) read the set: {}, serial {}",
+                info.runtime.kind, app.common_name, app.serial
+            ));
+        }
         pods.push(PodReport {
             pod: format!("{}/{}", pod.namespace, pod.name),
             uid,

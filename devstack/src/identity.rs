@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// A pod's identity as its files show it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct IdentityReport {
     /// Subject CN: `<domain>.<service>`.
     pub common_name: String,

@@ -217,6 +217,13 @@ enum Command {
         #[arg(long, value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
         key_source: athenz_core::agent_api::KeySource,
     },
+    /// A pod's application stand-in (a container of the pod): reads its credential set as an
+    /// application would and prints the identity it holds, as JSON.
+    #[command(hide = true)]
+    PodApp {
+        #[arg(long)]
+        credentials_dir: PathBuf,
+    },
     /// The Kubernetes API and kubelet stand-ins (started by the stack).
     #[command(hide = true)]
     KubeStandins {
@@ -302,6 +309,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &node,
                 faults_file,
             ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::PodApp { credentials_dir } => {
+            let report = athenz_devstack::identity::check(&credentials_dir)?;
+            println!("{}", serde_json::to_string(&report)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::PodRefreshOnce {

@@ -381,6 +381,39 @@ pub async fn sia_refresh(
         .await
 }
 
+/// The pod's application stand-in, a container of the pod started after its init container
+/// as kubelet orders them: it reads the credential set where the pod's containers see it (the
+/// key its certificate's, the chain to the CA bundle) and gives back what it found.
+pub async fn app_reads(
+    stack: &StackInfo,
+    volume: &PodVolume,
+) -> anyhow::Result<crate::identity::IdentityReport> {
+    let runtime = PodRuntime::of(stack)?;
+    let paths = runtime.paths(volume);
+    let what = format!("the application container of {}", volume.pod.name);
+    let ran = runtime
+        .run(
+            stack,
+            volume,
+            &PodCommand {
+                name: "app",
+                program: PodProgram::Devstack,
+                args: vec![
+                    "pod-app".into(),
+                    format!("--credentials-dir={}", paths.credentials_dir),
+                ],
+                env: Vec::new(),
+            },
+            STEP_TIMEOUT,
+        )
+        .await?;
+    if !ran.success {
+        bail!("{what}: {} {}", ran.status, ran.output());
+    }
+    let line = ran.stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line.trim()).with_context(|| format!("{what}: {:?}", ran.stdout))
+}
+
 /// Asks the agent to refresh the pod's identity with the pair its SIA wrote, as the refresh
 /// sidecar does (one request, no retries), from a process of the pod (the devstack's hidden
 /// `pod-refresh-once` command); `Ok` carries the new certificate chain, `Err` the agent's refusal
