@@ -388,30 +388,13 @@ pub async fn app_reads(
     stack: &StackInfo,
     volume: &PodVolume,
 ) -> anyhow::Result<crate::identity::IdentityReport> {
-    let runtime = PodRuntime::of(stack)?;
-    let paths = runtime.paths(volume);
+    let paths = PodRuntime::of(stack)?.paths(volume);
+    let args = vec![
+        "pod-app".into(),
+        format!("--credentials-dir={}", paths.credentials_dir),
+    ];
     let what = format!("the application container of {}", volume.pod.name);
-    let ran = runtime
-        .run(
-            stack,
-            volume,
-            &PodCommand {
-                name: "app",
-                program: PodProgram::Devstack,
-                args: vec![
-                    "pod-app".into(),
-                    format!("--credentials-dir={}", paths.credentials_dir),
-                ],
-                env: Vec::new(),
-            },
-            STEP_TIMEOUT,
-        )
-        .await?;
-    if !ran.success {
-        bail!("{what}: {} {}", ran.status, ran.output());
-    }
-    let line = ran.stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line.trim()).with_context(|| format!("{what}: {:?}", ran.stdout))
+    devstack_in_pod(stack, volume, "app", args, &what).await
 }
 
 /// Asks the agent to refresh the pod's identity with the pair its SIA wrote, as the refresh
@@ -422,8 +405,7 @@ pub async fn refresh_once(
     stack: &StackInfo,
     volume: &PodVolume,
 ) -> anyhow::Result<Result<String, String>> {
-    let runtime = PodRuntime::of(stack)?;
-    let paths = runtime.paths(volume);
+    let paths = PodRuntime::of(stack)?.paths(volume);
     let args = vec![
         "pod-refresh-once".into(),
         format!("--socket={}", paths.socket),
@@ -432,30 +414,39 @@ pub async fn refresh_once(
         format!("--key-source={}", stack.key_source),
     ];
     let what = format!("refreshing {} once", volume.pod.name);
-    let ran = runtime
-        .run(
-            stack,
-            volume,
-            &PodCommand {
-                name: "refresh-once",
-                program: PodProgram::Devstack,
-                args,
-                env: Vec::new(),
-            },
-            STEP_TIMEOUT,
-        )
-        .await?;
-    if !ran.success {
-        bail!("{what}: {} {}", ran.status, ran.output());
-    }
-    // its answer is its last line (with a runtime, its stdout and stderr are one log)
-    let line = ran.stdout.lines().last().unwrap_or_default();
-    let answer: RefreshOnceAnswer = serde_json::from_str(line.trim())
-        .with_context(|| format!("pod-refresh-once's answer: {:?}", ran.stdout))?;
+    let answer: RefreshOnceAnswer =
+        devstack_in_pod(stack, volume, "refresh-once", args, &what).await?;
     Ok(match answer {
         RefreshOnceAnswer::Refreshed(chain) => Ok(chain),
         RefreshOnceAnswer::Refused(why) => Err(why),
     })
+}
+
+/// Runs one of the devstack's hidden pod-side commands as container `name` of `volume`'s pod
+/// and reads its JSON answer: its output's last line (with a runtime, its stdout and stderr
+/// are one log).
+async fn devstack_in_pod<T: serde::de::DeserializeOwned>(
+    stack: &StackInfo,
+    volume: &PodVolume,
+    name: &str,
+    args: Vec<String>,
+    what: &str,
+) -> anyhow::Result<T> {
+    let command = PodCommand {
+        name,
+        program: PodProgram::Devstack,
+        args,
+        env: Vec::new(),
+    };
+    let ran = PodRuntime::of(stack)?
+        .run(stack, volume, &command, STEP_TIMEOUT)
+        .await?;
+    if !ran.success {
+        bail!("{what}: {} {}", ran.status, ran.output());
+    }
+    let line = ran.stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(line.trim())
+        .with_context(|| format!("{what}: its answer {:?}", ran.stdout))
 }
 
 /// What `pod-refresh-once` prints.

@@ -940,21 +940,7 @@ async fn sia_killed_mid_write(
         .context("the first pod runs no SIA")?
         .clone();
     let out = volume.credentials_dir.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (reads, torn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let reader = {
-        let (stop, reads, torn, out) = (stop.clone(), reads.clone(), torn.clone(), out.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(set) = FileSet::new(&out).read(&[KEY_FILE, CERT_FILE]) {
-                    reads.fetch_add(1, Ordering::Relaxed);
-                    if !set_matches(&set[0], &set[1]) {
-                        torn.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        })
-    };
+    let reader = SetReader::start(&out);
     let info = stack.info.clone();
     let mut argv = info.sia.clone();
     argv.push("init".into());
@@ -990,11 +976,9 @@ async fn sia_killed_mid_write(
     // replaced, which a reader may still be reading
     let replaced = std::fs::read_link(out.join("..data")).ok();
     let finished = crate::node::sia_init(&info, &volume).await;
-    stop.store(true, Ordering::Relaxed);
-    let _ = reader.join();
+    let (reads, torn) = reader.stop();
     finished.context("the init after the kills")?;
     let leftovers = leftovers(&out, replaced.as_deref())?;
-    let (reads, torn) = (reads.load(Ordering::Relaxed), torn.load(Ordering::Relaxed));
     let mut tally = Tally {
         torn,
         ..Tally::default()
@@ -1019,6 +1003,52 @@ async fn sia_killed_mid_write(
     );
     result.passed &= clean && reads > 0;
     Ok(result)
+}
+
+/// A thread reading a pod's credential set as fast as it can, as an application would while a
+/// fault hits its writer: how many reads, and how many were torn (a key not its certificate's).
+struct SetReader {
+    stop: Arc<AtomicBool>,
+    reads: Arc<AtomicU64>,
+    torn: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl SetReader {
+    fn start(dir: &Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (reads, torn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let thread = {
+            let (stop, reads, torn) = (stop.clone(), reads.clone(), torn.clone());
+            let dir = dir.to_owned();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(set) = FileSet::new(&dir).read(&[KEY_FILE, CERT_FILE]) {
+                        reads.fetch_add(1, Ordering::Relaxed);
+                        if !set_matches(&set[0], &set[1]) {
+                            torn.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            })
+        };
+        Self {
+            stop,
+            reads,
+            torn,
+            thread,
+        }
+    }
+
+    /// Stops it; (reads, torn reads).
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        (
+            self.reads.load(Ordering::Relaxed),
+            self.torn.load(Ordering::Relaxed),
+        )
+    }
 }
 
 fn set_matches(key: &[u8], cert: &[u8]) -> bool {

@@ -5,16 +5,14 @@
 //! two from the cgroups the runtime wrote.
 
 use super::{
-    FaultResult, Pods, RECOVERY_BOUND, Tally, leftovers, recover, row, set_matches, supervise,
+    FaultResult, Pods, RECOVERY_BOUND, SetReader, Tally, leftovers, recover, row, supervise,
 };
 use crate::chaos::Fault;
 use crate::node::PodVolume;
 use crate::pods::{PodCommand, PodProgram, PodRuntime};
 use crate::stack::Stack;
 use anyhow::Context;
-use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use athenz_core::files::CERT_FILE;
 use std::time::{Duration, Instant};
 
 /// The SIA's init container started `kills` times and killed by the runtime at a random point
@@ -29,21 +27,7 @@ pub(super) async fn init_container_killed(
     let kills = kills.max(1);
     let volume = first_sia_volume(pods)?;
     let out = volume.credentials_dir.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (reads, torn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let reader = {
-        let (stop, reads, torn, out) = (stop.clone(), reads.clone(), torn.clone(), out.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(set) = FileSet::new(&out).read(&[KEY_FILE, CERT_FILE]) {
-                    reads.fetch_add(1, Ordering::Relaxed);
-                    if !set_matches(&set[0], &set[1]) {
-                        torn.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        })
-    };
+    let reader = SetReader::start(&out);
     let info = stack.info.clone();
     let runtime = PodRuntime::of(&info)?;
     // kill within the span of one init's own run (the container's process is running when
@@ -79,12 +63,10 @@ pub(super) async fn init_container_killed(
         }
         tally.add(&supervise(stack, pods).await?);
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = reader.join();
+    let (reads, torn) = reader.stop();
     let leftovers = leftovers(&out, replaced.as_deref())?;
-    tally.torn += torn.load(Ordering::Relaxed);
+    tally.torn += torn;
     let recovery = recover(stack, pods, &mut tally).await?;
-    let reads = reads.load(Ordering::Relaxed);
     let mut result = row(
         Fault::InitContainerKilled,
         format!(
@@ -191,12 +173,11 @@ pub(super) async fn foreign_volume(
     let mut tally = Tally::default();
     for (a, b) in volumes.iter().zip(volumes.iter().cycle().skip(1)) {
         let b_before = std::fs::read(b.credentials_dir.join(CERT_FILE)).ok();
-        let scratch = stack
-            .state_dir
-            .join("foreign")
-            .join(format!("{}-with-{}", a.pod.name, b.pod.name));
-        std::fs::create_dir_all(&scratch)
-            .with_context(|| format!("creating {}", scratch.display()))?;
+        let scratch = scratch_dir(
+            stack,
+            "foreign",
+            &format!("{}-with-{}", a.pod.name, b.pod.name),
+        )?;
         // A's sandbox and cgroup, B's identity volume
         let foreign = PodVolume {
             mount_dir: b.mount_dir.clone(),
@@ -242,12 +223,7 @@ pub(super) async fn host_process(
     pods: &mut Pods,
 ) -> anyhow::Result<FaultResult> {
     let info = stack.info.clone();
-    let volumes: Vec<PodVolume> = pods
-        .flex
-        .volumes
-        .iter()
-        .filter_map(|m| m.sia().cloned())
-        .collect();
+    let volumes = sia_volumes(pods);
     let mut refused = 0;
     let mut wrong = Vec::new();
     let mut tally = Tally::default();
@@ -302,6 +278,22 @@ pub(super) async fn host_process(
     );
     result.passed &= wrong.is_empty() && refused == volumes.len();
     Ok(result)
+}
+
+/// The flex pods' volumes as their SIAs see them.
+fn sia_volumes(pods: &Pods) -> Vec<PodVolume> {
+    pods.flex
+        .volumes
+        .iter()
+        .filter_map(|m| m.sia().cloned())
+        .collect()
+}
+
+/// A directory for what a refused attempt would have written, `<state>/<kind>/<name>`.
+fn scratch_dir(stack: &Stack, kind: &str, name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let dir = stack.state_dir.join(kind).join(name);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
 }
 
 fn first_sia_volume(pods: &Pods) -> anyhow::Result<PodVolume> {
