@@ -48,6 +48,14 @@ pub fn print_human(report: &BenchReport) {
         };
         part(&name, runtime);
     }
+    if !report.agent_upstreams.is_empty() {
+        let calls: Vec<String> = report
+            .agent_upstreams
+            .iter()
+            .map(|(u, c)| format!("{u} {} x {:.2} ms", c.calls, c.mean_ms))
+            .collect();
+        println!("  the agent's upstream calls (mean): {}", calls.join(", "));
+    }
     println!(
         "all {} identities in {:.3} s: {:.0} identities/s",
         report.pods, report.wall_seconds, report.throughput_per_second
