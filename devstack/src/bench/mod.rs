@@ -591,14 +591,22 @@ async fn measure(
         throughput_per_second: options.pods as f64 / wall.as_secs_f64(),
         processes,
         short_lived: ProcessReport {
-            // with pod cgroups each SIA starts as `sh -c 'echo $$ > cgroup.procs; exec sia'` (a
-            // container runtime places it without that shell): its cost is counted here
+            // as processes with pod cgroups each SIA starts as `sh -c 'echo $$ > cgroup.procs;
+            // exec sia'`; with a runtime, the runtime's own processes (a `run` per container,
+            // the sandbox's loopback) are the SIA's parents and are counted with it: the
+            // kernel's accounting of reaped children cannot tell them apart
             name: format!(
                 "{per_pod_processes}{})",
-                if info.pod_cgroup_root.is_some() && volume != VolumeKind::CsiFiles {
-                    ", sia joins its pod cgroup via sh"
-                } else {
-                    ""
+                match (info.runtime.kind, volume) {
+                    (_, VolumeKind::CsiFiles) => String::new(),
+                    (athenz_testbed::runtime::RuntimeKind::Process, _)
+                        if info.pod_cgroup_root.is_some() =>
+                    {
+                        ", sia joins its pod cgroup via sh".to_owned()
+                    }
+                    (athenz_testbed::runtime::RuntimeKind::Process, _) => String::new(),
+                    (kind, _) =>
+                        format!(", with {kind}'s own processes for sandbox and containers"),
                 }
             ),
             cpu_seconds: children_cpu,

@@ -176,7 +176,15 @@ struct Oci {
     zts_ca: PathBuf,
 }
 
-type Registry = Mutex<HashMap<PathBuf, Arc<PodRuntime>>>;
+/// A stack, as the registry tells stacks apart: a later stack may reuse an earlier one's
+/// directories (the bench runs one after another in one state dir), never its cgroup root.
+type StackKey = (PathBuf, Option<PathBuf>);
+
+type Registry = Mutex<HashMap<StackKey, Arc<PodRuntime>>>;
+
+fn key(stack: &StackInfo) -> StackKey {
+    (stack.volumes_dir.clone(), stack.pod_cgroup_root.clone())
+}
 
 fn registry() -> &'static Registry {
     static RUNTIMES: OnceLock<Registry> = OnceLock::new();
@@ -186,7 +194,7 @@ fn registry() -> &'static Registry {
 impl PodRuntime {
     /// The stack's pod runtime in this process (made at the first call).
     pub fn of(stack: &StackInfo) -> anyhow::Result<Arc<Self>> {
-        let key = stack.volumes_dir.clone();
+        let key = key(stack);
         let mut runtimes = registry()
             .lock()
             .map_err(|_| anyhow::anyhow!("the pod runtimes' registry is poisoned"))?;
@@ -196,6 +204,13 @@ impl PodRuntime {
         let runtime = Arc::new(Self::new(stack)?);
         runtimes.insert(key, runtime.clone());
         Ok(runtime)
+    }
+
+    /// Forgets the stack's pod runtime in this process (when the stack stops).
+    pub fn forget(stack: &StackInfo) {
+        if let Ok(mut runtimes) = registry().lock() {
+            runtimes.remove(&key(stack));
+        }
     }
 
     fn new(stack: &StackInfo) -> anyhow::Result<Self> {

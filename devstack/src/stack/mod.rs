@@ -596,6 +596,7 @@ impl Stack {
             p.stop().await;
         }
         remove_containers(&self.info.runtime).await;
+        crate::pods::PodRuntime::forget(&self.info);
         if let Some(root) = &self.info.pod_cgroup_root {
             athenz_testbed::cgroups::remove_tree(root);
         }
