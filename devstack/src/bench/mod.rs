@@ -12,7 +12,6 @@ use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
 use athenz_core::agent_api::KeySource;
 use athenz_core::crypto::KeyAlgorithm;
-use athenz_testbed::stats::percentile;
 use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -21,9 +20,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod floor;
+mod latency;
 mod print;
+mod upstreams;
 pub use floor::{CryptoFloor, FloorStep, crypto_floor};
+use latency::ms;
+pub use latency::{Latency, LatencyParts};
 pub use print::{print_comparison, print_human};
+pub use upstreams::UpstreamCalls;
+use upstreams::agent_upstreams;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -158,143 +163,6 @@ pub struct BenchReport {
     pub crypto_floor: CryptoFloor,
     /// cpu_per_identity / crypto floor.
     pub cpu_to_floor_ratio: f64,
-}
-
-/// Percentiles.
-#[derive(Debug, Serialize)]
-pub struct Latency {
-    /// Median.
-    pub p50: f64,
-    /// 90th.
-    pub p90: f64,
-    /// 99th.
-    pub p99: f64,
-    /// Slowest.
-    pub max: f64,
-}
-
-impl Latency {
-    /// The percentiles of `samples` (sorted here), in ms.
-    fn of(samples: &mut [Duration]) -> Self {
-        samples.sort();
-        Self {
-            p50: ms(percentile(samples, 0.5)),
-            p90: ms(percentile(samples, 0.9)),
-            p99: ms(percentile(samples, 0.99)),
-            max: samples.last().map_or(0.0, |d| ms(*d)),
-        }
-    }
-}
-
-/// Where mount → files went, each part over all pods (percentiles of each part separately, so
-/// they do not add up to the total's).
-#[derive(Debug, Serialize)]
-pub struct LatencyParts {
-    /// The mount as kubelet does it: the flex driver's process, or `NodePublishVolume` (the
-    /// whole of files mode).
-    pub mount: Latency,
-    /// The SIA's own time as it reports it: from its `main` to the files written (the agent's
-    /// answer included). `None` in files mode.
-    pub sia: Option<Latency>,
-    /// The rest: starting the SIA as a process of its pod (fork and exec; with pod cgroups, the
-    /// stand-in runtime's placement of it in its container cgroup). Container start, which a
-    /// real runtime does its own way; `None` in files mode.
-    pub sia_process_start: Option<Latency>,
-    /// This system's part of each pod's start, summed per pod: the mount (driver or
-    /// `NodePublishVolume`) and the SIA's init as it reports it (agent included).
-    pub product: Latency,
-    /// The container runtime's part, summed per pod, up to the SIA's first instruction: with
-    /// runc or crun, the sandbox's start and the init container's create + start; with
-    /// `process`, the stand-in's (process start and cgroup placement); `None` in files mode,
-    /// where no container of ours starts.
-    pub runtime: Option<Latency>,
-}
-
-impl LatencyParts {
-    fn of(times: &[PodTimes]) -> Self {
-        let mut mount: Vec<Duration> = times.iter().map(|t| t.mount).collect();
-        let mut sia: Vec<Duration> = times.iter().filter_map(|t| t.sia.map(|s| s.own)).collect();
-        let mut start: Vec<Duration> = times
-            .iter()
-            .filter_map(|t| t.sia.map(|s| s.process.saturating_sub(s.own)))
-            .collect();
-        let mut product: Vec<Duration> = times
-            .iter()
-            .map(|t| t.mount + t.sia.map(|s| s.own).unwrap_or_default())
-            .collect();
-        let mut runtime: Vec<Duration> = times
-            .iter()
-            .filter_map(|t| {
-                t.sia
-                    .map(|s| s.runtime.unwrap_or(s.process.saturating_sub(s.own)))
-            })
-            .collect();
-        Self {
-            mount: Latency::of(&mut mount),
-            sia: (!sia.is_empty()).then(|| Latency::of(&mut sia)),
-            sia_process_start: (!start.is_empty()).then(|| Latency::of(&mut start)),
-            product: Latency::of(&mut product),
-            runtime: (!runtime.is_empty()).then(|| Latency::of(&mut runtime)),
-        }
-    }
-}
-
-/// One upstream's calls as the agent counted them.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct UpstreamCalls {
-    /// Calls.
-    pub calls: u64,
-    /// Their mean duration, ms.
-    pub mean_ms: f64,
-}
-
-/// The agent's upstream histogram (`*upstream_duration_seconds_sum` and `_count` by
-/// `upstream`) from its metrics endpoint; empty when it cannot be read (the report says so by
-/// being empty, the run is not failed for it).
-async fn agent_upstreams(metrics_url: &str) -> BTreeMap<String, UpstreamCalls> {
-    let text = match reqwest::get(metrics_url).await {
-        Ok(answer) => answer.text().await.unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    parse_upstreams(&text)
-}
-
-fn parse_upstreams(text: &str) -> BTreeMap<String, UpstreamCalls> {
-    let mut sums: BTreeMap<String, (f64, u64)> = BTreeMap::new();
-    for line in text.lines() {
-        let Some((name_labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let is_sum = name_labels.contains("upstream_duration_seconds_sum{");
-        let is_count = name_labels.contains("upstream_duration_seconds_count{");
-        if !is_sum && !is_count {
-            continue;
-        }
-        let Some(upstream) = name_labels
-            .split("upstream=\"")
-            .nth(1)
-            .and_then(|rest| rest.split('"').next())
-        else {
-            continue;
-        };
-        let entry = sums.entry(upstream.to_owned()).or_default();
-        if is_sum {
-            entry.0 = value.parse().unwrap_or(0.0);
-        } else {
-            entry.1 = value.parse().unwrap_or(0);
-        }
-    }
-    sums.into_iter()
-        .filter(|(_, (_, calls))| *calls > 0)
-        .map(|(upstream, (sum, calls))| {
-            let mean_ms = sum * 1e3 / calls as f64;
-            (upstream, UpstreamCalls { calls, mean_ms })
-        })
-        .collect()
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// CPU seconds of the children reaped so far.
@@ -664,32 +532,3 @@ pub(crate) const JWT_SERVICE: &str = "jwt-service";
 pub(crate) const CALLBACK: &str = "callback";
 /// The development ZTS's (a stand-in: its CPU is reported, not judged).
 pub(crate) const ZTS: &str = "zts";
-
-#[cfg(test)]
-mod upstream_tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    /// The agent's histogram as prometheus-client writes it, read into means per upstream.
-    #[test]
-    fn the_agents_upstream_histogram_is_read_per_upstream() {
-        let text = "\
-# HELP athenz_agent_upstream_duration_seconds Time spent in calls to upstreams.
-# TYPE athenz_agent_upstream_duration_seconds histogram
-athenz_agent_upstream_duration_seconds_sum{upstream=\"kubelet\"} 0.25
-athenz_agent_upstream_duration_seconds_count{upstream=\"kubelet\"} 100
-athenz_agent_upstream_duration_seconds_bucket{le=\"0.005\",upstream=\"kubelet\"} 90
-athenz_agent_upstream_duration_seconds_sum{upstream=\"zts_register\"} 0.3
-athenz_agent_upstream_duration_seconds_count{upstream=\"zts_register\"} 100
-athenz_agent_upstream_duration_seconds_sum{upstream=\"dns\"} 0
-athenz_agent_upstream_duration_seconds_count{upstream=\"dns\"} 0
-# EOF
-";
-        let calls = parse_upstreams(text);
-        assert_eq!(calls.len(), 2, "{calls:?}");
-        assert_eq!(calls["kubelet"].calls, 100);
-        assert!((calls["kubelet"].mean_ms - 2.5).abs() < 1e-9);
-        assert!((calls["zts_register"].mean_ms - 3.0).abs() < 1e-9);
-        assert!(parse_upstreams("garbage\n{}{} 1").is_empty());
-    }
-}

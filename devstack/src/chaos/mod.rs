@@ -27,18 +27,17 @@ use crate::procs::Process;
 use crate::stack::FAULTS_FILE;
 use crate::stack::{Stack, StackOptions, VolumeKind};
 use anyhow::{Context, bail};
-use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
 use athenz_testbed::faults::Faults;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 mod runtime_faults;
+mod set_reader;
+use set_reader::{SetReader, leftovers};
 
 /// How often the pods' sets are read and the stack supervised.
 const TICK: Duration = Duration::from_millis(250);
@@ -1003,79 +1002,6 @@ async fn sia_killed_mid_write(
     );
     result.passed &= clean && reads > 0;
     Ok(result)
-}
-
-/// A thread reading a pod's credential set as fast as it can, as an application would while a
-/// fault hits its writer: how many reads, and how many were torn (a key not its certificate's).
-struct SetReader {
-    stop: Arc<AtomicBool>,
-    reads: Arc<AtomicU64>,
-    torn: Arc<AtomicU64>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl SetReader {
-    fn start(dir: &Path) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let (reads, torn) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let thread = {
-            let (stop, reads, torn) = (stop.clone(), reads.clone(), torn.clone());
-            let dir = dir.to_owned();
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Ok(set) = FileSet::new(&dir).read(&[KEY_FILE, CERT_FILE]) {
-                        reads.fetch_add(1, Ordering::Relaxed);
-                        if !set_matches(&set[0], &set[1]) {
-                            torn.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            })
-        };
-        Self {
-            stop,
-            reads,
-            torn,
-            thread,
-        }
-    }
-
-    /// Stops it; (reads, torn reads).
-    fn stop(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        let _ = self.thread.join();
-        (
-            self.reads.load(Ordering::Relaxed),
-            self.torn.load(Ordering::Relaxed),
-        )
-    }
-}
-
-fn set_matches(key: &[u8], cert: &[u8]) -> bool {
-    let (Ok(info), Ok(key)) = (
-        athenz_core::crypto::CertInfo::from_pem(&String::from_utf8_lossy(cert)),
-        athenz_core::crypto::PrivateKey::from_pem(&String::from_utf8_lossy(key)),
-    ) else {
-        return false;
-    };
-    athenz_core::crypto::key_matches_cert(&key, &info)
-}
-
-/// Entries of the credentials dir other than the set, its links and the set it replaced.
-fn leftovers(out: &Path, replaced: Option<&Path>) -> anyhow::Result<Vec<String>> {
-    let current = std::fs::read_link(out.join("..data")).context("reading ..data")?;
-    let mut extra = Vec::new();
-    for entry in std::fs::read_dir(out).context("listing the credentials dir")? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        let kept = name == "..data"
-            || Path::new(&name) == current
-            || Some(Path::new(&name)) == replaced
-            || !name.starts_with("..");
-        if !kept {
-            extra.push(name);
-        }
-    }
-    Ok(extra)
 }
 
 /// The table of the closing note: one line per fault.

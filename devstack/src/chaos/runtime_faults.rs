@@ -158,12 +158,7 @@ pub(super) async fn foreign_volume(
     pods: &mut Pods,
 ) -> anyhow::Result<FaultResult> {
     let info = stack.info.clone();
-    let volumes: Vec<PodVolume> = pods
-        .flex
-        .volumes
-        .iter()
-        .filter_map(|m| m.sia().cloned())
-        .collect();
+    let volumes = sia_volumes(pods);
     anyhow::ensure!(
         volumes.len() >= 2,
         "foreign-volume needs at least two flex pods"

@@ -132,10 +132,6 @@ pub struct Ran {
     pub stdout: String,
     /// What it wrote to stderr (with a runtime, stdout and stderr are one log).
     pub stderr: String,
-    /// The runtime's part as the runtime's own calls took it: for a container, from asking the
-    /// runtime to its process running (create), and the sandbox's start when this call made it;
-    /// for a process, `None`.
-    pub runtime_share: Option<Duration>,
     /// When the sandbox was ready (or the process about to be started) and the container was
     /// asked for: with the program's own start time, the runtime's whole part up to the
     /// program's first instruction.
@@ -314,7 +310,6 @@ impl PodRuntime {
             // one log: the SIA logs to stderr and the pod-side commands answer on stdout
             stdout: log.clone(),
             stderr: log,
-            runtime_share: Some(finished.started.runtime_share + sandbox.unwrap_or_default()),
             asked_at,
             sandbox,
         })
@@ -553,7 +548,6 @@ async fn run_process(
         status: output.status.to_string(),
         stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        runtime_share: None,
         asked_at: std::time::SystemTime::now(),
         sandbox: None,
     })
