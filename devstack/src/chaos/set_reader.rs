@@ -79,3 +79,24 @@ pub(super) fn leftovers(out: &Path, replaced: Option<&Path>) -> anyhow::Result<V
     }
     Ok(extra)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn leftovers_are_what_is_neither_the_set_nor_the_one_it_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["..2026_a", "..2026_b", "..2026_c"] {
+            std::fs::create_dir(d.join(sub)).unwrap();
+        }
+        std::os::unix::fs::symlink("..2026_c", d.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/service.key.pem", d.join("service.key.pem")).unwrap();
+        std::fs::write(d.join("..data_tmp.1f"), b"").unwrap();
+        let mut left = leftovers(d, Some(Path::new("..2026_b"))).unwrap();
+        left.sort();
+        assert_eq!(left, ["..2026_a", "..data_tmp.1f"]);
+    }
+}

@@ -1,13 +1,12 @@
-//! Faults that need pods made by a real container runtime (issue 35): an init container killed
+//! Faults of the node and its pods, which need pods made by a real container runtime (issue 35): an init container killed
 //! by the runtime mid-request and restarted as kubelet restarts it, refresh sidecars killed and
 //! restarted as new containers of the same pods, a container of one pod given another pod's
 //! identity volume, and a process in no pod given one. The agent's peer check decides the last
 //! two from the cgroups the runtime wrote.
 
-use super::{
-    FaultResult, Pods, RECOVERY_BOUND, SetReader, Tally, leftovers, recover, row, supervise,
-};
-use crate::chaos::Fault;
+use super::set_reader::{SetReader, leftovers};
+use super::watch::{Pods, RECOVERY_BOUND, TICK, Tally, recover, row, supervise};
+use super::{Fault, FaultResult};
 use crate::node::PodVolume;
 use crate::pods::{PodCommand, PodProgram, PodRuntime};
 use crate::stack::Stack;
@@ -118,7 +117,7 @@ pub(super) async fn sidecars_restarted(
             recovery = Some(killed.elapsed().as_secs_f64());
             break;
         }
-        tokio::time::sleep(super::TICK).await;
+        tokio::time::sleep(TICK).await;
     }
     let restarted = pods.flex.sidecar_exits() - exits_before;
     let after: Vec<Option<String>> = pods
