@@ -1,8 +1,8 @@
-//! Faults of the node and its pods, which need pods made by a real container runtime (issue 35): an init container killed
-//! by the runtime mid-request and restarted as kubelet restarts it, refresh sidecars killed and
-//! restarted as new containers of the same pods, a container of one pod given another pod's
-//! identity volume, and a process in no pod given one. The agent's peer check decides the last
-//! two from the cgroups the runtime wrote.
+//! Faults of the node and its pods, which need pods made by a real container runtime (issue
+//! 35): an init container killed by the runtime mid-request and restarted as kubelet restarts
+//! it, refresh sidecars killed and restarted as new containers of the same pods, a container of
+//! one pod given another pod's identity volume, and a process in no pod given one. The agent's
+//! peer check decides the last two from the cgroups the runtime wrote.
 
 use super::set_reader::{SetReader, leftovers};
 use super::watch::{Pods, RECOVERY_BOUND, TICK, Tally, recover, row, supervise};
