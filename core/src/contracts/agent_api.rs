@@ -10,6 +10,13 @@
 //! [`AttestationResponse`]) gives it the JWT, `CONNECT <zts host:port>` (header
 //! [`VOLUME_HEADER`]) a byte tunnel to ZTS, and `POST /v1/certificate/{id}`
 //! ([`CertificateReport`]) tells the agent which certificate the pod now holds.
+//!
+//! Compatibility across versions (README, "Upgrades"): the agent (a DaemonSet, rolled node by
+//! node) and the SIA (in every pod, replaced only when a pod is) run different versions for
+//! weeks. So both ends ignore fields they do not know, and a minor version only adds optional
+//! fields whose absence keeps the old behaviour; it never renames, removes or retypes one. The
+//! golden files under `core/tests/golden/socket-api/` hold every call of each version, and
+//! `core/tests/socket_api_golden.rs` checks both directions against them.
 
 use crate::names::CsrIdentity;
 use crate::secret::Secret;
@@ -107,7 +114,6 @@ impl IdentityResponse {
 
 /// Body of `POST /v1/refresh/{id}`: the pair the pod holds now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RefreshRequest {
     /// Current private key, PEM.
     #[serde(rename = "keyPEM")]
@@ -118,8 +124,9 @@ pub struct RefreshRequest {
 }
 
 /// Body of `POST /v1/init/{id}`: `{}` when the agent makes the key, the pod's CSR otherwise.
+/// A `keyPEM` is refused (no version sends a key to init): see [`NoKey`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "NoKey<InitRequestFields>")]
 pub struct InitRequest {
     /// The pod's CSR, PEM: it must say exactly what [`CsrTemplate`] says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -129,7 +136,6 @@ pub struct InitRequest {
 /// What a pod's CSR must say (`GET /v1/csr/{id}`): the subject and every SAN, as the agent
 /// derives them from the kubelet and the volume. Nothing more, nothing less is accepted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct CsrTemplate {
     /// Subject CN: `<domain>.<service>`.
     #[serde(rename = "commonName")]
@@ -177,13 +183,64 @@ impl From<CsrTemplate> for CsrIdentity {
 }
 
 /// Body of `POST /v1/attestation/{id}` and `POST /v1/certificate/{id}`: the certificate the pod
-/// holds (public; the key stays in the pod).
+/// holds (public; the key stays in the pod). A `keyPEM` is refused: see [`NoKey`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "NoKey<CertificateReportFields>")]
 pub struct CertificateReport {
     /// The leaf alone or leaf + chain, PEM.
     #[serde(rename = "certPEM")]
     pub cert_pem: String,
+}
+
+/// A request body of a call that takes no key, read with a `keyPEM` beside its fields. Both
+/// ends ignore fields they do not know (a newer peer may add some), except this one: a key in
+/// such a body is a client that would hand its pod's key to the agent, which pod-made keys
+/// exist to prevent (DESIGN.md 4.6), so it is refused, naming the field.
+#[derive(Deserialize)]
+struct NoKey<T> {
+    #[serde(flatten)]
+    fields: T,
+    #[serde(rename = "keyPEM", default)]
+    key_pem: Option<serde::de::IgnoredAny>,
+}
+
+/// What [`NoKey`] says when a body holds a key.
+const NO_KEY_HERE: &str = "keyPEM: no private key crosses the socket on this call";
+
+#[derive(Deserialize)]
+struct InitRequestFields {
+    #[serde(default)]
+    csr: Option<String>,
+}
+
+impl TryFrom<NoKey<InitRequestFields>> for InitRequest {
+    type Error = &'static str;
+    fn try_from(body: NoKey<InitRequestFields>) -> Result<Self, Self::Error> {
+        match body.key_pem {
+            Some(_) => Err(NO_KEY_HERE),
+            None => Ok(Self {
+                csr: body.fields.csr,
+            }),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct CertificateReportFields {
+    #[serde(rename = "certPEM")]
+    cert_pem: String,
+}
+
+impl TryFrom<NoKey<CertificateReportFields>> for CertificateReport {
+    type Error = &'static str;
+    fn try_from(body: NoKey<CertificateReportFields>) -> Result<Self, Self::Error> {
+        match body.key_pem {
+            Some(_) => Err(NO_KEY_HERE),
+            None => Ok(Self {
+                cert_pem: body.fields.cert_pem,
+            }),
+        }
+    }
 }
 
 /// Body of `POST /v1/attestation/{id}`.
@@ -191,7 +248,6 @@ pub type AttestationRequest = CertificateReport;
 
 /// Where ZTS is and how to verify it, for a pod that refreshes through the agent's tunnel.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ZtsEndpoint {
     /// ZTS's base URL, `https://<host>[:port]/zts/v1`; `CONNECT` to its `host:port`.
     pub url: String,
@@ -202,7 +258,6 @@ pub struct ZtsEndpoint {
 
 /// Answer of `POST /v1/attestation/{id}`: what a pod needs to refresh with ZTS itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct AttestationResponse {
     /// The identity JWT for ZTS's `attestationData`, for this pod only.
     #[serde(rename = "attestationData")]
@@ -379,31 +434,35 @@ mod tests {
     }
 
     #[test]
-    fn pod_key_bodies_are_strict() {
+    fn pod_key_bodies_refuse_keys_and_wrong_types_and_ignore_unknown_fields() {
         assert_eq!(
             serde_json::from_str::<InitRequest>("{}").unwrap(),
             InitRequest::default()
         );
         let with_csr: InitRequest = serde_json::from_str(r#"{"csr":"C"}"#).unwrap();
         assert_eq!(with_csr.csr.as_deref(), Some("C"));
-        for bad in [
-            r#"{"keyPEM":"k"}"#,
-            r#"{"csr":1}"#,
-            r#"{"csr":"a","x":1}"#,
-            "",
-        ] {
+        // a later version's field is ignored
+        let newer: InitRequest = serde_json::from_str(r#"{"csr":"a","x":{"y":1}}"#).unwrap();
+        assert_eq!(newer.csr.as_deref(), Some("a"));
+        for bad in [r#"{"csr":1}"#, "", "[]", r#"{"csr":"a","csr":"b"}"#] {
             assert!(serde_json::from_str::<InitRequest>(bad).is_err(), "{bad}");
         }
-        for bad in [
-            r#"{}"#,
-            r#"{"certPEM":"c","keyPEM":"k"}"#,
-            r#"{"certPEM":null}"#,
-        ] {
+        for with_key in [r#"{"keyPEM":"k"}"#, r#"{"csr":"a","keyPEM":{"pem":"k"}}"#] {
+            let err = serde_json::from_str::<InitRequest>(with_key).unwrap_err();
+            assert!(err.to_string().contains("keyPEM"), "{with_key}: {err}");
+        }
+        for bad in [r#"{}"#, r#"{"certPEM":null}"#] {
             assert!(
                 serde_json::from_str::<CertificateReport>(bad).is_err(),
                 "{bad}"
             );
         }
+        let err = serde_json::from_str::<CertificateReport>(r#"{"certPEM":"c","keyPEM":"k"}"#)
+            .unwrap_err();
+        assert!(err.to_string().contains("keyPEM"), "{err}");
+        let newer: CertificateReport =
+            serde_json::from_str(r#"{"certPEM":"c","chainOnly":true}"#).unwrap();
+        assert_eq!(newer.cert_pem, "c");
         let template = CsrTemplate {
             common_name: "d.s".into(),
             organizational_unit: Some("p".into()),
@@ -444,12 +503,14 @@ mod tests {
     }
 
     #[test]
-    fn refresh_request_is_strict() {
+    fn refresh_request_needs_its_fields_and_ignores_unknown_ones() {
         let ok: RefreshRequest = serde_json::from_str(r#"{"keyPEM":"k","certPEM":"c"}"#).unwrap();
         assert_eq!(ok.cert_pem, "c");
+        let newer: RefreshRequest =
+            serde_json::from_str(r#"{"keyPEM":"k","certPEM":"c","x":1}"#).unwrap();
+        assert_eq!(newer, ok);
         for bad in [
             r#"{"keyPEM":"k"}"#,
-            r#"{"keyPEM":"k","certPEM":"c","x":1}"#,
             r#"{"keyPEM":1,"certPEM":"c"}"#,
             r#"[]"#,
             "",
