@@ -472,6 +472,43 @@ fn chaos_reports_each_fault_against_its_bounds() {
     assert!(detail.ends_with("nothing left behind"), "{detail}");
 }
 
+/// Chaos's day-two faults (issue 39) on two flex pods and one files-mode pod: the API server
+/// down while a pod starts (the callback answers 504, the pod gets its identity once the API is
+/// back, nothing expires).
+#[test]
+fn chaos_day_two_faults_hold_their_bounds() {
+    let out = Command::new(DEVSTACK)
+        .args([
+            "chaos",
+            "--pods=2",
+            "--files-pods=1",
+            "--faults=api-server-unreachable",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{report}");
+    assert_eq!(report["passed"], true, "{report}");
+    let faults = report["faults"].as_array().unwrap();
+    assert_eq!(faults[0]["fault"], "api-server-unreachable", "{report}");
+    for f in faults {
+        assert_eq!(f["torn_sets"], 0, "{f}");
+        assert_eq!(f["pods_expired"], 0, "{f}");
+        assert!(f["recovery_seconds"].as_f64().unwrap() <= f["bound_seconds"].as_f64().unwrap());
+    }
+    let detail = faults[0]["detail"].as_str().unwrap();
+    assert!(detail.contains("refusing connections for 15 s"), "{detail}");
+    assert!(!detail.contains("answered 504 0 times"), "{detail}");
+    assert!(detail.contains("s after the API was back"), "{detail}");
+}
+
 /// Chaos's faults that need a real runtime, on three flex pods run by runc: the SIA's init
 /// container killed by the runtime mid-request and restarted, the sidecars killed and restarted
 /// as new containers of their pods (still served), a container given another pod's volume and a

@@ -58,6 +58,10 @@ pub enum Fault {
     /// The callback denying every launch and refresh for a quarter lifetime (the API server
     /// answers 404 for every pod, so its `pod_exists` check fails).
     CallbackDenying,
+    /// The Kubernetes API refusing connections (its port closed) for a quarter lifetime while
+    /// a pod starts: the callback answers 504, renewals retry, the pod gets its identity once
+    /// the API is back.
+    ApiServerUnreachable,
     /// The kubelet answering its pod list after 2 s, for half a lifetime.
     KubeletSlow,
     /// The kubelet answering 500, for a quarter lifetime.
@@ -113,12 +117,13 @@ pub fn default_faults(runtime: Option<athenz_testbed::runtime::RuntimeKind>) -> 
 }
 
 /// Every fault, in the order they run.
-pub const ALL_FAULTS: [Fault; 16] = [
+pub const ALL_FAULTS: [Fault; 17] = [
     Fault::JwtServiceKilled,
     Fault::AgentKilled,
     Fault::Zts500,
     Fault::Zts503,
     Fault::CallbackDenying,
+    Fault::ApiServerUnreachable,
     Fault::KubeletSlow,
     Fault::KubeletFailing,
     Fault::KubeletOmittingPods,
@@ -288,6 +293,11 @@ async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec
                 };
                 let what = "the API server answering 404 for every pod, so the callback denies";
                 stand_ins::inject(stack, &mut pods, injected(faults, quarter, what)).await?
+            }
+            Fault::ApiServerUnreachable => {
+                // a pod number no fleet of the run uses
+                let starting = options.pods + options.files_pods + results.len();
+                stand_ins::api_server_unreachable(stack, &mut pods, quarter, starting).await?
             }
             Fault::KubeletSlow => {
                 let faults = Faults {
