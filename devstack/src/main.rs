@@ -189,6 +189,10 @@ enum Command {
         /// Run each component from its own binary in DIR instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,
+        /// `agent-upgraded`'s new build: a directory holding `athenz-identity-agent` (e.g. the
+        /// image's `target/image/bin`); default: a copy of the running agent's binary.
+        #[arg(long, value_name = "DIR")]
+        upgrade_to: Option<PathBuf>,
         /// Print one JSON document instead of the table.
         #[arg(long)]
         json: bool,
@@ -408,6 +412,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             components,
             key_source,
             runtime: pod_runtime,
+            upgrade_to,
             json,
         } => {
             if let Some(code) = userns::ensure_privileged()? {
@@ -430,6 +435,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 components,
                 key_source,
                 runtime: pod_runtime,
+                upgrade_to,
             };
             let report = runtime()?.block_on(chaos::run(temp.path(), &options))?;
             if json {

@@ -128,6 +128,41 @@ impl Process {
         Ok(true)
     }
 
+    /// Stops it as kubelet stops a container in a rolling update (SIGTERM, `grace` to drain and
+    /// exit by itself, then SIGKILL) and starts `program` (another build; the same binary when
+    /// `None`) in its place with the same arguments, environment and log, so on the same state
+    /// and sockets. Says how the old one ended.
+    pub async fn replace(
+        &mut self,
+        program: Option<&Path>,
+        grace: Duration,
+    ) -> anyhow::Result<Stopped> {
+        let asked = Instant::now();
+        let pid = self.child.id().context("the process was already reaped")?;
+        kill(
+            Pid::from_raw(i32::try_from(pid).context("a pid")?),
+            Signal::SIGTERM,
+        )
+        .with_context(|| format!("SIGTERM to {}", self.command.name))?;
+        let stopped = match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => Stopped::ByItself {
+                status: status.context("waiting for the process")?,
+                after: asked.elapsed(),
+            },
+            Err(_) => {
+                let _ = self.child.kill().await;
+                Stopped::Killed {
+                    after: asked.elapsed(),
+                }
+            }
+        };
+        if let Some(program) = program {
+            self.command.program = program.to_owned();
+        }
+        self.child = spawn_child(&self.command, &self.log)?;
+        Ok(stopped)
+    }
+
     /// Waits until `ready()` holds, failing if the process exits or [`READY_TIMEOUT`] passes.
     pub async fn wait_until<F, Fut>(&mut self, what: &str, mut ready: F) -> anyhow::Result<()>
     where
@@ -203,6 +238,23 @@ impl Process {
         }
         let _ = self.child.kill().await;
     }
+}
+
+/// How a process asked to stop ended.
+#[derive(Debug, Clone, Copy)]
+pub enum Stopped {
+    /// It exited within the grace period, this long after SIGTERM.
+    ByItself {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// From SIGTERM to its exit.
+        after: Duration,
+    },
+    /// It was still running at the end of the grace period and was killed.
+    Killed {
+        /// From SIGTERM to the kill.
+        after: Duration,
+    },
 }
 
 /// CPU time and memory of one process, from /proc.

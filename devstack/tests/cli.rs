@@ -474,7 +474,8 @@ fn chaos_reports_each_fault_against_its_bounds() {
 
 /// Chaos's day-two faults (issue 39) on two flex pods and one files-mode pod: the API server
 /// down while a pod starts (the callback answers 504, the pod gets its identity once the API is
-/// back, nothing expires).
+/// back, nothing expires), and the agent replaced by another build while pods renew and start
+/// (the old one drains what it had and exits by itself; every pod whole through the new one).
 #[test]
 fn chaos_day_two_faults_hold_their_bounds() {
     let out = Command::new(DEVSTACK)
@@ -482,7 +483,7 @@ fn chaos_day_two_faults_hold_their_bounds() {
             "chaos",
             "--pods=2",
             "--files-pods=1",
-            "--faults=api-server-unreachable",
+            "--faults=api-server-unreachable,agent-upgraded",
             "--json",
         ])
         .output()
@@ -507,6 +508,18 @@ fn chaos_day_two_faults_hold_their_bounds() {
     assert!(detail.contains("refusing connections for 15 s"), "{detail}");
     assert!(!detail.contains("answered 504 0 times"), "{detail}");
     assert!(detail.contains("s after the API was back"), "{detail}");
+    assert_eq!(faults[1]["fault"], "agent-upgraded", "{report}");
+    let detail = faults[1]["detail"].as_str().unwrap();
+    assert!(detail.contains("exited by itself"), "{detail}");
+    assert!(
+        !detail.contains(" 0 calls answered while draining"),
+        "{detail}"
+    );
+    assert!(detail.contains("3/3 starting pods got theirs"), "{detail}");
+    assert!(
+        !detail.contains(" 0 pods renewed through the new agent"),
+        "{detail}"
+    );
 }
 
 /// Chaos's faults that need a real runtime, on three flex pods run by runc: the SIA's init

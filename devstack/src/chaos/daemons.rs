@@ -1,12 +1,22 @@
 //! Faults of this system's daemons: the agent and the jwt-service killed and restarted as
-//! kubelet restarts them, and the agent's own node certificate left to expire.
+//! kubelet restarts them, the agent's own node certificate left to expire, and the agent
+//! replaced by another build as a DaemonSet rolling update does.
 
-use super::watch::{Effects, Pods, Tally, recover, recover_when, row, signal, watch};
+use super::watch::{
+    Effects, Pods, Tally, align_with_a_renewal, recover, recover_when, row, signal, watch,
+};
 use super::{Fault, FaultResult};
-use crate::stack::Stack;
+use crate::bench::bench_pod;
+use crate::kube::{KubeClient, PodSize};
+use crate::pod_volume::NodeKubelet;
+use crate::procs::Stopped;
+use crate::stack::{FAULTS_FILE, Stack, VolumeKind};
 use anyhow::Context;
+use athenz_testbed::faults::Faults;
 use nix::sys::signal::Signal;
-use std::time::Duration;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// When the agent's node certificate expires, from its metric
 /// `athenz_agent_node_certificate_expiry_seconds` (what an operator would alert on).
@@ -133,4 +143,168 @@ pub(super) async fn killed(
         recovery,
         false,
     ))
+}
+
+/// Pods that start while the agent is replaced.
+const STARTING_DURING_UPGRADE: usize = 3;
+/// How long the kubelet takes to list pods while the old agent is stopped, so the starting
+/// pods' requests are inside it (waiting on the kubelet) when SIGTERM comes.
+const IN_FLIGHT_KUBELET_DELAY_MS: u64 = 1500;
+/// How long the old agent has to drain (a DaemonSet's `terminationGracePeriodSeconds` is 30 s
+/// by default; the agent's own drain grace is 20 s).
+const UPGRADE_GRACE: Duration = Duration::from_secs(30);
+
+/// The part of the agent's log from its SIGTERM to the next start: what the old agent did
+/// while it drained.
+fn drained_segment(log: &str) -> &str {
+    let Some(start) = log.find("SIGTERM received") else {
+        return "";
+    };
+    let rest = &log[start..];
+    rest.find("agent listening")
+        .map_or(rest, |end| &rest[..end])
+}
+
+/// The node's agent replaced by another build while pods renew and others start, as a
+/// DaemonSet rolling update replaces it: SIGTERM, the old agent drains, the new binary starts on
+/// the same state directory and sockets (`upgrade_to`'s `athenz-identity-agent`, or a copy of
+/// the running one: another file, as a new image's is). Bounds: the old agent exits by itself
+/// and answers, after its SIGTERM, the requests it had (the starting pods' inits, held at the
+/// kubelet); every starting pod gets its identity; flex pods renew through the sockets they had
+/// mounted; files-mode volumes resume; a files-mode volume published after the upgrade gets its
+/// identity (the CSI socket is served again); no pod's files expire.
+pub(super) async fn agent_upgraded(
+    stack: &mut Stack,
+    pods: &mut Pods,
+    lifetime: Duration,
+    upgrade_to: Option<&Path>,
+    first_pod: usize,
+) -> anyhow::Result<FaultResult> {
+    let info = Arc::new(stack.info.clone());
+    let next = match upgrade_to {
+        Some(dir) => dir.join("athenz-identity-agent"),
+        None => {
+            let current = stack
+                .program_of("agent")
+                .context("no agent in the stack")?
+                .to_owned();
+            let dir = stack.state_dir.join("bin-next");
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let next = dir.join("athenz-identity-agent");
+            std::fs::copy(&current, &next)
+                .with_context(|| format!("copying {} to {}", current.display(), next.display()))?;
+            next
+        }
+    };
+    let kube = KubeClient::new(&info.kube_api.url)?;
+    let kubelet_dir = stack.state_dir.join("kubelet");
+    let flex = NodeKubelet::new(&info, VolumeKind::Flex, &kubelet_dir).await?;
+    let files = NodeKubelet::new(&info, VolumeKind::CsiFiles, &kubelet_dir).await?;
+    let faults_file = stack.state_dir.join(FAULTS_FILE);
+    let log_path = stack.state_dir.join("logs").join("agent.log");
+    let log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+
+    align_with_a_renewal(stack, pods).await?;
+    let before = Effects::now(stack, pods);
+    let mut tally = Tally::default();
+    Faults {
+        kubelet_delay_ms: IN_FLIGHT_KUBELET_DELAY_MS,
+        ..Faults::default()
+    }
+    .write(&faults_file)?;
+    // created now, so no pod list the agent holds has them: their requests wait on the kubelet
+    tokio::time::sleep(athenz_testbed::faults::POLL * 2).await;
+    let mut starting = Vec::new();
+    for n in first_pod..first_pod + STARTING_DURING_UPGRADE {
+        let pod = bench_pod(n);
+        let uid = kube
+            .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
+            .await?;
+        starting.push((pod, uid));
+    }
+    let mut launches = tokio::task::JoinSet::new();
+    for (pod, uid) in starting {
+        let (info, flex) = (info.clone(), flex.clone());
+        launches.spawn(async move {
+            let given = flex.give_identity(&info, &pod, &uid).await;
+            given.with_context(|| format!("the identity of {}", pod.name))
+        });
+    }
+    // the starting pods' mounts and init containers reach the agent, which waits on the kubelet
+    tokio::time::sleep(Duration::from_millis(IN_FLIGHT_KUBELET_DELAY_MS / 2)).await;
+    let ready = info.agent.metrics_url.replace("/metrics", "/readyz");
+    let replaced = stack
+        .replace("agent", Some(&next), UPGRADE_GRACE, &ready)
+        .await;
+    Faults::default().write(&faults_file)?;
+    let stopped = replaced?;
+    let upgraded_at = Instant::now();
+
+    let mut started_ok = 0;
+    let mut mounted = Vec::new();
+    while let Some(joined) = launches.join_next().await {
+        let (_, volume) = joined.context("a starting pod's task")??;
+        started_ok += 1;
+        mounted.push(volume);
+    }
+    // flex pods renew through the socket directories they had mounted; files-mode volumes resume
+    let held = watch(stack, pods, &mut tally, lifetime / 2, |_, _| Ok(())).await;
+    held?;
+    let renewed_after = tally.renewed.len();
+    let recovery = recover(stack, pods, &mut tally).await?;
+    let late_files_pod = bench_pod(first_pod + STARTING_DURING_UPGRADE);
+    let late_files_uid = kube
+        .create_running_pod_sized(&late_files_pod, &info.node_name, PodSize::Real)
+        .await?;
+    let (_, late) = files
+        .give_identity(&info, &late_files_pod, &late_files_uid)
+        .await
+        .context("publishing a files-mode volume after the upgrade")?;
+    files.take_down(&info, &late).await?;
+    for volume in &mounted {
+        flex.take_down(&info, volume).await?;
+    }
+
+    let log = std::fs::read(&log_path).context("reading the agent's log")?;
+    let log = String::from_utf8_lossy(log.get(usize::try_from(log_start)?..).unwrap_or(&[]));
+    let drained = drained_segment(&log);
+    // every call answered: an init's "identity issued", the others' "answered"
+    let answered_while_draining =
+        drained.matches("identity issued").count() + drained.matches(" answered ").count();
+    let cut_short = drained.contains("connections still open after the grace period");
+    let (exited, after) = match stopped {
+        Stopped::ByItself { status, after } => (status.success(), after),
+        Stopped::Killed { after } => (false, after),
+    };
+    let effects = before.since(stack, pods);
+    let mut result = row(
+        Fault::AgentUpgraded,
+        format!(
+            "SIGTERM, {} {:.1} s later{}; {answered_while_draining} calls answered while \
+             draining; {started_ok}/{STARTING_DURING_UPGRADE} starting pods got theirs; {renewed_after} \
+             pods renewed through the new agent ({:.0} s); a files-mode volume published after; {}",
+            if exited {
+                "exited by itself"
+            } else {
+                "did NOT exit by itself"
+            },
+            after.as_secs_f64(),
+            if cut_short {
+                ", connections cut at the grace"
+            } else {
+                ""
+            },
+            upgraded_at.elapsed().as_secs_f64(),
+            effects.describe()
+        ),
+        &tally,
+        recovery,
+        false,
+    );
+    result.passed &= exited
+        && !cut_short
+        && answered_while_draining > 0
+        && started_ok == STARTING_DURING_UPGRADE
+        && renewed_after > 0;
+    Ok(result)
 }

@@ -47,6 +47,9 @@ pub enum Fault {
     JwtServiceKilled,
     /// The agent killed with SIGKILL five times over half a lifetime (restarted each time).
     AgentKilled,
+    /// The agent replaced by another build (SIGTERM, drain, the new binary on the same state and
+    /// sockets) while pods renew and three start.
+    AgentUpgraded,
     /// ZTS answering 500 to every instance register and refresh for a quarter lifetime.
     #[value(name = "zts-500")]
     #[serde(rename = "zts-500")]
@@ -117,9 +120,10 @@ pub fn default_faults(runtime: Option<athenz_testbed::runtime::RuntimeKind>) -> 
 }
 
 /// Every fault, in the order they run.
-pub const ALL_FAULTS: [Fault; 17] = [
+pub const ALL_FAULTS: [Fault; 18] = [
     Fault::JwtServiceKilled,
     Fault::AgentKilled,
+    Fault::AgentUpgraded,
     Fault::Zts500,
     Fault::Zts503,
     Fault::CallbackDenying,
@@ -156,6 +160,9 @@ pub struct ChaosOptions {
     pub key_source: athenz_core::agent_api::KeySource,
     /// How pods' processes start (default: runc where installed and root).
     pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
+    /// `agent-upgraded`'s new build: a directory with `athenz-identity-agent` (default: a copy
+    /// of the running agent's binary).
+    pub upgrade_to: Option<PathBuf>,
 }
 
 /// One fault's row.
@@ -277,6 +284,17 @@ async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec
             Fault::AgentKilled => {
                 daemons::killed(stack, &mut pods, "agent", fault, lifetime / 2).await?
             }
+            Fault::AgentUpgraded => {
+                daemons::agent_upgraded(
+                    stack,
+                    &mut pods,
+                    lifetime,
+                    options.upgrade_to.as_deref(),
+                    // pod numbers no fleet of the run uses
+                    options.pods + options.files_pods + 100 * (results.len() + 1),
+                )
+                .await?
+            }
             Fault::Zts500 | Fault::Zts503 => {
                 let status = if fault == Fault::Zts500 { 500 } else { 503 };
                 let faults = Faults {
@@ -296,7 +314,7 @@ async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec
             }
             Fault::ApiServerUnreachable => {
                 // a pod number no fleet of the run uses
-                let starting = options.pods + options.files_pods + results.len();
+                let starting = options.pods + options.files_pods + 100 * (results.len() + 1);
                 stand_ins::api_server_unreachable(stack, &mut pods, quarter, starting).await?
             }
             Fault::KubeletSlow => {

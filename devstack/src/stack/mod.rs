@@ -581,6 +581,35 @@ impl Stack {
         Ok(restarted)
     }
 
+    /// Replaces component `name` as a rolling update does ([`Process::replace`]: SIGTERM, the
+    /// grace period, the new binary — `program`, or the same one — on the same state and
+    /// sockets), waits until the new one answers `ready_url`, and records its pid.
+    pub async fn replace(
+        &mut self,
+        name: &str,
+        program: Option<&Path>,
+        grace: Duration,
+        ready_url: &str,
+    ) -> anyhow::Result<crate::procs::Stopped> {
+        let process = self
+            .processes
+            .iter_mut()
+            .find(|p| p.command.name == name)
+            .with_context(|| format!("no {name} in the stack"))?;
+        let stopped = process.replace(program, grace).await?;
+        process.wait_http_ok(ready_url).await?;
+        self.write_stack_json()?;
+        Ok(stopped)
+    }
+
+    /// The binary component `name` runs.
+    pub fn program_of(&self, name: &str) -> Option<&Path> {
+        self.processes
+            .iter()
+            .find(|p| p.command.name == name)
+            .map(|p| p.command.program.as_path())
+    }
+
     /// Each long-running process's CPU and memory now.
     pub fn usage(&self) -> Vec<(String, Usage)> {
         self.processes
