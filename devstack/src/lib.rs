@@ -20,6 +20,7 @@ pub mod chaos;
 pub mod crossnode;
 pub mod demo;
 pub mod fleet;
+pub mod forwarder;
 pub mod handshake;
 pub mod identity;
 pub mod kube;

@@ -475,7 +475,9 @@ fn chaos_reports_each_fault_against_its_bounds() {
 /// Chaos's day-two faults (issue 39) on two flex pods and one files-mode pod: the API server
 /// down while a pod starts (the callback answers 504, the pod gets its identity once the API is
 /// back, nothing expires), and the agent replaced by another build while pods renew and start
-/// (the old one drains what it had and exits by itself; every pod whole through the new one).
+/// (the old one drains what it had and exits by itself; every pod whole through the new one),
+/// and the jwt-service's and callback's two replicas each rolled one at a time behind their
+/// Services.
 #[test]
 fn chaos_day_two_faults_hold_their_bounds() {
     let out = Command::new(DEVSTACK)
@@ -483,7 +485,7 @@ fn chaos_day_two_faults_hold_their_bounds() {
             "chaos",
             "--pods=2",
             "--files-pods=1",
-            "--faults=api-server-unreachable,agent-upgraded",
+            "--faults=api-server-unreachable,agent-upgraded,control-plane-rolled",
             "--json",
         ])
         .output()

@@ -308,3 +308,83 @@ pub(super) async fn agent_upgraded(
         && renewed_after > 0;
     Ok(result)
 }
+
+/// Pods that start while the control plane rolls.
+const STARTING_DURING_ROLL: usize = 2;
+/// Between one replica ready and the next replaced (a Deployment's `minReadySeconds`).
+const ROLL_PAUSE: Duration = Duration::from_secs(5);
+
+/// The jwt-service's and the callback's Deployments (two replicas each, behind one Service
+/// address each) rolled one replica at a time while pods renew and two start: each replica
+/// leaves its Service, drains on SIGTERM and is replaced by a new process on its ports.
+/// Bounds: every replica exits by itself; every starting pod gets its identity; renewals pass
+/// through it (some during the roll); no pod's files expire.
+pub(super) async fn control_plane_rolled(
+    stack: &mut Stack,
+    pods: &mut Pods,
+    lifetime: Duration,
+    first_pod: usize,
+) -> anyhow::Result<FaultResult> {
+    let info = Arc::new(stack.info.clone());
+    let kube = KubeClient::new(&info.kube_api.url)?;
+    let flex = NodeKubelet::new(&info, VolumeKind::Flex, &stack.state_dir.join("kubelet")).await?;
+    align_with_a_renewal(stack, pods).await?;
+    let before = Effects::now(stack, pods);
+    let mut tally = Tally::default();
+    tally.add(&pods.census());
+    let started = Instant::now();
+    let mut launches = tokio::task::JoinSet::new();
+    for n in first_pod..first_pod + STARTING_DURING_ROLL {
+        let pod = bench_pod(n);
+        let uid = kube
+            .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
+            .await?;
+        let (info, flex) = (info.clone(), flex.clone());
+        launches.spawn(async move {
+            let given = flex.give_identity(&info, &pod, &uid).await;
+            given.with_context(|| format!("the identity of {}", pod.name))
+        });
+    }
+    let mut rolled = Vec::new();
+    for deployment in ["jwt-service", "callback"] {
+        rolled.extend(stack.roll(deployment, UPGRADE_GRACE, ROLL_PAUSE).await?);
+        tally.add(&pods.census());
+    }
+    let roll_took = started.elapsed();
+    let renewed_during = tally.renewed.len();
+    let mut mounted = Vec::new();
+    while let Some(joined) = launches.join_next().await {
+        mounted.push(joined.context("a starting pod's task")??.1);
+    }
+    let held = watch(stack, pods, &mut tally, lifetime / 4, |_, _| Ok(())).await;
+    held?;
+    let recovery = recover(stack, pods, &mut tally).await?;
+    for volume in &mounted {
+        flex.take_down(&info, volume).await?;
+    }
+    let drained = rolled
+        .iter()
+        .filter(|r| matches!(r.stopped, Stopped::ByItself { status, .. } if status.success()))
+        .count();
+    let effects = before.since(stack, pods);
+    let mut result = row(
+        Fault::ControlPlaneRolled,
+        format!(
+            "{} replicas replaced one at a time in {:.0} s, {drained} of them exited by \
+             themselves; {} of {STARTING_DURING_ROLL} starting pods got their identity; \
+             {renewed_during} pods renewed during the roll, {}",
+            rolled.len(),
+            roll_took.as_secs_f64(),
+            mounted.len(),
+            effects.describe()
+        ),
+        &tally,
+        recovery,
+        false,
+    );
+    result.passed &= drained == rolled.len()
+        && rolled.len() == 4
+        && mounted.len() == STARTING_DURING_ROLL
+        && !tally.renewed.is_empty();
+    Ok(result)
+}

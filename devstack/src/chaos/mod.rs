@@ -50,6 +50,9 @@ pub enum Fault {
     /// The agent replaced by another build (SIGTERM, drain, the new binary on the same state and
     /// sockets) while pods renew and three start.
     AgentUpgraded,
+    /// The jwt-service's and the callback's Deployments (two replicas each, behind a Service)
+    /// rolled one replica at a time while pods renew and two start.
+    ControlPlaneRolled,
     /// ZTS answering 500 to every instance register and refresh for a quarter lifetime.
     #[value(name = "zts-500")]
     #[serde(rename = "zts-500")]
@@ -120,10 +123,11 @@ pub fn default_faults(runtime: Option<athenz_testbed::runtime::RuntimeKind>) -> 
 }
 
 /// Every fault, in the order they run.
-pub const ALL_FAULTS: [Fault; 18] = [
+pub const ALL_FAULTS: [Fault; 19] = [
     Fault::JwtServiceKilled,
     Fault::AgentKilled,
     Fault::AgentUpgraded,
+    Fault::ControlPlaneRolled,
     Fault::Zts500,
     Fault::Zts503,
     Fault::CallbackDenying,
@@ -218,6 +222,12 @@ pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<Cha
         fault_injection: true,
         key_source: options.key_source,
         runtime: options.runtime,
+        // the Deployments run two replicas each when they are to be rolled
+        control_plane_replicas: if options.faults.contains(&Fault::ControlPlaneRolled) {
+            2
+        } else {
+            1
+        },
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;
@@ -291,6 +301,15 @@ async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec
                     lifetime,
                     options.upgrade_to.as_deref(),
                     // pod numbers no fleet of the run uses
+                    options.pods + options.files_pods + 100 * (results.len() + 1),
+                )
+                .await?
+            }
+            Fault::ControlPlaneRolled => {
+                daemons::control_plane_rolled(
+                    stack,
+                    &mut pods,
+                    lifetime,
                     options.pods + options.files_pods + 100 * (results.len() + 1),
                 )
                 .await?

@@ -3,6 +3,7 @@
 //! a cluster, their certificates obtained from ZTS with `athenz-control-sia` (and kept fresh by its
 //! refresh sidecars). [`StackInfo`] is the `stack.json` contract of DESIGN.md 5.
 
+use crate::forwarder::Forwarder;
 use crate::kube::KubeInfo;
 use crate::multicall;
 use crate::procs::{Command, Process, Usage, free_port};
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 mod info;
+pub mod replicas;
 mod runtime;
 pub use info::{
     AgentInfo, CallbackInfo, Credential, Credentials, NodeAgentInfo, NodeAttestation, NodeInfo,
@@ -94,6 +96,9 @@ pub struct StackOptions {
     /// ZTS and the Kubernetes stand-ins follow `<state>/faults.json` (`chaos` injects its faults
     /// through it, [`athenz_testbed::faults`]).
     pub fault_injection: bool,
+    /// Replicas of the jwt-service and of the callback, each Deployment behind one Service
+    /// address when more than one ([`replicas`]).
+    pub control_plane_replicas: usize,
 }
 
 /// The volume the demo and bench give their pods (DESIGN.md 5).
@@ -140,6 +145,7 @@ impl StackOptions {
             csi_refresh_interval: None,
             cert_expiry_minutes: None,
             fault_injection: false,
+            control_plane_replicas: 1,
         }
     }
 }
@@ -156,6 +162,8 @@ pub struct Stack {
     /// The state dir.
     pub state_dir: PathBuf,
     processes: Vec<Process>,
+    /// Deployments of more than one replica, behind their Services.
+    deployments: Vec<replicas::Deployment>,
 }
 
 /// Node `i`'s directories: the first node keeps the single-node layout (`<state>/agent`,
@@ -351,50 +359,79 @@ impl Stack {
         ];
 
         // jwt-service: only node agents may ask, each for its own node.
-        let mut args = tls_args(jwt_port, jwt_ops, &files[JWT_SERVICE]);
-        args.extend([
-            path_arg("client-ca", &ca),
-            format!("--allowed-principals={AGENT_PRINCIPAL}"),
-            path_arg("keys-dir", &state.join("jwt-keys")),
-            format!("--provider={PROVIDER}"),
-        ]);
-        processes.push(
-            run_daemon(
-                &bin,
-                "jwt-service",
-                "athenz-jwt-service",
-                args,
-                jwt_ops,
-                &logs,
-            )
-            .await?,
-        );
+        let mut deployments = Vec::new();
+        let mut jwt_replicas = Vec::new();
+        for (r, (port, ops)) in
+            replicas::replica_ports(options.control_plane_replicas, jwt_port, jwt_ops)?
+                .into_iter()
+                .enumerate()
+        {
+            let mut args = tls_args(port, ops, &files[JWT_SERVICE]);
+            args.extend([
+                path_arg("client-ca", &ca),
+                format!("--allowed-principals={AGENT_PRINCIPAL}"),
+                path_arg("keys-dir", &state.join("jwt-keys")),
+                format!("--provider={PROVIDER}"),
+            ]);
+            let name = replicas::replica_name("jwt-service", r);
+            processes.push(run_daemon(&bin, &name, "athenz-jwt-service", args, ops, &logs).await?);
+            jwt_replicas.push(replicas::Replica {
+                process: name,
+                addr: ([127, 0, 0, 1], port).into(),
+                ready_url: format!("http://127.0.0.1:{ops}/readyz"),
+            });
+        }
+        if jwt_replicas.len() > 1 {
+            deployments.push(replicas::Deployment {
+                name: "jwt-service",
+                service: Forwarder::start(
+                    ([127, 0, 0, 1], jwt_port).into(),
+                    &jwt_replicas.iter().map(|r| r.addr).collect::<Vec<_>>(),
+                )
+                .await?,
+                replicas: jwt_replicas,
+            });
+        }
 
         // callback: only ZTS may ask.
-        let mut args = tls_args(callback_port, callback_ops, &files[CALLBACK]);
-        args.extend([
-            path_arg("client-ca", &ca),
-            "--allowed-principals=sys.auth.zts".into(),
-            format!("--base-path={CALLBACK_BASE_PATH}"),
-            path_arg("public-keys-dir", &state.join("jwt-public")),
-            "--keys-reload-interval=1s".into(),
-            format!("--kube-api-url={}", kube_info.api),
-        ]);
-        if let Some(minutes) = options.cert_expiry_minutes {
-            args.push(format!("--cert-expiry-minutes={minutes}"));
+        let mut callback_replicas = Vec::new();
+        for (r, (port, ops)) in
+            replicas::replica_ports(options.control_plane_replicas, callback_port, callback_ops)?
+                .into_iter()
+                .enumerate()
+        {
+            let mut args = tls_args(port, ops, &files[CALLBACK]);
+            args.extend([
+                path_arg("client-ca", &ca),
+                "--allowed-principals=sys.auth.zts".into(),
+                format!("--base-path={CALLBACK_BASE_PATH}"),
+                path_arg("public-keys-dir", &state.join("jwt-public")),
+                "--keys-reload-interval=1s".into(),
+                format!("--kube-api-url={}", kube_info.api),
+            ]);
+            if let Some(minutes) = options.cert_expiry_minutes {
+                args.push(format!("--cert-expiry-minutes={minutes}"));
+            }
+            args.extend(identity_args.iter().cloned());
+            let name = replicas::replica_name("callback", r);
+            processes.push(run_daemon(&bin, &name, "athenz-callback", args, ops, &logs).await?);
+            callback_replicas.push(replicas::Replica {
+                process: name,
+                addr: ([127, 0, 0, 1], port).into(),
+                ready_url: format!("http://127.0.0.1:{ops}/readyz"),
+            });
         }
-        args.extend(identity_args.iter().cloned());
-        processes.push(
-            run_daemon(
-                &bin,
-                "callback",
-                "athenz-callback",
-                args,
-                callback_ops,
-                &logs,
-            )
-            .await?,
-        );
+        if callback_replicas.len() > 1 {
+            deployments.push(replicas::Deployment {
+                name: "callback",
+                service: Forwarder::start(
+                    ([127, 0, 0, 1], callback_port).into(),
+                    &callback_replicas.iter().map(|r| r.addr).collect::<Vec<_>>(),
+                )
+                .await?,
+                replicas: callback_replicas,
+            });
+        }
 
         // initializer, with deploy/'s template.
         let template = state.join("initializer-template.yaml");
@@ -546,6 +583,7 @@ impl Stack {
             info,
             state_dir: state.clone(),
             processes,
+            deployments,
         };
         stack.write_stack_json()?;
         Ok(stack)
