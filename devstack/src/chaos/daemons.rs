@@ -149,7 +149,7 @@ pub(super) async fn killed(
 const STARTING_DURING_UPGRADE: usize = 3;
 /// How long the kubelet takes to list pods while the old agent is stopped, so the starting
 /// pods' requests are inside it (waiting on the kubelet) when SIGTERM comes.
-const IN_FLIGHT_KUBELET_DELAY_MS: u64 = 1500;
+const IN_FLIGHT_KUBELET_DELAY_MS: u64 = 3000;
 /// How long the old agent has to drain (a DaemonSet's `terminationGracePeriodSeconds` is 30 s
 /// by default; the agent's own drain grace is 20 s).
 const UPGRADE_GRACE: Duration = Duration::from_secs(30);

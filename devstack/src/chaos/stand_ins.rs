@@ -135,6 +135,9 @@ pub(super) async fn api_server_unreachable(
         ..Faults::default()
     }
     .write(&file)?;
+    // the stand-in follows the file within its poll: the launch starts once the port is closed
+    let api = api_addr(&info.kube_api.url)?;
+    api_refusing_becomes(api, true).await?;
     let launch = {
         let (info, kubelet, pod, uid) = (info.clone(), kubelet.clone(), pod.clone(), uid.clone());
         tokio::spawn(async move {
@@ -143,10 +146,12 @@ pub(super) async fn api_server_unreachable(
         })
     };
     let held = watch(stack, pods, &mut tally, hold, |_, _| Ok(())).await;
-    Faults::default().write(&file)?;
-    let back = Instant::now();
     let launched_during = launch.is_finished();
+    Faults::default().write(&file)?;
+    let reopened = api_refusing_becomes(api, false).await;
+    let back = Instant::now();
     held?;
+    reopened?;
     let recovery = recover(stack, pods, &mut tally).await?;
     let (given, given_at) = tokio::time::timeout(RECOVERY_BOUND * 2, launch)
         .await
@@ -179,4 +184,41 @@ pub(super) async fn api_server_unreachable(
     );
     result.passed &= undecided > 0 && !launched_during && after_back <= RECOVERY_BOUND;
     Ok(result)
+}
+
+/// The API stand-in's address, from its URL (`http://127.0.0.1:<port>`).
+fn api_addr(url: &str) -> anyhow::Result<std::net::SocketAddr> {
+    let authority = url
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .with_context(|| format!("the API URL {url} is not http://host:port"))?;
+    authority
+        .parse()
+        .with_context(|| format!("the API URL {url}: {authority} is not an address"))
+}
+
+/// Waits (at most 10 s) until connecting to the API is refused (`refusing`) or accepted again.
+async fn api_refusing_becomes(api: std::net::SocketAddr, refusing: bool) -> anyhow::Result<()> {
+    const LIMIT: Duration = Duration::from_secs(10);
+    let started = Instant::now();
+    loop {
+        let refused = matches!(
+            tokio::net::TcpStream::connect(api).await,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused
+        );
+        if refused == refusing {
+            return Ok(());
+        }
+        if started.elapsed() > LIMIT {
+            anyhow::bail!(
+                "the API stand-in at {api} did not {} within {LIMIT:?}",
+                if refusing {
+                    "close its port"
+                } else {
+                    "open its port again"
+                }
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
