@@ -24,6 +24,7 @@ pub mod forwarder;
 pub mod handshake;
 pub mod identity;
 pub mod kube;
+pub mod load;
 pub mod multicall;
 pub mod node;
 pub mod pod_volume;

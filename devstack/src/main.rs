@@ -3,7 +3,7 @@
 // A command-line tool: printing reports is its job (the workspace forbids it in the components).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
-use athenz_devstack::{bench, chaos, demo, kube, multicall, soak, stack, userns};
+use athenz_devstack::{bench, chaos, demo, kube, load, multicall, soak, stack, userns};
 
 use anyhow::Context;
 use athenz_core::agent_api::KeySource;
@@ -122,6 +122,30 @@ enum Command {
         /// default: runc when it is installed and this runs as root, else process.
         #[arg(long)]
         runtime: Option<RuntimeKind>,
+    },
+    /// What the shared parts cost at size: drives the jwt-service (each node's agent identity)
+    /// and the callback (a new mutual-TLS connection per confirmation, as ZTS) at a rate, and
+    /// reports throughput per core, latency, memory and the Kubernetes API requests per
+    /// identity, per refresh and per node renewal.
+    Load {
+        /// Nodes, each with its own agent.
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+        /// Real-size pods on each node.
+        #[arg(long, default_value_t = 20)]
+        pods_per_node: usize,
+        /// Identities a second (three quarters launches, then a quarter refreshes).
+        #[arg(long, default_value_t = 300.0)]
+        rate: f64,
+        /// How long to drive, seconds.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Run each component from its own binary in DIR instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
     },
     /// Run the stack for a long time with short certificate lifetimes; sample every daemon's
     /// RSS, fds and threads and every pod's files; fail on growth past the bound after warm-up,
@@ -448,6 +472,36 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Command::Load {
+            nodes,
+            pods_per_node,
+            rate,
+            seconds,
+            components,
+            json,
+        } => {
+            if let Some(code) = userns::ensure_privileged()? {
+                return Ok(code);
+            }
+            let temp = tempfile::Builder::new()
+                .prefix("athenz-devstack-load-")
+                .tempdir()
+                .context("creating a temporary directory")?;
+            let options = load::LoadOptions {
+                nodes,
+                pods_per_node,
+                rate,
+                seconds,
+                components,
+            };
+            let report = runtime()?.block_on(load::run(temp.path(), &options))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                load::print_human(&report);
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Soak {
             duration,

@@ -472,6 +472,50 @@ fn chaos_reports_each_fault_against_its_bounds() {
     assert!(detail.ends_with("nothing left behind"), "{detail}");
 }
 
+/// `load` on two nodes (each with its agent) and ten real-size pods, 40 identities a second for
+/// 3 s: every JWT signed with the node's own certificate and every confirmation over a new
+/// mutual-TLS connection answered, each identity costing the API one request (the callback's pod
+/// read) and each node registration one TokenReview, as the API stand-in counts them.
+#[test]
+fn load_reports_what_an_identity_costs_the_shared_parts() {
+    let out = Command::new(DEVSTACK)
+        .args([
+            "load",
+            "--nodes=2",
+            "--pods-per-node=5",
+            "--rate=40",
+            "--seconds=3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(out.status.success(), "{report}");
+    let callback = &report["callback"];
+    assert_eq!(callback["replica"]["answered"], 120, "{report}");
+    assert_eq!(callback["replica"]["failed"], 0, "{report}");
+    assert!(
+        callback["confirmations_per_core_second"].as_f64().unwrap() > 0.0,
+        "{report}"
+    );
+    assert!(callback["p99_ms"].as_f64().unwrap() > 0.0, "{report}");
+    assert_eq!(report["jwt_service"]["answered"], 120, "{report}");
+    for route in ["issue", "refresh"] {
+        let per = report["api_requests_per_identity"][route].as_f64().unwrap();
+        assert!((0.99..=1.0).contains(&per), "{route}: {per} {report}");
+    }
+    assert!(report["node_renewals"].as_u64().unwrap() >= 2, "{report}");
+    let reviews = report["tokenreviews_per_node_renewal"].as_f64().unwrap();
+    assert!(reviews > 0.0 && reviews <= 1.0, "{report}");
+    assert_eq!(report["api_requests"]["GET pods"], 120, "{report}");
+}
+
 /// Chaos's day-two faults (issue 39) on two flex pods and one files-mode pod: the API server
 /// down while a pod starts (the callback answers 504, the pod gets its identity once the API is
 /// back, nothing expires), and the agent replaced by another build while pods renew and start

@@ -4,7 +4,8 @@
 //! Serves what this system's clients call: `GET /api/v1/namespaces/{ns}/pods/{name}`,
 //! `GET /api/v1/namespaces/{ns}/services/{name}`, pod lists (`/api/v1/pods`, optionally with
 //! `fieldSelector=spec.nodeName=<node>`, and `/api/v1/namespaces/{ns}/pods`), `GET /version` and
-//! `GET /readyz`. Writes, so that curl or a test can drive it as a client drives the API server
+//! `GET /readyz`, and `GET /metrics` (`apiserver_request_total`, as the real server counts
+//! requests). Writes, so that curl or a test can drive it as a client drives the API server
 //! (see [`writes`]): pod and service create (`POST .../pods`, `POST .../services`), replace (`PUT`),
 //! JSON merge patch (`PATCH`, on the object or its `/status`), and delete (`DELETE`: a pod is first
 //! marked terminating, then removed by a delete with `gracePeriodSeconds=0`, as kubelet does once
@@ -349,10 +350,83 @@ fn list<T: serde::Serialize>(kind: &str, items: Vec<T>) -> Response<Body> {
 struct ApiHandler {
     cluster: Cluster,
     faults: Arc<ApiFaults>,
+    requests: Arc<RequestCounts>,
+}
+
+/// Resource requests served, as the real API server counts them in `apiserver_request_total`
+/// (its `/metrics`): by verb (`GET`, `LIST`, `POST`, `PUT`, `PATCH`, `DELETE`), group, version,
+/// resource, subresource and status code. What `athenz-devstack load` reads to say how many API
+/// requests an identity costs.
+#[derive(Default)]
+struct RequestCounts(std::sync::Mutex<BTreeMap<[String; 6], u64>>);
+
+impl RequestCounts {
+    /// Counts `req`, answered `code`, if it is a resource request.
+    fn record(&self, method: &Method, path: &str, code: StatusCode) {
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let (group, version, rest): (&str, &str, &[&str]) = match segments.as_slice() {
+            ["api", version, rest @ ..] => ("", version, rest),
+            ["apis", group, version, rest @ ..] => (group, version, rest),
+            _ => return,
+        };
+        let rest = match rest {
+            ["namespaces", _, tail @ ..] if !tail.is_empty() => tail,
+            other => other,
+        };
+        let (resource, name, subresource) = match rest {
+            [resource] => (*resource, None, ""),
+            [resource, name] => (*resource, Some(*name), ""),
+            [resource, name, sub, ..] => (*resource, Some(*name), *sub),
+            [] => return,
+        };
+        let verb = match (method.as_str(), name) {
+            ("GET", None) => "LIST",
+            (m, _) => m,
+        };
+        let key = [verb, group, version, resource, subresource, code.as_str()].map(str::to_owned);
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key)
+            .or_default() += 1;
+    }
+
+    /// The counts in the Prometheus text format.
+    fn exposition(&self) -> String {
+        let counts = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut text = String::from(
+            "# HELP apiserver_request_total Counter of apiserver requests broken out for each verb, group, version, resource, subresource and HTTP response code.\n# TYPE apiserver_request_total counter\n",
+        );
+        for ([verb, group, version, resource, subresource, code], n) in counts.iter() {
+            text.push_str(&format!(
+                "apiserver_request_total{{code=\"{code}\",group=\"{group}\",resource=\"{resource}\",subresource=\"{subresource}\",verb=\"{verb}\",version=\"{version}\"}} {n}\n"
+            ));
+        }
+        text
+    }
 }
 
 impl Handler for ApiHandler {
     async fn handle(&self, req: Request<Bytes>, _conn: Arc<ConnInfo>) -> Response<Body> {
+        if req.method() == Method::GET && req.uri().path() == "/metrics" {
+            return Response::builder()
+                .header(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Body::from(self.requests.exposition()))
+                .unwrap_or_else(|_| failure(StatusCode::INTERNAL_SERVER_ERROR));
+        }
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let response = self.answer(req);
+        self.requests.record(&method, &path, response.status());
+        response
+    }
+}
+
+impl ApiHandler {
+    fn answer(&self, req: Request<Bytes>) -> Response<Body> {
         let failing = self.faults.answer_status.load(Ordering::SeqCst);
         if let Some(code) = (failing != 0)
             .then(|| StatusCode::from_u16(failing).ok())
@@ -465,6 +539,7 @@ impl KubeApi {
         let handler = Arc::new(ApiHandler {
             cluster: cluster.clone(),
             faults: faults.clone(),
+            requests: Arc::default(),
         });
         let (serving, watch) = tokio::sync::watch::channel(Serving::Up);
         tokio::spawn(serve_until_stopped(listener, addr, handler, watch));

@@ -564,3 +564,74 @@ async fn the_kubelet_list_follows_every_change() {
     assert!(resp.status().is_success());
     assert!(list().await.is_empty());
 }
+
+/// `/metrics` counts every resource request as the real API server's `apiserver_request_total`
+/// does: by verb (a collection `GET` is `LIST`), group, version, resource, subresource and code;
+/// what is not a resource (`/version`, `/readyz`) is not counted.
+#[tokio::test]
+async fn requests_are_counted_as_apiserver_request_total() {
+    let api = KubeApi::start().await.unwrap();
+    api.cluster().put_pod(running_pod(
+        "media-sports",
+        "web",
+        UID,
+        "web",
+        "10.1.2.3",
+        "node-1",
+    ));
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", api.url());
+    for path in [
+        "/api/v1/namespaces/media-sports/pods/web",
+        "/api/v1/namespaces/media-sports/pods/web",
+        "/api/v1/namespaces/media-sports/pods/gone",
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1",
+        "/version",
+        "/readyz",
+    ] {
+        http.get(url(path)).send().await.unwrap();
+    }
+    http.post(url("/apis/authentication.k8s.io/v1/tokenreviews"))
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let text = http
+        .get(url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |labels: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("apiserver_request_total{{{labels}}}")))
+            .and_then(|l| l.rsplit_once(' '))
+            .map(|(_, n)| n.parse::<u64>().unwrap())
+    };
+    assert_eq!(
+        count(r#"code="200",group="",resource="pods",subresource="",verb="GET",version="v1""#),
+        Some(2),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"code="404",group="",resource="pods",subresource="",verb="GET",version="v1""#),
+        Some(1),
+        "{text}"
+    );
+    assert_eq!(
+        count(r#"code="200",group="",resource="pods",subresource="",verb="LIST",version="v1""#),
+        Some(1),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"group="authentication.k8s.io",resource="tokenreviews",subresource="",verb="POST",version="v1""#),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("apiserver_request_total{").count(),
+        4,
+        "{text}"
+    );
+}
