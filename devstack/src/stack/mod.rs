@@ -3,7 +3,6 @@
 //! a cluster, their certificates obtained from ZTS with `athenz-control-sia` (and kept fresh by its
 //! refresh sidecars). [`StackInfo`] is the `stack.json` contract of DESIGN.md 5.
 
-use crate::forwarder::Forwarder;
 use crate::kube::KubeInfo;
 use crate::multicall;
 use crate::procs::{Command, Process, Usage, free_port};
@@ -360,12 +359,7 @@ impl Stack {
 
         // jwt-service: only node agents may ask, each for its own node.
         let mut deployments = Vec::new();
-        let mut jwt_replicas = Vec::new();
-        for (r, (port, ops)) in
-            replicas::replica_ports(options.control_plane_replicas, jwt_port, jwt_ops)?
-                .into_iter()
-                .enumerate()
-        {
+        let jwt_args = |port, ops| {
             let mut args = tls_args(port, ops, &files[JWT_SERVICE]);
             args.extend([
                 path_arg("client-ca", &ca),
@@ -373,33 +367,19 @@ impl Stack {
                 path_arg("keys-dir", &state.join("jwt-keys")),
                 format!("--provider={PROVIDER}"),
             ]);
-            let name = replicas::replica_name("jwt-service", r);
-            processes.push(run_daemon(&bin, &name, "athenz-jwt-service", args, ops, &logs).await?);
-            jwt_replicas.push(replicas::Replica {
-                process: name,
-                addr: ([127, 0, 0, 1], port).into(),
-                ready_url: format!("http://127.0.0.1:{ops}/readyz"),
-            });
-        }
-        if jwt_replicas.len() > 1 {
-            deployments.push(replicas::Deployment {
-                name: "jwt-service",
-                service: Forwarder::start(
-                    ([127, 0, 0, 1], jwt_port).into(),
-                    &jwt_replicas.iter().map(|r| r.addr).collect::<Vec<_>>(),
-                )
-                .await?,
-                replicas: jwt_replicas,
-            });
-        }
+            args
+        };
+        let jwt = replicas::ReplicaSet {
+            deployment: "jwt-service",
+            binary: "athenz-jwt-service",
+            count: options.control_plane_replicas,
+            service_port: jwt_port,
+            ops_port: jwt_ops,
+        };
+        deployments.extend(jwt.start(&bin, &logs, &mut processes, jwt_args).await?);
 
         // callback: only ZTS may ask.
-        let mut callback_replicas = Vec::new();
-        for (r, (port, ops)) in
-            replicas::replica_ports(options.control_plane_replicas, callback_port, callback_ops)?
-                .into_iter()
-                .enumerate()
-        {
+        let callback_args = |port, ops| {
             let mut args = tls_args(port, ops, &files[CALLBACK]);
             args.extend([
                 path_arg("client-ca", &ca),
@@ -413,25 +393,20 @@ impl Stack {
                 args.push(format!("--cert-expiry-minutes={minutes}"));
             }
             args.extend(identity_args.iter().cloned());
-            let name = replicas::replica_name("callback", r);
-            processes.push(run_daemon(&bin, &name, "athenz-callback", args, ops, &logs).await?);
-            callback_replicas.push(replicas::Replica {
-                process: name,
-                addr: ([127, 0, 0, 1], port).into(),
-                ready_url: format!("http://127.0.0.1:{ops}/readyz"),
-            });
-        }
-        if callback_replicas.len() > 1 {
-            deployments.push(replicas::Deployment {
-                name: "callback",
-                service: Forwarder::start(
-                    ([127, 0, 0, 1], callback_port).into(),
-                    &callback_replicas.iter().map(|r| r.addr).collect::<Vec<_>>(),
-                )
+            args
+        };
+        let callback = replicas::ReplicaSet {
+            deployment: "callback",
+            binary: "athenz-callback",
+            count: options.control_plane_replicas,
+            service_port: callback_port,
+            ops_port: callback_ops,
+        };
+        deployments.extend(
+            callback
+                .start(&bin, &logs, &mut processes, callback_args)
                 .await?,
-                replicas: callback_replicas,
-            });
-        }
+        );
 
         // initializer, with deploy/'s template.
         let template = state.join("initializer-template.yaml");
@@ -755,7 +730,7 @@ async fn control_plane_certificates(
 }
 
 /// Starts a daemon component from `bin` and waits for its `/readyz`.
-async fn run_daemon(
+pub(super) async fn run_daemon(
     bin: &Path,
     name: &str,
     binary: &str,

@@ -3,9 +3,11 @@
 //! address ([`crate::forwarder`]) that ZTS and the agents are given, and rolled one replica at
 //! a time as a Deployment's rolling update does.
 
+use super::run_daemon;
 use crate::forwarder::Forwarder;
-use crate::procs::{Stopped, free_port};
+use crate::procs::{Process, Stopped, free_port};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 /// One replica of a Deployment.
@@ -41,13 +43,66 @@ pub fn replica_name(deployment: &str, r: usize) -> String {
 
 /// Ports (listen, ops) for `count` replicas: with one, the Service's own `port` and `ops` (no
 /// Service in between, as the stack always ran); with more, new ones.
-pub fn replica_ports(count: usize, port: u16, ops: u16) -> anyhow::Result<Vec<(u16, u16)>> {
+fn replica_ports(count: usize, port: u16, ops: u16) -> anyhow::Result<Vec<(u16, u16)>> {
     if count <= 1 {
         return Ok(vec![(port, ops)]);
     }
     (0..count)
         .map(|_| Ok((free_port()?, free_port()?)))
         .collect()
+}
+
+/// How to start one Deployment of the control plane.
+pub struct ReplicaSet {
+    /// Its name, and its first replica's process name.
+    pub deployment: &'static str,
+    /// The binary in the stack's bin directory.
+    pub binary: &'static str,
+    /// Replicas.
+    pub count: usize,
+    /// The address ZTS or the agents are given (the only replica's own, or the Service's).
+    pub service_port: u16,
+    /// The only replica's ops port (more replicas get their own).
+    pub ops_port: u16,
+}
+
+impl ReplicaSet {
+    /// Starts every replica (its arguments from `args(port, ops)`), each ready before the next,
+    /// into `processes`; with more than one, the Service in front of them.
+    pub async fn start(
+        &self,
+        bin: &Path,
+        logs: &Path,
+        processes: &mut Vec<Process>,
+        args: impl Fn(u16, u16) -> Vec<String>,
+    ) -> anyhow::Result<Option<Deployment>> {
+        let mut replicas = Vec::new();
+        for (r, (port, ops)) in replica_ports(self.count, self.service_port, self.ops_port)?
+            .into_iter()
+            .enumerate()
+        {
+            let name = replica_name(self.deployment, r);
+            processes.push(run_daemon(bin, &name, self.binary, args(port, ops), ops, logs).await?);
+            replicas.push(Replica {
+                process: name,
+                addr: ([127, 0, 0, 1], port).into(),
+                ready_url: format!("http://127.0.0.1:{ops}/readyz"),
+            });
+        }
+        if replicas.len() < 2 {
+            return Ok(None);
+        }
+        let service = Forwarder::start(
+            ([127, 0, 0, 1], self.service_port).into(),
+            &replicas.iter().map(|r| r.addr).collect::<Vec<_>>(),
+        )
+        .await?;
+        Ok(Some(Deployment {
+            name: self.deployment,
+            service,
+            replicas,
+        }))
+    }
 }
 
 /// What rolling one replica did.
