@@ -140,6 +140,10 @@ enum Command {
         /// How long to drive, seconds.
         #[arg(long, default_value_t = 20)]
         seconds: u64,
+        /// Certificate lifetime in minutes, pods' and nodes' (the stack's default otherwise);
+        /// with 1 and `--seconds 60` the agents refresh their node identities during the run.
+        #[arg(long)]
+        lifetime_minutes: Option<u32>,
         /// Run each component from its own binary in DIR instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,
@@ -478,6 +482,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             pods_per_node,
             rate,
             seconds,
+            lifetime_minutes,
             components,
             json,
         } => {
@@ -494,6 +499,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 rate,
                 seconds,
                 components,
+                lifetime_minutes,
             };
             let report = runtime()?.block_on(load::run(temp.path(), &options))?;
             if json {

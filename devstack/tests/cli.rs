@@ -513,6 +513,8 @@ fn load_reports_what_an_identity_costs_the_shared_parts() {
     assert!(report["node_renewals"].as_u64().unwrap() >= 2, "{report}");
     let reviews = report["tokenreviews_per_node_renewal"].as_f64().unwrap();
     assert!(reviews > 0.0 && reviews <= 1.0, "{report}");
+    // a node registration: its TokenReview, the node and the agent's pod read
+    assert_eq!(report["api_requests_per_node_renewal"], 3.0, "{report}");
     assert_eq!(report["api_requests"]["GET pods"], 120, "{report}");
 }
 
