@@ -79,8 +79,9 @@ impl Issuer for AgentIssuer {
                 transient: true,
                 message: e.to_string(),
             })?;
+        // an IP from a sandbox older than the node is not the pod's (see `kubelet::Sandbox`)
         Ok(pod
-            .filter(|p| p.uid == data.pod_uid)
+            .filter(|p| p.uid == data.pod_uid && p.sandbox.ip_is_current(self.agent.node_boot))
             .and_then(|p| p.ip.as_deref().and_then(|ip| ip.parse().ok())))
     }
 

@@ -12,7 +12,7 @@
 //! concurrent misses share one list: a caller that finds a list begun after its own miss uses it.
 
 use athenz_core::client::{error_chain, read_limited_into};
-use athenz_core::pod_fields::PodListFields;
+use athenz_core::pod_fields::{PodFields, PodListFields};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +40,66 @@ pub struct NodePod {
     pub ip: Option<String>,
     /// `metadata.deletionTimestamp` is set.
     pub terminating: bool,
+    /// What the status says of the pod's sandbox (whose network the IP is).
+    pub sandbox: Sandbox,
+}
+
+/// When this node started (Unix seconds): the kernel's `btime` (`/proc/stat`), which a
+/// container sees as its host's.
+pub fn node_boot_time() -> Result<i64, KubeletError> {
+    let stat = std::fs::read_to_string("/proc/stat")
+        .map_err(|e| KubeletError(format!("reading /proc/stat: {e}")))?;
+    stat.lines()
+        .find_map(|l| l.strip_prefix("btime "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| KubeletError("/proc/stat has no btime line".into()))
+}
+
+/// The pod's sandbox as its `PodReadyToStartContainers` condition says (Kubernetes 1.29 and
+/// later; `PodHasNetwork` before), which the kubelet sets when it has made the sandbox and its
+/// network. The kubelet's `/pods` shows the pod as the API server last had it
+/// (`pkg/kubelet/kubelet_getters.go`, `Kubelet.GetPods`: only static pods get the kubelet's own
+/// status), so after a node restarts the list still holds the IP of the sandbox that died with
+/// it until the kubelet reports the new one. The condition's time tells the two apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sandbox {
+    /// The status has no such condition (an older cluster): the IP is taken as it is.
+    Unknown,
+    /// The condition is not `True`: no sandbox is up.
+    NotReady,
+    /// Up since this time (Unix seconds).
+    ReadySince(i64),
+}
+
+impl Sandbox {
+    fn of(pod: &PodFields<'_>) -> Self {
+        let Some(condition) = pod
+            .condition("PodReadyToStartContainers")
+            .or_else(|| pod.condition("PodHasNetwork"))
+        else {
+            return Self::Unknown;
+        };
+        if condition.status.as_deref() != Some("True") {
+            return Self::NotReady;
+        }
+        condition
+            .last_transition_time
+            .as_deref()
+            .and_then(|t| {
+                time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+            })
+            .map_or(Self::NotReady, |t| Self::ReadySince(t.unix_timestamp()))
+    }
+
+    /// Whether the pod's listed IP is its sandbox's now, on a node up since `boot` (Unix
+    /// seconds): a sandbox made before the node started died with it.
+    pub fn ip_is_current(self, boot: i64) -> bool {
+        match self {
+            Self::Unknown => true,
+            Self::NotReady => false,
+            Self::ReadySince(since) => since >= boot,
+        }
+    }
 }
 
 /// The pods of one list, by namespace and name.
@@ -62,6 +122,7 @@ pub fn parse_pod_list(body: &[u8]) -> Result<PodIndex, KubeletError> {
         else {
             continue;
         };
+        let sandbox = Sandbox::of(&pod);
         let node_pod = NodePod {
             uid: pod.metadata.uid.as_deref().unwrap_or_default().to_owned(),
             service_account: pod.service_account().to_owned(),
@@ -71,6 +132,7 @@ pub fn parse_pod_list(body: &[u8]) -> Result<PodIndex, KubeletError> {
                 .filter(|ip| !ip.is_empty())
                 .map(Cow::into_owned),
             terminating: pod.metadata.deletion_timestamp,
+            sandbox,
         };
         index.insert(
             (namespace.into_owned(), name.into_owned()),
@@ -149,6 +211,9 @@ pub struct PodCache {
     /// Bearer token file, read for every list (the kubelet rotates projected tokens).
     token_file: Option<std::path::PathBuf>,
     ttl: Duration,
+    /// When this node started (Unix seconds): an entry whose IP is of an older sandbox is not
+    /// answered from the cache (see [`Sandbox`]).
+    node_boot: i64,
     /// The latest list; read without waiting for a list being fetched.
     latest: std::sync::Mutex<Option<Snapshot>>,
     /// Held by the one caller fetching a list; the others wait for its answer.
@@ -164,19 +229,22 @@ struct Lister {
 
 impl PodCache {
     /// A cache of `<kubelet_url>/pods`, fresh for `ttl`, asked with the bearer token in
-    /// `token_file` if any, and listed at most at `rate` when pods it lacks are asked for.
+    /// `token_file` if any, and listed at most at `rate` when pods it lacks are asked for, on a
+    /// node up since `node_boot` (Unix seconds).
     pub fn new(
         client: reqwest::Client,
         kubelet_url: &str,
         token_file: Option<std::path::PathBuf>,
         ttl: Duration,
         rate: ListRate,
+        node_boot: i64,
     ) -> Self {
         Self {
             client,
             url: format!("{}/pods", kubelet_url.trim_end_matches('/')),
             token_file,
             ttl,
+            node_boot,
             latest: std::sync::Mutex::new(None),
             fetching: tokio::sync::Mutex::new(Lister {
                 budget: ListBudget::new(rate, Instant::now()),
@@ -277,8 +345,9 @@ impl PodCache {
     /// Finds the pod `namespace/name` with `uid`, waiting up to `wait` for the kubelet to list it.
     ///
     /// An entry from a list asked for before this call that is not yet usable (another uid: the
-    /// name was reused; no IP yet: the list predates the pod's sandbox) is checked once against
-    /// a newer list rather than answered from the cache. The entry is returned whatever its
+    /// name was reused; no IP yet, or the IP of a sandbox older than the node: the list predates
+    /// the pod's sandbox) is checked once against a newer list rather than answered from the
+    /// cache. The entry is returned whatever its
     /// state once a list newer than the call has it. When no list has it: with
     /// [`Absent::MayAppear`] (a new pod the kubelet may not list yet), `None` at the deadline;
     /// with [`Absent::Gone`] (a pod that had an identity, so was listed before), `None` as soon
@@ -301,7 +370,10 @@ impl PodCache {
             };
             match snapshot.pods.get(&key) {
                 Some(pod)
-                    if snapshot.asked_at >= called_at || (pod.uid == uid && pod.ip.is_some()) =>
+                    if snapshot.asked_at >= called_at
+                        || (pod.uid == uid
+                            && pod.ip.is_some()
+                            && pod.sandbox.ip_is_current(self.node_boot)) =>
                 {
                     return Ok(Some(Arc::clone(pod)));
                 }
@@ -349,6 +421,51 @@ mod tests {
         assert!(budget.take(later).is_err());
     }
 
+    /// After a node restarts, the kubelet lists each pod as the API server last had it: the IP of
+    /// the sandbox that died with the node, until it reports the new one. The
+    /// `PodReadyToStartContainers` condition's time (or `PodHasNetwork`'s, before 1.29) says
+    /// which sandbox the IP is of.
+    #[test]
+    fn the_sandbox_condition_says_whether_the_listed_ip_is_current() {
+        let pod = |conditions: &str| {
+            let body = format!(
+                r#"{{"items":[{{"metadata":{{"name":"p","namespace":"ns","uid":"u"}},
+                "status":{{"podIP":"10.0.0.9","conditions":[{conditions}]}}}}]}}"#
+            );
+            parse_pod_list(body.as_bytes()).unwrap()[&("ns".to_owned(), "p".to_owned())].sandbox
+        };
+        let boot = time::macros::datetime!(2026-11-25 12:00:00 UTC).unix_timestamp();
+        let ready = pod(
+            r#"{"type":"Ready","status":"True","lastTransitionTime":"2026-11-25T13:00:00Z"},
+               {"type":"PodReadyToStartContainers","status":"True","lastTransitionTime":"2026-11-25T12:00:05Z"}"#,
+        );
+        assert_eq!(ready, Sandbox::ReadySince(boot + 5));
+        assert!(ready.ip_is_current(boot));
+        // a sandbox from before the node's restart
+        let before = pod(
+            r#"{"type":"PodReadyToStartContainers","status":"True","lastTransitionTime":"2026-11-25T11:59:59Z"}"#,
+        );
+        assert!(!before.ip_is_current(boot));
+        let older_name = pod(
+            r#"{"type":"PodHasNetwork","status":"True","lastTransitionTime":"2026-11-20T08:00:00Z"}"#,
+        );
+        assert!(!older_name.ip_is_current(boot));
+        // no sandbox up, or a time that cannot be read: not current
+        for not_ready in [
+            r#"{"type":"PodReadyToStartContainers","status":"False","lastTransitionTime":"2026-11-25T13:00:00Z"}"#,
+            r#"{"type":"PodReadyToStartContainers","status":"True","lastTransitionTime":"yesterday"}"#,
+            r#"{"type":"PodReadyToStartContainers","status":"True"}"#,
+        ] {
+            assert!(!pod(not_ready).ip_is_current(boot), "{not_ready}");
+        }
+        // a cluster whose statuses lack the condition: the IP is taken as listed
+        let unknown =
+            pod(r#"{"type":"Ready","status":"True","lastTransitionTime":"2020-01-01T00:00:00Z"}"#);
+        assert_eq!(unknown, Sandbox::Unknown);
+        assert!(unknown.ip_is_current(boot));
+        assert!(node_boot_time().unwrap() > 0);
+    }
+
     #[test]
     fn a_list_keeps_the_fields_the_agent_uses() {
         let body = br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[
@@ -371,6 +488,7 @@ mod tests {
                 service_account: "web".into(),
                 ip: Some("10.0.0.1".into()),
                 terminating: false,
+                sandbox: Sandbox::Unknown,
             }
         );
         let gone = &index[&("ns".to_owned(), "gone".to_owned())];

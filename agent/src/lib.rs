@@ -67,6 +67,12 @@ pub struct Config {
     /// How long to wait for the kubelet to list a pod it has not listed yet.
     #[arg(long, env = "POD_WAIT", default_value = "5s", value_parser = athenz_core::refresh::parse_duration)]
     pub pod_wait: Duration,
+    /// When this node started, Unix seconds (default: the kernel's `btime` in /proc/stat). A
+    /// pod IP the kubelet lists from a sandbox made before it is not the pod's IP any more
+    /// (that sandbox died with the node): no identity names it. Set it only where a node is
+    /// restarted without rebooting its host (a test bed).
+    #[arg(long, env = "NODE_BOOT_TIME")]
+    pub node_boot_time: Option<i64>,
     /// jwt-service base URL (https).
     #[arg(long, env = "JWT_SERVICE_URL")]
     pub jwt_service_url: String,
@@ -351,6 +357,11 @@ pub async fn start(
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
     let metrics = metrics::AgentMetrics::register(&mut registry);
     metrics.set_key_source(config.key_source);
+    let node_boot = match config.node_boot_time {
+        Some(at) => at,
+        None => kubelet::node_boot_time()
+            .map_err(|e| StartError::new("--node-boot-time (NODE_BOOT_TIME)", e))?,
+    };
     let agent = Arc::new(service::Agent {
         metrics,
         volumes,
@@ -363,8 +374,10 @@ pub async fn start(
                 burst: config.kubelet_list_burst,
                 per_second: config.kubelet_list_rate,
             },
+            node_boot,
         ),
         pod_wait: config.pod_wait,
+        node_boot,
         mapper,
         provider: config.identity.provider.clone(),
         dns_suffix: config.identity.dns_suffix.clone(),

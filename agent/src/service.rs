@@ -96,6 +96,8 @@ pub struct Agent {
     pub pods: PodCache,
     /// How long to wait for the kubelet to list a pod.
     pub pod_wait: Duration,
+    /// When this node started (Unix seconds): a listed IP from an older sandbox is stale.
+    pub node_boot: i64,
     /// Namespace ↔ domain.
     pub mapper: DomainMapper,
     /// Our provider.
@@ -285,11 +287,19 @@ impl Agent {
         if pod.terminating {
             return Err(fail(StatusCode::FORBIDDEN, "the pod is being deleted"));
         }
-        let pod_ip = pod.ip.as_deref();
+        // an IP from a sandbox older than the node died with it: until the kubelet reports the
+        // new one, the pod has no IP this agent may name
+        let stale = pod.ip.is_some() && !pod.sandbox.ip_is_current(self.node_boot);
+        let pod_ip = pod.ip.as_deref().filter(|_| !stale);
         if pod_ip.is_none() && ip == PodIp::Required {
             return Err(fail(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the pod has no IP yet",
+                if stale {
+                    "the pod's listed IP is its sandbox's from before this node started; waiting \
+                     for the kubelet to report the new one"
+                } else {
+                    "the pod has no IP yet"
+                },
             ));
         }
         let domain = self

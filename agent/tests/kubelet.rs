@@ -39,7 +39,7 @@ fn cache(
     rate: ListRate,
     token: Option<std::path::PathBuf>,
 ) -> PodCache {
-    PodCache::new(reqwest::Client::new(), &kubelet.url(), token, ttl, rate)
+    PodCache::new(reqwest::Client::new(), &kubelet.url(), token, ttl, rate, 0)
 }
 
 /// Pod `web-<n>` (uid `uid(n)`), waiting up to 5 s.

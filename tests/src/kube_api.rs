@@ -609,6 +609,27 @@ pub fn mark_terminating(pod: &mut Pod) {
     pod.metadata.deletion_timestamp = Some(Time(now_timestamp()));
 }
 
+/// Reports the pod's sandbox as the kubelet does once it has made it: `ip`, and the
+/// `PodReadyToStartContainers` condition true since `since` (Unix seconds; `None`: now).
+pub fn report_sandbox(pod: &mut Pod, ip: &str, since: Option<i64>) {
+    let at = since
+        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
+        .unwrap_or_else(now_timestamp);
+    let status = pod.status.get_or_insert_with(PodStatus::default);
+    status.pod_ip = Some(ip.to_owned());
+    status.pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP {
+        ip: ip.to_owned(),
+    }]);
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    conditions.retain(|c| c.type_ != "PodReadyToStartContainers");
+    conditions.push(k8s_openapi::api::core::v1::PodCondition {
+        type_: "PodReadyToStartContainers".into(),
+        status: "True".into(),
+        last_transition_time: Some(Time(at)),
+        ..Default::default()
+    });
+}
+
 fn now_timestamp() -> k8s_openapi::jiff::Timestamp {
     let secs = time::OffsetDateTime::now_utc().unix_timestamp();
     k8s_openapi::jiff::Timestamp::from_second(secs)

@@ -197,9 +197,19 @@ fn container_status(name: &str, image: &str, n: usize) -> Value {
     })
 }
 
-/// The pod's status once kubelet runs it with `ip`.
+/// The pod's status once kubelet runs it with `ip`: its conditions (its sandbox's among them,
+/// `PodReadyToStartContainers`) turned true now, as the kubelet reports a pod it has just
+/// started.
 pub fn real_status(pod_ip: &str, host_ip: &str) -> Value {
-    let condition = |kind: &str| json!({"type": kind, "status": "True", "lastProbeTime": null, "lastTransitionTime": "2026-11-23T08:00:04Z"});
+    let now = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default();
+    let condition = |kind: &str| json!({"type": kind, "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
     json!({
         "phase": "Running",
         "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],

@@ -68,6 +68,24 @@ pub struct StatusFields<'a> {
     /// `status.podIPs`.
     #[serde(default, rename = "podIPs", borrow)]
     pub pod_ips: Option<Vec<PodIpFields<'a>>>,
+    /// `status.conditions`.
+    #[serde(default, borrow)]
+    pub conditions: Option<Vec<ConditionFields<'a>>>,
+}
+
+/// One entry of `status.conditions`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConditionFields<'a> {
+    /// `type`, e.g. `PodReadyToStartContainers`.
+    #[serde(default, rename = "type", borrow, deserialize_with = "text")]
+    pub kind: Option<Cow<'a, str>>,
+    /// `status`: `True`, `False` or `Unknown`.
+    #[serde(default, borrow, deserialize_with = "text")]
+    pub status: Option<Cow<'a, str>>,
+    /// `lastTransitionTime`, RFC 3339.
+    #[serde(default, borrow, deserialize_with = "text")]
+    pub last_transition_time: Option<Cow<'a, str>>,
 }
 
 /// One entry of `status.podIPs`.
@@ -127,6 +145,16 @@ impl PodFields<'_> {
                         })
                         .collect()
                 }),
+                conditions: s.conditions.map(|conditions| {
+                    conditions
+                        .into_iter()
+                        .map(|c| ConditionFields {
+                            kind: owned(c.kind),
+                            status: owned(c.status),
+                            last_transition_time: owned(c.last_transition_time),
+                        })
+                        .collect()
+                }),
             }),
         }
     }
@@ -137,6 +165,16 @@ impl PodFields<'_> {
             .as_ref()
             .and_then(|s| s.service_account_name.as_deref())
             .unwrap_or("default")
+    }
+
+    /// The condition of type `kind` in `status.conditions`, if the status has it.
+    pub fn condition(&self, kind: &str) -> Option<&ConditionFields<'_>> {
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.kind.as_deref() == Some(kind))
     }
 
     /// `spec.nodeName`, if the pod is scheduled.
