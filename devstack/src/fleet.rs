@@ -3,7 +3,7 @@
 //! census of their credential sets, read as an application reads them.
 
 use crate::bench::bench_pod;
-use crate::kube::{KubeClient, PodSize};
+use crate::kube::{KubeClient, NewPod, PodSize};
 use crate::pod_volume::{MountedVolume, NodeKubelet};
 use crate::pods::PodContainer;
 use crate::stack::{Stack, VolumeKind};
@@ -130,6 +130,58 @@ impl Fleet {
             volumes,
             refreshers,
         })
+    }
+
+    /// A power loss to the pods: every sidecar killed at once, every pod's sandbox and
+    /// containers gone (their cgroups removed as the runtime's state would be after a reboot).
+    pub async fn power_off(&mut self, stack: &Stack) -> anyhow::Result<()> {
+        for sidecar in &mut self.refreshers {
+            let _ = sidecar.process.kill().await;
+        }
+        for mounted in &self.volumes {
+            if let Some(volume) = mounted.sia() {
+                crate::node::remove_pod_side(&stack.info, volume).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Pod `i` as kubelet starts it again after a node restart: its volume mounted or published
+    /// anew, its init container run, its sidecar started (a new one, no crash-loop back-off);
+    /// `pod` carries its new IP.
+    pub async fn restart_pod(
+        &mut self,
+        stack: &Stack,
+        i: usize,
+        pod: &NewPod,
+    ) -> anyhow::Result<()> {
+        let uid = self.volumes[i].uid.clone();
+        // kubelet retries a failed NodePublishVolume with exponential back-off: 500 ms doubling
+        // to 2 min 2 s (`pkg/util/goroutinemap/exponentialbackoff`); a publish can fail while the
+        // API still holds the pod's old IP and the agent, seeing that IP stale, leaves it out
+        let mut wait = Duration::from_millis(500);
+        let deadline = Instant::now() + Duration::from_secs(150);
+        let mounted = loop {
+            match self.kubelet.give_identity(&stack.info, pod, &uid).await {
+                Ok((_, mounted)) => break mounted,
+                Err(e) if self.kubelet.csi().is_some() && Instant::now() + wait < deadline => {
+                    tracing::info!(pod = %pod.name, error = %format!("{e:#}"), retry_in = ?wait, "publishing failed; kubelet retries");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(122));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        if let Some(volume) = mounted.sia()
+            && let Some(sidecar) = self.refreshers.get_mut(i)
+        {
+            let logs = stack.state_dir.join("logs");
+            *sidecar = Sidecar::new(
+                crate::node::sia_refresh(&stack.info, volume, "24h", &logs, &[]).await?,
+            );
+        }
+        self.volumes[i] = mounted;
+        Ok(())
     }
 
     /// Reads every pod's set now.

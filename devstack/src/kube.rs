@@ -323,6 +323,43 @@ impl KubeClient {
         .await
     }
 
+    /// The kubelet's report of a pod's new sandbox (after a node restart): `PATCH .../status`
+    /// with its IP and the sandbox's `PodReadyToStartContainers` condition true since now.
+    pub async fn report_sandbox(
+        &self,
+        namespace: &str,
+        name: &str,
+        ip: &str,
+    ) -> anyhow::Result<Pod> {
+        let now = time::OffsetDateTime::now_utc()
+            .replace_nanosecond(0)
+            .ok()
+            .and_then(|t| {
+                t.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default();
+        let condition = |kind: &str| serde_json::json!({"type": kind, "status": "True", "lastTransitionTime": now});
+        let patch = serde_json::json!({"status": {
+            "phase": "Running",
+            "podIP": ip,
+            "podIPs": [{"ip": ip}],
+            "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"),
+                           condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+        }});
+        self.send(
+            self.http
+                .patch(format!(
+                    "{}/api/v1/namespaces/{namespace}/pods/{name}/status",
+                    self.api
+                ))
+                .header("content-type", "application/merge-patch+json")
+                .body(patch.to_string()),
+            &format!("reporting pod {namespace}/{name}'s new sandbox"),
+        )
+        .await
+    }
+
     /// Deletes a pod as `kubectl delete` and then kubelet do: marked terminating, then removed
     /// once its containers stopped (`gracePeriodSeconds=0`).
     pub async fn delete_pod(&self, namespace: &str, name: &str) -> anyhow::Result<()> {

@@ -128,6 +128,21 @@ impl Process {
         Ok(true)
     }
 
+    /// Kills it at once (SIGKILL) and reaps it, as a power loss ends it.
+    pub async fn kill_now(&mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Starts it again after [`Process::kill_now`], with `--<flag>=<value>` in place of any
+    /// earlier value of that flag.
+    pub fn start_again_with(&mut self, flag: &str, value: &str) -> anyhow::Result<()> {
+        let prefix = format!("--{flag}=");
+        self.command.args.retain(|a| !a.starts_with(&prefix));
+        self.command.args.push(format!("{prefix}{value}"));
+        self.child = spawn_child(&self.command, &self.log)?;
+        Ok(())
+    }
+
     /// Stops it as kubelet stops a container in a rolling update (SIGTERM, `grace` to drain and
     /// exit by itself, then SIGKILL) and starts `program` (another build; the same binary when
     /// `None`) in its place with the same arguments, environment and log, so on the same state

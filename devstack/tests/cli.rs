@@ -522,8 +522,8 @@ fn load_reports_what_an_identity_costs_the_shared_parts() {
 /// down while a pod starts (the callback answers 504, the pod gets its identity once the API is
 /// back, nothing expires), and the agent replaced by another build while pods renew and start
 /// (the old one drains what it had and exits by itself; every pod whole through the new one),
-/// and the jwt-service's and callback's two replicas each rolled one at a time behind their
-/// Services.
+/// the jwt-service's and callback's two replicas each rolled one at a time behind their
+/// Services, and the node rebooted (every pod back with a new IP, no certificate for an old one).
 #[test]
 fn chaos_day_two_faults_hold_their_bounds() {
     let out = Command::new(DEVSTACK)
@@ -531,7 +531,7 @@ fn chaos_day_two_faults_hold_their_bounds() {
             "chaos",
             "--pods=2",
             "--files-pods=1",
-            "--faults=api-server-unreachable,agent-upgraded,control-plane-rolled",
+            "--faults=api-server-unreachable,agent-upgraded,control-plane-rolled,node-rebooted",
             "--json",
         ])
         .output()

@@ -53,6 +53,9 @@ pub enum Fault {
     /// The jwt-service's and the callback's Deployments (two replicas each, behind a Service)
     /// rolled one replica at a time while pods renew and two start.
     ControlPlaneRolled,
+    /// The node rebooted: every node-side process and mount gone, the disk kept; the agent and
+    /// every pod started again as kubelet does, each pod with a new IP reported a moment later.
+    NodeRebooted,
     /// ZTS answering 500 to every instance register and refresh for a quarter lifetime.
     #[value(name = "zts-500")]
     #[serde(rename = "zts-500")]
@@ -123,11 +126,12 @@ pub fn default_faults(runtime: Option<athenz_testbed::runtime::RuntimeKind>) -> 
 }
 
 /// Every fault, in the order they run.
-pub const ALL_FAULTS: [Fault; 19] = [
+pub const ALL_FAULTS: [Fault; 20] = [
     Fault::JwtServiceKilled,
     Fault::AgentKilled,
     Fault::AgentUpgraded,
     Fault::ControlPlaneRolled,
+    Fault::NodeRebooted,
     Fault::Zts500,
     Fault::Zts503,
     Fault::CallbackDenying,
@@ -314,6 +318,7 @@ async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec
                 )
                 .await?
             }
+            Fault::NodeRebooted => node::node_rebooted(stack, &mut pods).await?,
             Fault::Zts500 | Fault::Zts503 => {
                 let status = if fault == Fault::Zts500 { 500 } else { 503 };
                 let faults = Faults {

@@ -5,13 +5,14 @@
 //! peer check decides the last two from the cgroups the runtime wrote.
 
 use super::set_reader::{SetReader, leftovers};
-use super::watch::{Pods, RECOVERY_BOUND, TICK, Tally, recover, row, supervise};
+use super::watch::{Effects, Pods, RECOVERY_BOUND, TICK, Tally, recover, row, supervise};
 use super::{Fault, FaultResult};
 use crate::node::PodVolume;
 use crate::pods::{PodCommand, PodProgram, PodRuntime};
 use crate::stack::Stack;
 use anyhow::Context;
 use athenz_core::files::CERT_FILE;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The SIA's init container started `kills` times and killed by the runtime at a random point
@@ -305,4 +306,220 @@ fn describe(wrong: &[String]) -> String {
     } else {
         format!("; not as bound: {}", wrong.join("; "))
     }
+}
+
+/// How long the node is down (time stamps are in whole seconds: it boots in a later one).
+const POWER_CYCLE: Duration = Duration::from_millis(1500);
+/// How long after a pod's new sandbox the kubelet's status report reaches the API server: the
+/// window in which the kubelet still lists the old IP.
+const REPORT_DELAY: Duration = Duration::from_secs(2);
+
+/// Every mount point under `roots`, deepest first (from `/proc/self/mountinfo`; a space in a
+/// path is `\040` there).
+fn mounts_under(roots: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").context("reading mountinfo")?;
+    let mut mounts: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| roots.iter().any(|r| p.starts_with(r) && p != r))
+        .collect();
+    mounts.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    Ok(mounts)
+}
+
+/// `ip` moved to another subnet: the new sandbox's address.
+fn new_ip(ip: &str) -> anyhow::Result<String> {
+    let old: std::net::Ipv4Addr = ip.parse().with_context(|| format!("pod IP {ip}"))?;
+    let [a, b, c, d] = old.octets();
+    Ok(std::net::Ipv4Addr::new(a, b.wrapping_add(1), c, d).to_string())
+}
+
+/// One pod through the reboot.
+struct Rebooted {
+    old_ip: String,
+    new_ip: String,
+    old_serial: Option<String>,
+    /// When the kubelet reported its new sandbox.
+    reported: Option<Instant>,
+    /// From that report to the pod whole again.
+    whole_after: Option<Duration>,
+}
+
+/// The node rebooted: the agent, every sidecar and every pod's containers killed at once, every
+/// mount of the kubelet's and the agent's gone (the disk kept); then the agent started again
+/// (its state on disk, the node's new boot time), and every pod as kubelet restarts it: its
+/// volume mounted or published anew, a new sandbox with a new IP — which the kubelet reports
+/// to the API server a moment later, so meanwhile it still lists the old one — its init
+/// container, its sidecar. Bounds: every pod whole within the recovery bound of its new IP being
+/// reported; no certificate issued after the reboot names an old IP; the flex pods' name their
+/// new one; the mounts afterwards are the mounts before, nothing stacked or left over.
+pub(super) async fn node_rebooted(
+    stack: &mut Stack,
+    pods: &mut Pods,
+) -> anyhow::Result<FaultResult> {
+    let info = stack.info.clone();
+    let kube = crate::kube::KubeClient::new(&info.kube_api.url)?;
+    let roots = [
+        stack.state_dir.join("kubelet"),
+        info.nodes
+            .first()
+            .context("a stack without nodes")?
+            .volumes_dir
+            .clone(),
+    ];
+    let before = Effects::now(stack, pods);
+    let census = pods.census();
+    let mut tally = Tally::default();
+    tally.add(&census);
+    let mounts_before = mounts_under(&roots)?;
+    let all: Vec<_> = pods
+        .flex
+        .volumes
+        .iter()
+        .chain(&pods.files.volumes)
+        .map(|m| m.pod.clone())
+        .collect();
+    let mut rebooted = all
+        .iter()
+        .zip(&census.serials)
+        .map(|(pod, serial)| {
+            Ok(Rebooted {
+                old_ip: pod.ip.clone(),
+                new_ip: new_ip(&pod.ip)?,
+                old_serial: serial.clone(),
+                reported: None,
+                whole_after: None,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+
+    // power off
+    stack.kill_now("agent").await?;
+    pods.flex.power_off(stack).await?;
+    for mount in &mounts_before {
+        let _ = nix::mount::umount2(mount, nix::mount::MntFlags::MNT_DETACH);
+    }
+    let left = mounts_under(&roots)?;
+    anyhow::ensure!(left.is_empty(), "mounts left after the power-off: {left:?}");
+    // the machine is down a moment: it boots in a later second than any sandbox it had
+    tokio::time::sleep(POWER_CYCLE).await;
+    let boot = time::OffsetDateTime::now_utc().unix_timestamp();
+    // the kubelet's and the sidecars' restarts are kubelet's, not chaos's supervision's
+    let ready = info.agent.metrics_url.replace("/metrics", "/readyz");
+    stack
+        .start_again_with("agent", "node-boot-time", &boot.to_string(), &ready)
+        .await?;
+
+    // kubelet starts every pod again; each pod's new IP reaches the API a moment after
+    let mut reports = tokio::task::JoinSet::new();
+    let flex_count = pods.flex.volumes.len();
+    for (i, pod) in all.iter().enumerate() {
+        let mut new_pod = pod.clone();
+        new_pod.ip = rebooted[i].new_ip.clone();
+        let (kube, namespace, name, ip) = (
+            kube.clone(),
+            pod.namespace.clone(),
+            pod.name.clone(),
+            new_pod.ip.clone(),
+        );
+        reports.spawn(async move {
+            tokio::time::sleep(REPORT_DELAY).await;
+            kube.report_sandbox(&namespace, &name, &ip).await?;
+            anyhow::Ok((i, Instant::now()))
+        });
+        if i < flex_count {
+            pods.flex.restart_pod(stack, i, &new_pod).await?;
+        } else {
+            pods.files
+                .restart_pod(stack, i - flex_count, &new_pod)
+                .await?;
+        }
+    }
+    while let Some(joined) = reports.join_next().await {
+        let (i, at) = joined.context("a pod's status report")??;
+        rebooted[i].reported = Some(at);
+    }
+
+    // until every pod is whole: a certificate issued since the reboot, for its new IP (flex),
+    // never for its old one
+    let mut old_ip_issued = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < RECOVERY_BOUND * 2 && rebooted.iter().any(|r| r.whole_after.is_none())
+    {
+        let census = supervise(stack, pods).await?;
+        tally.add(&census);
+        let sets = pods.flex.volumes.iter().chain(&pods.files.volumes);
+        for (i, (mounted, pod)) in sets.zip(rebooted.iter_mut()).enumerate() {
+            let Ok((cert, whole)) = crate::fleet::read_set(mounted) else {
+                continue;
+            };
+            let ips: Vec<String> = cert.ip_addresses.iter().map(ToString::to_string).collect();
+            let new_cert = Some(&cert.serial_hex) != pod.old_serial.as_ref();
+            if new_cert && ips.contains(&pod.old_ip) && !old_ip_issued.contains(&i) {
+                old_ip_issued.push(i);
+            }
+            let named_right = i >= flex_count || ips.contains(&pod.new_ip);
+            if let (Some(reported), None) = (pod.reported, pod.whole_after)
+                && new_cert
+                && whole
+                && named_right
+                && cert.not_after > time::OffsetDateTime::now_utc()
+            {
+                pod.whole_after = Some(reported.elapsed());
+            }
+        }
+        tokio::time::sleep(TICK).await;
+    }
+    let recovery = recover(stack, pods, &mut tally).await?;
+    let mut mounts_after = mounts_under(&roots)?;
+    let mut expected = mounts_before.clone();
+    mounts_after.sort();
+    expected.sort();
+    let slowest = rebooted
+        .iter()
+        .map(|r| r.whole_after.unwrap_or(Duration::MAX))
+        .max()
+        .unwrap_or_default();
+    let all_whole = slowest <= RECOVERY_BOUND;
+    let effects = before.since(stack, pods);
+    let mut result = row(
+        Fault::NodeRebooted,
+        format!(
+            "{} pods and the agent killed, {} mounts gone; every pod restarted with a new IP \
+             reported {} s after its sandbox: {}; {} certificates issued for an old IP; mounts \
+             {}; {}",
+            rebooted.len(),
+            mounts_before.len(),
+            REPORT_DELAY.as_secs(),
+            if all_whole {
+                format!(
+                    "all whole, the slowest {:.1} s after its report",
+                    slowest.as_secs_f64()
+                )
+            } else {
+                format!(
+                    "{} NOT whole within {} s of their report",
+                    rebooted
+                        .iter()
+                        .filter(|r| r.whole_after.is_none_or(|w| w > RECOVERY_BOUND))
+                        .count(),
+                    RECOVERY_BOUND.as_secs()
+                )
+            },
+            old_ip_issued.len(),
+            if mounts_after == expected {
+                "as before".to_owned()
+            } else {
+                format!("{} before, {} after", expected.len(), mounts_after.len())
+            },
+            effects.describe()
+        ),
+        &tally,
+        recovery,
+        // the pods' files went with the reboot's tmpfs: no expiry to judge, only recovery
+        true,
+    );
+    result.passed &= all_whole && old_ip_issued.is_empty() && mounts_after == expected;
+    Ok(result)
 }
