@@ -146,42 +146,27 @@ impl Fleet {
         Ok(())
     }
 
-    /// Pod `i` as kubelet starts it again after a node restart: its volume mounted or published
-    /// anew, its init container run, its sidecar started (a new one, no crash-loop back-off);
-    /// `pod` carries its new IP.
-    pub async fn restart_pod(
-        &mut self,
-        stack: &Stack,
-        i: usize,
-        pod: &NewPod,
-    ) -> anyhow::Result<()> {
-        let uid = self.volumes[i].uid.clone();
-        // kubelet retries a failed NodePublishVolume with exponential back-off: 500 ms doubling
-        // to 2 min 2 s (`pkg/util/goroutinemap/exponentialbackoff`); a publish can fail while the
-        // API still holds the pod's old IP and the agent, seeing that IP stale, leaves it out
-        let mut wait = Duration::from_millis(500);
-        let deadline = Instant::now() + Duration::from_secs(150);
-        let mounted = loop {
-            match self.kubelet.give_identity(&stack.info, pod, &uid).await {
-                Ok((_, mounted)) => break mounted,
-                Err(e) if self.kubelet.csi().is_some() && Instant::now() + wait < deadline => {
-                    tracing::info!(pod = %pod.name, error = %format!("{e:#}"), retry_in = ?wait, "publishing failed; kubelet retries");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(122));
-                }
-                Err(e) => return Err(e),
-            }
-        };
-        if let Some(volume) = mounted.sia()
-            && let Some(sidecar) = self.refreshers.get_mut(i)
-        {
-            let logs = stack.state_dir.join("logs");
-            *sidecar = Sidecar::new(
-                crate::node::sia_refresh(&stack.info, volume, "24h", &logs, &[]).await?,
-            );
+    /// How pod `i` is started again after a node restart ([`Restart::run`], on its own task as
+    /// kubelet's pod workers run in parallel), with `pod` carrying its new IP.
+    pub fn restart(&self, stack: &Stack, i: usize, pod: &NewPod) -> Restart {
+        Restart {
+            kubelet: self.kubelet.clone(),
+            info: stack.info.clone(),
+            logs: stack.state_dir.join("logs"),
+            index: i,
+            pod: pod.clone(),
+            uid: self.volumes[i].uid.clone(),
         }
-        self.volumes[i] = mounted;
-        Ok(())
+    }
+
+    /// Puts pod `i` back as [`Restart::run`] left it.
+    pub fn restarted(&mut self, restarted: Restarted) {
+        if let (Some(process), Some(sidecar)) =
+            (restarted.sidecar, self.refreshers.get_mut(restarted.index))
+        {
+            *sidecar = Sidecar::new(process);
+        }
+        self.volumes[restarted.index] = restarted.mounted;
     }
 
     /// Reads every pod's set now.
@@ -264,6 +249,61 @@ pub fn read_set(mounted: &MountedVolume) -> anyhow::Result<(CertInfo, bool)> {
     let key = PrivateKey::from_pem(&String::from_utf8_lossy(&set[0]))?;
     let matches = key_matches_cert(&key, &info);
     Ok((info, matches))
+}
+
+/// A pod to start again after a node restart, as kubelet does: its volume mounted or published
+/// anew, its init container run, its sidecar started (a new one, no crash-loop back-off).
+pub struct Restart {
+    kubelet: NodeKubelet,
+    info: crate::stack::StackInfo,
+    logs: std::path::PathBuf,
+    index: usize,
+    pod: NewPod,
+    uid: String,
+}
+
+/// A pod started again.
+pub struct Restarted {
+    index: usize,
+    mounted: MountedVolume,
+    sidecar: Option<PodContainer>,
+}
+
+impl Restart {
+    /// Starts the pod again. Kubelet retries a failed NodePublishVolume with exponential
+    /// back-off, 500 ms doubling to 2 min 2 s (`pkg/util/goroutinemap/exponentialbackoff`): a
+    /// publish fails while the API still holds the pod's old IP and the agent, seeing that IP
+    /// stale, leaves it out.
+    pub async fn run(self) -> anyhow::Result<Restarted> {
+        let mut wait = Duration::from_millis(500);
+        let deadline = Instant::now() + Duration::from_secs(150);
+        let mounted = loop {
+            match self
+                .kubelet
+                .give_identity(&self.info, &self.pod, &self.uid)
+                .await
+            {
+                Ok((_, mounted)) => break mounted,
+                Err(e) if self.kubelet.csi().is_some() && Instant::now() + wait < deadline => {
+                    tracing::info!(pod = %self.pod.name, error = %format!("{e:#}"), retry_in = ?wait, "publishing failed; kubelet retries");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(122));
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        let sidecar = match mounted.sia() {
+            Some(volume) => {
+                Some(crate::node::sia_refresh(&self.info, volume, "24h", &self.logs, &[]).await?)
+            }
+            None => None,
+        };
+        Ok(Restarted {
+            index: self.index,
+            mounted,
+            sidecar,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -411,44 +411,50 @@ pub(super) async fn node_rebooted(
         .start_again_with("agent", "node-boot-time", &boot.to_string(), &ready)
         .await?;
 
-    // kubelet starts every pod again; each pod's new IP reaches the API a moment after
-    let mut reports = tokio::task::JoinSet::new();
+    // kubelet starts every pod again, in parallel; each pod's new IP reaches the API a moment
+    // after its sandbox
+    let mut restarts = tokio::task::JoinSet::new();
     let flex_count = pods.flex.volumes.len();
     for (i, pod) in all.iter().enumerate() {
         let mut new_pod = pod.clone();
         new_pod.ip = rebooted[i].new_ip.clone();
-        let (kube, namespace, name, ip) = (
-            kube.clone(),
-            pod.namespace.clone(),
-            pod.name.clone(),
-            new_pod.ip.clone(),
-        );
-        reports.spawn(async move {
-            tokio::time::sleep(REPORT_DELAY).await;
-            kube.report_sandbox(&namespace, &name, &ip).await?;
-            anyhow::Ok((i, Instant::now()))
-        });
-        if i < flex_count {
-            pods.flex.restart_pod(stack, i, &new_pod).await?;
+        let restart = if i < flex_count {
+            pods.flex.restart(stack, i, &new_pod)
         } else {
-            pods.files
-                .restart_pod(stack, i - flex_count, &new_pod)
-                .await?;
-        }
-    }
-    while let Some(joined) = reports.join_next().await {
-        let (i, at) = joined.context("a pod's status report")??;
-        rebooted[i].reported = Some(at);
+            pods.files.restart(stack, i - flex_count, &new_pod)
+        };
+        let kube = kube.clone();
+        restarts.spawn(async move {
+            let report = async {
+                tokio::time::sleep(REPORT_DELAY).await;
+                kube.report_sandbox(&new_pod.namespace, &new_pod.name, &new_pod.ip)
+                    .await?;
+                anyhow::Ok(Instant::now())
+            };
+            let (reported, restarted) = tokio::join!(report, restart.run());
+            anyhow::Ok((i, reported?, restarted?))
+        });
     }
 
     // until every pod is whole: a certificate issued since the reboot, for its new IP (flex),
-    // never for its old one
+    // never for its old one; each pod's time from its report
     let mut old_ip_issued = Vec::new();
     let started = Instant::now();
-    while started.elapsed() < RECOVERY_BOUND * 2 && rebooted.iter().any(|r| r.whole_after.is_none())
+    while started.elapsed() < RECOVERY_BOUND * 3
+        && (!restarts.is_empty() || rebooted.iter().any(|r| r.whole_after.is_none()))
     {
-        let census = supervise(stack, pods).await?;
-        tally.add(&census);
+        while let Some(joined) = restarts.try_join_next() {
+            let (i, reported, restarted) = joined.context("a pod's restart")??;
+            rebooted[i].reported = Some(reported);
+            if i < flex_count {
+                pods.flex.restarted(restarted);
+            } else {
+                pods.files.restarted(restarted);
+            }
+        }
+        // the daemons as kubelet keeps them; the pods' restarts are the tasks above
+        stack.restart_exited()?;
+        tally.add(&pods.census());
         let sets = pods.flex.volumes.iter().chain(&pods.files.volumes);
         for (i, (mounted, pod)) in sets.zip(rebooted.iter_mut()).enumerate() {
             let Ok((cert, whole)) = crate::fleet::read_set(mounted) else {
@@ -471,6 +477,11 @@ pub(super) async fn node_rebooted(
         }
         tokio::time::sleep(TICK).await;
     }
+    anyhow::ensure!(
+        restarts.is_empty(),
+        "pods still restarting after {:?}",
+        RECOVERY_BOUND * 3
+    );
     let recovery = recover(stack, pods, &mut tally).await?;
     let mut mounts_after = mounts_under(&roots)?;
     let mut expected = mounts_before.clone();
