@@ -30,6 +30,7 @@ pub mod node;
 pub mod pod_volume;
 pub mod pods;
 pub mod procs;
+pub mod scrape;
 pub mod soak;
 pub mod stack;
 pub mod userns;

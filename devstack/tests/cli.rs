@@ -9,6 +9,20 @@ use std::time::{Duration, Instant};
 
 const DEVSTACK: &str = env!("CARGO_BIN_EXE_athenz-devstack");
 
+/// Runs the devstack with `args` and reads the JSON it prints, failing with its output when
+/// that is not JSON.
+fn json_run(args: &[&str]) -> (std::process::Output, serde_json::Value) {
+    let out = Command::new(DEVSTACK).args(args).output().unwrap();
+    let json = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, json)
+}
+
 #[test]
 fn demo_issues_refreshes_refuses_and_cleans_up() {
     let out = Command::new(DEVSTACK)
@@ -418,24 +432,14 @@ fn soak_samples_every_daemon_and_sees_the_pods_refresh() {
 /// each within its bounds, each having met a renewal, reported row by row.
 #[test]
 fn chaos_reports_each_fault_against_its_bounds() {
-    let out = Command::new(DEVSTACK)
-        .args([
-            "chaos",
-            "--pods=2",
-            "--files-pods=1",
-            "--faults=sia-killed-mid-write,zts-503,kubelet-omitting-pods,disk-full",
-            "--sia-kills=60",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (out, report) = json_run(&[
+        "chaos",
+        "--pods=2",
+        "--files-pods=1",
+        "--faults=sia-killed-mid-write,zts-503,kubelet-omitting-pods,disk-full",
+        "--sia-kills=60",
+        "--json",
+    ]);
     assert!(out.status.success(), "{report}");
     assert_eq!(report["passed"], true, "{report}");
     let faults = report["faults"].as_array().unwrap();
@@ -478,24 +482,14 @@ fn chaos_reports_each_fault_against_its_bounds() {
 /// read) and each node registration one TokenReview, as the API stand-in counts them.
 #[test]
 fn load_reports_what_an_identity_costs_the_shared_parts() {
-    let out = Command::new(DEVSTACK)
-        .args([
-            "load",
-            "--nodes=2",
-            "--pods-per-node=5",
-            "--rate=40",
-            "--seconds=3",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (out, report) = json_run(&[
+        "load",
+        "--nodes=2",
+        "--pods-per-node=5",
+        "--rate=40",
+        "--seconds=3",
+        "--json",
+    ]);
     assert!(out.status.success(), "{report}");
     let callback = &report["callback"];
     assert_eq!(callback["replica"]["answered"], 120, "{report}");
@@ -526,23 +520,13 @@ fn load_reports_what_an_identity_costs_the_shared_parts() {
 /// Services, and the node rebooted (every pod back with a new IP, no certificate for an old one).
 #[test]
 fn chaos_day_two_faults_hold_their_bounds() {
-    let out = Command::new(DEVSTACK)
-        .args([
-            "chaos",
-            "--pods=2",
-            "--files-pods=1",
-            "--faults=api-server-unreachable,agent-upgraded,control-plane-rolled,node-rebooted",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (out, report) = json_run(&[
+        "chaos",
+        "--pods=2",
+        "--files-pods=1",
+        "--faults=api-server-unreachable,agent-upgraded,control-plane-rolled,node-rebooted",
+        "--json",
+    ]);
     assert!(out.status.success(), "{report}");
     assert_eq!(report["passed"], true, "{report}");
     let faults = report["faults"].as_array().unwrap();
@@ -576,25 +560,15 @@ fn chaos_day_two_faults_hold_their_bounds() {
 /// process in no pod given one (both refused by the agent's peer check).
 #[test]
 fn chaos_faults_with_a_real_runtime_hold_their_bounds() {
-    let out = Command::new(DEVSTACK)
-        .args([
-            "chaos",
-            "--runtime=runc",
-            "--pods=3",
-            "--files-pods=1",
-            "--faults=init-container-killed,sidecar-restarted,foreign-volume,host-process",
-            "--sia-kills=100",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
+    let (out, report) = json_run(&[
+        "chaos",
+        "--runtime=runc",
+        "--pods=3",
+        "--files-pods=1",
+        "--faults=init-container-killed,sidecar-restarted,foreign-volume,host-process",
+        "--sia-kills=100",
+        "--json",
+    ]);
     assert!(out.status.success(), "{report}");
     assert_eq!(report["passed"], true, "{report}");
     let faults = report["faults"].as_array().unwrap();

@@ -197,6 +197,18 @@ fn container_status(name: &str, image: &str, n: usize) -> Value {
     })
 }
 
+/// Now, in whole seconds, as the API server writes a condition's `lastTransitionTime`.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default()
+}
+
 /// The pod's status once kubelet runs it with `ip`: its conditions (its sandbox's among them,
 /// `PodReadyToStartContainers`) turned true now, as the kubelet reports a pod it has just
 /// started.

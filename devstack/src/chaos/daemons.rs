@@ -29,24 +29,10 @@ pub(super) async fn node_cert_expiry(
         .context("a stack without nodes")?
         .agent
         .metrics_url;
-    let text = reqwest::Client::new()
-        .get(url)
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status)
-        .with_context(|| format!("reading {url}"))?
-        .text()
-        .await?;
-    let value = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (name, value) = l.split_once(' ')?;
-            name.ends_with("node_certificate_expiry_seconds")
-                .then(|| value.trim().parse::<f64>().ok())
-                .flatten()
-        })
+    let text = crate::scrape::text(url).await?;
+    let value = crate::scrape::samples(&text, "node_certificate_expiry_seconds")
+        .map(|(_, v)| v)
+        .next()
         .with_context(|| format!("no node_certificate_expiry_seconds in {url}"))?;
     // a timestamp in whole seconds
     #[allow(clippy::cast_possible_truncation)]
