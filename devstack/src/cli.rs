@@ -1,0 +1,275 @@
+//! The command line of `athenz-devstack`: its commands and their options (what `--help` shows).
+
+use athenz_core::agent_api::KeySource;
+use athenz_devstack::{chaos, kube, stack};
+use athenz_testbed::runtime::RuntimeKind;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "athenz-devstack",
+    version,
+    about = "athenz-k8s-identity on one machine"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the whole system once through for three pods, print what happened, stop.
+    Demo {
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Keep state here instead of a temporary directory (kept afterwards).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Which volume the pods get: flex (with the in-pod SIA), csi-socket (the same through
+        /// the agent's CSI driver) or csi-files (nothing in the pod).
+        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
+        volume: stack::VolumeKind,
+        /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
+        #[arg(long, value_enum, default_value_t = KeySource::Pod)]
+        key_source: KeySource,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
+    },
+    /// Start the stack and keep it running until Ctrl-C or SIGTERM; writes DIR/stack.json.
+    Up {
+        /// Where everything lives; stack.json appears here once every part is ready.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Pod key type the agent generates.
+        #[arg(long, default_value = "p256")]
+        key: String,
+        /// Run each component from its own binary in DIR (e.g. target/release) instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// Nodes, each with its own kubelet stand-in, agent and node identity.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// The agents' peer check; default enforce where pod cgroups can be made, else off.
+        #[arg(long, value_enum)]
+        peer_check: Option<athenz_core::peer::PeerCheck>,
+        /// Which volume pods get; with csi-socket or csi-files every agent also serves the CSI
+        /// driver at nodes[].agent.csi_socket.
+        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
+        volume: stack::VolumeKind,
+        /// The dev ZTS and the Kubernetes stand-ins follow DIR/faults.json, so a script or test
+        /// can inject faults into the running stack (the fields of `chaos`'s faults file).
+        #[arg(long)]
+        fault_injection: bool,
+        /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
+        #[arg(long, value_enum, default_value_t = KeySource::Pod)]
+        key_source: KeySource,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
+    },
+    /// Measure the full path for many pods.
+    Bench {
+        /// Pods to give identities.
+        #[arg(long, default_value_t = 110)]
+        pods: usize,
+        /// Pods in flight at once (when all exist first, i.e. `--arrival 0`).
+        #[arg(long, default_value_t = 1)]
+        concurrency: usize,
+        /// Pods arrive one by one this far apart (e.g. 20ms), each created and mounted at once,
+        /// as during a rollout; 0: every pod exists before the first mount.
+        #[arg(long, default_value = "0", value_parser = parse_arrival)]
+        arrival: std::time::Duration,
+        /// Pods as the kubelet lists them: real (8–15 KB each: containers, probes, status,
+        /// managed fields) or minimal (a few fields).
+        #[arg(long, value_enum, default_value_t = kube::PodSize::Real)]
+        pod_size: kube::PodSize,
+        /// Pod key type: p256 or rsa2048.
+        #[arg(long, default_value = "p256")]
+        key: String,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Run each component from its own binary in DIR (e.g. the static driver and SIA a
+        /// cluster ships) instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// The agents' peer check; default enforce where pod cgroups can be made, else off.
+        #[arg(long, value_enum)]
+        peer_check: Option<athenz_core::peer::PeerCheck>,
+        /// The pods' volume; several (comma-separated) are measured one after the other, each
+        /// on a fresh stack, and compared.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "flex")]
+        volume: Vec<stack::VolumeKind>,
+        /// Where socket-mode pods' keys are made; several (e.g. pod,agent) are measured one
+        /// after the other, each on a fresh stack, and compared.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "pod")]
+        key_source: Vec<KeySource>,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
+    },
+    /// What the shared parts cost at size: drives the jwt-service (each node's agent identity)
+    /// and the callback (a new mutual-TLS connection per confirmation, as ZTS) at a rate, and
+    /// reports throughput per core, latency, memory and the Kubernetes API requests per
+    /// identity, per refresh and per node renewal.
+    Load {
+        /// Nodes, each with its own agent.
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+        /// Real-size pods on each node.
+        #[arg(long, default_value_t = 20)]
+        pods_per_node: usize,
+        /// Identities a second (three quarters launches, then a quarter refreshes).
+        #[arg(long, default_value_t = 300.0)]
+        rate: f64,
+        /// How long to drive, seconds.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// Certificate lifetime in minutes, pods' and nodes' (the stack's default otherwise);
+        /// with 1 and `--seconds 60` the agents refresh their node identities during the run.
+        #[arg(long)]
+        lifetime_minutes: Option<u32>,
+        /// Run each component from its own binary in DIR instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the stack for a long time with short certificate lifetimes; sample every daemon's
+    /// RSS, fds and threads and every pod's files; fail on growth past the bound after warm-up,
+    /// an expired or torn set, or a process that exits.
+    Soak {
+        /// How long to run once every pod has its identity (e.g. 30m).
+        #[arg(long, default_value = "30m", value_parser = athenz_core::refresh::parse_duration)]
+        duration: std::time::Duration,
+        /// Pods (each with a refresh sidecar unless the volume is csi-files).
+        #[arg(long, default_value_t = 110)]
+        pods: usize,
+        /// Certificate lifetime in minutes (the pods refresh at about 70 % of it).
+        #[arg(long, default_value_t = 1)]
+        lifetime_minutes: u32,
+        /// Time between samples.
+        #[arg(long, default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
+        sample: std::time::Duration,
+        /// Samples before this are warm-up; the baseline is the highest sample up to the first after it.
+        #[arg(long, default_value = "5m", value_parser = athenz_core::refresh::parse_duration)]
+        warmup: std::time::Duration,
+        /// Growth allowed over the baseline, percent (plus 1 MiB, 4 fds, 2 threads).
+        #[arg(long, default_value_t = 10.0)]
+        growth_percent: f64,
+        /// The pods' volume.
+        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
+        volume: stack::VolumeKind,
+        /// Run each component from its own binary in DIR instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// Write the series here as CSV (process,at_seconds,rss_kib,fds,threads).
+        #[arg(long)]
+        csv: Option<PathBuf>,
+        /// Print one JSON document instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inject one fault at a time into a stack whose pods renew short-lived certificates and
+    /// print, per fault, the pods affected, files expired, torn sets and recovery time against
+    /// the bound; exit 1 if a bound broke.
+    Chaos {
+        /// Pods with the flex volume (each with its refresh sidecar).
+        #[arg(long, default_value_t = 20)]
+        pods: usize,
+        /// Pods with the CSI files-mode volume (the agent rotates their files); at least 1
+        /// for `disk-full`.
+        #[arg(long, default_value_t = 4)]
+        files_pods: usize,
+        /// Certificate lifetime in minutes.
+        #[arg(long, default_value_t = 1)]
+        lifetime_minutes: u32,
+        /// The faults to inject, in order (comma-separated); all by default.
+        #[arg(long, value_enum, value_delimiter = ',')]
+        faults: Vec<chaos::Fault>,
+        /// How many times `sia-killed-mid-write` kills the SIA.
+        #[arg(long, default_value_t = 1000)]
+        sia_kills: usize,
+        /// Where the flex pods' keys are made (the agents' and SIAs' --key-source).
+        #[arg(long, value_enum, default_value_t = KeySource::Pod)]
+        key_source: KeySource,
+        /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+        /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+        /// default: runc when it is installed and this runs as root, else process.
+        #[arg(long)]
+        runtime: Option<RuntimeKind>,
+        /// Run each component from its own binary in DIR instead of this one.
+        #[arg(long, value_name = "DIR")]
+        components: Option<PathBuf>,
+        /// `agent-upgraded`'s new build: a directory holding `athenz-identity-agent` (e.g. the
+        /// image's `target/image/bin`); default: a copy of the running agent's binary.
+        #[arg(long, value_name = "DIR")]
+        upgrade_to: Option<PathBuf>,
+        /// Print one JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
+    Zts {
+        /// Where its CA, its own certificate and zts.json are written.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Its configuration (JSON: services, providers, lifetimes); defaults otherwise.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Follow this faults file (`chaos` injects ZTS errors through it).
+        #[arg(long, hide = true)]
+        faults_file: Option<PathBuf>,
+    },
+    /// One refresh request from a pod's process (started by the stack inside the pod's cgroup).
+    #[command(hide = true)]
+    PodRefreshOnce {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long)]
+        volume_dir: PathBuf,
+        #[arg(long)]
+        credentials_dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
+        key_source: athenz_core::agent_api::KeySource,
+    },
+    /// A pod's application stand-in (a container of the pod): reads its credential set as an
+    /// application would and prints the identity it holds, as JSON.
+    #[command(hide = true)]
+    PodApp {
+        #[arg(long)]
+        credentials_dir: PathBuf,
+    },
+    /// The Kubernetes API and kubelet stand-ins (started by the stack).
+    #[command(hide = true)]
+    KubeStandins {
+        #[arg(long)]
+        state_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:0")]
+        api_listen: std::net::SocketAddr,
+        /// One per node.
+        #[arg(long, required = true)]
+        node: Vec<String>,
+        /// Follow this faults file (`chaos` injects API and kubelet faults through it).
+        #[arg(long)]
+        faults_file: Option<PathBuf>,
+    },
+}
+
+/// `--arrival`: a duration like 20ms, or 0.
+fn parse_arrival(text: &str) -> Result<std::time::Duration, String> {
+    if text.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    athenz_core::refresh::parse_duration(text)
+}
