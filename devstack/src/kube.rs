@@ -331,21 +331,11 @@ impl KubeClient {
         name: &str,
         ip: &str,
     ) -> anyhow::Result<Pod> {
-        let now = time::OffsetDateTime::now_utc()
-            .replace_nanosecond(0)
-            .ok()
-            .and_then(|t| {
-                t.format(&time::format_description::well_known::Rfc3339)
-                    .ok()
-            })
-            .unwrap_or_default();
-        let condition = |kind: &str| serde_json::json!({"type": kind, "status": "True", "lastTransitionTime": now});
         let patch = serde_json::json!({"status": {
             "phase": "Running",
             "podIP": ip,
             "podIPs": [{"ip": ip}],
-            "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"),
-                           condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+            "conditions": real_pods::running_conditions(),
         }});
         self.send(
             self.http

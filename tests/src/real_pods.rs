@@ -197,22 +197,10 @@ fn container_status(name: &str, image: &str, n: usize) -> Value {
     })
 }
 
-/// Now, in whole seconds, as the API server writes a condition's `lastTransitionTime`.
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .replace_nanosecond(0)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_default()
-}
-
-/// The pod's status once kubelet runs it with `ip`: its conditions (its sandbox's among them,
-/// `PodReadyToStartContainers`) turned true now, as the kubelet reports a pod it has just
-/// started.
-pub fn real_status(pod_ip: &str, host_ip: &str) -> Value {
+/// The conditions of a pod the kubelet has just started, every one true since now (in whole
+/// seconds, as the API server keeps times): its sandbox's (`PodReadyToStartContainers`) among
+/// them, which the agent compares with the node's boot.
+pub fn running_conditions() -> Value {
     let now = time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .ok()
@@ -222,9 +210,23 @@ pub fn real_status(pod_ip: &str, host_ip: &str) -> Value {
         })
         .unwrap_or_default();
     let condition = |kind: &str| json!({"type": kind, "status": "True", "lastProbeTime": null, "lastTransitionTime": now});
+    json!([
+        condition("PodReadyToStartContainers"),
+        condition("Initialized"),
+        condition("Ready"),
+        condition("ContainersReady"),
+        condition("PodScheduled")
+    ])
+}
+
+/// The pod's status once kubelet runs it with `ip`: its conditions (its sandbox's among them,
+/// `PodReadyToStartContainers`) turned true now, as the kubelet reports a pod it has just
+/// started.
+pub fn real_status(pod_ip: &str, host_ip: &str) -> Value {
+    let conditions = running_conditions();
     json!({
         "phase": "Running",
-        "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+        "conditions": conditions,
         "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
         "startTime": "2026-11-23T08:00:01Z", "qosClass": "Burstable",
         "initContainerStatuses": [{
