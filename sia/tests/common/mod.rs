@@ -450,3 +450,12 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A client of `node`'s agent socket for volume `id`, as the SIA makes one.
+pub fn client(node: &Node, id: &VolumeId) -> athenz_sia::client::AgentClient {
+    athenz_sia::client::AgentClient::new(
+        node.socket.clone(),
+        id.clone(),
+        std::time::Duration::from_secs(30),
+    )
+}
