@@ -16,7 +16,7 @@ impl Agent {
     }
 
     async fn jwt_call(&self, subject: &PodSubject) -> Result<Secret, Failure> {
-        if !self.node.is_valid() {
+        if !self.node.ensure_valid().await {
             return Err(fail(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(

@@ -8,6 +8,13 @@
 //! restarts within the certificate's life serves at once without ZTS. While ZTS is away the
 //! agent keeps serving with the certificate it has, until that expires; `/readyz` says whether it
 //! holds a valid one.
+//!
+//! A pod that asks while no valid certificate is held does not wait for the task's next attempt:
+//! after a long outage that attempt can be a full backoff (a minute) away, and the pod's own retry
+//! another backoff after that, so the two waits would stack. The pod's request makes the attempt
+//! itself ([`NodeIdentity::ensure_valid`]); attempts are one at a time, and callers that queued
+//! behind one take its outcome instead of starting another, so ZTS sees at most one node
+//! renewal per node at a time and no more attempts than the pods' own retries.
 
 use athenz_core::crypto::{
     CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert, leaf_with_chain,
@@ -22,6 +29,7 @@ use athenz_core::zts::{
     ZtsClient, ZtsError,
 };
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use time::OffsetDateTime;
@@ -110,6 +118,14 @@ pub struct NodeIdentity {
     zts: ZtsClient,
     tls: Arc<InMemoryIdentity>,
     held: Mutex<Option<Arc<Held>>>,
+    /// Held for the length of one renewal attempt: attempts are one at a time.
+    attempting: tokio::sync::Mutex<()>,
+    /// Renewal attempts finished so far: a caller that waited for the lock and finds this moved
+    /// on takes that attempt's outcome rather than making another.
+    attempts_finished: AtomicU64,
+    /// Tells the task that a caller's attempt installed a new certificate, so its pending
+    /// backoff is moot.
+    renewed_on_demand: tokio::sync::Notify,
     readiness: Readiness,
     expiry: prometheus_client::metrics::gauge::Gauge,
     renewals: prometheus_client::metrics::family::Family<
@@ -152,6 +168,9 @@ impl NodeIdentity {
             zts,
             tls: Arc::default(),
             held: Mutex::new(None),
+            attempting: tokio::sync::Mutex::new(()),
+            attempts_finished: AtomicU64::new(0),
+            renewed_on_demand: tokio::sync::Notify::new(),
             readiness,
             expiry: Default::default(),
             renewals: Default::default(),
@@ -180,6 +199,44 @@ impl NodeIdentity {
     pub fn is_valid(&self) -> bool {
         self.held()
             .is_some_and(|h| h.info.is_valid_at(OffsetDateTime::now_utc()))
+    }
+
+    /// Whether a valid certificate is held, after one renewal attempt if none is: for a pod's
+    /// request, which needs the node's identity now. Waits for an attempt already under way
+    /// and takes its outcome; otherwise attempts at once (bounded by the ZTS client's timeout).
+    pub async fn ensure_valid(&self) -> bool {
+        if self.is_valid() {
+            return true;
+        }
+        let seen = self.attempts_finished.load(Ordering::SeqCst);
+        let _attempt = self.attempting.lock().await;
+        if self.is_valid() {
+            return true;
+        }
+        if self.attempts_finished.load(Ordering::SeqCst) != seen {
+            // an attempt finished while this caller waited: its outcome stands
+            return false;
+        }
+        let renewed = self.renew_once().await;
+        self.attempts_finished.fetch_add(1, Ordering::SeqCst);
+        match renewed {
+            Ok(()) => {
+                tracing::info!("node identity renewed for a pod's request");
+                self.renewed_on_demand.notify_one();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not renew the node identity for a pod's request")
+            }
+        }
+        self.is_valid()
+    }
+
+    /// One attempt of the renewal task, in turn with callers' attempts.
+    async fn scheduled_attempt(&self) -> Result<(), NodeIdentityError> {
+        let _attempt = self.attempting.lock().await;
+        let renewed = self.renew_once().await;
+        self.attempts_finished.fetch_add(1, Ordering::SeqCst);
+        renewed
     }
 
     /// The node name.
@@ -462,8 +519,14 @@ impl NodeIdentity {
             tokio::select! {
                 _ = &mut shutdown => return,
                 _ = tokio::time::sleep(wait) => {}
+                _ = self.renewed_on_demand.notified() => {
+                    // a pod's request renewed it meanwhile: the next renewal is due as usual
+                    failures = 0;
+                    wait = self.next_renewal();
+                    continue;
+                }
             }
-            wait = match self.renew_once().await {
+            wait = match self.scheduled_attempt().await {
                 Ok(()) => {
                     failures = 0;
                     self.next_renewal()

@@ -556,6 +556,8 @@ impl Sia {
                 self.renew_authz().await;
                 continue;
             }
+            // the expiry of the certificate a refresh presented, when the attempt is a refresh
+            let mut refreshed_until = None;
             let outcome = match self.current() {
                 // Expired (ZTS or the agent was away longer than it lived): no one refreshes an
                 // expired certificate, so the pod registers anew, as its init container did —
@@ -568,7 +570,10 @@ impl Sia {
                     };
                     retry_unless_misconfigured(self.register(pod_key.as_ref()).await)?
                 }
-                Ok((pair, _)) => self.refresh_once(&pair).await?,
+                Ok((pair, current)) => {
+                    refreshed_until = Some(current.not_after);
+                    self.refresh_once(&pair).await?
+                }
                 Err(e) => Err(e),
             };
             let outcome = match outcome {
@@ -603,12 +608,17 @@ impl Sia {
                         );
                 }
                 Err(e) => {
-                    let wait = backoff.delay_before_expiry(
-                        failures,
-                        random_unit(),
-                        info.not_after,
-                        time::OffsetDateTime::now_utc(),
-                    );
+                    let now = time::OffsetDateTime::now_utc();
+                    // A refresh that failed while the certificate ran out (ZTS back only after
+                    // it expired, or a call that outlived it) says nothing of a registration,
+                    // the next attempt: made at once, not after a backoff step spent learning
+                    // that the expired certificate proves nothing. Once only: that next attempt
+                    // is a registration.
+                    let wait = if refreshed_until.is_some_and(|end| end <= now) {
+                        Duration::ZERO
+                    } else {
+                        backoff.delay_before_expiry(failures, random_unit(), info.not_after, now)
+                    };
                     identity_due = tokio::time::Instant::now() + wait;
                     failures = failures.saturating_add(1);
                     tracing::warn!(error = %e, retry_in = ?wait, "refresh failed; keeping the current files");

@@ -196,3 +196,41 @@ async fn an_agent_is_not_ready_until_zts_answers() {
     node.zts_proxy.set_down(false).await;
     wait_ready(bound.ops).await;
 }
+
+/// A pod's request while the agent holds no valid node certificate renews it then and there,
+/// rather than wait for the renewal task's backoff (after a long ZTS outage up to a minute, which
+/// the pod's own retry would add to). Requests that arrive together share one attempt: ZTS sees
+/// one registration for all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_asking_without_a_node_identity_renew_it_at_once_in_one_attempt() {
+    let node = node("p256").await;
+    let token_file = node.dir.path().join("token-d");
+    std::fs::write(&token_file, mint(&node)).unwrap();
+    let (id, readiness) = identity(&node, &token_file, None);
+    let id = std::sync::Arc::new(id);
+
+    // ZTS away: every caller is told no, after one attempt between them
+    node.zts_proxy.set_down(true).await;
+    let asking = |id: &std::sync::Arc<NodeIdentity>| {
+        let id = id.clone();
+        tokio::spawn(async move { id.ensure_valid().await })
+    };
+    let answers: Vec<_> = (0..8).map(|_| asking(&id)).collect();
+    for answer in answers {
+        assert!(!answer.await.unwrap());
+    }
+    assert!(!readiness.is_ready());
+
+    // ZTS back: eight pods asking at once, one registration
+    node.zts_proxy.set_down(false).await;
+    let registers = node.zts.requests("register");
+    let answers: Vec<_> = (0..8).map(|_| asking(&id)).collect();
+    for answer in answers {
+        assert!(answer.await.unwrap());
+    }
+    assert_eq!(node.zts.requests("register") - registers, 1);
+    assert!(id.is_valid() && readiness.is_ready());
+    // held and valid: asking costs ZTS nothing
+    assert!(id.ensure_valid().await);
+    assert_eq!(node.zts.requests("register") - registers, 1);
+}
