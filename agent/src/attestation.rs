@@ -35,9 +35,9 @@ impl Agent {
         id: &VolumeId,
         conn: &ConnInfo,
     ) -> Result<CsrTemplate, Failure> {
-        self.require_pod_keys("GET /v1/csr")?;
         let (_, data) = self.volume(id)?;
         self.check_peer(id, &data, conn)?;
+        self.require_pod_keys("GET /v1/csr")?;
         let (subject, service_ip) = self
             .pod_subject(&data, PodIp::Required, Absent::MayAppear)
             .await?;
@@ -53,13 +53,14 @@ impl Agent {
         body: &[u8],
         conn: &ConnInfo,
     ) -> Result<AttestationResponse, Failure> {
-        self.require_pod_keys("POST /v1/attestation")?;
-        let report = parse_report(body)?;
+        // the caller first: nothing of the request is read for a process that is not the pod
         let lock = self.lock_for(id).await;
         let mut recent = lock.lock().await;
         recent.0 = None;
         let (paths, data) = self.volume(id)?;
         self.check_peer(id, &data, conn)?;
+        self.require_pod_keys("POST /v1/attestation")?;
+        let report = parse_report(body)?;
         let state = self.state(id, &paths)?;
         let info = self.check_held_certificate(&report.cert_pem, &state)?;
         // the pod had its identity, so the kubelet listed it: missing from a new list, it is gone
@@ -96,12 +97,13 @@ impl Agent {
         body: &[u8],
         conn: &ConnInfo,
     ) -> Result<(), Failure> {
-        self.require_pod_keys("POST /v1/certificate")?;
-        let report = parse_report(body)?;
+        // the caller first: nothing of the request is read for a process that is not the pod
         let lock = self.lock_for(id).await;
         let _serialised = lock.lock().await;
         let (paths, data) = self.volume(id)?;
         self.check_peer(id, &data, conn)?;
+        self.require_pod_keys("POST /v1/certificate")?;
+        let report = parse_report(body)?;
         let state = self.state(id, &paths)?;
         let info = self.check_held_certificate(&report.cert_pem, &state)?;
         self.save_held(&paths, state, &info)

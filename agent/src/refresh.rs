@@ -100,6 +100,13 @@ impl Agent {
         body: &[u8],
         conn: &ConnInfo,
     ) -> Result<IdentityResponse, Failure> {
+        // the caller first: nothing of the request is read for a process that is not the pod
+        let lock = self.lock_for(id).await;
+        let mut recent = lock.lock().await;
+        // a refresh supersedes any coalesced init answer
+        recent.0 = None;
+        let (paths, data) = self.volume(id)?;
+        self.check_peer(id, &data, conn)?;
         if self.key_source == KeySource::Pod {
             return Err(fail(
                 StatusCode::BAD_REQUEST,
@@ -109,12 +116,6 @@ impl Agent {
             ));
         }
         let request = parse_refresh_request(body)?;
-        let lock = self.lock_for(id).await;
-        let mut recent = lock.lock().await;
-        // a refresh supersedes any coalesced init answer
-        recent.0 = None;
-        let (paths, data) = self.volume(id)?;
-        self.check_peer(id, &data, conn)?;
         self.refresh_pair(
             id,
             &paths,

@@ -456,6 +456,11 @@ impl Agent {
         body: &[u8],
         conn: &ConnInfo,
     ) -> Result<IdentityResponse, Failure> {
+        // the caller first: nothing of the request is read for a process that is not the pod
+        let lock = self.lock_for(id).await;
+        let mut recent = lock.lock().await;
+        let (paths, data) = self.volume(id)?;
+        self.check_peer(id, &data, conn)?;
         // an empty body is `{}`: what clients before pod-made keys could send
         let body = if body.is_empty() { b"{}" } else { body };
         let request: InitRequest = serde_json::from_slice(body).map_err(|e| {
@@ -485,10 +490,6 @@ impl Agent {
             }
             (KeySource::Agent, None) => None,
         };
-        let lock = self.lock_for(id).await;
-        let mut recent = lock.lock().await;
-        let (paths, data) = self.volume(id)?;
-        self.check_peer(id, &data, conn)?;
         let public_key = csr.as_ref().map(|c| c.public_key_der.clone());
         if let Some((at, answer, key)) = &recent.0
             && at.elapsed() < COALESCE

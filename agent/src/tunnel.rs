@@ -108,23 +108,8 @@ async fn checked_connect(
     conn: &ConnInfo,
 ) -> Result<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit), crate::service::Failure> {
     let tunnel = &agent.tunnel;
-    if agent.key_source != KeySource::Pod {
-        return Err(fail(
-            StatusCode::BAD_REQUEST,
-            "this agent runs with --key-source agent (KEY_SOURCE): it refreshes pods itself and \
-             opens no tunnels; run the SIA with --key-source agent",
-        ));
-    }
-    if !tunnel.is_target(req.uri().authority()) {
-        return Err(fail(
-            StatusCode::FORBIDDEN,
-            format!(
-                "tunnels go to ZTS ({}) only, not {}",
-                tunnel.authority(),
-                req.uri()
-            ),
-        ));
-    }
+    // the caller first (the volume header names whom to check, as a route's path does); the
+    // rest of the request is read only for the pod
     let id = req
         .headers()
         .get(VOLUME_HEADER)
@@ -146,6 +131,23 @@ async fn checked_connect(
         .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("{VOLUME_HEADER}: {e}")))?;
     let (_, data) = agent.volume(&id)?;
     agent.check_peer(&id, &data, conn)?;
+    if agent.key_source != KeySource::Pod {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "this agent runs with --key-source agent (KEY_SOURCE): it refreshes pods itself and \
+             opens no tunnels; run the SIA with --key-source agent",
+        ));
+    }
+    if !tunnel.is_target(req.uri().authority()) {
+        return Err(fail(
+            StatusCode::FORBIDDEN,
+            format!(
+                "tunnels go to ZTS ({}) only, not {}",
+                tunnel.authority(),
+                req.uri()
+            ),
+        ));
+    }
     let slot = Arc::clone(&tunnel.slots).try_acquire_owned().map_err(|_| {
         fail(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -147,21 +147,32 @@ async fn enforce_serves_only_the_pod(node: Node) {
     assert!(stderr.contains("403"), "{stderr}");
     assert!(stderr.contains("no pod's cgroup"), "{stderr}");
 
+    // the caller is checked before its request is read: a process in no pod is told 403 for a
+    // tunnel to ZTS (which an agent making the keys does not offer at all), an init without a
+    // CSR (which a pod-keys agent would refuse as malformed) and an attestation (a pod-keys
+    // route), never what its request got wrong
     let answer = raw_connect(&socket, &node.agent_config.zts_url, &id);
-    if pod_keys {
-        // a tunnel to ZTS asked by a process in no pod, naming the volume: 403 as well
-        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
-        assert!(answer.contains("no pod's cgroup"), "{answer}");
-    } else {
-        // an agent making the keys offers no tunnel at all, and says which setting
-        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
-        assert!(answer.contains("key-source"), "{answer}");
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("no pod's cgroup"), "{answer}");
+    for (path, body) in [
+        (format!("/v1/init/{id}"), "{}"),
+        (format!("/v1/attestation/{id}"), r#"{"certPEM":"x"}"#),
+    ] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: agent\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let (status, answer) = raw(&socket, request.as_bytes()).await;
+        assert_eq!(status, 403, "{path}: {answer}");
+        assert!(answer.contains("no pod's cgroup"), "{path}: {answer}");
+        assert!(!answer.contains("key-source"), "{path}: {answer}");
     }
 
     // with pod-made keys the pod's init asks twice (CSR template, init), else once; every
-    // refusal came at the first call
+    // refusal came at the first call: the host SIA's, the tunnel and the two raw requests
     let per_init = if pod_keys { 1.0 } else { 0.0 };
-    let unknown = if pod_keys { 2.0 } else { 1.0 };
+    let unknown = 4.0;
     for (outcome, calls) in [
         ("match", 1.0 + per_init),
         ("mismatch", 1.0),
