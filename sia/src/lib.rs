@@ -25,6 +25,12 @@ use std::time::Duration;
     about = "Gets and refreshes this pod's Athenz identity"
 )]
 pub struct Cli {
+    /// Where the pod's key is made, given before the verb (`athenz-sia --key-source agent
+    /// init`): as `init`'s and `refresh`'s own --key-source (KEY_SOURCE), which this overrides.
+    /// It lets an argv prefix that names the SIA (`athenz-devstack up`'s `stack.json`) carry
+    /// the setting its agent needs.
+    #[arg(long = "key-source", value_enum)]
+    pub key_source: Option<athenz_core::agent_api::KeySource>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -192,7 +198,7 @@ pub fn main_with_args(
     // installed process-wide:
     // it would only add memory to a process that runs in every pod.
     let cli = Cli::parse_from(args);
-    let (settings, refresh) = match cli.command {
+    let (mut settings, refresh) = match cli.command {
         Command::Init(s) => (s, false),
         Command::Refresh(s) => (s, true),
         Command::Status(args) => {
@@ -201,6 +207,9 @@ pub fn main_with_args(
             return status::run(&args);
         }
     };
+    if let Some(key_source) = cli.key_source {
+        settings.key_source = key_source;
+    }
     let _ = athenz_core::telemetry::init_logging(settings.log_format);
     let sia = match run::Sia::load(settings) {
         Ok(s) => s,

@@ -110,6 +110,8 @@ async fn capture(key_source: &str) -> (Vec<u8>, Vec<String>) {
             .args(&argv[1..])
             .current_dir(&volume.mount_dir)
             .envs(node::sia_env(info, &volume))
+            // stack.json's argv prefix alone must carry the stack's key source
+            .env_remove("KEY_SOURCE")
             .env("ENDPOINT", &relay_socket)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

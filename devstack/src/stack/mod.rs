@@ -531,7 +531,11 @@ impl Stack {
             agent_dir: first.agent_dir.clone(),
             node_name: first.name.clone(),
             volume_driver: vec![bin.join("athenz-volume-driver").display().to_string()],
-            sia: vec![bin.join("athenz-sia").display().to_string()],
+            // the prefix runs a SIA that works with this stack's agents: their key source
+            sia: vec![
+                bin.join("athenz-sia").display().to_string(),
+                format!("--key-source={}", options.key_source),
+            ],
             provider: PROVIDER.into(),
             dns_suffix: DNS_SUFFIX.into(),
             admin_domain: ADMIN_DOMAIN.into(),
