@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Builds the binaries of a real Kubernetes node from published Go modules:
+#   kube                     multicall: kube-apiserver, kube-controller-manager,
+#                            kube-scheduler, kubelet, kube-proxy, kubectl, etcd
+#                            (tests/kube, k8s.io/kubernetes at one pinned version)
+#   containerd, containerd-shim-runc-v2, ctr
+#                            (tests/kube-tools, a separate module so containerd's
+#                            dependency versions never move Kubernetes' ones)
+#   csi-node-driver-registrar  only if tests/kube-tools has it as a tool (it
+#                            does not: the module proxy answers 403 for
+#                            github.com/kubernetes-csi/node-driver-registrar)
+# plus one symlink per kube component, so each can be started under its name.
+#
+# Usage: tests/kube/build.sh [--kube-version vX.Y.Z] [--out DIR] [--update-pin] [--no-tools]
+#
+#   --kube-version  Kubernetes release; default: the one tests/kube/go.mod pins.
+#                   Another version gets a go.mod generated from that release's
+#                   own go.mod under target/kube/<version>/mod (the committed
+#                   go.mod/go.sum are left alone) and is built with -modfile.
+#   --update-pin    rewrite the committed tests/kube/go.mod/go.sum for
+#                   --kube-version instead (to move the pin).
+#   --out           output directory; default target/kube/<version>/bin.
+#   --no-tools      build kube only.
+#
+# Go's module and build caches are kept (never cleaned), so a rebuild with
+# nothing changed only re-checks them. Builds run at nice 19: the machines are
+# shared and a cold build takes tens of minutes on two cores.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+tools="$repo/tests/kube-tools"
+
+kube_version=""
+out=""
+update_pin=0
+with_tools=1
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --kube-version) kube_version=${2:?--kube-version needs a value}; shift 2 ;;
+    --kube-version=*) kube_version=${1#*=}; shift ;;
+    --out) out=${2:?--out needs a value}; shift 2 ;;
+    --out=*) out=${1#*=}; shift ;;
+    --update-pin) update_pin=1; shift ;;
+    --no-tools) with_tools=0; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+# Static binaries, as Kubernetes' and containerd's release builds of these
+# components are: they run on any host (and in any container) without a libc.
+# -buildvcs=false: stamping this repository's git state into the binaries
+# would relink them after every commit of unrelated code.
+export CGO_ENABLED=0
+gobuild() { nice -n 19 go build -trimpath -buildvcs=false "$@"; }
+
+cd "$here"
+pin=$(go run ./internal/genmod -pin)
+kube_version=${kube_version:-$pin}
+if [[ ! $kube_version =~ ^v1\.([0-9]+)\.([0-9]+)(-[0-9A-Za-z.-]+)?$ ]]; then
+  echo "build.sh: --kube-version $kube_version is not a release tag like v1.37.2" >&2
+  exit 2
+fi
+minor=${BASH_REMATCH[1]}
+out=${out:-$repo/target/kube/$kube_version/bin}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+
+# A release may need a newer Go than the one installed (GOTOOLCHAIN=local on
+# these machines); the only other toolchain reachable is one from the module
+# proxy, e.g. GOTOOLCHAIN=go1.27.3. Checked before `go mod tidy` would fail.
+check_go() {
+  local need have
+  need=$(go mod edit -json "$1" | sed -n 's/^\t"Go": "\(.*\)",$/\1/p')
+  have=$(go env GOVERSION); have=${have#go}
+  if [[ -n $need && $(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n1) != "$need" ]]; then
+    echo "build.sh: k8s.io/kubernetes $kube_version needs Go $need, this go is $have;" \
+      "export GOTOOLCHAIN=go<newer> (fetched from the module proxy) and retry" >&2
+    exit 1
+  fi
+}
+
+# Choose the go.mod: the committed one for the pinned version, a generated one
+# otherwise. Generation only happens when its output would change, so repeated
+# builds of the same version do not re-run `go mod tidy`.
+modfile_flag=()
+if [[ $kube_version != "$pin" ]]; then
+  moddir="$repo/target/kube/$kube_version/mod"
+  mkdir -p "$moddir"
+  go run ./internal/genmod -version "$kube_version" -o "$moddir/go.mod.gen"
+  check_go "$moddir/go.mod.gen"
+  if [[ $update_pin == 1 ]]; then
+    echo "build.sh: moving the pin from $pin to $kube_version in tests/kube/go.mod"
+    cp "$moddir/go.mod.gen" go.mod
+    nice -n 19 go mod tidy
+  else
+    if ! cmp -s "$moddir/go.mod.gen" "$moddir/go.mod.src" || [[ ! -s $moddir/go.sum ]]; then
+      echo "build.sh: generating $moddir/go.mod for $kube_version"
+      cp "$moddir/go.mod.gen" "$moddir/go.mod"
+      rm -f "$moddir/go.sum"
+      nice -n 19 go mod tidy -modfile="$moddir/go.mod"
+      cp "$moddir/go.mod.gen" "$moddir/go.mod.src"
+    fi
+    modfile_flag=(-modfile="$moddir/go.mod")
+  fi
+fi
+
+# Version stamps as Kubernetes' hack/lib/version.sh sets them, so
+# `kubelet --version`, /version and kubectl report the release. The build date
+# is the release commit's time (from the proxy's .info), not now: constant
+# ldflags keep a rebuild a cache hit instead of a relink. The release commit is
+# not known from the module proxy: gitCommit is cleared rather than left as
+# the "$Format:%H$" placeholder of the source archive.
+info=$(go mod download -json "k8s.io/kubernetes@$kube_version" | sed -n 's/^\t"Info": "\(.*\)",$/\1/p')
+build_date=$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")
+kube_ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  kube_ldflags+=" -X $pkg.gitVersion=$kube_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  kube_ldflags+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=$build_date -X $pkg.gitCommit="
+done
+
+echo "build.sh: kube $kube_version -> $out"
+gobuild "${modfile_flag[@]}" -ldflags "$kube_ldflags" -o "$out/kube" .
+components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd)
+for c in "${components[@]}"; do
+  ln -sfn kube "$out/$c"
+done
+
+binaries=(kube)
+if [[ $with_tools == 1 ]]; then
+  cd "$tools"
+  ctrd=github.com/containerd/containerd/v2
+  ctrd_version=$(go list -m -f '{{.Version}}' "$ctrd")
+  ctrd_ldflags="-s -w -X $ctrd/version.Version=$ctrd_version -X $ctrd/version.Package=$ctrd"
+  # no_btrfs: the btrfs snapshotter needs cgo and the btrfs headers;
+  # urfave_cli_no_docs: as containerd's Makefile, drops man-page generation.
+  echo "build.sh: containerd $ctrd_version -> $out"
+  gobuild -tags 'no_btrfs urfave_cli_no_docs' -ldflags "$ctrd_ldflags" -o "$out/" \
+    "$ctrd/cmd/containerd" "$ctrd/cmd/ctr"
+  # The shim is built as containerd's Makefile builds it (no_grpc: it serves
+  # ttrpc only), static like the rest.
+  gobuild -tags 'no_btrfs urfave_cli_no_docs no_grpc' -ldflags "$ctrd_ldflags" -o "$out/" \
+    "$ctrd/cmd/containerd-shim-runc-v2"
+  binaries+=(containerd ctr containerd-shim-runc-v2)
+
+  ndr=github.com/kubernetes-csi/node-driver-registrar
+  if go mod edit -json | grep -q "\"$ndr/cmd/csi-node-driver-registrar\""; then
+    ndr_version=$(go list -m -f '{{.Version}}' "$ndr")
+    echo "build.sh: csi-node-driver-registrar $ndr_version -> $out"
+    gobuild -ldflags "-s -w -X main.version=$ndr_version" -o "$out/" "$ndr/cmd/csi-node-driver-registrar"
+    binaries+=(csi-node-driver-registrar)
+  fi
+fi
+
+echo
+echo "Built (Kubernetes $kube_version):"
+for b in "${binaries[@]}"; do
+  printf '  %-60s %6s MiB\n' "$out/$b" "$(( $(stat -c %s "$out/$b") / 1048576 ))"
+done
+for c in "${components[@]}"; do
+  printf '  %-60s -> kube\n' "$out/$c"
+done
