@@ -1,5 +1,5 @@
-//! With the `csi` feature, generates the CSI Identity and Node gRPC services (server and client
-//! stubs) from the method list below with tonic-build's manual builder: the messages are
+//! With the `csi` feature, generates the CSI Identity and Node gRPC services and kubelet's plugin
+//! Registration service (server and client stubs) from the method lists below with tonic-build's manual builder: the messages are
 //! hand-written in `src/csi/messages.rs`, so no `.proto` file and no `protoc` are needed.
 
 fn main() {
@@ -67,7 +67,31 @@ fn main() {
             "NodeGetInfoResponse",
         ))
         .build();
+    // kubelet's plugin registration (k8s.io/kubelet/pkg/apis/pluginregistration/v1/api.proto,
+    // package `pluginregistration`): the agent registers its CSI socket with the kubelet itself
+    let registration = tonic_build::manual::Service::builder()
+        .name("Registration")
+        .package("pluginregistration")
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("get_info")
+                .route_name("GetInfo")
+                .input_type("crate::csi::pluginregistration::InfoRequest")
+                .output_type("crate::csi::pluginregistration::PluginInfo")
+                .codec_path("tonic_prost::ProstCodec")
+                .build(),
+        )
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("notify_registration_status")
+                .route_name("NotifyRegistrationStatus")
+                .input_type("crate::csi::pluginregistration::RegistrationStatus")
+                .output_type("crate::csi::pluginregistration::RegistrationStatusResponse")
+                .codec_path("tonic_prost::ProstCodec")
+                .build(),
+        )
+        .build();
     tonic_build::manual::Builder::new()
         .build_transport(false)
-        .compile(&[identity, node]);
+        .compile(&[identity, node, registration]);
 }

@@ -160,10 +160,19 @@ pub struct Config {
     )]
     pub flex_plugin_dir: PathBuf,
     /// Serve the CSI driver csi.athenz.io on this Unix socket (kubelet finds it through the
-    /// node-driver-registrar); unset: no CSI. The usual path is
+    /// registration below, or a node-driver-registrar); unset: no CSI. The usual path is
     /// /var/lib/kubelet/plugins/csi.athenz.io/csi.sock.
     #[arg(long, env = "CSI_SOCKET")]
     pub csi_socket: Option<PathBuf>,
+    /// kubelet's plugin registration directory (/var/lib/kubelet/plugins_registry on the
+    /// host): with --csi-socket the agent registers the driver with kubelet itself, serving
+    /// csi.athenz.io-reg.sock there (the node-driver-registrar's job); unset: it does not.
+    #[arg(long, env = "CSI_REGISTRATION_DIR", requires = "csi_socket")]
+    pub csi_registration_dir: Option<PathBuf>,
+    /// The CSI socket's path as kubelet dials it on the host, which the registration gives
+    /// kubelet (the agent's container may mount it elsewhere); default: --csi-socket.
+    #[arg(long, env = "CSI_KUBELET_SOCKET", requires = "csi_registration_dir")]
+    pub csi_kubelet_socket: Option<PathBuf>,
     /// Size in bytes of each CSI files-mode volume's tmpfs (its credential set is a few KiB).
     #[arg(long, env = "CSI_TMPFS_BYTES", default_value_t = athenz_core::volume_mount::files_mode::DEFAULT_FILES_TMPFS_BYTES)]
     pub csi_tmpfs_bytes: u64,
@@ -489,6 +498,28 @@ fn start_csi(
     let resumed = driver.resume();
     let listener =
         athenz_csi_driver::server::bind(path).map_err(|e| StartError::new(setting, e))?;
+    let registration = match &config.csi_registration_dir {
+        Some(dir) => {
+            let endpoint = config.csi_kubelet_socket.as_deref().unwrap_or(path);
+            let registered = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+            registry.register(
+                "csi_registered",
+                "1 once kubelet registered the CSI driver, 0 if it refused, -1 before it answered",
+                registered.clone(),
+            );
+            let listener = athenz_csi_driver::registration::bind(dir)
+                .map_err(|e| StartError::new("--csi-registration-dir (CSI_REGISTRATION_DIR)", e))?;
+            tracing::info!(socket = %athenz_csi_driver::registration::socket_in(dir).display(), endpoint = %endpoint.display(), "registering the CSI driver with kubelet");
+            Some((
+                listener,
+                athenz_csi_driver::registration::Registration::new(
+                    endpoint.display().to_string(),
+                    registered,
+                ),
+            ))
+        }
+        None => None,
+    };
     let volumes = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     let abnormal = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     registry.register(
@@ -515,12 +546,32 @@ fn start_csi(
                     }
                 })
             };
+            // one stop for both servers
+            let stopping = athenz_core::daemon::Shutdown::new();
+            let relay = {
+                let stopping = stopping.clone();
+                tokio::spawn(async move {
+                    stop.await;
+                    stopping.trigger();
+                })
+            };
+            let registering = registration.map(|(listener, registration)| {
+                tokio::spawn(athenz_csi_driver::registration::serve(
+                    listener,
+                    registration,
+                    stopping.wait(),
+                ))
+            });
             athenz_csi_driver::server::serve(
                 listener,
                 athenz_csi_driver::service::CsiService::new(driver),
-                stop,
+                stopping.wait(),
             )
             .await;
+            let _ = relay.await;
+            if let Some(registering) = registering {
+                let _ = registering.await;
+            }
             counts.abort();
         })
     }))

@@ -8,12 +8,14 @@
 //! | [`rotation`] | files mode: one task per volume re-issues at the refresh time and when the pod's IP changes |
 //! | [`service`] | the CSI Identity and Node gRPC services over [`driver::Driver`] |
 //! | [`server`] | serving them on a Unix socket (HTTP/2, bounded) |
+//! | [`registration`] | kubelet's plugin registration of that socket (the registrar's job) |
 //!
 //! The agent plugs in through [`Issuer`]: how to issue and re-issue a pod's identity (kubelet
 //! lookup, jwt-service, ZTS) stays in the agent, and this crate owns everything CSI and every
 //! mount.
 
 pub mod driver;
+pub mod registration;
 pub mod request;
 pub mod rotation;
 pub mod server;

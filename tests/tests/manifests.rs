@@ -238,8 +238,8 @@ fn every_document_is_a_valid_kubernetes_object() {
 }
 
 /// The CSI driver as kubelet needs it (DESIGN.md 4.10): the CSIDriver object, the agent serving
-/// the socket the registrar registers, kubelet's dirs at kubelet's paths with Bidirectional
-/// propagation where the driver mounts, and pinned sig-storage sidecars.
+/// the socket and registering it with kubelet itself, kubelet's dirs at kubelet's paths with
+/// Bidirectional propagation where the driver mounts.
 #[test]
 fn the_csi_driver_is_wired_as_kubelet_expects() {
     use k8s_openapi::api::core::v1::{PodSpec, Volume};
@@ -320,43 +320,27 @@ fn the_csi_driver_is_wired_as_kubelet_expects() {
         "Kubernetes allows Bidirectional propagation to privileged containers only"
     );
 
-    let registrar = container("csi-node-driver-registrar");
-    let args = registrar.args.clone().unwrap();
-    assert!(args.contains(&format!("--csi-address={}", socket)));
-    assert!(args.contains(&format!(
-        "--kubelet-registration-path={}",
-        host_socket.display()
-    )));
-    assert_eq!(
-        mount_of(&registrar, "plugin-dir").mount_path,
-        plugin.mount_path
-    );
-    assert_eq!(
-        mount_of(&registrar, "registration-dir").mount_path,
-        "/registration"
-    );
+    // the agent registers the socket with kubelet itself: the registration dir is kubelet's
+    // plugins_registry, and the endpoint it names is the socket's path on the host
     assert_eq!(
         host_path("registration-dir"),
         "/var/lib/kubelet/plugins_registry"
     );
-
-    let probe = container("livenessprobe");
-    assert!(
-        probe
-            .args
-            .clone()
-            .unwrap()
-            .contains(&format!("--csi-address={}", socket))
+    assert_eq!(
+        env(&agent, "CSI_REGISTRATION_DIR").unwrap(),
+        mount_of(&agent, "registration-dir").mount_path
     );
-    assert!(
-        probe
-            .args
-            .clone()
-            .unwrap()
-            .iter()
-            .any(|a| a.starts_with("--http-endpoint=") && a.ends_with(":9808"))
+    assert_eq!(
+        Path::new(&env(&agent, "CSI_KUBELET_SOCKET").unwrap()),
+        host_socket
     );
-    // the agent's readiness goes through the probe sidecar's port
+    // no sidecar: one image on every node
+    assert_eq!(
+        all.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["agent"]
+    );
+    // readiness is the agent's own /readyz on its ops port (the node identity is valid, as the
+    // driver's Probe answers)
     let readiness = agent
         .readiness_probe
         .as_ref()
@@ -364,36 +348,18 @@ fn the_csi_driver_is_wired_as_kubelet_expects() {
         .http_get
         .clone()
         .unwrap();
-    let named = agent
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| {
-            readiness.port
-                == k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(
-                    p.name.clone().unwrap_or_default(),
-                )
-        })
+    assert_eq!(readiness.path.as_deref(), Some("/readyz"));
+    let ops_port = env(&agent, "OPS_LISTEN")
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse::<i32>()
         .unwrap();
-    assert_eq!(named.container_port, 9808);
-
-    for sidecar in [&registrar, &probe] {
-        let image = sidecar.image.as_deref().unwrap();
-        let (repo, tag) = image.rsplit_once(':').unwrap();
-        assert!(repo.starts_with("registry.k8s.io/sig-storage/"), "{image}");
-        assert!(
-            tag.starts_with('v') && tag[1..].split('.').count() == 3,
-            "{image} is not pinned to a release tag"
-        );
-        let sc = sidecar.security_context.as_ref().unwrap();
-        assert_eq!(
-            sc.allow_privilege_escalation,
-            Some(false),
-            "{}",
-            sidecar.name
-        );
-        assert_ne!(sc.privileged, Some(true), "{}", sidecar.name);
-    }
+    assert_eq!(
+        readiness.port,
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(ops_port)
+    );
 }
 
 #[test]
