@@ -35,6 +35,7 @@ fn documents() -> Vec<(String, Value)> {
         .unwrap()
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.ends_with("kustomization.yaml"))
         .collect();
     files.sort();
     assert!(files.len() >= 8, "{files:?}");
@@ -226,15 +227,21 @@ fn every_document_is_a_valid_kubernetes_object() {
     let agent = &o.cluster_roles["athenz-agent"].rules.as_ref().unwrap()[0];
     assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/proxy"]);
     assert_eq!(o.bindings.len(), 2);
-    // every file is in the kustomization
-    let kustomization = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
+    // every file is in the base's kustomization, and deploy/ installs the base
+    let kustomization =
+        std::fs::read_to_string(deploy_dir().join("base/kustomization.yaml")).unwrap();
     for entry in std::fs::read_dir(deploy_dir().join("base")).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name == "kustomization.yaml" {
+            continue;
+        }
         assert!(
-            kustomization.contains(&format!("base/{name}")),
-            "{name} is not in kustomization.yaml"
+            kustomization.contains(&format!("  - {name}\n")),
+            "{name} is not in base/kustomization.yaml"
         );
     }
+    let top = std::fs::read_to_string(deploy_dir().join("kustomization.yaml")).unwrap();
+    assert!(top.contains("resources:\n  - base\n"), "{top}");
 }
 
 /// The CSI driver as kubelet needs it (DESIGN.md 4.10): the CSIDriver object, the agent serving
@@ -359,6 +366,117 @@ fn the_csi_driver_is_wired_as_kubelet_expects() {
     assert_eq!(
         readiness.port,
         k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(ops_port)
+    );
+}
+
+/// `kubectl kustomize` of `dir`, parsed: every document by (kind, name).
+fn kustomize(dir: &Path) -> BTreeMap<(String, String), Value> {
+    let out = std::process::Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(dir)
+        .output()
+        .expect("kubectl is needed (.ci/run installs Debian's kubernetes-client)");
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    docs.into_iter()
+        .map(|d| {
+            let key = (
+                d["kind"].as_str().unwrap().to_owned(),
+                d["metadata"]["name"].as_str().unwrap().to_owned(),
+            );
+            (key, d)
+        })
+        .collect()
+}
+
+/// deploy/overlays/local changes only what an operator's overlay changes: ZTS's URL and CA, the
+/// JWT public keys, the Secrets (added), and the webhook's CA bundle; every other object of the
+/// base is exactly as the base has it.
+#[test]
+fn the_local_overlay_changes_only_what_an_operator_sets() {
+    let copy = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(deploy_dir())
+        .arg(copy.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let overlay = copy.path().join("deploy/overlays/local");
+    let generated = overlay.join("generated");
+    std::fs::create_dir_all(&generated).unwrap();
+    std::fs::write(
+        generated.join("cluster.env"),
+        "ZTS_URL=https://192.0.2.2:4443/zts/v1\n",
+    )
+    .unwrap();
+    for file in [
+        "zts-ca.pem",
+        "jwt-public-v1.pem",
+        "athenz-jwt-service.key",
+        "athenz-callback.key",
+        "athenz-initializer.key",
+        "jwt-signing-v1.pem",
+    ] {
+        std::fs::write(generated.join(file), format!("stand-in {file}\n")).unwrap();
+    }
+    std::fs::write(
+        generated.join("webhook-ca.yaml"),
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\n\
+         metadata:\n  name: athenz-initializer\nwebhooks:\n  - name: initializer.athenz.io\n\
+         \x20   clientConfig:\n      caBundle: c3RhbmQtaW4=\n",
+    )
+    .unwrap();
+    let base = kustomize(&deploy_dir());
+    let local = kustomize(&overlay);
+    let key = |kind: &str, name: &str| (kind.to_owned(), name.to_owned());
+    // added: the Secrets, and nothing else
+    let added: Vec<_> = local.keys().filter(|k| !base.contains_key(*k)).collect();
+    assert_eq!(
+        added,
+        [
+            &key("Secret", "athenz-callback-key"),
+            &key("Secret", "athenz-initializer-key"),
+            &key("Secret", "athenz-jwt-service-key"),
+            &key("Secret", "athenz-jwt-signing-keys"),
+        ]
+    );
+    assert!(base.keys().all(|k| local.contains_key(k)));
+    for (k, doc) in &base {
+        let mut mine = local[k].clone();
+        let mut theirs = doc.clone();
+        match (k.0.as_str(), k.1.as_str()) {
+            ("ConfigMap", "athenz-cluster") => {
+                assert_eq!(mine["data"]["ZTS_URL"], "https://192.0.2.2:4443/zts/v1");
+                mine["data"]["ZTS_URL"] = Value::Null;
+                theirs["data"]["ZTS_URL"] = Value::Null;
+            }
+            ("ConfigMap", "athenz-zts-ca" | "athenz-jwt-public-keys")
+            | ("MutatingWebhookConfiguration", _) => {
+                assert_ne!(mine, theirs, "{k:?} is not set by the overlay");
+                continue;
+            }
+            _ => {}
+        }
+        assert_eq!(mine, theirs, "the local overlay changes {k:?}");
+    }
+    let webhook = &local[&key("MutatingWebhookConfiguration", "athenz-initializer")];
+    assert_eq!(
+        webhook["webhooks"][0]["clientConfig"]["caBundle"],
+        "c3RhbmQtaW4="
+    );
+    // the webhook is otherwise the base's
+    let mut patched = webhook.clone();
+    patched["webhooks"][0]["clientConfig"]["caBundle"] = Value::String(String::new());
+    assert_eq!(
+        patched,
+        base[&key("MutatingWebhookConfiguration", "athenz-initializer")]
     );
 }
 
@@ -803,6 +921,7 @@ fn no_file_holds_or_mounts_a_key_for_the_agent() {
     let mut files = vec![
         deploy_dir().join("kustomization.yaml"),
         deploy_dir().join("Dockerfile"),
+        deploy_dir().join("overlays/local/kustomization.yaml"),
     ];
     files.extend(
         std::fs::read_dir(deploy_dir().join("base"))
