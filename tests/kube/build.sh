@@ -6,9 +6,9 @@
 #   containerd, containerd-shim-runc-v2, ctr
 #                            (tests/kube-tools, a separate module so containerd's
 #                            dependency versions never move Kubernetes' ones)
-#   csi-node-driver-registrar  only if tests/kube-tools has it as a tool (it
-#                            does not: the module proxy answers 403 for
-#                            github.com/kubernetes-csi/node-driver-registrar)
+#   coredns                  cluster DNS (tests/kube-dns, a module of its own too)
+# (No csi-node-driver-registrar: the module proxy answers 403 for it, and the
+# agent registers its CSI driver with kubelet itself.)
 # plus one symlink per kube component, so each can be started under its name.
 #
 # Usage: tests/kube/build.sh [--kube-version vX.Y.Z] [--out DIR] [--update-pin] [--no-tools]
@@ -144,13 +144,14 @@ if [[ $with_tools == 1 ]]; then
     "$ctrd/cmd/containerd-shim-runc-v2"
   binaries+=(containerd ctr containerd-shim-runc-v2)
 
-  ndr=github.com/kubernetes-csi/node-driver-registrar
-  if go mod edit -json | grep -q "\"$ndr/cmd/csi-node-driver-registrar\""; then
-    ndr_version=$(go list -m -f '{{.Version}}' "$ndr")
-    echo "build.sh: csi-node-driver-registrar $ndr_version -> $out"
-    gobuild -ldflags "-s -w -X main.version=$ndr_version" -o "$out/" "$ndr/cmd/csi-node-driver-registrar"
-    binaries+=(csi-node-driver-registrar)
-  fi
+  # Cluster DNS: CoreDNS from its own module (tests/kube-dns), as kubeadm and kind deploy it.
+  cd "$repo/tests/kube-dns"
+  coredns_version=$(go list -m -f '{{.Version}}' github.com/coredns/coredns)
+  echo "build.sh: coredns $coredns_version -> $out"
+  gobuild -ldflags "-s -w" -o "$out/coredns" github.com/coredns/coredns
+  binaries+=(coredns)
+  cd "$tools"
+
 fi
 
 echo
