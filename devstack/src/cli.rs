@@ -219,6 +219,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A real single-node Kubernetes cluster on this machine, from the binaries
+    /// tests/kube/build.sh builds (root).
+    Cluster {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    },
     /// Run the development ZTS alone until Ctrl-C; writes DIR/zts.json {url, ca}.
     Zts {
         /// Where its CA, its own certificate and zts.json are written.
@@ -263,6 +269,40 @@ pub enum Command {
         /// Follow this faults file (`chaos` injects API and kubelet faults through it).
         #[arg(long)]
         faults_file: Option<PathBuf>,
+    },
+}
+
+/// `cluster up|down`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Start etcd, the control plane, containerd, the kubelet and kube-proxy; wait until the
+    /// node is Ready; write DIR/kubeconfig and DIR/cluster.json; keep running until Ctrl-C or
+    /// SIGTERM, then take everything down.
+    Up {
+        /// Where everything lives (certificates, etcd, containerd, logs, cluster.json).
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Kubernetes alone, without the Athenz side (required for now: the dev ZTS and
+        /// deploy/ are not added to the cluster yet).
+        #[arg(long)]
+        bare: bool,
+        /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
+        /// default: target/kube/v1.37.2/bin of this workspace.
+        #[arg(long, value_name = "DIR")]
+        kube_bin: Option<PathBuf>,
+        /// The node's address; default: the source address of the default route.
+        #[arg(long)]
+        node_ip: Option<std::net::Ipv4Addr>,
+        /// The node's name; default: this host's name.
+        #[arg(long)]
+        node_name: Option<String>,
+    },
+    /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
+    /// chains, bridge and IPAM state. Safe to run again.
+    Down {
+        /// The state dir `cluster up` was given.
+        #[arg(long)]
+        state_dir: PathBuf,
     },
 }
 

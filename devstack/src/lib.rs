@@ -6,6 +6,8 @@
 //! - `bench --pods N --concurrency C|--arrival T --pod-size real|minimal --key p256|rsa2048
 //!   --volume flex,csi-socket,csi-files`: the full path for N pods, measured, per volume kind.
 //! - `zts --state-dir DIR`: the development ZTS alone.
+//! - `cluster up --bare --state-dir DIR` / `cluster down --state-dir DIR`: a real single-node
+//!   Kubernetes cluster from Kubernetes' own modules (DESIGN.md 5.1).
 //!
 //! Every component runs as its own process: this binary executed under the component's name.
 //!
@@ -17,6 +19,7 @@
 
 pub mod bench;
 pub mod chaos;
+pub mod cluster;
 pub mod crossnode;
 pub mod demo;
 pub mod fleet;

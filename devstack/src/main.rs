@@ -5,8 +5,8 @@
 
 mod cli;
 
-use athenz_devstack::{bench, chaos, demo, kube, load, multicall, soak, stack, userns};
-use cli::{Cli, Command};
+use athenz_devstack::{bench, chaos, cluster, demo, kube, load, multicall, soak, stack, userns};
+use cli::{Cli, ClusterCommand, Command};
 
 use anyhow::Context;
 use clap::Parser;
@@ -73,6 +73,35 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 &node,
                 faults_file,
             ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster { command } => {
+            match command {
+                ClusterCommand::Up {
+                    state_dir,
+                    bare,
+                    kube_bin,
+                    node_ip,
+                    node_name,
+                } => {
+                    if !bare {
+                        anyhow::bail!(
+                            "cluster up without --bare (with the dev ZTS and deploy/ applied) is \
+                             not built yet; pass --bare for Kubernetes alone"
+                        );
+                    }
+                    let options = cluster::ClusterOptions {
+                        state_dir,
+                        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
+                        node_ip,
+                        node_name,
+                    };
+                    runtime()?.block_on(cluster::up(options))?;
+                }
+                ClusterCommand::Down { state_dir } => {
+                    runtime()?.block_on(cluster::down(&state_dir))?;
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::PodApp { credentials_dir } => {

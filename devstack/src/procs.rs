@@ -400,6 +400,18 @@ fn reservations_dir() -> PathBuf {
     ))
 }
 
+/// Restarts each of `processes` that has exited, as a supervisor restarts a crashed daemon;
+/// returns the names of those restarted.
+pub fn restart_exited(processes: &mut [Process]) -> anyhow::Result<Vec<String>> {
+    let mut restarted = Vec::new();
+    for process in processes {
+        if process.restart_if_exited()? {
+            restarted.push(process.command.name.clone());
+        }
+    }
+    Ok(restarted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

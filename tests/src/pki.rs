@@ -234,11 +234,45 @@ impl CertAuthority {
         spec: &LeafSpec,
         public_key_der: &[u8],
     ) -> Result<IssuedCert, PkiError> {
+        self.issue_for_key_in(spec, None, public_key_der)
+    }
+
+    /// Issues a leaf for a freshly generated key whose subject also names an `organization` (O):
+    /// Kubernetes reads a client certificate's O as the user's group (`system:masters`,
+    /// `system:nodes`), so a cluster's admin and kubelet certificates need one. (One: rcgen keeps
+    /// a single value per attribute type.)
+    pub fn issue_with_organization(
+        &self,
+        spec: &LeafSpec,
+        organization: &str,
+        alg: KeyAlgorithm,
+    ) -> Result<IssuedCert, PkiError> {
+        let key = PrivateKey::generate(alg)?;
+        let mut issued = self.issue_for_key_in(spec, Some(organization), &key.public_key_der())?;
+        issued.key_pem = key.to_pkcs8_pem()?;
+        Ok(issued)
+    }
+
+    /// This CA's private key, PKCS#8 PEM: for a signer that must hold it itself, as
+    /// kube-controller-manager does (`--cluster-signing-key-file`).
+    pub fn key_pem(&self) -> Secret {
+        Secret::new(self.issuer.key().serialize_pem())
+    }
+
+    fn issue_for_key_in(
+        &self,
+        spec: &LeafSpec,
+        organization: Option<&str>,
+        public_key_der: &[u8],
+    ) -> Result<IssuedCert, PkiError> {
         let what = spec.common_name.as_str();
         let public =
             rcgen::SubjectPublicKeyInfo::from_der(public_key_der).map_err(issuing(what))?;
         let mut params = CertificateParams::default();
         let mut dn = DistinguishedName::new();
+        if let Some(org) = organization {
+            dn.push(DnType::OrganizationName, org);
+        }
         dn.push(DnType::CommonName, spec.common_name.as_str());
         for ou in &spec.organizational_units {
             dn.push(DnType::OrganizationalUnitName, ou.as_str());

@@ -180,12 +180,7 @@ impl Stack {
     /// Restarts any component that has exited (as kubelet restarts a crashed container); returns
     /// the names restarted.
     pub fn restart_exited(&mut self) -> anyhow::Result<Vec<String>> {
-        let mut restarted = Vec::new();
-        for process in &mut self.processes {
-            if process.restart_if_exited()? {
-                restarted.push(process.command.name.clone());
-            }
-        }
+        let restarted = crate::procs::restart_exited(&mut self.processes)?;
         if !restarted.is_empty() {
             self.write_stack_json()?;
         }

@@ -1,0 +1,195 @@
+//! Images without a registry: built here with buildah from scratch (static binaries only),
+//! written as OCI archives and imported into containerd's `k8s.io` namespace, where the CRI
+//! plugin finds them. Tags are never `latest` (that means pull policy `Always`, and there is
+//! nothing to pull from).
+//!
+//! The pause image is our own: a static C program that does what Kubernetes' pause does (sleep
+//! until SIGINT or SIGTERM, reap orphans when it is PID 1 of a shared PID namespace).
+
+use super::Layout;
+use anyhow::{Context, bail};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The pause image's name (what containerd's `pinned_images.sandbox` says).
+pub const PAUSE_IMAGE: &str = "localhost/athenz-devstack/pause:3.10";
+
+/// The pause program: Kubernetes' `pause.c`, reduced to what it does.
+const PAUSE_C: &str = r#"#include <signal.h>
+#include <stddef.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void stop(int sig) { (void)sig; _exit(0); }
+
+static void reap(int sig) {
+  (void)sig;
+  while (waitpid(-1, NULL, WNOHANG) > 0) {
+  }
+}
+
+int main(void) {
+  struct sigaction sa = {0};
+  sa.sa_handler = stop;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sa.sa_handler = reap;
+  sa.sa_flags = SA_NOCLDSTOP;
+  sigaction(SIGCHLD, &sa, NULL);
+  for (;;) pause();
+  return 1;
+}
+"#;
+
+/// An image to build from scratch.
+#[derive(Debug, Clone)]
+pub struct ImageSpec {
+    /// `name:tag` (not `latest`).
+    pub name: String,
+    /// Files to copy in: (host path, path in the image).
+    pub files: Vec<(PathBuf, String)>,
+    /// The entrypoint (absolute path in the image, then arguments).
+    pub entrypoint: Vec<String>,
+}
+
+/// Runs a command to completion; fails with its output if it fails.
+pub fn run(command: &mut Command, what: &str) -> anyhow::Result<String> {
+    let output = command
+        .output()
+        .with_context(|| format!("{what}: starting {:?}", command.get_program()))?;
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim(),
+            String::from_utf8_lossy(&output.stdout).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// buildah with its storage under `images/buildah` (vfs: no mounts to leave behind, and the
+/// images here are a few MiB).
+fn buildah(images: &Path) -> Command {
+    let mut command = Command::new("buildah");
+    command
+        .arg("--root")
+        .arg(images.join("buildah/root"))
+        .arg("--runroot")
+        .arg(images.join("buildah/run"))
+        .arg("--storage-driver")
+        .arg("vfs");
+    command
+}
+
+/// Builds `spec` into an OCI archive under `images_dir` and returns its path.
+pub fn build(images_dir: &Path, spec: &ImageSpec) -> anyhow::Result<PathBuf> {
+    let Some((_, tag)) = spec.name.rsplit_once(':') else {
+        bail!("image {}: give it a tag (never latest)", spec.name);
+    };
+    if tag == "latest" || tag.contains('/') {
+        bail!("image {}: give it a tag other than latest", spec.name);
+    }
+    let what = format!("building image {}", spec.name);
+    let container = run(
+        buildah(images_dir).args(["from", "--pull-never", "scratch"]),
+        &what,
+    )?;
+    let result = (|| {
+        for (source, target) in &spec.files {
+            run(
+                buildah(images_dir)
+                    .args(["copy", "--quiet", &container])
+                    .arg(source)
+                    .arg(target),
+                &what,
+            )?;
+        }
+        let entrypoint =
+            serde_json::to_string(&spec.entrypoint).context("encoding the entrypoint")?;
+        run(
+            buildah(images_dir).args([
+                "config",
+                "--entrypoint",
+                &entrypoint,
+                "--cmd",
+                "",
+                &container,
+            ]),
+            &what,
+        )?;
+        run(
+            buildah(images_dir).args(["commit", "--quiet", &container, &spec.name]),
+            &what,
+        )?;
+        let file_name = spec.name.replace(['/', ':'], "_");
+        let archive = images_dir.join(format!("{file_name}.tar"));
+        let _ = std::fs::remove_file(&archive);
+        let target = format!("oci-archive:{}:{}", archive.display(), spec.name);
+        run(
+            buildah(images_dir).args(["push", "--quiet", &spec.name, &target]),
+            &what,
+        )?;
+        Ok(archive)
+    })();
+    let _ = run(buildah(images_dir).args(["rm", &container]), &what);
+    result
+}
+
+/// Imports an OCI archive into containerd's `k8s.io` namespace.
+pub fn import(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
+    run(
+        Command::new(layout.bin("ctr"))
+            .arg("--address")
+            .arg(layout.containerd_socket())
+            .args([
+                "--namespace",
+                super::CONTAINERD_NAMESPACE,
+                "images",
+                "import",
+            ])
+            .arg(archive),
+        &format!("importing {}", archive.display()),
+    )?;
+    Ok(())
+}
+
+/// Builds `spec` and imports it into the cluster's containerd.
+pub fn build_and_import(layout: &Layout, spec: &ImageSpec) -> anyhow::Result<()> {
+    let archive = build(&layout.images, spec)?;
+    import(layout, &archive)
+}
+
+/// Compiles the pause program statically and builds [`PAUSE_IMAGE`] from it (the archive, ready
+/// to import once containerd runs).
+pub fn build_pause(layout: &Layout) -> anyhow::Result<PathBuf> {
+    let dir = layout.images.join("pause");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let source = dir.join("pause.c");
+    let binary = dir.join("pause");
+    let archive = dir.join("pause.tar");
+    // the image build cache outlives a cluster: an unchanged program needs no new image
+    if archive.is_file() && std::fs::read_to_string(&source).is_ok_and(|s| s == PAUSE_C) {
+        return Ok(archive);
+    }
+    let _ = std::fs::remove_file(&source);
+    std::fs::write(&source, PAUSE_C).with_context(|| format!("writing {}", source.display()))?;
+    run(
+        Command::new("gcc")
+            .args(["-static", "-Os", "-s", "-o"])
+            .arg(&binary)
+            .arg(&source),
+        "compiling the pause program (gcc -static; needs libc6-dev)",
+    )?;
+    let built = build(
+        &layout.images,
+        &ImageSpec {
+            name: PAUSE_IMAGE.to_owned(),
+            files: vec![(binary, "/pause".to_owned())],
+            entrypoint: vec!["/pause".to_owned()],
+        },
+    )?;
+    std::fs::rename(&built, &archive)
+        .with_context(|| format!("moving {} to {}", built.display(), archive.display()))?;
+    Ok(archive)
+}

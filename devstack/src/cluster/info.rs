@@ -1,0 +1,63 @@
+//! `cluster.json`: what a running cluster tells scripts and tests (DESIGN.md 5.1), written only
+//! once the node is Ready.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// `{url, ca}` of the API server.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiServer {
+    /// `https://<node ip>:<port>`.
+    pub url: String,
+    /// The cluster CA, which verifies it.
+    pub ca: PathBuf,
+}
+
+/// `{socket, namespace}` of containerd.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Containerd {
+    /// Its gRPC socket (`ctr --address`, the kubelet's CRI endpoint).
+    pub socket: PathBuf,
+    /// The namespace the CRI plugin uses, where images must be imported.
+    pub namespace: String,
+}
+
+/// `cluster.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    /// The API server.
+    pub api_server: ApiServer,
+    /// The node's name.
+    pub node_name: String,
+    /// The node's address (the API server's advertise address, the kubelet's node IP).
+    pub node_ip: String,
+    /// What the API server's /version says, e.g. `v1.37.2`.
+    pub kubernetes_version: String,
+    /// containerd.
+    pub containerd: Containerd,
+    /// The directory of the binaries (`kubectl` is there).
+    pub kube_bin: PathBuf,
+    /// The admin kubeconfig (`system:masters`).
+    pub kubeconfig: PathBuf,
+    /// The sandbox image containerd uses.
+    pub pause_image: String,
+    /// The node's pod range.
+    pub pod_cidr: String,
+    /// The Services' range.
+    pub service_cidr: String,
+    /// One log per component.
+    pub logs: PathBuf,
+    /// Each component's pid, by name, and `cluster up`'s own as `supervisor`.
+    pub pids: BTreeMap<String, u32>,
+}
+
+impl ClusterInfo {
+    /// Reads `cluster.json`.
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        use anyhow::Context;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+    }
+}

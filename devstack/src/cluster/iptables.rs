@@ -1,0 +1,167 @@
+//! Removing the rules a node leaves: the kubelet's and kube-proxy's `KUBE-*` chains and the CNI
+//! plugins' `CNI-*` chains (the bridge's masquerade per pod, portmap's hostPort chains), with
+//! every rule elsewhere that jumps into them, in IPv4 and IPv6, in every table.
+//!
+//! Done as one `iptables-restore --noflush` transaction per table, from what `iptables-save`
+//! shows, so the rules are deleted exactly as they were written (their quoted comments too).
+
+use anyhow::Context;
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+/// The tables the kubelet, kube-proxy and the CNI plugins write to.
+const TABLES: &[&str] = &["filter", "nat", "mangle", "raw"];
+
+/// Whether a chain is one of ours.
+pub fn is_ours(chain: &str) -> bool {
+    chain.starts_with("KUBE-") || chain.starts_with("CNI-")
+}
+
+/// The `iptables-restore` input that removes our chains from one table's `iptables-save`
+/// output, or `None` if the table has none: the rules of other chains that jump to ours
+/// deleted, then our chains flushed and deleted.
+pub fn removal_script(table: &str, saved: &str) -> Option<String> {
+    let ours: Vec<&str> = saved
+        .lines()
+        .filter_map(|l| l.strip_prefix(':'))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| is_ours(c))
+        .collect();
+    if ours.is_empty() {
+        return None;
+    }
+    let mut script = format!("*{table}\n");
+    for line in saved.lines() {
+        let Some(rule) = line.strip_prefix("-A ") else {
+            continue;
+        };
+        let chain = rule.split_whitespace().next().unwrap_or_default();
+        if is_ours(chain) {
+            continue;
+        }
+        let words: Vec<&str> = rule.split_whitespace().collect();
+        let jumps_to_ours = words
+            .windows(2)
+            .any(|w| (w[0] == "-j" || w[0] == "-g") && is_ours(w[1]));
+        if jumps_to_ours {
+            script.push_str(&format!("-D {rule}\n"));
+        }
+    }
+    for chain in &ours {
+        script.push_str(&format!("-F {chain}\n"));
+    }
+    for chain in &ours {
+        script.push_str(&format!("-X {chain}\n"));
+    }
+    script.push_str("COMMIT\n");
+    Some(script)
+}
+
+/// Our chains left in IPv4 and IPv6, as `<family> <table> <chain>`.
+pub fn remaining() -> Vec<String> {
+    let mut left = Vec::new();
+    for (family, save) in [("ipv4", "iptables-save"), ("ipv6", "ip6tables-save")] {
+        for table in TABLES {
+            let Ok(saved) = save_table(save, table) else {
+                continue;
+            };
+            left.extend(
+                saved
+                    .lines()
+                    .filter_map(|l| l.strip_prefix(':'))
+                    .filter_map(|l| l.split_whitespace().next())
+                    .filter(|c| is_ours(c))
+                    .map(|c| format!("{family} {table} {c}")),
+            );
+        }
+    }
+    left
+}
+
+fn save_table(save: &str, table: &str) -> anyhow::Result<String> {
+    let output = Command::new(save)
+        .args(["-t", table])
+        .output()
+        .with_context(|| format!("running {save}"))?;
+    anyhow::ensure!(output.status.success(), "{save} -t {table} failed");
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Removes our chains everywhere; returns how many chains went.
+pub fn remove_all() -> anyhow::Result<usize> {
+    let mut removed = 0;
+    for (save, restore) in [
+        ("iptables-save", "iptables-restore"),
+        ("ip6tables-save", "ip6tables-restore"),
+    ] {
+        for table in TABLES {
+            // a family or table the kernel does not have holds nothing of ours
+            let Ok(saved) = save_table(save, table) else {
+                continue;
+            };
+            let Some(script) = removal_script(table, &saved) else {
+                continue;
+            };
+            removed += script.lines().filter(|l| l.starts_with("-X ")).count();
+            let mut child = Command::new(restore)
+                .args(["-w", "5", "--noflush"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("running {restore}"))?;
+            child
+                .stdin
+                .take()
+                .context("no stdin")?
+                .write_all(script.as_bytes())
+                .with_context(|| format!("writing to {restore}"))?;
+            let output = child
+                .wait_with_output()
+                .with_context(|| format!("waiting for {restore}"))?;
+            anyhow::ensure!(
+                output.status.success(),
+                "{restore} could not remove the {table} table's KUBE-/CNI- chains: {}\nits input:\n{script}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jumps_into_our_chains_go_then_the_chains() {
+        let saved = r#"# Generated by iptables-save
+*nat
+:PREROUTING ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:CNI-3a1b - [0:0]
+:OTHER - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -s 10.244.0.5/32 -m comment --comment "name: \"athenz-devstack\" id: \"abc\"" -j CNI-3a1b
+-A POSTROUTING -s 10.1.0.0/16 -j MASQUERADE
+-A OTHER -j ACCEPT
+-A CNI-3a1b -d 10.244.0.0/24 -j ACCEPT
+COMMIT
+"#;
+        let script = removal_script("nat", saved).unwrap();
+        assert_eq!(
+            script,
+            "*nat
+-D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-D POSTROUTING -s 10.244.0.5/32 -m comment --comment \"name: \\\"athenz-devstack\\\" id: \\\"abc\\\"\" -j CNI-3a1b
+-F KUBE-SERVICES
+-F CNI-3a1b
+-X KUBE-SERVICES
+-X CNI-3a1b
+COMMIT
+"
+        );
+        assert!(removal_script("filter", "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n").is_none());
+    }
+}

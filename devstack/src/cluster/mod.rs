@@ -1,0 +1,275 @@
+//! `athenz-devstack cluster`: a real single-node Kubernetes cluster on this machine (DESIGN.md
+//! 5.1), built from Kubernetes' own Go modules by `tests/kube/build.sh`: embedded etcd, the API
+//! server, controller-manager, scheduler, containerd 2 with runc, the kubelet and kube-proxy, with
+//! a CNI bridge for pods. The stand-ins keep the first command fast; this is where every
+//! Kubernetes-facing claim is proven.
+//!
+//! `cluster up --bare` starts the Kubernetes part alone (the Athenz side is not added yet), waits
+//! until the node is Ready, writes `DIR/kubeconfig` and `DIR/cluster.json`, supervises until
+//! SIGTERM or Ctrl-C and then takes everything down again. `cluster down` does the same from
+//! another process, from what the state dir records, and is safe to run any number of times.
+//!
+//! Everything it makes lives under the state dir, except what Kubernetes fixes elsewhere:
+//! `/var/lib/kubelet` (CSI and plugin registration paths depend on it), the cgroups under
+//! `/kubepods`, the iptables chains, the `cni0` bridge and the sockets under
+//! `/run/athenz-devstack-cluster/` (a Unix socket path must stay under 108 bytes, a state dir
+//! need not).
+
+pub mod components;
+pub mod config;
+pub mod health;
+pub mod host;
+pub mod images;
+pub mod info;
+pub mod iptables;
+pub mod layout;
+pub mod pki;
+pub mod teardown;
+
+pub use info::ClusterInfo;
+pub use layout::{Layout, NodeLock};
+
+use crate::procs::Process;
+use anyhow::Context;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The Kubernetes release `tests/kube/build.sh` builds by default (its pin).
+pub const KUBE_VERSION: &str = "v1.37.2";
+/// The containerd namespace the CRI plugin (so the kubelet) uses.
+pub const CONTAINERD_NAMESPACE: &str = "k8s.io";
+/// The pods' network (kube-proxy's `clusterCIDR`, the controller-manager's `--cluster-cidr`).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+/// The node's pod range: the first /24 of [`CLUSTER_CIDR`], which the controller-manager
+/// allocates to the first (only) node, and the CNI bridge's subnet.
+pub const NODE_POD_CIDR: &str = "10.244.0.0/24";
+/// The Services' range; its first address is the `kubernetes` Service.
+pub const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The `kubernetes` Service's ClusterIP, in the API server's certificate.
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
+/// Where pods are told cluster DNS is (no DNS server is deployed with `--bare`).
+pub const CLUSTER_DNS: &str = "10.96.0.10";
+/// The bridge the CNI `bridge` plugin makes.
+pub const BRIDGE: &str = "cni0";
+/// The CNI network's name (it names the IPAM and result cache entries and the iptables rules'
+/// comments).
+pub const CNI_NETWORK: &str = "athenz-devstack";
+/// The service-account issuer, as a conformant cluster names it.
+pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+
+/// What `cluster up` was asked for.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Where everything lives.
+    pub state_dir: PathBuf,
+    /// The directory holding `kube` (and its component symlinks), `containerd`, `ctr` and
+    /// `containerd-shim-runc-v2`.
+    pub kube_bin: PathBuf,
+    /// The node's address; the source address of the default route when `None`.
+    pub node_ip: Option<Ipv4Addr>,
+    /// The node's name; this host's name (lowercased) when `None`.
+    pub node_name: Option<String>,
+}
+
+/// The default `--kube-bin`: `target/kube/<version>/bin` of this workspace, found from the
+/// current directory or, failing that, from this executable (`target/<profile>/athenz-devstack`).
+pub fn default_kube_bin() -> PathBuf {
+    let relative = Path::new("target/kube").join(KUBE_VERSION).join("bin");
+    if relative.join("kube").exists() {
+        return relative;
+    }
+    let from_exe = std::env::current_exe().ok().and_then(|exe| {
+        exe.ancestors()
+            .find(|a| a.file_name().is_some_and(|n| n == "target"))
+            .map(|target| target.join("kube").join(KUBE_VERSION).join("bin"))
+    });
+    match from_exe {
+        Some(dir) if dir.join("kube").exists() => dir,
+        _ => relative,
+    }
+}
+
+/// A running cluster: its processes (in start order) and what `cluster.json` says.
+pub struct Cluster {
+    /// Where it lives.
+    pub layout: Layout,
+    /// `cluster.json`.
+    pub info: ClusterInfo,
+    processes: Vec<Process>,
+    /// The host's node is this cluster's while it runs.
+    _node: NodeLock,
+}
+
+impl Cluster {
+    /// Starts every component and waits until the node is Ready. On failure whatever was
+    /// started is taken down again before the error (which names what did not come up, with the
+    /// tail of its log) is returned.
+    pub async fn start(
+        options: &ClusterOptions,
+        report: &mut dyn FnMut(String),
+    ) -> anyhow::Result<Self> {
+        let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
+        let node = match NodeLock::take(&layout.dir)? {
+            Ok(node) => node,
+            Err(holder) => anyhow::bail!(
+                "another cluster is up on this host (state dir {holder}), and a host runs one \
+                 node: /var/lib/kubelet, the /kubepods cgroups, {BRIDGE} and the iptables chains \
+                 are the host's. Take it down first: athenz-devstack cluster down --state-dir \
+                 {holder}"
+            ),
+        };
+        // a crash of an earlier run leaves its processes, mounts and rules, and an earlier
+        // cluster's etcd and containerd state would not match the new PKI: start clean
+        teardown::clean(&layout, true, &mut |_| {}).await?;
+        layout.reset()?;
+        let mut processes = Vec::new();
+        match components::start_all(&layout, options, &mut processes, report).await {
+            Ok(info) => Ok(Self {
+                layout,
+                info,
+                processes,
+                _node: node,
+            }),
+            Err(e) => {
+                report("start failed; taking down what was started".to_owned());
+                stop_processes(&mut processes).await;
+                if let Err(clean) = teardown::clean(&layout, true, &mut |_| {}).await {
+                    report(format!("cleaning up after the failed start: {clean:#}"));
+                }
+                drop(processes);
+                Err(e)
+            }
+        }
+    }
+
+    /// Restarts any component that exited (as a supervisor restarts a crashed daemon) and
+    /// records the new pids; returns the names of those restarted.
+    pub fn restart_exited(&mut self) -> anyhow::Result<Vec<String>> {
+        let restarted = crate::procs::restart_exited(&mut self.processes)?;
+        if !restarted.is_empty() {
+            self.info.pids = components::pids(&self.processes);
+            components::write_pids(&self.layout, &self.processes)?;
+            crate::stack::write_json_atomically(&self.layout.cluster_json, &self.info)?;
+        }
+        Ok(restarted)
+    }
+
+    /// Stops every component and removes everything the cluster made: the kubelet and
+    /// kube-proxy first (so nothing recreates a pod or a rule), then the containers through
+    /// containerd, containerd, the control plane, etcd last.
+    pub async fn stop(mut self, report: &mut dyn FnMut(String)) -> anyhow::Result<()> {
+        stop_processes(&mut self.processes).await;
+        let cleaned = teardown::clean(&self.layout, true, report).await;
+        drop(self.processes);
+        cleaned
+    }
+}
+
+/// Stops the kubelet and kube-proxy (so nothing recreates a pod or a rule); the rest go in
+/// [`teardown::clean`], by their recorded pids, once the containers are deleted through
+/// containerd. (The handles dropped afterwards only reap them.)
+async fn stop_processes(processes: &mut Vec<Process>) {
+    for name in [components::KUBELET, components::KUBE_PROXY] {
+        if let Some(at) = processes.iter().position(|p| p.command.name == name) {
+            processes.remove(at).stop().await;
+        }
+    }
+}
+
+/// `cluster up`: start, describe, supervise until SIGTERM or Ctrl-C, take down.
+pub async fn up(options: ClusterOptions) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let stop = athenz_core::http::termination_signal();
+    tokio::pin!(stop);
+    let mut report = |line: String| println!("{line}");
+    let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
+    layout.write_supervisor_pid()?;
+    let mut cluster = tokio::select! {
+        result = Cluster::start(&options, &mut report) => result?,
+        () = &mut stop => {
+            println!("stopped while starting; taking everything down");
+            // the processes started so far were dropped (and killed) with the start
+            return clean_up(&layout, &mut report).await;
+        }
+    };
+    let info = &cluster.info;
+    println!(
+        "cluster is up in {:.1} s; cluster.json: {}",
+        started.elapsed().as_secs_f64(),
+        cluster.layout.cluster_json.display()
+    );
+    println!("  Kubernetes       {}", info.kubernetes_version);
+    println!("  API server       {}", info.api_server.url);
+    println!("  node             {} ({})", info.node_name, info.node_ip);
+    println!("  kubeconfig       {}", info.kubeconfig.display());
+    println!(
+        "  containerd       {} (namespace {})",
+        info.containerd.socket.display(),
+        info.containerd.namespace
+    );
+    println!("  logs             {}", cluster.layout.logs.display());
+    println!(
+        "  try              {} --kubeconfig {} get nodes -o wide",
+        info.kube_bin.join("kubectl").display(),
+        info.kubeconfig.display()
+    );
+    println!("Ctrl-C to stop.");
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            _ = tick.tick() => {
+                for name in cluster.restart_exited()? {
+                    eprintln!("{name} exited; restarted it");
+                }
+            }
+        }
+    }
+    println!("stopping");
+    let stopping = Instant::now();
+    cluster.stop(&mut report).await?;
+    println!(
+        "cluster is down in {:.1} s",
+        stopping.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// `cluster down`: asks a running `cluster up` to stop (it takes its cluster down), then removes
+/// whatever is left, from what the state dir records. Idempotent.
+pub async fn down(state_dir: &Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let layout = Layout::existing(state_dir)?;
+    let mut report = |line: String| println!("{line}");
+    if let Some(pid) = layout.running_supervisor() {
+        report(format!(
+            "asking cluster up (pid {pid}) to stop and take its cluster down"
+        ));
+        teardown::terminate(pid, teardown::SUPERVISOR_GRACE).await;
+    }
+    clean_up(&layout, &mut report)
+        .await
+        .context("taking the cluster down")?;
+    println!(
+        "cluster is down in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// [`teardown::clean`] with the node lock when it can be had; when another cluster holds it,
+/// only what is this cluster's own (its processes, its state dir's mounts) goes, and the host's
+/// node state is left to the cluster that runs it.
+async fn clean_up(layout: &Layout, report: &mut dyn FnMut(String)) -> anyhow::Result<()> {
+    match NodeLock::take(&layout.dir)? {
+        Ok(_node) => teardown::clean(layout, true, report).await,
+        Err(holder) => {
+            report(format!(
+                "the cluster in {holder} runs this host's node: its cgroups, chains, {BRIDGE} and \
+                 /var/lib/kubelet are left alone"
+            ));
+            teardown::clean(layout, false, report).await
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The cluster's PKI, as kubeadm lays it out: a cluster CA (which the controller-manager also
+//! signs with), the API server's serving and kubelet-client certificates, a front-proxy CA for
+//! the aggregation layer, the service-account key pair, a client certificate per component with
+//! the user and group Kubernetes reads from its CN and O, the kubelet's serving certificate for
+//! the node's address, and a kubeconfig per client.
+
+use super::Layout;
+use anyhow::Context;
+use athenz_core::crypto::{KeyAlgorithm, PrivateKey, der_to_pem_labelled};
+use athenz_testbed::pki::{CertAuthority, IssuedCert, LeafSpec, write_file};
+use base64::Engine;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+/// The cluster's name in kubeconfigs.
+const CLUSTER: &str = "athenz-devstack";
+/// How long the cluster's certificates live: a development cluster may run for weeks.
+const VALIDITY_DAYS: i64 = 365;
+
+/// A certificate and key on disk.
+#[derive(Debug, Clone)]
+pub struct Pair {
+    /// The certificate, PEM.
+    pub cert: PathBuf,
+    /// Its key, PEM, 0600.
+    pub key: PathBuf,
+}
+
+/// Every file of the PKI the components are given.
+#[derive(Debug, Clone)]
+pub struct ClusterPki {
+    /// The cluster CA's certificate (every client CA, `--root-ca-file`, kubeconfigs).
+    pub ca: PathBuf,
+    /// The cluster CA's key (`--cluster-signing-key-file`).
+    pub ca_key: PathBuf,
+    /// The API server's serving certificate.
+    pub apiserver: Pair,
+    /// The API server's client certificate towards kubelets.
+    pub apiserver_kubelet_client: Pair,
+    /// The front-proxy CA (`--requestheader-client-ca-file`).
+    pub front_proxy_ca: PathBuf,
+    /// The API server's client certificate towards aggregated API servers.
+    pub front_proxy_client: Pair,
+    /// The service-account token signing key (PKCS#8).
+    pub service_account_key: PathBuf,
+    /// Its public key (`--service-account-key-file`).
+    pub service_account_public: PathBuf,
+    /// The kubelet's serving certificate.
+    pub kubelet_serving: Pair,
+    /// The controller-manager's serving certificate (its /healthz).
+    pub controller_manager_serving: Pair,
+    /// The scheduler's serving certificate (its /healthz).
+    pub scheduler_serving: Pair,
+    /// The admin's client certificate (`system:masters`), for health checks.
+    pub admin: Pair,
+    /// Kubeconfigs by client: `admin` (also [`Layout::kubeconfig`]), `controller-manager`,
+    /// `scheduler`, `kube-proxy`, `kubelet`.
+    pub kubeconfigs: std::collections::BTreeMap<&'static str, PathBuf>,
+}
+
+/// The clients that get a kubeconfig: (file name, CN, O).
+fn clients(node_name: &str) -> [(&'static str, String, Option<&'static str>); 5] {
+    [
+        (
+            "admin",
+            "kubernetes-admin".to_owned(),
+            Some("system:masters"),
+        ),
+        (
+            "controller-manager",
+            "system:kube-controller-manager".to_owned(),
+            None,
+        ),
+        ("scheduler", "system:kube-scheduler".to_owned(), None),
+        ("kube-proxy", "system:kube-proxy".to_owned(), None),
+        (
+            "kubelet",
+            format!("system:node:{node_name}"),
+            Some("system:nodes"),
+        ),
+    ]
+}
+
+fn spec(common_name: &str, dns: &[&str], ips: &[IpAddr]) -> LeafSpec {
+    let mut spec = LeafSpec::service(common_name, dns);
+    spec.ip_addresses = ips.to_vec();
+    spec.validity = time::Duration::days(VALIDITY_DAYS);
+    spec
+}
+
+/// Issues a leaf (with an O when given) and writes `<name>.crt` and `<name>.key`.
+fn write_leaf(
+    ca: &CertAuthority,
+    dir: &Path,
+    name: &str,
+    spec: &LeafSpec,
+    organization: Option<&str>,
+) -> anyhow::Result<(Pair, IssuedCert)> {
+    let issued = match organization {
+        Some(o) => ca.issue_with_organization(spec, o, KeyAlgorithm::P256),
+        None => ca.issue(spec, KeyAlgorithm::P256),
+    }
+    .with_context(|| format!("issuing the {name} certificate"))?;
+    let pair = Pair {
+        cert: dir.join(format!("{name}.crt")),
+        key: dir.join(format!("{name}.key")),
+    };
+    write_file(&pair.cert, issued.chain_pem.as_bytes(), 0o644)?;
+    write_file(&pair.key, issued.key_pem.expose().as_bytes(), 0o600)?;
+    Ok((pair, issued))
+}
+
+impl ClusterPki {
+    /// Makes the whole PKI under `layout.pki` and the kubeconfigs for `api_server`.
+    pub fn create(
+        layout: &Layout,
+        node_name: &str,
+        node_ip: Ipv4Addr,
+        api_server: &str,
+    ) -> anyhow::Result<Self> {
+        let dir = &layout.pki;
+        let ca = CertAuthority::new_root("athenz-devstack cluster CA")
+            .context("making the cluster CA")?;
+        let ca_file = dir.join("ca.crt");
+        let ca_key = dir.join("ca.key");
+        write_file(&ca_file, ca.cert_pem().as_bytes(), 0o644)?;
+        write_file(&ca_key, ca.key_pem().expose().as_bytes(), 0o600)?;
+
+        let node = IpAddr::V4(node_ip);
+        let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        let (apiserver, _) = write_leaf(
+            &ca,
+            dir,
+            "apiserver",
+            &spec(
+                "kube-apiserver",
+                &[
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                    "localhost",
+                    node_name,
+                ],
+                &[node, loopback, IpAddr::V4(super::KUBERNETES_SERVICE_IP)],
+            ),
+            None,
+        )?;
+        // system:masters: the kubelet's webhook authorization then allows the API server's
+        // exec, logs and port-forward without a binding (kubeadm before 1.29 did the same)
+        let (apiserver_kubelet_client, _) = write_leaf(
+            &ca,
+            dir,
+            "apiserver-kubelet-client",
+            &spec("kube-apiserver-kubelet-client", &[], &[]),
+            Some("system:masters"),
+        )?;
+        let (kubelet_serving, _) = write_leaf(
+            &ca,
+            dir,
+            "kubelet-serving",
+            &spec(
+                &format!("system:node:{node_name}"),
+                &[node_name, "localhost"],
+                &[node, loopback],
+            ),
+            Some("system:nodes"),
+        )?;
+        let (controller_manager_serving, _) = write_leaf(
+            &ca,
+            dir,
+            "controller-manager-serving",
+            &spec("kube-controller-manager", &["localhost"], &[loopback]),
+            None,
+        )?;
+        let (scheduler_serving, _) = write_leaf(
+            &ca,
+            dir,
+            "scheduler-serving",
+            &spec("kube-scheduler", &["localhost"], &[loopback]),
+            None,
+        )?;
+
+        let front_proxy = CertAuthority::new_root("athenz-devstack front-proxy CA")
+            .context("making the front-proxy CA")?;
+        let front_proxy_ca = dir.join("front-proxy-ca.crt");
+        write_file(&front_proxy_ca, front_proxy.cert_pem().as_bytes(), 0o644)?;
+        let (front_proxy_client, _) = write_leaf(
+            &front_proxy,
+            dir,
+            "front-proxy-client",
+            &spec("front-proxy-client", &[], &[]),
+            None,
+        )?;
+
+        let sa =
+            PrivateKey::generate(KeyAlgorithm::P256).context("making the service-account key")?;
+        let service_account_key = dir.join("sa.key");
+        let service_account_public = dir.join("sa.pub");
+        write_file(
+            &service_account_key,
+            sa.to_pkcs8_pem()
+                .context("encoding the service-account key")?
+                .expose()
+                .as_bytes(),
+            0o600,
+        )?;
+        write_file(
+            &service_account_public,
+            der_to_pem_labelled(&sa.public_key_der(), "PUBLIC KEY").as_bytes(),
+            0o644,
+        )?;
+
+        let mut kubeconfigs = std::collections::BTreeMap::new();
+        let mut admin = None;
+        for (name, common_name, organization) in clients(node_name) {
+            let (pair, issued) = write_leaf(
+                &ca,
+                dir,
+                &format!("{name}-client"),
+                &spec(&common_name, &[], &[]),
+                organization,
+            )?;
+            let path = if name == "admin" {
+                layout.kubeconfig.clone()
+            } else {
+                layout.kubeconfigs.join(format!("{name}.conf"))
+            };
+            let text = kubeconfig(
+                api_server,
+                ca.cert_pem(),
+                name,
+                &issued.chain_pem,
+                issued.key_pem.expose(),
+            );
+            write_file(&path, text.as_bytes(), 0o600)?;
+            kubeconfigs.insert(name, path);
+            if name == "admin" {
+                admin = Some(pair);
+            }
+        }
+        Ok(Self {
+            ca: ca_file,
+            ca_key,
+            apiserver,
+            apiserver_kubelet_client,
+            front_proxy_ca,
+            front_proxy_client,
+            service_account_key,
+            service_account_public,
+            kubelet_serving,
+            controller_manager_serving,
+            scheduler_serving,
+            admin: admin.context("no admin client certificate")?,
+            kubeconfigs,
+        })
+    }
+
+    /// The kubeconfig of `client` (see [`ClusterPki::kubeconfigs`]).
+    pub fn kubeconfig(&self, client: &str) -> anyhow::Result<&Path> {
+        self.kubeconfigs
+            .get(client)
+            .map(PathBuf::as_path)
+            .with_context(|| format!("no kubeconfig for {client}"))
+    }
+}
+
+/// A kubeconfig with everything embedded, so it still works when copied elsewhere.
+fn kubeconfig(server: &str, ca_pem: &str, user: &str, cert_pem: &str, key_pem: &str) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: {CLUSTER}
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: {user}
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: {user}@{CLUSTER}
+  context:
+    cluster: {CLUSTER}
+    user: {user}
+current-context: {user}@{CLUSTER}
+",
+        ca = b64(ca_pem),
+        cert = b64(cert_pem),
+        key = b64(key_pem),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use athenz_core::crypto::CertInfo;
+
+    #[test]
+    fn clients_carry_the_user_and_group_kubernetes_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::at(dir.path().to_owned(), "/nonexistent".into());
+        std::fs::create_dir_all(&layout.pki).unwrap();
+        std::fs::create_dir_all(&layout.kubeconfigs).unwrap();
+        let pki = ClusterPki::create(
+            &layout,
+            "node-a",
+            Ipv4Addr::new(192, 0, 2, 9),
+            "https://192.0.2.9:6443",
+        )
+        .unwrap();
+        let admin = std::fs::read_to_string(&pki.admin.cert).unwrap();
+        let info = CertInfo::from_pem(&admin).unwrap();
+        assert_eq!(info.common_name, "kubernetes-admin");
+        assert!(
+            info.subject.contains("O=system:masters"),
+            "{}",
+            info.subject
+        );
+        let kubelet_client = layout.pki.join("kubelet-client.crt");
+        let kubelet =
+            CertInfo::from_pem(&std::fs::read_to_string(kubelet_client).unwrap()).unwrap();
+        assert_eq!(kubelet.common_name, "system:node:node-a");
+        assert!(
+            kubelet.subject.contains("O=system:nodes"),
+            "{}",
+            kubelet.subject
+        );
+        let serving =
+            CertInfo::from_pem(&std::fs::read_to_string(&pki.apiserver.cert).unwrap()).unwrap();
+        assert!(
+            serving
+                .ip_addresses
+                .contains(&IpAddr::V4(super::super::KUBERNETES_SERVICE_IP))
+        );
+        assert!(
+            serving
+                .dns_names
+                .iter()
+                .any(|d| d == "kubernetes.default.svc.cluster.local")
+        );
+        let config = std::fs::read_to_string(pki.kubeconfig("kubelet").unwrap()).unwrap();
+        assert!(config.contains("server: https://192.0.2.9:6443"));
+        assert!(config.contains("name: kubelet@athenz-devstack"));
+    }
+}
