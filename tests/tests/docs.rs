@@ -147,7 +147,7 @@ fn the_readme_is_a_newcomers_page() {
     assert!(
         readme
             .lines()
-            .any(|l| l == "cargo test --workspace --locked")
+            .any(|l| l == "tests/setup && cargo test --workspace --locked")
     );
     for link in readme.split("](").skip(1) {
         let target = link.split([')', '#']).next().unwrap();
