@@ -408,7 +408,7 @@ pub async fn start(
         tunnel,
     });
     let csi = match &config.csi_socket {
-        Some(path) => Some(start_csi(&config, path, &agent, &mut registry)?),
+        Some(path) => Some(csi::start(&config, path, &agent, &mut registry)?),
         None => None,
     };
     let http_metrics = HttpMetrics::register(&mut registry);
@@ -441,140 +441,6 @@ pub async fn start(
         let _ = ops.await;
     });
     Ok((bound, task))
-}
-
-/// A CSI server ready to run until its stop signal.
-type CsiServe = Box<
-    dyn FnOnce(
-            std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
-        + Send,
->;
-
-/// Binds the CSI socket, resumes the files-mode volumes an earlier run left mounted, and
-/// registers the CSI metrics (kept current from the rotation tasks).
-fn start_csi(
-    config: &Config,
-    path: &std::path::Path,
-    agent: &Arc<service::Agent>,
-    registry: &mut prometheus_client::registry::Registry,
-) -> Result<CsiServe, StartError> {
-    use athenz_csi_driver::driver::{Driver, DriverConfig};
-    use athenz_csi_driver::rotation::{IpWatch, Rotation};
-    let setting = "--csi-socket (CSI_SOCKET)";
-    if config.csi_tmpfs_bytes < 64 * 1024 {
-        return Err(StartError::new(
-            "--csi-tmpfs-bytes (CSI_TMPFS_BYTES)",
-            "must be at least 65536",
-        ));
-    }
-    let issuer = Arc::new(csi::AgentIssuer {
-        agent: Arc::clone(agent),
-    });
-    let policy = athenz_core::refresh::RefreshPolicy {
-        max_delay: config.csi_refresh_interval,
-        min_delay: config.csi_refresh_interval.min(Duration::from_secs(10)),
-        ..Default::default()
-    };
-    let rotation = Arc::new(Rotation::new(
-        Arc::clone(&issuer),
-        policy,
-        athenz_core::refresh::Backoff::default(),
-        IpWatch::default(),
-    ));
-    let driver = Arc::new(Driver::new(
-        DriverConfig {
-            node_id: config.node_name.clone(),
-            host: athenz_core::volume_mount::HostDirs::new(
-                VolumesDir::new(&config.volumes_dir),
-                config.agent_dir.clone(),
-            ),
-            tmpfs_bytes: config.csi_tmpfs_bytes,
-            issue_timeout: config.csi_issue_timeout,
-        },
-        issuer,
-        rotation,
-    ));
-    let resumed = driver.resume();
-    let listener =
-        athenz_csi_driver::server::bind(path).map_err(|e| StartError::new(setting, e))?;
-    let registration = match &config.csi_registration_dir {
-        Some(dir) => {
-            let endpoint = config.csi_kubelet_socket.as_deref().unwrap_or(path);
-            let registered = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-            registry.register(
-                "csi_registered",
-                "1 once kubelet registered the CSI driver, 0 if it refused, -1 before it answered",
-                registered.clone(),
-            );
-            let listener = athenz_csi_driver::registration::bind(dir)
-                .map_err(|e| StartError::new("--csi-registration-dir (CSI_REGISTRATION_DIR)", e))?;
-            tracing::info!(socket = %athenz_csi_driver::registration::socket_in(dir).display(), endpoint = %endpoint.display(), "registering the CSI driver with kubelet");
-            Some((
-                listener,
-                athenz_csi_driver::registration::Registration::new(
-                    endpoint.display().to_string(),
-                    registered,
-                ),
-            ))
-        }
-        None => None,
-    };
-    let volumes = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-    let abnormal = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-    registry.register(
-        "csi_files_volumes",
-        "CSI files-mode volumes this agent rotates",
-        volumes.clone(),
-    );
-    registry.register(
-        "csi_abnormal_volumes",
-        "CSI files-mode volumes whose certificate expired or whose last refresh failed",
-        abnormal.clone(),
-    );
-    tracing::info!(socket = %path.display(), resumed, "CSI driver csi.athenz.io listening");
-    Ok(Box::new(move |stop| {
-        Box::pin(async move {
-            let counts = {
-                let driver = Arc::clone(&driver);
-                tokio::spawn(async move {
-                    loop {
-                        let (tracked, bad) = driver.rotation().counts();
-                        volumes.set(i64::try_from(tracked).unwrap_or(i64::MAX));
-                        abnormal.set(i64::try_from(bad).unwrap_or(i64::MAX));
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                    }
-                })
-            };
-            // one stop for both servers
-            let stopping = athenz_core::daemon::Shutdown::new();
-            let relay = {
-                let stopping = stopping.clone();
-                tokio::spawn(async move {
-                    stop.await;
-                    stopping.trigger();
-                })
-            };
-            let registering = registration.map(|(listener, registration)| {
-                tokio::spawn(athenz_csi_driver::registration::serve(
-                    listener,
-                    registration,
-                    stopping.wait(),
-                ))
-            });
-            athenz_csi_driver::server::serve(
-                listener,
-                athenz_csi_driver::service::CsiService::new(driver),
-                stopping.wait(),
-            )
-            .await;
-            let _ = relay.await;
-            if let Some(registering) = registering {
-                let _ = registering.await;
-            }
-            counts.abort();
-        })
-    }))
 }
 
 /// The `athenz-identity-agent` command: parses `args` (the program name first; a bad setting exits 2 with
