@@ -276,16 +276,25 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
     /// Start etcd, the control plane, containerd, the kubelet and kube-proxy; wait until the
-    /// node is Ready; write DIR/kubeconfig and DIR/cluster.json; keep running until Ctrl-C or
-    /// SIGTERM, then take everything down.
+    /// node is Ready; add cluster DNS, the dev ZTS and our release (deploy/overlays/local);
+    /// write DIR/kubeconfig and DIR/cluster.json; keep running until Ctrl-C or SIGTERM, then
+    /// take everything down.
     Up {
         /// Where everything lives (certificates, etcd, containerd, logs, cluster.json).
         #[arg(long)]
         state_dir: PathBuf,
-        /// Kubernetes alone, without the Athenz side (required for now: the dev ZTS and
-        /// deploy/ are not added to the cluster yet).
+        /// Kubernetes alone: stop at a Ready node, without cluster DNS, the dev ZTS and our
+        /// release.
         #[arg(long)]
         bare: bool,
+        /// The release image's OCI archive (deploy/image.sh writes it); default:
+        /// target/image/athenz-k8s-identity-<version>.oci.tar of this workspace.
+        #[arg(long, value_name = "FILE", conflicts_with = "bare")]
+        image_archive: Option<PathBuf>,
+        /// The deploy/ to install (its overlays/local is applied from a copy); default: this
+        /// workspace's.
+        #[arg(long, value_name = "DIR", conflicts_with = "bare")]
+        deploy: Option<PathBuf>,
         /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
         /// default: target/kube/v1.37.2/bin of this workspace.
         #[arg(long, value_name = "DIR")]

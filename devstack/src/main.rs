@@ -80,21 +80,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ClusterCommand::Up {
                     state_dir,
                     bare,
+                    image_archive,
+                    deploy,
                     kube_bin,
                     node_ip,
                     node_name,
                 } => {
-                    if !bare {
-                        anyhow::bail!(
-                            "cluster up without --bare (with the dev ZTS and deploy/ applied) is \
-                             not built yet; pass --bare for Kubernetes alone"
-                        );
+                    let release = (!bare).then(|| cluster::install::Release {
+                        image_archive: image_archive.unwrap_or_else(cluster::default_image_archive),
+                        deploy_dir: deploy.unwrap_or_else(cluster::default_deploy_dir),
+                    });
+                    if let Some(release) = &release {
+                        release.check()?;
                     }
                     let options = cluster::ClusterOptions {
                         state_dir,
                         kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
                         node_ip,
                         node_name,
+                        release,
                     };
                     runtime()?.block_on(cluster::up(options))?;
                 }

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod daemon;
+pub mod dns;
 pub mod http;
 pub mod periodic;
 pub mod telemetry;

@@ -29,6 +29,8 @@ pub const CONTAINERD: &str = "containerd";
 pub const KUBELET: &str = "kubelet";
 /// kube-proxy.
 pub const KUBE_PROXY: &str = "kube-proxy";
+/// The kubelet's API port: Kubernetes' default.
+pub const KUBELET_PORT: u16 = 10250;
 
 /// How long each may take to come up, on a busy two-core machine.
 const ETCD_UP: Duration = Duration::from_secs(30);
@@ -103,7 +105,7 @@ fn path_env(layout: &Layout) -> Vec<(String, String)> {
     )]
 }
 
-/// Starts every component (see the module docs) and returns what `cluster.json` says; writes it.
+/// Starts every component (see the module docs) and returns what `cluster.json` says.
 pub async fn start_all(
     layout: &Layout,
     options: &ClusterOptions,
@@ -270,7 +272,8 @@ pub async fn start_all(
 
     // the kubelet
     let ports = NodePorts {
-        kubelet: free_port()?,
+        // the port every kubelet serves on, which deploy/ (the agent's KUBELET_URL) assumes
+        kubelet: KUBELET_PORT,
         kubelet_healthz: free_port()?,
         proxy_healthz: free_port()?,
         proxy_metrics: free_port()?,
@@ -408,8 +411,10 @@ pub async fn start_all(
         service_cidr: super::SERVICE_CIDR.to_owned(),
         logs: layout.logs.clone(),
         pids: pids(processes),
+        zts: None,
+        image: None,
+        overlay: None,
     };
-    crate::stack::write_json_atomically(&layout.cluster_json, &info)?;
     Ok(info)
 }
 

@@ -136,6 +136,69 @@ pub fn build(images_dir: &Path, spec: &ImageSpec) -> anyhow::Result<PathBuf> {
     result
 }
 
+/// [`build`], unless the archive from an earlier build of the same spec (same name, entrypoint
+/// and files of the same size and modification time) is still there: the image build cache
+/// outlives a cluster.
+pub fn build_once(images_dir: &Path, spec: &ImageSpec) -> anyhow::Result<PathBuf> {
+    let file_name = spec.name.replace(['/', ':'], "_");
+    let archive = images_dir.join(format!("{file_name}.tar"));
+    let stamp_path = images_dir.join(format!("{file_name}.stamp"));
+    let mut stamp = format!("{}\n{:?}\n", spec.name, spec.entrypoint);
+    for (source, target) in &spec.files {
+        let meta = std::fs::metadata(source)
+            .with_context(|| format!("image {}: reading {}", spec.name, source.display()))?;
+        let modified = meta
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .unwrap_or_default();
+        stamp.push_str(&format!(
+            "{} {} {} {}\n",
+            source.display(),
+            target,
+            meta.len(),
+            modified.as_nanos()
+        ));
+    }
+    if archive.is_file() && std::fs::read_to_string(&stamp_path).is_ok_and(|s| s == stamp) {
+        return Ok(archive);
+    }
+    let _ = std::fs::remove_file(&stamp_path);
+    let built = build(images_dir, spec)?;
+    std::fs::write(&stamp_path, stamp)
+        .with_context(|| format!("writing {}", stamp_path.display()))?;
+    Ok(built)
+}
+
+/// The image reference an OCI archive names (`org.opencontainers.image.ref.name` of its one
+/// manifest, as buildah and skopeo write it and `ctr images import` reads it).
+pub fn archive_reference(archive: &Path) -> anyhow::Result<String> {
+    let output = run(
+        Command::new("tar")
+            .arg("-xOf")
+            .arg(archive)
+            .arg("index.json"),
+        &format!("reading index.json of {}", archive.display()),
+    )?;
+    let index: serde_json::Value = serde_json::from_str(&output)
+        .with_context(|| format!("{}: index.json is not JSON", archive.display()))?;
+    let names: Vec<&str> = index["manifests"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|m| m["annotations"]["org.opencontainers.image.ref.name"].as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    match names.as_slice() {
+        [name] if name.contains(':') => Ok((*name).to_owned()),
+        _ => bail!(
+            "{}: expected one manifest named with a full reference (name:tag), found {names:?}",
+            archive.display()
+        ),
+    }
+}
+
 /// Imports an OCI archive into containerd's `k8s.io` namespace.
 pub fn import(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
     run(

@@ -50,6 +50,15 @@ pub struct ClusterInfo {
     pub logs: PathBuf,
     /// Each component's pid, by name, and `cluster up`'s own as `supervisor`.
     pub pids: BTreeMap<String, u32>,
+    /// The dev ZTS beside the cluster (`{url, ca}`); absent with `--bare`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zts: Option<crate::stack::UrlCa>,
+    /// The release image the workloads run; absent with `--bare`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The overlay applied (`kubectl apply -k`); absent with `--bare`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlay: Option<PathBuf>,
 }
 
 impl ClusterInfo {

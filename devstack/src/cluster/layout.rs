@@ -46,6 +46,8 @@ pub struct Layout {
     pub cluster_json: PathBuf,
     /// `processes.json`, written as each process starts.
     pub processes_json: PathBuf,
+    /// The Athenz side: the dev ZTS's state, the control plane's keys, the copy of `deploy/`.
+    pub athenz: PathBuf,
 }
 
 impl Layout {
@@ -83,6 +85,7 @@ impl Layout {
             &self.cni_ipam_dir,
             &self.kubelet,
             &self.kube_proxy,
+            &self.athenz,
         ] {
             if d.exists() {
                 std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
@@ -144,6 +147,7 @@ impl Layout {
             images: dir.join("images"),
             cluster_json: dir.join("cluster.json"),
             processes_json: dir.join("processes.json"),
+            athenz: dir.join("athenz"),
             kube_bin,
             dir,
         }

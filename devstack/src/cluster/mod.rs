@@ -17,11 +17,14 @@
 
 pub mod components;
 pub mod config;
+pub mod dns;
 pub mod health;
 pub mod host;
 pub mod images;
 pub mod info;
+pub mod install;
 pub mod iptables;
+pub mod kubectl;
 pub mod layout;
 pub mod pki;
 pub mod teardown;
@@ -48,7 +51,8 @@ pub const NODE_POD_CIDR: &str = "10.244.0.0/24";
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The `kubernetes` Service's ClusterIP, in the API server's certificate.
 pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 1);
-/// Where pods are told cluster DNS is (no DNS server is deployed with `--bare`).
+/// The `kube-dns` Service's address, where the kubelet tells pods cluster DNS is (CoreDNS runs
+/// behind it, except with `--bare`).
 pub const CLUSTER_DNS: &str = "10.96.0.10";
 /// The bridge the CNI `bridge` plugin makes.
 pub const BRIDGE: &str = "cni0";
@@ -70,24 +74,47 @@ pub struct ClusterOptions {
     pub node_ip: Option<Ipv4Addr>,
     /// The node's name; this host's name (lowercased) when `None`.
     pub node_name: Option<String>,
+    /// The release to install (cluster DNS, the dev ZTS, the image, `deploy/overlays/local`);
+    /// `None` stops at a Ready node (`--bare`).
+    pub release: Option<install::Release>,
+}
+
+/// The default release archive: what `deploy/image.sh` writes for this workspace's version.
+pub fn default_image_archive() -> PathBuf {
+    workspace_path(&format!(
+        "target/image/athenz-k8s-identity-{}.oci.tar",
+        env!("CARGO_PKG_VERSION")
+    ))
+}
+
+/// The default `deploy/`: this workspace's.
+pub fn default_deploy_dir() -> PathBuf {
+    workspace_path("deploy")
+}
+
+/// `relative` under the current directory when it exists there, else under the workspace this
+/// executable was built in (`<workspace>/target/<profile>/athenz-devstack`).
+fn workspace_path(relative: &str) -> PathBuf {
+    let here = PathBuf::from(relative);
+    if here.exists() {
+        return here;
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            exe.ancestors()
+                .find(|a| a.file_name().is_some_and(|n| n == "target"))
+                .and_then(Path::parent)
+                .map(|workspace| workspace.join(relative))
+        })
+        .filter(|p| p.exists())
+        .unwrap_or(here)
 }
 
 /// The default `--kube-bin`: `target/kube/<version>/bin` of this workspace, found from the
 /// current directory or, failing that, from this executable (`target/<profile>/athenz-devstack`).
 pub fn default_kube_bin() -> PathBuf {
-    let relative = Path::new("target/kube").join(KUBE_VERSION).join("bin");
-    if relative.join("kube").exists() {
-        return relative;
-    }
-    let from_exe = std::env::current_exe().ok().and_then(|exe| {
-        exe.ancestors()
-            .find(|a| a.file_name().is_some_and(|n| n == "target"))
-            .map(|target| target.join("kube").join(KUBE_VERSION).join("bin"))
-    });
-    match from_exe {
-        Some(dir) if dir.join("kube").exists() => dir,
-        _ => relative,
-    }
+    workspace_path(&format!("target/kube/{KUBE_VERSION}/bin"))
 }
 
 /// A running cluster: its processes (in start order) and what `cluster.json` says.
@@ -124,7 +151,23 @@ impl Cluster {
         teardown::clean(&layout, true, &mut |_| {}).await?;
         layout.reset()?;
         let mut processes = Vec::new();
-        match components::start_all(&layout, options, &mut processes, report).await {
+        let started = async {
+            let mut info = components::start_all(&layout, options, &mut processes, report).await?;
+            if let Some(release) = &options.release {
+                let node_ip = info.node_ip.parse().context("the node's address")?;
+                let installed =
+                    install::install(&layout, node_ip, release, &mut processes, report).await?;
+                info.zts = Some(installed.zts);
+                info.image = Some(installed.image);
+                info.overlay = Some(installed.overlay);
+                info.pids = components::pids(&processes);
+            }
+            // cluster.json appears only once everything asked for is ready
+            crate::stack::write_json_atomically(&layout.cluster_json, &info)?;
+            anyhow::Ok(info)
+        }
+        .await;
+        match started {
             Ok(info) => Ok(Self {
                 layout,
                 info,

@@ -13,13 +13,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Paths of one control-plane service's key and credentials.
-pub(super) struct ServiceFiles {
+pub(crate) struct ServiceFiles {
     key_dir: PathBuf,
     out_dir: PathBuf,
 }
 
 impl ServiceFiles {
-    pub(super) fn key(&self) -> PathBuf {
+    pub(crate) fn key(&self) -> PathBuf {
         self.key_dir.join("service.key")
     }
     pub(super) fn cert(&self) -> PathBuf {
@@ -50,7 +50,7 @@ fn service_key(state: &Path, service: &str) -> anyhow::Result<(ServiceFiles, Str
 
 /// Generates every control-plane service's key (the ZTS registrations returned) and the JWT
 /// signing key (`jwt-keys/v1.pem`, its public half in `jwt-public/v1.pem`).
-pub(super) fn generate_keys(
+pub(crate) fn generate_keys(
     state: &Path,
 ) -> anyhow::Result<(Vec<ServiceEntry>, BTreeMap<&'static str, ServiceFiles>)> {
     let mut services = Vec::new();

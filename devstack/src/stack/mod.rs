@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 mod control;
 mod info;
-mod keys;
+pub(crate) mod keys;
 pub mod replicas;
 mod runtime;
 mod start;

@@ -21,6 +21,7 @@ use athenz_core::tls::{self, ClientIdentity};
 use athenz_core::zts::InstanceConfirmation;
 use rustls_pki_types::CertificateDer;
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,6 +79,7 @@ pub struct ProviderClients {
     identity: ClientIdentity,
     timeout: Duration,
     configs: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
+    resolver: Option<athenz_core::serving::dns::Resolver>,
 }
 
 impl ProviderClients {
@@ -92,7 +94,41 @@ impl ProviderClients {
             identity,
             timeout,
             configs: Mutex::new(HashMap::new()),
+            resolver: None,
         }
+    }
+
+    /// Resolves endpoint host names through `server` (when given) instead of the host's resolver.
+    #[must_use]
+    pub fn with_dns_server(mut self, server: Option<SocketAddr>) -> Self {
+        self.resolver = server.map(|s| athenz_core::serving::dns::resolver_via(s, self.timeout));
+        self
+    }
+
+    /// Where the endpoint's host name points, through the configured DNS server; `None` when
+    /// none is configured or the host is an address. A name the server cannot resolve is the
+    /// provider being unreachable (504, as an unknown host is to ZTS).
+    async fn resolve(&self, endpoint: &str) -> Result<Option<(String, SocketAddr)>, String> {
+        let Some(resolver) = &self.resolver else {
+            return Ok(None);
+        };
+        let url = reqwest::Url::parse(endpoint)
+            .map_err(|e| format!("provider endpoint {endpoint}: {e}"))?;
+        let Some(host) = url.host_str() else {
+            return Ok(None);
+        };
+        if host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok()
+        {
+            return Ok(None);
+        }
+        let port = url.port_or_known_default().unwrap_or(443);
+        let ip = athenz_core::serving::dns::first_address(resolver, host, self.timeout)
+            .await
+            .ok_or_else(|| format!("provider endpoint host {host} has no address"))?;
+        Ok(Some((host.to_owned(), SocketAddr::new(ip, port))))
     }
 
     /// The TLS configuration for `provider`'s server, without session resumption: every
@@ -115,8 +151,16 @@ impl ProviderClients {
     }
 
     /// A client used for one confirmation and dropped with its connection.
-    fn client(&self, provider: &str) -> Result<reqwest::Client, String> {
-        reqwest::Client::builder()
+    fn client(
+        &self,
+        provider: &str,
+        resolved: Option<(String, SocketAddr)>,
+    ) -> Result<reqwest::Client, String> {
+        let builder = match resolved {
+            Some((host, addr)) => reqwest::Client::builder().resolve(&host, addr),
+            None => reqwest::Client::builder(),
+        };
+        builder
             .tls_backend_preconfigured((*self.config(provider)?).clone())
             .timeout(self.timeout)
             .connect_timeout(self.timeout)
@@ -133,8 +177,12 @@ impl ProviderClients {
         route: ProviderRoute,
         confirmation: &InstanceConfirmation,
     ) -> Result<InstanceConfirmation, ProviderRefusal> {
+        let resolved = self
+            .resolve(&provider.endpoint)
+            .await
+            .map_err(|e| ProviderRefusal::new(GATEWAY_TIMEOUT, &e))?;
         let client = self
-            .client(&provider.name)
+            .client(&provider.name, resolved)
             .map_err(|e| ProviderRefusal::new(GATEWAY_TIMEOUT, &e))?;
         let url = format!(
             "{}{}",

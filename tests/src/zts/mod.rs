@@ -102,6 +102,10 @@ pub struct DevZtsConfig {
     /// Principals that may ask for tokens and role certificates on behalf of another (Athenz's
     /// `athenz.zts.authorized_proxy_users`).
     pub authorized_proxy_users: Vec<String>,
+    /// The DNS server that resolves providers' endpoint host names (a cluster's DNS Service, so
+    /// an endpoint can be registered as the callback Service's in-cluster name, as operators
+    /// register it); the host's resolver when unset.
+    pub provider_dns_server: Option<SocketAddr>,
 }
 
 impl Default for DevZtsConfig {
@@ -122,6 +126,7 @@ impl Default for DevZtsConfig {
             max_token_expiry_secs: 24 * 3600,
             openid_scope: false,
             authorized_proxy_users: Vec::new(),
+            provider_dns_server: None,
         }
     }
 }
@@ -197,9 +202,16 @@ impl DevZts {
         let root_pem = root.root_pem().to_owned();
 
         let key = PrivateKey::generate(KeyAlgorithm::P256).map_err(PkiError::from)?;
+        // clients reach it by the address it listens on (a pod reaches a ZTS beside its cluster
+        // by the node's address), and always by loopback
+        let mut ip_addresses = vec![std::net::IpAddr::from([127, 0, 0, 1])];
+        let listen_ip = config.listen.ip();
+        if !listen_ip.is_unspecified() && !ip_addresses.contains(&listen_ip) {
+            ip_addresses.push(listen_ip);
+        }
         let own = signer.issue_for_key(
             &LeafSpec {
-                ip_addresses: vec![[127, 0, 0, 1].into()],
+                ip_addresses,
                 ..LeafSpec::service(&config.principal, &["localhost"])
             },
             &key.public_key_der(),
@@ -238,7 +250,8 @@ impl DevZts {
                 provider_cas,
                 ClientIdentity::Reloading(identity),
                 std::time::Duration::from_millis(config.provider_timeout_ms),
-            ),
+            )
+            .with_dns_server(config.provider_dns_server),
             settings: RouteSettings {
                 max_cert_lifetime_minutes: config.max_cert_lifetime_minutes,
                 backdate: time::Duration::seconds(i64::from(config.cert_backdate_secs)),
@@ -275,8 +288,13 @@ impl DevZts {
         let task = tokio::spawn(server.serve(async {
             let _ = rx.await;
         }));
+        let url_ip = if addr.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            addr.ip()
+        };
         Ok(Self {
-            url: format!("https://127.0.0.1:{}/zts/v1", addr.port()),
+            url: format!("https://{}/zts/v1", SocketAddr::new(url_ip, addr.port())),
             addr,
             root_pem,
             state,
