@@ -140,6 +140,10 @@ async fn start_dev_zts(
     node_ip: Ipv4Addr,
     processes: &mut Vec<Process>,
 ) -> anyhow::Result<StandaloneInfo> {
+    for dir in ["jwt-keys", "jwt-public", "zts"] {
+        let dir = athenz.join(dir);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
     let (services, _) = generate_keys(athenz)?;
     let config = DevZtsConfig {
         listen: SocketAddr::from((node_ip, free_port()?)),
