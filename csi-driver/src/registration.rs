@@ -121,5 +121,6 @@ pub async fn serve(
         grace: std::time::Duration::from_secs(2),
         name: "CSI registration",
     };
-    unix_socket::serve_http2(listener, route, limits, stop).await;
+    // a real kubelet's registration client sends the socket's path as :authority
+    unix_socket::serve_http2_normalizing_authority(listener, route, limits, stop).await;
 }

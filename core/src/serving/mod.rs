@@ -4,6 +4,7 @@
 pub mod client;
 pub mod daemon;
 pub mod dns;
+pub mod h2_authority;
 pub mod http;
 pub mod periodic;
 pub mod telemetry;

@@ -120,6 +120,57 @@ pub async fn serve_http2<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    serve_http2_adapted(listener, service, limits, stop, |stream| stream).await;
+}
+
+/// [`serve_http2`] for clients that send a socket path as `:authority` (a kubelet's
+/// plugin-registration client): each connection goes through
+/// [`super::h2_authority::normalize`] first.
+pub async fn serve_http2_normalizing_authority<S, B>(
+    listener: tokio::net::UnixListener,
+    service: S,
+    limits: Limits,
+    stop: impl Future<Output = ()>,
+) where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    serve_http2_adapted(
+        listener,
+        service,
+        limits,
+        stop,
+        super::h2_authority::normalize,
+    )
+    .await;
+}
+
+async fn serve_http2_adapted<S, B, A, IO>(
+    listener: tokio::net::UnixListener,
+    service: S,
+    limits: Limits,
+    stop: impl Future<Output = ()>,
+    adapt: A,
+) where
+    A: Fn(tokio::net::UnixStream) -> IO,
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     let graceful = GracefulShutdown::new();
     let builder = {
@@ -153,7 +204,7 @@ pub async fn serve_http2<S, B>(
             () = &mut stop => break,
         };
         let conn = builder
-            .serve_connection(TokioIo::new(stream), service.clone())
+            .serve_connection(TokioIo::new(adapt(stream)), service.clone())
             .into_owned();
         let conn = graceful.watch(conn);
         let name = limits.name;
