@@ -306,6 +306,26 @@ pub enum ClusterCommand {
         #[arg(long)]
         node_name: Option<String>,
     },
+    /// `cluster up`, then the end-to-end: pods in flex, csi-socket and csi-files mode get
+    /// their identity through the real kubelet and API server; prints what each app container
+    /// read (checked against its pod); takes the cluster down. Exits 1 if any check fails.
+    Demo {
+        /// Where everything lives.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// The release image's OCI archive (as for `cluster up`).
+        #[arg(long, value_name = "FILE")]
+        image_archive: Option<PathBuf>,
+        /// The deploy/ to install (as for `cluster up`).
+        #[arg(long, value_name = "DIR")]
+        deploy: Option<PathBuf>,
+        /// The binaries (as for `cluster up`).
+        #[arg(long, value_name = "DIR")]
+        kube_bin: Option<PathBuf>,
+        /// Print the identities as JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
     /// chains, bridge and IPAM state. Safe to run again.
     Down {

@@ -102,6 +102,26 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     };
                     runtime()?.block_on(cluster::up(options))?;
                 }
+                ClusterCommand::Demo {
+                    state_dir,
+                    image_archive,
+                    deploy,
+                    kube_bin,
+                    json,
+                } => {
+                    let release = cluster::install::Release::new(image_archive, deploy);
+                    release.check()?;
+                    let options = cluster::ClusterOptions {
+                        state_dir,
+                        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
+                        node_ip: None,
+                        node_name: None,
+                        release: Some(release),
+                    };
+                    if !runtime()?.block_on(cluster::demo(options, json))? {
+                        return Ok(ExitCode::FAILURE);
+                    }
+                }
                 ClusterCommand::Down { state_dir } => {
                     runtime()?.block_on(cluster::down(&state_dir))?;
                 }

@@ -50,6 +50,14 @@ pub struct Release {
 }
 
 impl Release {
+    /// The given archive and `deploy/`, or this workspace's.
+    pub fn new(image_archive: Option<PathBuf>, deploy_dir: Option<PathBuf>) -> Self {
+        Self {
+            image_archive: image_archive.unwrap_or_else(super::default_image_archive),
+            deploy_dir: deploy_dir.unwrap_or_else(super::default_deploy_dir),
+        }
+    }
+
     /// Fails, naming what to run, when the archive or the overlay is missing (before any of the
     /// cluster is started).
     pub fn check(&self) -> anyhow::Result<()> {

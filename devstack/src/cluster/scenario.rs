@@ -1,0 +1,406 @@
+//! The end-to-end on the real node (`cluster demo`, the real-cluster test): pods in every mode
+//! get their identity through the real kubelet and API server, and each app container's
+//! certificate is checked against its pod, as the pod's own code would read it.
+//!
+//! - flex: a Deployment in each of two namespaces opted in with `athenz.io/identity=enabled`;
+//!   the real API server calls the initializer webhook, which injects the volume, the init
+//!   container and the native sidecar.
+//! - csi-socket: a pod as the webhook makes it with the installed template set to `volume:
+//!   csi-socket` (the initializer's own `inject`, offline), created where no webhook runs.
+//! - csi-files: a pod that declares the CSI volume itself; nothing runs in it but the app.
+
+use super::Layout;
+use super::images::{self, ImageSpec};
+use super::install::NAMESPACE;
+use super::kubectl::Kubectl;
+use anyhow::{Context, bail};
+use athenz_core::crypto::CertInfo;
+use athenz_initializer::template::{Template, VolumeKind};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The apps' image: Debian's static busybox (`cat` is all an app needs to read its files).
+pub const APP_IMAGE: &str = "localhost/athenz-devstack/busybox:1";
+const BUSYBOX: &str = "/bin/busybox";
+/// Where every mode's app reads its credentials.
+const CREDENTIALS: &str = "/var/run/athenz";
+/// How long a workload may take to be Ready (a first pod also waits for its image's layers).
+const READY: Duration = Duration::from_secs(120);
+/// The label that opts a namespace in.
+const OPT_IN: &str = "athenz.io/identity=enabled";
+
+/// How a pod gets its identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// The flex volume, injected by the webhook.
+    Flex,
+    /// The CSI volume in socket mode with the SIA containers.
+    CsiSocket,
+    /// The CSI volume in files mode, nothing injected.
+    CsiFiles,
+}
+
+/// One workload: its namespace (the Athenz domain with dashes), service account and mode.
+#[derive(Debug, Clone, Copy)]
+pub struct Workload {
+    /// The namespace (`media-sports` is domain `media.sports`).
+    pub namespace: &'static str,
+    /// The service account (the Athenz service) and the workload's name.
+    pub service_account: &'static str,
+    /// How its pods get their identity.
+    pub mode: Mode,
+}
+
+/// The demo's workloads.
+pub const WORKLOADS: [Workload; 4] = [
+    Workload {
+        namespace: "media-sports",
+        service_account: "api",
+        mode: Mode::Flex,
+    },
+    Workload {
+        namespace: "news-feed",
+        service_account: "web",
+        mode: Mode::Flex,
+    },
+    Workload {
+        namespace: "media-sports",
+        service_account: "stats",
+        mode: Mode::CsiSocket,
+    },
+    Workload {
+        namespace: "shop-cart",
+        service_account: "reader",
+        mode: Mode::CsiFiles,
+    },
+];
+
+/// What a pod's app container read, checked against the pod.
+#[derive(Debug, Clone, Serialize)]
+pub struct PodIdentity {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// How it got its identity.
+    pub mode: Mode,
+    /// The pod's IP, as the API server has it.
+    pub pod_ip: String,
+    /// The certificate's CN: `<domain>.<service account>`.
+    pub principal: String,
+    /// Its DNS SANs.
+    pub dns_names: Vec<String>,
+    /// Its IP SANs.
+    pub ip_addresses: Vec<String>,
+    /// Its URI SANs (SPIFFE id, instance id).
+    pub uris: Vec<String>,
+    /// Its serial (hex).
+    pub serial: String,
+    /// Its expiry (RFC 3339).
+    pub not_after: String,
+}
+
+/// The scenario's handles: kubectl, and the ZTS CA that must verify every certificate.
+pub struct Scenario {
+    kubectl: Kubectl,
+    zts_ca: PathBuf,
+}
+
+impl Scenario {
+    /// For the cluster in `layout`, whose dev ZTS's CA is `zts_ca`.
+    pub fn new(layout: &Layout, zts_ca: &Path) -> Self {
+        Self {
+            kubectl: Kubectl::new(layout),
+            zts_ca: zts_ca.to_owned(),
+        }
+    }
+
+    /// The kubectl it uses.
+    pub fn kubectl(&self) -> &Kubectl {
+        &self.kubectl
+    }
+
+    /// Builds and imports [`APP_IMAGE`].
+    pub fn import_app_image(layout: &Layout) -> anyhow::Result<()> {
+        if !Path::new(BUSYBOX).is_file() {
+            bail!("{BUSYBOX} is missing: apt-get install busybox-static (the apps' image)");
+        }
+        let archive = images::build_once(
+            &layout.images,
+            &ImageSpec {
+                name: APP_IMAGE.to_owned(),
+                files: vec![(PathBuf::from(BUSYBOX), BUSYBOX.to_owned())],
+                entrypoint: vec![BUSYBOX.to_owned()],
+            },
+        )?;
+        images::import(layout, &archive)
+    }
+
+    /// Creates `workload` (its namespace and service account first) and waits until its pods
+    /// are Ready; returns their names.
+    pub fn deploy(&self, workload: &Workload) -> anyhow::Result<Vec<String>> {
+        let ns = workload.namespace;
+        let sa = workload.service_account;
+        self.ensure_namespace(ns, workload.mode == Mode::Flex)?;
+        self.kubectl.apply_manifest(
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}, namespace: {ns}}}\n"
+            ),
+            &format!("service account {ns}/{sa}"),
+        )?;
+        match workload.mode {
+            Mode::Flex => {
+                self.kubectl
+                    .apply_manifest(&app_deployment(ns, sa), &format!("deployment {ns}/{sa}"))?;
+                self.kubectl
+                    .wait_rolled_out(ns, &format!("deployment/{sa}"), READY)?;
+                self.pods_of(ns, sa)
+            }
+            Mode::CsiSocket | Mode::CsiFiles => {
+                let pod = self.standalone_pod(workload)?;
+                self.kubectl
+                    .apply_manifest(&pod, &format!("pod {ns}/{sa}"))?;
+                self.wait_pod_ready(ns, sa, READY)?;
+                Ok(vec![sa.to_owned()])
+            }
+        }
+    }
+
+    /// Creates `ns` if missing, opted in when `opt_in`.
+    pub fn ensure_namespace(&self, ns: &str, opt_in: bool) -> anyhow::Result<()> {
+        let labels = if opt_in {
+            format!("\n  labels: {{{}}}", OPT_IN.replace('=', ": "))
+        } else {
+            String::new()
+        };
+        self.kubectl.apply_manifest(
+            &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}{labels}\n"),
+            &format!("namespace {ns}"),
+        )?;
+        Ok(())
+    }
+
+    /// The names of the pods labelled `app=<app>` in `ns`.
+    pub fn pods_of(&self, ns: &str, app: &str) -> anyhow::Result<Vec<String>> {
+        let pods = self
+            .kubectl
+            .get_json(&["pods", "-n", ns, "-l", &format!("app={app}")])?;
+        Ok(pods["items"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                    .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// The csi-socket pod (what the webhook injects with `volume: csi-socket`) or the csi-files
+    /// pod (the CSI volume alone), as JSON.
+    fn standalone_pod(&self, workload: &Workload) -> anyhow::Result<String> {
+        let ns = workload.namespace;
+        let sa = workload.service_account;
+        let mode = match workload.mode {
+            Mode::CsiSocket => "socket",
+            _ => "files",
+        };
+        let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": sa, "namespace": ns, "labels": {"app": sa}},
+            "spec": {
+                "serviceAccountName": sa,
+                "terminationGracePeriodSeconds": 2,
+                "containers": [app_container()],
+            }
+        }))
+        .context("the app pod")?;
+        if workload.mode == Mode::CsiSocket {
+            let mut template = self.installed_template()?;
+            template.volume = VolumeKind::CsiSocket;
+            pod = athenz_initializer::mutate::inject(&template, &pod)
+                .map_err(|e| anyhow::anyhow!("injecting the csi-socket template: {e:?}"))?;
+        } else if let Some(spec) = pod.spec.as_mut() {
+            spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
+                "name": "athenz-identity",
+                "csi": {"driver": "csi.athenz.io", "readOnly": true,
+                        "volumeAttributes": {"mode": mode}}
+            }))?]);
+            spec.containers[0].volume_mounts = Some(vec![serde_json::from_value(
+                serde_json::json!({"name": "athenz-identity", "mountPath": CREDENTIALS,
+                                   "readOnly": true}),
+            )?]);
+        }
+        serde_json::to_string(&pod).context("encoding the pod")
+    }
+
+    /// The template the installed initializer reads (its ConfigMap).
+    fn installed_template(&self) -> anyhow::Result<Template> {
+        let map = self.kubectl.get_json(&[
+            "configmap",
+            "-n",
+            NAMESPACE,
+            "athenz-initializer-template",
+        ])?;
+        let text = map["data"]["template.yaml"]
+            .as_str()
+            .context("the initializer's ConfigMap has no template.yaml")?;
+        Template::from_yaml(text).context("reading the installed template")
+    }
+
+    /// Waits until pod `name` in `ns` is Ready; the error names its phase and events.
+    pub fn wait_pod_ready(&self, ns: &str, name: &str, limit: Duration) -> anyhow::Result<()> {
+        let timeout = format!("--timeout={}s", limit.as_secs());
+        self.kubectl
+            .run(&[
+                "-n",
+                ns,
+                "wait",
+                "--for=condition=Ready",
+                &format!("pod/{name}"),
+                &timeout,
+            ])
+            .map(|_| ())
+            .with_context(|| {
+                let events = self
+                    .kubectl
+                    .run(&[
+                        "-n",
+                        ns,
+                        "get",
+                        "events",
+                        "--field-selector",
+                        &format!("involvedObject.name={name}"),
+                    ])
+                    .unwrap_or_default();
+                format!("pod {ns}/{name} not Ready after {limit:?}; its events:\n{events}")
+            })
+    }
+
+    /// Reads the certificate and CA the app container of `pod` sees and checks them against the
+    /// pod: the chain verifies to the ZTS CA (openssl), the CN is `<domain>.<service account>`,
+    /// the pod's IP is its IP SAN and its SPIFFE id names the service account.
+    pub fn check_identity(&self, ns: &str, pod: &str, mode: Mode) -> anyhow::Result<PodIdentity> {
+        let json = self.kubectl.get_json(&["pod", "-n", ns, pod])?;
+        let pod_ip = json["status"]["podIP"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let sa = json["spec"]["serviceAccountName"]
+            .as_str()
+            .unwrap_or_default();
+        let cat = |file: &str| {
+            self.kubectl.run(&[
+                "exec",
+                "-n",
+                ns,
+                pod,
+                "-c",
+                "app",
+                "--",
+                BUSYBOX,
+                "cat",
+                &format!("{CREDENTIALS}/{file}"),
+            ])
+        };
+        let cert_pem = cat("service.cert.pem")?;
+        let ca_pem = cat("ca.cert.pem")?;
+        let root = std::fs::read_to_string(&self.zts_ca)
+            .with_context(|| format!("reading {}", self.zts_ca.display()))?;
+        athenz_testbed::openssl::verify(&root, &ca_pem, &cert_pem).map_err(|e| {
+            anyhow::anyhow!("{ns}/{pod}: the certificate does not verify to the ZTS CA: {e}")
+        })?;
+        let cert = CertInfo::from_pem(&cert_pem).context("parsing the pod's certificate")?;
+        let domain = ns.replace('-', ".");
+        let expected = format!("{domain}.{sa}");
+        if cert.common_name != expected {
+            bail!(
+                "{ns}/{pod}: CN {} where {expected} was expected",
+                cert.common_name
+            );
+        }
+        let ips: Vec<String> = cert.ip_addresses.iter().map(ToString::to_string).collect();
+        if !ips.contains(&pod_ip) {
+            bail!("{ns}/{pod}: the pod's IP {pod_ip} is not among the IP SANs {ips:?}");
+        }
+        let spiffe = format!("spiffe://{domain}/sa/{sa}");
+        if !cert.uris.contains(&spiffe) {
+            bail!(
+                "{ns}/{pod}: {spiffe} is not among the URI SANs {:?}",
+                cert.uris
+            );
+        }
+        Ok(PodIdentity {
+            namespace: ns.to_owned(),
+            pod: pod.to_owned(),
+            mode,
+            pod_ip,
+            principal: cert.common_name,
+            dns_names: cert.dns_names,
+            ip_addresses: ips,
+            uris: cert.uris,
+            serial: cert.serial_hex,
+            not_after: cert
+                .not_after
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default(),
+        })
+    }
+
+    /// Deploys every workload of [`WORKLOADS`] and checks each pod's identity.
+    pub fn run_all(&self) -> anyhow::Result<Vec<PodIdentity>> {
+        let mut identities = Vec::new();
+        for workload in &WORKLOADS {
+            let started = Instant::now();
+            let pods = self.deploy(workload)?;
+            if pods.is_empty() {
+                bail!(
+                    "{} {}: no pods",
+                    workload.namespace,
+                    workload.service_account
+                );
+            }
+            for pod in pods {
+                identities.push(self.check_identity(workload.namespace, &pod, workload.mode)?);
+            }
+            tracing::debug!(elapsed = ?started.elapsed(), "workload checked");
+        }
+        Ok(identities)
+    }
+}
+
+/// The app container: sleeps; reads its files when exec'd.
+fn app_container() -> serde_json::Value {
+    serde_json::json!({
+        "name": "app",
+        "image": APP_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": [BUSYBOX, "sleep", "3600"],
+    })
+}
+
+/// A Deployment of `replicas` app pods running as `sa` (the webhook adds the rest).
+fn app_deployment(ns: &str, sa: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": sa, "namespace": ns},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": sa}},
+            "template": {
+                "metadata": {"labels": {"app": sa}},
+                "spec": {
+                    "serviceAccountName": sa,
+                    "terminationGracePeriodSeconds": 2,
+                    "containers": [app_container()],
+                }
+            }
+        }
+    })
+    .to_string()
+}
