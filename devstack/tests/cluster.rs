@@ -12,75 +12,15 @@ use athenz_devstack::cluster::images::{ImageSpec, build_and_import};
 use athenz_devstack::cluster::{ClusterInfo, KUBE_VERSION, Layout, teardown};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
 use common::DEVSTACK;
+use common::cluster::{BUSYBOX, require_prerequisites, start_cluster};
 
 /// The test's image: Debian's static busybox.
 const IMAGE: &str = "localhost/athenz-devstack/busybox:1";
-const BUSYBOX: &str = "/bin/busybox";
-
-/// The binaries `tests/kube/build.sh` builds for the pinned version.
-fn kube_bin() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/kube")
-        .join(KUBE_VERSION)
-        .join("bin")
-}
-
-/// Fails (never skips) when this machine cannot run the test, saying what to do.
-fn require_prerequisites() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the cluster test runs a kubelet, containerd and iptables: run it as root"
-    );
-    let kube = kube_bin().join("kube");
-    assert!(
-        kube.is_file(),
-        "{} is missing: run tests/kube/build.sh",
-        kube.display()
-    );
-    let busybox = std::fs::read(BUSYBOX).unwrap_or_else(|_| {
-        panic!("{BUSYBOX} is missing: apt-get install busybox-static (the test's image)")
-    });
-    // a dynamically linked busybox needs a loader; a scratch image has none
-    assert!(
-        !has_interpreter(&busybox),
-        "{BUSYBOX} is dynamically linked: apt-get install busybox-static (the test's image)"
-    );
-}
-
-/// Whether an ELF64 file has a PT_INTERP program header (is dynamically linked).
-fn has_interpreter(elf: &[u8]) -> bool {
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
-    let (size, count) = (u16_at(0x36), u16_at(0x38));
-    (0..count).any(|i| {
-        let at = phoff + i * size;
-        elf[at..at + 4] == 3u32.to_le_bytes()
-    })
-}
-
-/// Takes the cluster down if the test ends early, so a failure leaves the machine clean.
-struct Down<'a> {
-    state_dir: &'a Path,
-    up: Option<Child>,
-}
-
-impl Drop for Down<'_> {
-    fn drop(&mut self) {
-        if let Some(mut up) = self.up.take() {
-            let _ = Command::new(DEVSTACK)
-                .args(["cluster", "down", "--state-dir"])
-                .arg(self.state_dir)
-                .status();
-            let _ = up.kill();
-            let _ = up.wait();
-        }
-    }
-}
 
 /// `kubectl --kubeconfig <admin>` with `args`; its stdout, failing with its stderr.
 fn kubectl(info: &ClusterInfo, args: &[&str], stdin: Option<&str>) -> String {
@@ -181,42 +121,8 @@ fn a_real_node_runs_pods_that_reach_each_other_and_a_service_then_goes_down_clea
         .tempdir()
         .unwrap();
     let state_dir = temp.path().join("state");
-    let up_log = temp.path().join("up.log");
-    let log = std::fs::File::create(&up_log).unwrap();
-    let started = Instant::now();
-    let up = Command::new(DEVSTACK)
-        .args(["cluster", "up", "--bare", "--state-dir"])
-        .arg(&state_dir)
-        .arg("--kube-bin")
-        .arg(kube_bin())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let mut guard = Down {
-        state_dir: &state_dir,
-        up: Some(up),
-    };
-
-    // up: cluster.json appears once the node is Ready
-    let cluster_json = state_dir.join("cluster.json");
-    while !cluster_json.exists() {
-        let up = guard.up.as_mut().unwrap();
-        if let Some(status) = up.try_wait().unwrap() {
-            panic!(
-                "cluster up exited ({status}) before the node was Ready:\n{}",
-                std::fs::read_to_string(&up_log).unwrap_or_default()
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(300),
-            "no cluster.json after 300 s:\n{}",
-            std::fs::read_to_string(&up_log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let up_seconds = started.elapsed().as_secs_f64();
-    let info = ClusterInfo::read(&cluster_json).unwrap();
+    let (mut guard, info) = start_cluster(&state_dir, &["--bare"], Duration::from_secs(300));
+    let up_seconds = guard.up_seconds;
     assert_eq!(info.kubernetes_version, KUBE_VERSION);
     assert_eq!(info.pod_cidr, "10.244.0.0/24");
     let ready = kubectl(
@@ -325,7 +231,7 @@ fn a_real_node_runs_pods_that_reach_each_other_and_a_service_then_goes_down_clea
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    let up_output = std::fs::read_to_string(&up_log).unwrap_or_default();
+    let up_output = std::fs::read_to_string(state_dir.with_extension("log")).unwrap_or_default();
     assert!(status.success(), "cluster up ended {status}:\n{up_output}");
     for (name, pid) in &info.pids {
         assert!(

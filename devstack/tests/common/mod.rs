@@ -4,6 +4,9 @@
 
 use std::process::Command;
 
+/// `cluster up` for the real-node tests.
+pub mod cluster;
+
 /// The binary under test.
 pub const DEVSTACK: &str = env!("CARGO_BIN_EXE_athenz-devstack");
 
