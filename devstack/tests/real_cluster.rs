@@ -83,9 +83,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         let name = workload.split('/').nth(1).unwrap();
         let mine: Vec<_> = pods
             .iter()
-            .filter(|p| {
-                p["metadata"]["labels"]["app.kubernetes.io/name"].as_str() == Some(name)
-            })
+            .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/name"].as_str() == Some(name))
             .collect();
         assert!(!mine.is_empty(), "no pod of {workload}");
         for pod in mine {
@@ -107,7 +105,11 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let started = Instant::now();
     let identities = scenario.run_all().unwrap();
     let modes = |mode: Mode| identities.iter().filter(|i| i.mode == mode).count();
-    assert_eq!(modes(Mode::Flex), 4, "two Deployments of two pods: {identities:#?}");
+    assert_eq!(
+        modes(Mode::Flex),
+        4,
+        "two Deployments of two pods: {identities:#?}"
+    );
     assert_eq!(modes(Mode::CsiSocket), 1);
     assert_eq!(modes(Mode::CsiFiles), 1);
     let flex_namespaces: std::collections::BTreeSet<_> = identities
@@ -115,9 +117,13 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         .filter(|i| i.mode == Mode::Flex)
         .map(|i| i.namespace.clone())
         .collect();
-    assert_eq!(flex_namespaces.len(), 2, "the webhook served two namespaces");
+    assert_eq!(
+        flex_namespaces.len(),
+        2,
+        "the webhook served two namespaces"
+    );
     for id in &identities {
-        assert_eq!(id.ip_addresses, [id.pod_ip.clone()], "{id:#?}");
+        assert_eq!(id.ip_addresses, std::slice::from_ref(&id.pod_ip), "{id:#?}");
     }
     let scenario_seconds = started.elapsed().as_secs_f64();
 
@@ -127,14 +133,33 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         service_account: "api",
         mode: Mode::Flex,
     };
-    let pod = scenario.pods_of(doomed.namespace, doomed.service_account).unwrap()[0].clone();
+    let pod = scenario
+        .pods_of(doomed.namespace, doomed.service_account)
+        .unwrap()[0]
+        .clone();
     kubectl
-        .run(&["-n", doomed.namespace, "delete", "pod", &pod, "--wait=false", "--grace-period=30"])
+        .run(&[
+            "-n",
+            doomed.namespace,
+            "delete",
+            "pod",
+            &pod,
+            "--wait=false",
+            "--grace-period=30",
+        ])
         .unwrap();
     let refused = Command::new(info.kube_bin.join("kubectl"))
         .arg("--kubeconfig")
         .arg(&info.kubeconfig)
-        .args(["-n", doomed.namespace, "exec", &pod, "-c", "athenz-sia-refresh", "--"])
+        .args([
+            "-n",
+            doomed.namespace,
+            "exec",
+            &pod,
+            "-c",
+            "athenz-sia-refresh",
+            "--",
+        ])
         .args(["athenz-sia", "init"])
         .output()
         .unwrap();
@@ -143,27 +168,51 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         String::from_utf8_lossy(&refused.stdout),
         String::from_utf8_lossy(&refused.stderr)
     );
-    assert!(!refused.status.success(), "a terminating pod got an identity: {said}");
-    assert!(said.contains("403") && said.contains("being deleted"), "{said}");
+    assert!(
+        !refused.status.success(),
+        "a terminating pod got an identity: {said}"
+    );
+    assert!(
+        said.contains("403") && said.contains("being deleted"),
+        "{said}"
+    );
 
     // the webhook unavailable: pod creation in opted-in namespaces fails (failurePolicy Fail);
     // elsewhere it goes on
     kubectl
-        .run(&["-n", NAMESPACE, "scale", "deployment/athenz-initializer", "--replicas=0"])
+        .run(&[
+            "-n",
+            NAMESPACE,
+            "scale",
+            "deployment/athenz-initializer",
+            "--replicas=0",
+        ])
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let refusal = loop {
         let attempt = kubectl.run(&[
-            "-n", "news-feed", "run", "while-down", "--image=localhost/athenz-devstack/busybox:1",
-            "--image-pull-policy=Never", "--restart=Never", "--command", "--", "/bin/busybox",
-            "sleep", "5",
+            "-n",
+            "news-feed",
+            "run",
+            "while-down",
+            "--image=localhost/athenz-devstack/busybox:1",
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            "--command",
+            "--",
+            "/bin/busybox",
+            "sleep",
+            "5",
         ]);
         match attempt {
             Err(e) => break format!("{e:#}"),
             Ok(_) => {
                 // the endpoints had not gone yet: try again with the pod removed
                 let _ = kubectl.run(&["-n", "news-feed", "delete", "pod", "while-down", "--wait"]);
-                assert!(Instant::now() < deadline, "pods were admitted with the webhook down");
+                assert!(
+                    Instant::now() < deadline,
+                    "pods were admitted with the webhook down"
+                );
                 std::thread::sleep(Duration::from_millis(500));
             }
         }
@@ -171,16 +220,35 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     assert!(refusal.contains("initializer.athenz.io"), "{refusal}");
     kubectl
         .run(&[
-            "-n", "shop-cart", "run", "elsewhere", "--image=localhost/athenz-devstack/busybox:1",
-            "--image-pull-policy=Never", "--restart=Never", "--command", "--", "/bin/busybox",
-            "sleep", "5",
+            "-n",
+            "shop-cart",
+            "run",
+            "elsewhere",
+            "--image=localhost/athenz-devstack/busybox:1",
+            "--image-pull-policy=Never",
+            "--restart=Never",
+            "--command",
+            "--",
+            "/bin/busybox",
+            "sleep",
+            "5",
         ])
         .expect("a namespace that did not opt in is not affected");
     kubectl
-        .run(&["-n", NAMESPACE, "scale", "deployment/athenz-initializer", "--replicas=2"])
+        .run(&[
+            "-n",
+            NAMESPACE,
+            "scale",
+            "deployment/athenz-initializer",
+            "--replicas=2",
+        ])
         .unwrap();
     kubectl
-        .wait_rolled_out(NAMESPACE, "deployment/athenz-initializer", Duration::from_secs(120))
+        .wait_rolled_out(
+            NAMESPACE,
+            "deployment/athenz-initializer",
+            Duration::from_secs(120),
+        )
         .unwrap();
 
     // the agent deleted while a new pod waits for its identity: its DaemonSet starts another,
@@ -192,13 +260,20 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     };
     kubectl
         .run(&[
-            "-n", NAMESPACE, "delete", "pod", "-l", "app.kubernetes.io/name=athenz-agent",
+            "-n",
+            NAMESPACE,
+            "delete",
+            "pod",
+            "-l",
+            "app.kubernetes.io/name=athenz-agent",
             "--wait=false",
         ])
         .unwrap();
     let pods = scenario.deploy(&late).unwrap();
     for pod in &pods {
-        scenario.check_identity(late.namespace, pod, late.mode).unwrap();
+        scenario
+            .check_identity(late.namespace, pod, late.mode)
+            .unwrap();
     }
 
     eprintln!(

@@ -44,6 +44,49 @@ impl Checker {
         })
     }
 
+    /// A checker for a running cluster: its CA, its admin's certificate
+    /// (`pki/admin-client.{crt,key}`), its API server.
+    pub fn for_cluster(layout: &super::Layout, info: &super::ClusterInfo) -> anyhow::Result<Self> {
+        Self::new(
+            &info.api_server.ca,
+            &layout.pki.join("admin-client.crt"),
+            &layout.pki.join("admin-client.key"),
+            &info.api_server.url,
+        )
+    }
+
+    /// `POST <api server><path>` with a JSON body; fails naming the status and the API's
+    /// message unless it answers 2xx.
+    pub async fn api_post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<()> {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.api_server))
+            .json(body)
+            .send()
+            .await
+            .with_context(|| format!("POST {path}"))?;
+        let status = response.status();
+        if !status.is_success() {
+            let text = response.text().await.unwrap_or_default();
+            bail!("POST {path}: {status}: {text}");
+        }
+        Ok(())
+    }
+
+    /// `GET <api server><path>` as text; `None` unless it answers 2xx.
+    pub async fn api_text(&self, path: &str) -> Option<String> {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.api_server))
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        response.text().await.ok()
+    }
+
     /// Whether `GET url` answers 2xx.
     pub async fn ok(&self, url: &str) -> bool {
         self.client

@@ -223,36 +223,39 @@ pub fn build_and_import(layout: &Layout, spec: &ImageSpec) -> anyhow::Result<()>
     import(layout, &archive)
 }
 
-/// Compiles the pause program statically and builds [`PAUSE_IMAGE`] from it (the archive, ready
-/// to import once containerd runs).
-pub fn build_pause(layout: &Layout) -> anyhow::Result<PathBuf> {
-    let dir = layout.images.join("pause");
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let source = dir.join("pause.c");
-    let binary = dir.join("pause");
-    let archive = dir.join("pause.tar");
-    // the image build cache outlives a cluster: an unchanged program needs no new image
-    if archive.is_file() && std::fs::read_to_string(&source).is_ok_and(|s| s == PAUSE_C) {
-        return Ok(archive);
+/// Compiles `source` (C) statically into `<dir>/<name>` unless the same source was compiled
+/// there before (so an image built from it stays cached); returns the binary.
+pub fn compile_static(dir: &Path, name: &str, source: &str) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let source_path = dir.join(format!("{name}.c"));
+    let binary = dir.join(name);
+    if binary.is_file() && std::fs::read_to_string(&source_path).is_ok_and(|s| s == source) {
+        return Ok(binary);
     }
-    let _ = std::fs::remove_file(&source);
-    std::fs::write(&source, PAUSE_C).with_context(|| format!("writing {}", source.display()))?;
+    let _ = std::fs::remove_file(&source_path);
+    let _ = std::fs::remove_file(&binary);
+    std::fs::write(&source_path, source)
+        .with_context(|| format!("writing {}", source_path.display()))?;
     run(
         Command::new("gcc")
             .args(["-static", "-Os", "-s", "-o"])
             .arg(&binary)
-            .arg(&source),
-        "compiling the pause program (gcc -static; needs libc6-dev)",
+            .arg(&source_path),
+        &format!("compiling {name} (gcc -static; needs libc6-dev)"),
     )?;
-    let built = build(
+    Ok(binary)
+}
+
+/// Compiles the pause program statically and builds [`PAUSE_IMAGE`] from it (the archive, ready
+/// to import once containerd runs).
+pub fn build_pause(layout: &Layout) -> anyhow::Result<PathBuf> {
+    let binary = compile_static(&layout.images.join("pause"), "pause", PAUSE_C)?;
+    build_once(
         &layout.images,
         &ImageSpec {
             name: PAUSE_IMAGE.to_owned(),
             files: vec![(binary, "/pause".to_owned())],
             entrypoint: vec!["/pause".to_owned()],
         },
-    )?;
-    std::fs::rename(&built, &archive)
-        .with_context(|| format!("moving {} to {}", built.display(), archive.display()))?;
-    Ok(archive)
+    )
 }

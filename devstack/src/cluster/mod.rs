@@ -310,8 +310,8 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
         println!("{}", serde_json::to_string_pretty(&identities)?);
     } else {
         println!(
-            "{:<11} {:<30} {:<12} {:<20} {}",
-            "mode", "pod", "pod IP", "principal", "expires"
+            "{:<11} {:<30} {:<12} {:<20} expires",
+            "mode", "pod", "pod IP", "principal"
         );
         for id in &identities {
             println!(

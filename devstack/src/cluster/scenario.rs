@@ -24,9 +24,12 @@ use std::time::{Duration, Instant};
 pub const APP_IMAGE: &str = "localhost/athenz-devstack/busybox:1";
 const BUSYBOX: &str = "/bin/busybox";
 /// Where every mode's app reads its credentials.
-const CREDENTIALS: &str = "/var/run/athenz";
+pub const CREDENTIALS: &str = "/var/run/athenz";
 /// How long a workload may take to be Ready (a first pod also waits for its image's layers).
 const READY: Duration = Duration::from_secs(120);
+/// How long a files-mode certificate may lack the pod's IP after the pod is Ready (the agent
+/// looks for it every 500 ms).
+const IP_SAN_WAIT: Duration = Duration::from_secs(15);
 /// The label that opts a namespace in.
 const OPT_IN: &str = "athenz.io/identity=enabled";
 
@@ -204,38 +207,56 @@ impl Scenario {
     fn standalone_pod(&self, workload: &Workload) -> anyhow::Result<String> {
         let ns = workload.namespace;
         let sa = workload.service_account;
-        let mode = match workload.mode {
-            Mode::CsiSocket => "socket",
-            _ => "files",
-        };
+        let pod = self.pod_json(ns, sa, sa, Some(workload.mode), app_container())?;
+        Ok(pod.to_string())
+    }
+
+    /// A pod named `name` running `container` (named `app`) as `sa` in `ns`, with its identity
+    /// in `mode`: flex as it is before the webhook (the namespace must be opted in), csi-socket
+    /// as the webhook makes it with the installed template set to `volume: csi-socket`,
+    /// csi-files with the CSI volume mounted at `/var/run/athenz`; `None`: no identity.
+    pub fn pod_json(
+        &self,
+        ns: &str,
+        name: &str,
+        sa: &str,
+        mode: Option<Mode>,
+        container: serde_json::Value,
+    ) -> anyhow::Result<serde_json::Value> {
         let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": sa, "namespace": ns, "labels": {"app": sa}},
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": sa}},
             "spec": {
                 "serviceAccountName": sa,
                 "terminationGracePeriodSeconds": 2,
-                "containers": [app_container()],
+                "containers": [container],
             }
         }))
         .context("the app pod")?;
-        if workload.mode == Mode::CsiSocket {
-            let mut template = self.installed_template()?;
-            template.volume = VolumeKind::CsiSocket;
-            pod = athenz_initializer::mutate::inject(&template, &pod)
-                .map_err(|e| anyhow::anyhow!("injecting the csi-socket template: {e:?}"))?;
-        } else if let Some(spec) = pod.spec.as_mut() {
-            spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
-                "name": "athenz-identity",
-                "csi": {"driver": "csi.athenz.io", "readOnly": true,
-                        "volumeAttributes": {"mode": mode}}
-            }))?]);
-            spec.containers[0].volume_mounts = Some(vec![serde_json::from_value(
-                serde_json::json!({"name": "athenz-identity", "mountPath": CREDENTIALS,
-                                   "readOnly": true}),
-            )?]);
+        match mode {
+            None | Some(Mode::Flex) => {}
+            Some(Mode::CsiSocket) => {
+                let mut template = self.installed_template()?;
+                template.volume = VolumeKind::CsiSocket;
+                pod = athenz_initializer::mutate::inject(&template, &pod)
+                    .map_err(|e| anyhow::anyhow!("injecting the csi-socket template: {e:?}"))?;
+            }
+            Some(Mode::CsiFiles) => {
+                if let Some(spec) = pod.spec.as_mut() {
+                    spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
+                        "name": "athenz-identity",
+                        "csi": {"driver": "csi.athenz.io", "readOnly": true,
+                                "volumeAttributes": {"mode": "files"}}
+                    }))?]);
+                    spec.containers[0].volume_mounts = Some(vec![serde_json::from_value(
+                        serde_json::json!({"name": "athenz-identity", "mountPath": CREDENTIALS,
+                                           "readOnly": true}),
+                    )?]);
+                }
+            }
         }
-        serde_json::to_string(&pod).context("encoding the pod")
+        serde_json::to_value(&pod).context("encoding the pod")
     }
 
     /// The template the installed initializer reads (its ConfigMap).
@@ -307,26 +328,35 @@ impl Scenario {
                 &format!("{CREDENTIALS}/{file}"),
             ])
         };
-        let cert_pem = cat("service.cert.pem")?;
-        let ca_pem = cat("ca.cert.pem")?;
         let root = std::fs::read_to_string(&self.zts_ca)
             .with_context(|| format!("reading {}", self.zts_ca.display()))?;
-        athenz_testbed::openssl::verify(&root, &ca_pem, &cert_pem).map_err(|e| {
-            anyhow::anyhow!("{ns}/{pod}: the certificate does not verify to the ZTS CA: {e}")
-        })?;
-        let cert = CertInfo::from_pem(&cert_pem).context("parsing the pod's certificate")?;
         let domain = ns.replace('-', ".");
         let expected = format!("{domain}.{sa}");
-        if cert.common_name != expected {
-            bail!(
-                "{ns}/{pod}: CN {} where {expected} was expected",
-                cert.common_name
-            );
-        }
-        let ips: Vec<String> = cert.ip_addresses.iter().map(ToString::to_string).collect();
-        if !ips.contains(&pod_ip) {
-            bail!("{ns}/{pod}: the pod's IP {pod_ip} is not among the IP SANs {ips:?}");
-        }
+        // files mode: the first certificate is issued at NodePublishVolume, before the pod has
+        // a sandbox (so an IP); the agent re-issues as soon as the kubelet lists the IP
+        let deadline = Instant::now() + IP_SAN_WAIT;
+        let (cert, ips) = loop {
+            let cert_pem = cat("service.cert.pem")?;
+            let ca_pem = cat("ca.cert.pem")?;
+            athenz_testbed::openssl::verify(&root, &ca_pem, &cert_pem).map_err(|e| {
+                anyhow::anyhow!("{ns}/{pod}: the certificate does not verify to the ZTS CA: {e}")
+            })?;
+            let cert = CertInfo::from_pem(&cert_pem).context("parsing the pod's certificate")?;
+            if cert.common_name != expected {
+                bail!(
+                    "{ns}/{pod}: CN {} where {expected} was expected",
+                    cert.common_name
+                );
+            }
+            let ips: Vec<String> = cert.ip_addresses.iter().map(ToString::to_string).collect();
+            if ips.contains(&pod_ip) {
+                break (cert, ips);
+            }
+            if mode != Mode::CsiFiles || Instant::now() >= deadline {
+                bail!("{ns}/{pod}: the pod's IP {pod_ip} is not among the IP SANs {ips:?}");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         let spiffe = format!("spiffe://{domain}/sa/{sa}");
         if !cert.uris.contains(&spiffe) {
             bail!(
