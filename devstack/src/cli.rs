@@ -326,6 +326,32 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// `cluster up`, then what an identity adds to a pod's start on the real node: created →
+    /// app container holding its certificate, per mode and for the same pod without identity,
+    /// pods one per interval then a burst; the agent's RSS and CPU. Takes the cluster down.
+    Bench {
+        /// Where everything lives.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// The release image's OCI archive (as for `cluster up`).
+        #[arg(long, value_name = "FILE")]
+        image_archive: Option<PathBuf>,
+        /// The binaries (as for `cluster up`).
+        #[arg(long, value_name = "DIR")]
+        kube_bin: Option<PathBuf>,
+        /// Pods created one per --interval, per mode.
+        #[arg(long, default_value_t = 50)]
+        sequential: usize,
+        /// The time between two of those pods.
+        #[arg(long, default_value = "1s", value_parser = parse_arrival)]
+        interval: std::time::Duration,
+        /// Pods created at once, per mode.
+        #[arg(long, default_value_t = 30)]
+        burst: usize,
+        /// Print JSON instead of lines.
+        #[arg(long)]
+        json: bool,
+    },
     /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
     /// chains, bridge and IPAM state. Safe to run again.
     Down {

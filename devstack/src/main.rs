@@ -122,6 +122,31 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         return Ok(ExitCode::FAILURE);
                     }
                 }
+                ClusterCommand::Bench {
+                    state_dir,
+                    image_archive,
+                    kube_bin,
+                    sequential,
+                    interval,
+                    burst,
+                    json,
+                } => {
+                    let release = cluster::install::Release::new(image_archive, None);
+                    release.check()?;
+                    let options = cluster::ClusterOptions {
+                        state_dir,
+                        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
+                        node_ip: None,
+                        node_name: None,
+                        release: Some(release),
+                    };
+                    let bench = cluster::bench::BenchOptions {
+                        sequential,
+                        interval,
+                        burst,
+                    };
+                    runtime()?.block_on(cluster::bench_command(options, bench, json))?;
+                }
                 ClusterCommand::Down { state_dir } => {
                     runtime()?.block_on(cluster::down(&state_dir))?;
                 }

@@ -15,6 +15,7 @@
 //! `/run/athenz-devstack-cluster/` (a Unix socket path must stay under 108 bytes, a state dir
 //! need not).
 
+pub mod bench;
 pub mod components;
 pub mod config;
 pub mod dns;
@@ -330,6 +331,51 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
         );
     }
     Ok(true)
+}
+
+/// `cluster bench`: starts the cluster with our release, runs [`bench::run`], prints the report
+/// (JSON or lines), takes the cluster down.
+pub async fn bench_command(
+    options: ClusterOptions,
+    bench_options: bench::BenchOptions,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut report = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    let cluster = Cluster::start(&options, &mut report).await?;
+    let outcome = bench::run(&cluster.layout, &cluster.info, bench_options, &mut report).await;
+    let stopped = cluster.stop(&mut |_| {}).await;
+    let result = outcome?;
+    stopped?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        for (mode, o) in &result.overhead_ms {
+            println!(
+                "overhead {mode:<10} p50 {:+.0} ms, p99 {:+.0} ms (burst: p50 {:+.0} ms, p99 {:+.0} ms)",
+                o.p50,
+                o.p99,
+                result.burst_overhead_ms[mode].p50,
+                result.burst_overhead_ms[mode].p99
+            );
+        }
+        println!(
+            "agent peak RSS {:.1} MiB; CPU per identity {}",
+            result.agent_peak_rss_mib,
+            result
+                .agent_cpu_ms_per_identity
+                .iter()
+                .map(|(m, ms)| format!("{m} {ms:.1} ms"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    Ok(())
 }
 
 /// Imports the apps' image and runs every workload of the scenario.

@@ -1,0 +1,361 @@
+//! `cluster bench`: what an identity adds to a pod's start on the real node. For each mode and
+//! for a pod with no identity (the kubelet's and containerd's own cost, in the same run), the
+//! time from the pod's creation (just before the API server is asked) to its app container
+//! holding a complete certificate: the app is a static probe that waits for
+//! `/var/run/athenz/service.cert.pem` and prints the time it read it (CLOCK_REALTIME: the same
+//! clock as ours, on one machine). Two phases per mode: pods created one per interval, then a
+//! burst created at once. Also the agent's peak RSS and its CPU per identity.
+
+use super::health::Checker;
+use super::images::{self, ImageSpec};
+use super::scenario::{CREDENTIALS, Mode, Scenario};
+use super::{ClusterInfo, Layout};
+use crate::procs::Usage;
+use anyhow::{Context, bail};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The probe: waits for a complete certificate in its argument's file (none: starts at once),
+/// prints `ready <unix ns>`, then waits for SIGTERM.
+const PROBE_C: &str = r#"#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static void stop(int sig) { (void)sig; _exit(0); }
+
+static int complete(const char *path) {
+  static char buf[16384];
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return strncmp(buf, "-----BEGIN CERTIFICATE-----", 27) == 0 &&
+         strstr(buf, "-----END CERTIFICATE-----") != NULL;
+}
+
+int main(int argc, char **argv) {
+  signal(SIGTERM, stop);
+  if (argc > 1) {
+    while (!complete(argv[1])) usleep(1000);
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  printf("ready %lld%09ld\n", (long long)ts.tv_sec, ts.tv_nsec);
+  fflush(stdout);
+  for (;;) pause();
+}
+"#;
+/// The probe's image.
+pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:1";
+/// How long one pod may take to read its certificate before the bench gives up.
+const POD_LIMIT: Duration = Duration::from_secs(120);
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOptions {
+    /// Pods created one per `interval`, per mode.
+    pub sequential: usize,
+    /// The time between two sequential pods.
+    pub interval: Duration,
+    /// Pods created at once, per mode.
+    pub burst: usize,
+}
+
+/// p50, p90, p99 of one phase, milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+/// `{p50, p99}` of an overhead, milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Overhead {
+    /// Median with identity minus median without.
+    pub p50: f64,
+    /// 99th percentile with identity minus 99th without.
+    pub p99: f64,
+}
+
+/// The JSON `cluster bench` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// Kubernetes version of the node.
+    pub kubernetes_version: String,
+    /// Pods per phase.
+    pub sequential_pods: usize,
+    /// Pods in the burst.
+    pub burst_pods: usize,
+    /// Created → app read its certificate (no identity: → app started), by mode:
+    /// `none`, `flex`, `csi-socket`, `csi-files`, each `{sequential, burst}`.
+    pub start_ms: BTreeMap<String, BTreeMap<String, Percentiles>>,
+    /// Start with identity minus without, sequential phase, by mode.
+    pub overhead_ms: BTreeMap<String, Overhead>,
+    /// The same for the burst.
+    pub burst_overhead_ms: BTreeMap<String, Overhead>,
+    /// The agent's peak resident set over the run, MiB.
+    pub agent_peak_rss_mib: f64,
+    /// The agent's CPU time per pod, by mode, milliseconds (its whole process: the node
+    /// identity's renewals are in it too).
+    pub agent_cpu_ms_per_identity: BTreeMap<String, f64>,
+}
+
+/// The modes measured, `None` being the pod without identity.
+const MODES: [Option<Mode>; 4] = [
+    None,
+    Some(Mode::Flex),
+    Some(Mode::CsiSocket),
+    Some(Mode::CsiFiles),
+];
+
+fn mode_name(mode: Option<Mode>) -> &'static str {
+    match mode {
+        None => "none",
+        Some(Mode::Flex) => "flex",
+        Some(Mode::CsiSocket) => "csi-socket",
+        Some(Mode::CsiFiles) => "csi-files",
+    }
+}
+
+/// Runs the bench on the running cluster of `layout`.
+pub async fn run(
+    layout: &Layout,
+    info: &ClusterInfo,
+    options: BenchOptions,
+    report: &mut dyn FnMut(String),
+) -> anyhow::Result<BenchReport> {
+    let zts = info.zts.as_ref().context("the cluster has no dev ZTS")?;
+    let probe = images::compile_static(&layout.images.join("probe"), "probe", PROBE_C)?;
+    let archive = images::build_once(
+        &layout.images,
+        &ImageSpec {
+            name: PROBE_IMAGE.to_owned(),
+            files: vec![(probe, "/probe".to_owned())],
+            entrypoint: vec!["/probe".to_owned()],
+        },
+    )?;
+    images::import(layout, &archive)?;
+    let scenario = Scenario::new(layout, &zts.ca);
+    let api = Checker::for_cluster(layout, info)?;
+    let agent = agent_pid().context("no athenz-identity-agent process on this node")?;
+    let mut start_ms = BTreeMap::new();
+    let mut cpu = BTreeMap::new();
+    for mode in MODES {
+        let name = mode_name(mode);
+        let ns = format!("bench-{name}");
+        scenario.ensure_namespace(&ns, mode == Some(Mode::Flex))?;
+        scenario.kubectl().apply_manifest(
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: probe, namespace: {ns}}}\n"
+            ),
+            &format!("service account {ns}/probe"),
+        )?;
+        let cpu_before = Usage::of(agent).cpu_seconds;
+        let mut phases = BTreeMap::new();
+        for (phase, count) in [("sequential", options.sequential), ("burst", options.burst)] {
+            let times = phase_times(&scenario, &api, &ns, mode, phase, count, options.interval)
+                .await
+                .with_context(|| format!("{name}, {phase}"))?;
+            let p = percentiles(times);
+            report(format!(
+                "{name:<10} {phase:<10} {count:>3} pods: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms",
+                p.p50, p.p90, p.p99
+            ));
+            phases.insert(phase.to_owned(), p);
+            delete_all(&scenario, &ns)?;
+        }
+        if mode.is_some() {
+            let pods = (options.sequential + options.burst).max(1) as f64;
+            cpu.insert(
+                name.to_owned(),
+                (Usage::of(agent).cpu_seconds - cpu_before) * 1e3 / pods,
+            );
+        }
+        start_ms.insert(name.to_owned(), phases);
+    }
+    let overhead = |phase: &str| -> BTreeMap<String, Overhead> {
+        let base = start_ms["none"][phase];
+        MODES
+            .iter()
+            .flatten()
+            .map(|m| {
+                let with = start_ms[mode_name(Some(*m))][phase];
+                (
+                    mode_name(Some(*m)).to_owned(),
+                    Overhead {
+                        p50: with.p50 - base.p50,
+                        p99: with.p99 - base.p99,
+                    },
+                )
+            })
+            .collect()
+    };
+    Ok(BenchReport {
+        kubernetes_version: info.kubernetes_version.clone(),
+        sequential_pods: options.sequential,
+        burst_pods: options.burst,
+        overhead_ms: overhead("sequential"),
+        burst_overhead_ms: overhead("burst"),
+        start_ms,
+        agent_peak_rss_mib: Usage::of(agent).peak_rss_kib as f64 / 1024.0,
+        agent_cpu_ms_per_identity: cpu,
+    })
+}
+
+/// Creates `count` probe pods (one per `interval`, or all at once for the burst) and returns
+/// each one's created → ready time.
+async fn phase_times(
+    scenario: &Scenario,
+    api: &Checker,
+    ns: &str,
+    mode: Option<Mode>,
+    phase: &str,
+    count: usize,
+    interval: Duration,
+) -> anyhow::Result<Vec<Duration>> {
+    let container = serde_json::json!({
+        "name": "app",
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "args": if mode.is_some() {
+            vec![format!("{CREDENTIALS}/service.cert.pem")]
+        } else {
+            Vec::new()
+        },
+    });
+    let path = format!("/api/v1/namespaces/{ns}/pods");
+    let mut created = BTreeMap::new();
+    let mut posts = Vec::new();
+    for i in 0..count {
+        let name = format!("{phase}-{i}");
+        let pod = scenario.pod_json(ns, &name, "probe", mode, container.clone())?;
+        if phase == "sequential" {
+            if i > 0 {
+                tokio::time::sleep(interval).await;
+            }
+            created.insert(name, SystemTime::now());
+            api.api_post(&path, &pod).await?;
+        } else {
+            posts.push((name, pod));
+        }
+    }
+    if !posts.is_empty() {
+        // all at once: one task per pod, each its own request
+        let at = SystemTime::now();
+        let mut sends = tokio::task::JoinSet::new();
+        for (name, pod) in posts {
+            let (api, path) = (api.clone(), path.clone());
+            sends.spawn(async move { api.api_post(&path, &pod).await });
+            created.insert(name, at);
+        }
+        while let Some(sent) = sends.join_next().await {
+            sent.context("a pod's creation task")??;
+        }
+    }
+    // each pod's probe says when it read its certificate
+    let deadline = Instant::now() + POD_LIMIT;
+    let mut times = Vec::new();
+    while !created.is_empty() {
+        if Instant::now() > deadline {
+            bail!(
+                "{} pods never read a certificate within {POD_LIMIT:?}: {:?}",
+                created.len(),
+                created.keys().collect::<Vec<_>>()
+            );
+        }
+        let mut done = Vec::new();
+        for (name, at) in &created {
+            let log = api
+                .api_text(&format!("{path}/{name}/log?container=app"))
+                .await
+                .unwrap_or_default();
+            if let Some(ready) = ready_time(&log) {
+                times.push(ready.duration_since(*at).unwrap_or_default());
+                done.push(name.clone());
+            }
+        }
+        for name in done {
+            created.remove(&name);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(times)
+}
+
+/// The time in a probe's `ready <unix ns>` line.
+fn ready_time(log: &str) -> Option<SystemTime> {
+    let ns: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("ready "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+}
+
+/// Deletes every pod in `ns` and waits until they are gone (their volumes unmounted).
+fn delete_all(scenario: &Scenario, ns: &str) -> anyhow::Result<()> {
+    scenario.kubectl().run(&[
+        "-n",
+        ns,
+        "delete",
+        "pods",
+        "--all",
+        "--wait=true",
+        "--timeout=180s",
+    ])?;
+    Ok(())
+}
+
+/// p50, p90, p99 of `times`, milliseconds.
+fn percentiles(mut times: Vec<Duration>) -> Percentiles {
+    times.sort();
+    let ms = |p| athenz_testbed::stats::percentile(&times, p).as_secs_f64() * 1e3;
+    Percentiles {
+        p50: ms(0.5),
+        p90: ms(0.9),
+        p99: ms(0.99),
+    }
+}
+
+/// The node agent's pid: the process whose name is `athenz-identity-agent` (its comm, cut to
+/// 15 bytes, and its argv[0]).
+fn agent_pid() -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let argv0 = cmdline.split(|b| *b == 0).next()?;
+            let name = std::path::Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
+            (name == "athenz-identity-agent").then_some(pid)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_line_is_its_time_and_anything_else_is_none() {
+        let t = ready_time("ready 1795697829123456789\n").unwrap();
+        assert_eq!(
+            t.duration_since(SystemTime::UNIX_EPOCH).unwrap(),
+            Duration::from_nanos(1_795_697_829_123_456_789)
+        );
+        assert!(ready_time("").is_none());
+        assert!(ready_time("ready soon\n").is_none());
+        assert!(ready_time("ready 99999999999999999999999\n").is_none());
+    }
+}
