@@ -295,6 +295,10 @@ pub enum ClusterCommand {
         /// workspace's.
         #[arg(long, value_name = "DIR", conflicts_with = "bare")]
         deploy: Option<PathBuf>,
+        /// The longest certificate the dev ZTS issues, in minutes (default: Athenz's 30 days);
+        /// a few minutes make the refresh paths run while you watch.
+        #[arg(long, value_name = "MINUTES", conflicts_with = "bare", value_parser = clap::value_parser!(u32).range(2..))]
+        cert_minutes: Option<u32>,
         /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
         /// default: target/kube/v1.37.2/bin of this workspace.
         #[arg(long, value_name = "DIR")]

@@ -82,13 +82,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     bare,
                     image_archive,
                     deploy,
+                    cert_minutes,
                     kube_bin,
                     node_ip,
                     node_name,
                 } => {
                     let release = (!bare).then(|| cluster::install::Release {
-                        image_archive: image_archive.unwrap_or_else(cluster::default_image_archive),
-                        deploy_dir: deploy.unwrap_or_else(cluster::default_deploy_dir),
+                        cert_minutes,
+                        ..cluster::install::Release::new(image_archive, deploy)
                     });
                     if let Some(release) = &release {
                         release.check()?;

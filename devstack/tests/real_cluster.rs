@@ -5,6 +5,9 @@
 //! - the four workloads run from the image, Ready;
 //! - pods in flex (webhook, two namespaces), csi-socket and csi-files mode read a certificate
 //!   naming their pod, verified to the ZTS CA ([`Scenario::run_all`]);
+//! - the sidecar refreshes a flex pod's certificate and the agent rotates a files-mode one;
+//! - the API server's audit log shows the callback used exactly what its ClusterRole grants,
+//!   no request of ours was refused, and the kubelet allowed the agent's token;
 //! - a terminating pod's SIA is refused; the webhook down stops pod creation in opted-in
 //!   namespaces only (failurePolicy Fail, as documented); the agent deleted while a pod waits
 //!   for its identity is restarted by its DaemonSet and the pod still gets it.
@@ -15,6 +18,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use athenz_devstack::cluster::Layout;
+use athenz_devstack::cluster::components::AUDIT_LOG;
 use athenz_devstack::cluster::install::{NAMESPACE, WORKLOADS};
 use athenz_devstack::cluster::scenario::{Mode, Scenario, Workload};
 use std::path::Path;
@@ -45,6 +49,46 @@ fn build_image() -> std::path::PathBuf {
     archive
 }
 
+/// The audit log's events (JSON lines).
+fn audit_events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `verb resource[/subresource]` of an audit event.
+fn access(event: &serde_json::Value) -> String {
+    let object = &event["objectRef"];
+    let mut resource = object["resource"].as_str().unwrap_or("").to_owned();
+    if let Some(sub) = object["subresource"].as_str() {
+        resource = format!("{resource}/{sub}");
+    }
+    format!("{} {resource}", event["verb"].as_str().unwrap_or(""))
+}
+
+/// `verb resource` for every verb and resource the ClusterRole `name` grants.
+fn granted(
+    kubectl: &athenz_devstack::cluster::kubectl::Kubectl,
+    name: &str,
+) -> std::collections::BTreeSet<String> {
+    let role = kubectl.get_json(&["clusterrole", name]).unwrap();
+    let mut out = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for resource in rule["resources"].as_array().unwrap() {
+            for verb in rule["verbs"].as_array().unwrap() {
+                out.insert(format!(
+                    "{} {}",
+                    verb.as_str().unwrap(),
+                    resource.as_str().unwrap()
+                ));
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_must() {
     require_prerequisites();
@@ -55,9 +99,11 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         .unwrap();
     let state_dir = temp.path().join("state");
     let archive_arg = archive.display().to_string();
+    // three-minute certificates: the sidecar's refresh and the agent's files-mode rotation
+    // come within the test
     let (guard, info) = start_cluster(
         &state_dir,
-        &["--image-archive", &archive_arg],
+        &["--image-archive", &archive_arg, "--cert-minutes", "3"],
         Duration::from_secs(600),
     );
     let layout = Layout::existing(&state_dir).unwrap();
@@ -123,8 +169,18 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         "the webhook served two namespaces"
     );
     for id in &identities {
-        assert_eq!(id.ip_addresses, std::slice::from_ref(&id.pod_ip), "{id:#?}");
+        let mut expected: Vec<String> = std::iter::once(id.pod_ip.clone())
+            .chain(id.service_ip.clone())
+            .collect();
+        let mut got = id.ip_addresses.clone();
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected, "{id:#?}");
     }
+    assert!(
+        identities.iter().any(|i| i.service_ip.is_some()),
+        "no pod had a Service: the callback's service check never ran"
+    );
     let scenario_seconds = started.elapsed().as_secs_f64();
 
     // a terminating pod's SIA is refused by the agent (the pod is being deleted)
@@ -132,6 +188,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         namespace: "media-sports",
         service_account: "api",
         mode: Mode::Flex,
+        service: true,
     };
     let pod = scenario
         .pods_of(doomed.namespace, doomed.service_account)
@@ -257,6 +314,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         namespace: "news-feed",
         service_account: "late",
         mode: Mode::Flex,
+        service: false,
     };
     kubectl
         .run(&[
@@ -275,6 +333,73 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
             .check_identity(late.namespace, pod, late.mode)
             .unwrap();
     }
+
+    // the sidecar refreshes a flex pod's certificate, the agent rotates a files-mode volume's
+    let refreshed_at = Instant::now();
+    for before in identities
+        .iter()
+        .filter(|i| i.namespace == "news-feed" || i.mode == Mode::CsiFiles)
+    {
+        loop {
+            let now = scenario
+                .check_identity(&before.namespace, &before.pod, before.mode)
+                .unwrap();
+            if now.serial != before.serial {
+                break;
+            }
+            assert!(
+                refreshed_at.elapsed() < Duration::from_secs(300),
+                "{}/{} kept serial {} past its refresh time",
+                before.namespace,
+                before.pod,
+                before.serial
+            );
+            std::thread::sleep(Duration::from_secs(5));
+        }
+    }
+
+    // the real API server's audit log: our service accounts used exactly what deploy/ grants
+    // them (a missing grant is a 403 here; an unused one is an extra), and the kubelet let the
+    // agent read its /pods
+    let audit = audit_events(&state_dir.join("logs").join(AUDIT_LOG));
+    let callback_user = format!("system:serviceaccount:{NAMESPACE}:athenz-callback");
+    let mut used = std::collections::BTreeSet::new();
+    for event in &audit {
+        let user = event["user"]["username"].as_str().unwrap_or_default();
+        if user.starts_with(&format!("system:serviceaccount:{NAMESPACE}:")) {
+            assert_ne!(event["responseStatus"]["code"], 403, "refused: {event}");
+        }
+        if user == callback_user {
+            used.insert(access(event));
+        }
+    }
+    let granted = granted(kubectl, "athenz-callback");
+    assert_eq!(
+        used, granted,
+        "the callback's use of the API (left) against its ClusterRole (right)"
+    );
+    let agent_user = format!("system:serviceaccount:{NAMESPACE}:athenz-agent");
+    let kubelet_checks: Vec<_> = audit
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "subjectaccessreviews")
+        .filter(|e| e["requestObject"]["spec"]["user"] == agent_user.as_str())
+        .map(|e| {
+            let attrs = &e["responseObject"]["spec"]["resourceAttributes"];
+            (
+                format!(
+                    "{}/{}",
+                    attrs["resource"].as_str().unwrap_or(""),
+                    attrs["subresource"].as_str().unwrap_or("")
+                ),
+                e["responseObject"]["status"]["allowed"] == true,
+            )
+        })
+        .collect();
+    assert!(
+        kubelet_checks.iter().any(|(_, allowed)| *allowed),
+        "the kubelet never allowed the agent's token: {kubelet_checks:?}"
+    );
+    eprintln!("the kubelet's checks of the agent's token: {kubelet_checks:?}");
 
     eprintln!(
         "real node: up with our release in {:.1} s; {} identities checked in {scenario_seconds:.1} s",

@@ -103,6 +103,9 @@ pub struct BenchReport {
     pub overhead_ms: BTreeMap<String, Overhead>,
     /// The same for the burst.
     pub burst_overhead_ms: BTreeMap<String, Overhead>,
+    /// Flex and csi-socket minus `none-same-shape` (sequential): what our init container and
+    /// sidecar add beyond what the kubelet charges any pod of that shape.
+    pub own_share_ms: BTreeMap<String, Overhead>,
     /// The agent's peak resident set over the run, MiB.
     pub agent_peak_rss_mib: f64,
     /// The agent's CPU time per pod, by mode, milliseconds (its whole process: the node
@@ -110,20 +113,44 @@ pub struct BenchReport {
     pub agent_cpu_ms_per_identity: BTreeMap<String, f64>,
 }
 
-/// The modes measured, `None` being the pod without identity.
-const MODES: [Option<Mode>; 4] = [
-    None,
-    Some(Mode::Flex),
-    Some(Mode::CsiSocket),
-    Some(Mode::CsiFiles),
+/// What a measured pod is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The app alone, no identity: the kubelet's and containerd's own cost.
+    Bare,
+    /// No identity, but the shape the webhook gives flex and csi-socket pods: an init container
+    /// (here one that exits at once) and a native sidecar (one that sleeps): what the kubelet
+    /// charges for that shape, whoever fills it.
+    SameShape,
+    /// An identity in this mode.
+    Identity(Mode),
+}
+
+/// The kinds measured, in order.
+const KINDS: [Kind; 5] = [
+    Kind::Bare,
+    Kind::SameShape,
+    Kind::Identity(Mode::Flex),
+    Kind::Identity(Mode::CsiSocket),
+    Kind::Identity(Mode::CsiFiles),
 ];
 
-fn mode_name(mode: Option<Mode>) -> &'static str {
-    match mode {
-        None => "none",
-        Some(Mode::Flex) => "flex",
-        Some(Mode::CsiSocket) => "csi-socket",
-        Some(Mode::CsiFiles) => "csi-files",
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Bare => "none",
+            Kind::SameShape => "none-same-shape",
+            Kind::Identity(Mode::Flex) => "flex",
+            Kind::Identity(Mode::CsiSocket) => "csi-socket",
+            Kind::Identity(Mode::CsiFiles) => "csi-files",
+        }
+    }
+
+    fn mode(self) -> Option<Mode> {
+        match self {
+            Kind::Identity(mode) => Some(mode),
+            _ => None,
+        }
     }
 }
 
@@ -150,8 +177,10 @@ pub async fn run(
     let agent = agent_pid().context("no athenz-identity-agent process on this node")?;
     let mut start_ms = BTreeMap::new();
     let mut cpu = BTreeMap::new();
-    for mode in MODES {
-        let name = mode_name(mode);
+    Scenario::import_app_image(layout)?;
+    for kind in KINDS {
+        let name = kind.name();
+        let mode = kind.mode();
         let ns = format!("bench-{name}");
         scenario.ensure_namespace(&ns, mode == Some(Mode::Flex))?;
         scenario.kubectl().apply_manifest(
@@ -163,7 +192,7 @@ pub async fn run(
         let cpu_before = Usage::of(agent).cpu_seconds;
         let mut phases = BTreeMap::new();
         for (phase, count) in [("sequential", options.sequential), ("burst", options.burst)] {
-            let times = phase_times(&scenario, &api, &ns, mode, phase, count, options.interval)
+            let times = phase_times(&scenario, &api, &ns, kind, phase, count, options.interval)
                 .await
                 .with_context(|| format!("{name}, {phase}"))?;
             let p = percentiles(times);
@@ -183,29 +212,34 @@ pub async fn run(
         }
         start_ms.insert(name.to_owned(), phases);
     }
-    let overhead = |phase: &str| -> BTreeMap<String, Overhead> {
-        let base = start_ms["none"][phase];
-        MODES
+    let minus = |base: &str, kinds: &[Kind], phase: &str| -> BTreeMap<String, Overhead> {
+        let base = start_ms[base][phase];
+        kinds
             .iter()
-            .flatten()
-            .map(|m| {
-                let with = start_ms[mode_name(Some(*m))][phase];
-                (
-                    mode_name(Some(*m)).to_owned(),
-                    Overhead {
-                        p50: with.p50 - base.p50,
-                        p99: with.p99 - base.p99,
-                    },
-                )
+            .map(|k| {
+                let with = start_ms[k.name()][phase];
+                let overhead = Overhead {
+                    p50: with.p50 - base.p50,
+                    p99: with.p99 - base.p99,
+                };
+                (k.name().to_owned(), overhead)
             })
             .collect()
     };
+    let identities: Vec<Kind> = KINDS.into_iter().filter(|k| k.mode().is_some()).collect();
+    let overhead = |phase: &str| minus("none", &identities, phase);
+    let own_share = minus(
+        "none-same-shape",
+        &[Kind::Identity(Mode::Flex), Kind::Identity(Mode::CsiSocket)],
+        "sequential",
+    );
     Ok(BenchReport {
         kubernetes_version: info.kubernetes_version.clone(),
         sequential_pods: options.sequential,
         burst_pods: options.burst,
         overhead_ms: overhead("sequential"),
         burst_overhead_ms: overhead("burst"),
+        own_share_ms: own_share,
         start_ms,
         agent_peak_rss_mib: Usage::of(agent).peak_rss_kib as f64 / 1024.0,
         agent_cpu_ms_per_identity: cpu,
@@ -218,11 +252,12 @@ async fn phase_times(
     scenario: &Scenario,
     api: &Checker,
     ns: &str,
-    mode: Option<Mode>,
+    kind: Kind,
     phase: &str,
     count: usize,
     interval: Duration,
 ) -> anyhow::Result<Vec<Duration>> {
+    let mode = kind.mode();
     let container = serde_json::json!({
         "name": "app",
         "image": PROBE_IMAGE,
@@ -238,7 +273,10 @@ async fn phase_times(
     let mut posts = Vec::new();
     for i in 0..count {
         let name = format!("{phase}-{i}");
-        let pod = scenario.pod_json(ns, &name, "probe", mode, container.clone())?;
+        let mut pod = scenario.pod_json(ns, &name, "probe", mode, container.clone())?;
+        if kind == Kind::SameShape {
+            pod["spec"]["initContainers"] = same_shape_init_containers();
+        }
         if phase == "sequential" {
             if i > 0 {
                 tokio::time::sleep(interval).await;
@@ -290,6 +328,23 @@ async fn phase_times(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(times)
+}
+
+/// An init container that exits at once and a native sidecar that sleeps: the shape of a
+/// flex or csi-socket pod, with nothing of ours in it.
+fn same_shape_init_containers() -> serde_json::Value {
+    let busybox = |name: &str, args: &[&str]| {
+        serde_json::json!({
+            "name": name,
+            "image": super::scenario::APP_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": [super::scenario::BUSYBOX],
+            "args": args,
+        })
+    };
+    let mut sidecar = busybox("sidecar", &["sleep", "3600"]);
+    sidecar["restartPolicy"] = "Always".into();
+    serde_json::json!([busybox("init", &["true"]), sidecar])
 }
 
 /// The time in a probe's `ready <unix ns>` line.

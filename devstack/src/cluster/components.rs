@@ -29,6 +29,8 @@ pub const CONTAINERD: &str = "containerd";
 pub const KUBELET: &str = "kubelet";
 /// kube-proxy.
 pub const KUBE_PROXY: &str = "kube-proxy";
+/// The API server's audit log, in the logs directory (JSON lines).
+pub const AUDIT_LOG: &str = "audit.log";
 /// The kubelet's API port: Kubernetes' default.
 pub const KUBELET_PORT: u16 = 10250;
 
@@ -168,7 +170,13 @@ pub async fn start_all(
         layout,
         processes,
         APISERVER,
-        apiserver_args(&pki, node_ip, api_port, &etcd_url),
+        apiserver_args(
+            &pki,
+            node_ip,
+            api_port,
+            &etcd_url,
+            &write_audit_policy(layout)?,
+        ),
         Vec::new(),
     )?;
     let readyz = format!("{api_server}/readyz");
@@ -440,8 +448,12 @@ fn apiserver_args(
     node_ip: std::net::Ipv4Addr,
     port: u16,
     etcd: &str,
+    audit: &Audit,
 ) -> Vec<String> {
     vec![
+        flag("audit-policy-file", &audit.policy),
+        flag("audit-log-path", &audit.log),
+        "--audit-log-format=json".to_owned(),
         format!("--advertise-address={node_ip}"),
         "--bind-address=0.0.0.0".to_owned(),
         format!("--secure-port={port}"),
@@ -473,6 +485,36 @@ fn apiserver_args(
         "--enable-aggregator-routing=true".to_owned(),
         "--v=1".to_owned(),
     ]
+}
+
+/// The API server's audit: the policy file and where the log goes.
+struct Audit {
+    policy: std::path::PathBuf,
+    log: std::path::PathBuf,
+}
+
+/// The audit policy (DESIGN.md 5.1: the real API server judges our RBAC): every request of a
+/// service account of `athenz-system` (who asked what, and the answer's code), and every
+/// SubjectAccessReview with its answer (the kubelet asks one for each caller of its API, so the
+/// log says what the kubelet required of the agent). Nothing else is logged.
+fn write_audit_policy(layout: &Layout) -> anyhow::Result<Audit> {
+    let policy = layout.dir.join("audit-policy.yaml");
+    write(
+        &policy,
+        &format!(
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
+             \x20 - level: RequestResponse\n\
+             \x20   resources: [{{group: authorization.k8s.io, resources: [subjectaccessreviews]}}]\n\
+             \x20 - level: Metadata\n\
+             \x20   userGroups: [\"system:serviceaccounts:{}\"]\n\
+             \x20 - level: None\n",
+            super::install::NAMESPACE
+        ),
+    )?;
+    Ok(Audit {
+        policy,
+        log: layout.logs.join(AUDIT_LOG),
+    })
 }
 
 /// The controller-manager: every default controller, service-account tokens per controller,

@@ -47,6 +47,10 @@ pub struct Release {
     pub image_archive: PathBuf,
     /// The repository's `deploy/` (copied; the copy's `overlays/local` is applied).
     pub deploy_dir: PathBuf,
+    /// The longest certificate the dev ZTS issues, minutes (every certificate: the pods', the
+    /// nodes', the control plane's); Athenz's 30 days when `None`. Short ones make the refresh
+    /// paths run within a test.
+    pub cert_minutes: Option<u32>,
 }
 
 impl Release {
@@ -55,6 +59,7 @@ impl Release {
         Self {
             image_archive: image_archive.unwrap_or_else(super::default_image_archive),
             deploy_dir: deploy_dir.unwrap_or_else(super::default_deploy_dir),
+            cert_minutes: None,
         }
     }
 
@@ -107,7 +112,7 @@ pub async fn install(
     ));
 
     let athenz = layout.athenz.clone();
-    let zts = start_dev_zts(layout, &athenz, node_ip, processes).await?;
+    let zts = start_dev_zts(layout, &athenz, node_ip, release.cert_minutes, processes).await?;
     report(format!(
         "dev ZTS at {} (provider endpoint {PROVIDER_ENDPOINT})",
         zts.url
@@ -146,6 +151,7 @@ async fn start_dev_zts(
     layout: &Layout,
     athenz: &Path,
     node_ip: Ipv4Addr,
+    cert_minutes: Option<u32>,
     processes: &mut Vec<Process>,
 ) -> anyhow::Result<StandaloneInfo> {
     for dir in ["jwt-keys", "jwt-public", "zts"] {
@@ -165,6 +171,8 @@ async fn start_dev_zts(
         // the control plane's certificates name their Services (`<name>.athenz-system.svc`)
         service_dns_suffixes: vec![DNS_SUFFIX.into(), "svc".into()],
         roles: demo_roles(),
+        max_cert_lifetime_minutes: cert_minutes
+            .unwrap_or(DevZtsConfig::default().max_cert_lifetime_minutes),
         provider_dns_server: Some(SocketAddr::from((
             CLUSTER_DNS
                 .parse::<Ipv4Addr>()

@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 /// The apps' image: Debian's static busybox (`cat` is all an app needs to read its files).
 pub const APP_IMAGE: &str = "localhost/athenz-devstack/busybox:1";
-const BUSYBOX: &str = "/bin/busybox";
+/// Where busybox is, on the host and in [`APP_IMAGE`].
+pub const BUSYBOX: &str = "/bin/busybox";
 /// Where every mode's app reads its credentials.
 pub const CREDENTIALS: &str = "/var/run/athenz";
 /// How long a workload may take to be Ready (a first pod also waits for its image's layers).
@@ -54,6 +55,9 @@ pub struct Workload {
     pub service_account: &'static str,
     /// How its pods get their identity.
     pub mode: Mode,
+    /// Whether a Service of the same name selects its pods (their certificates then carry its
+    /// ClusterIP, which the callback checks against the API).
+    pub service: bool,
 }
 
 /// The demo's workloads.
@@ -62,21 +66,25 @@ pub const WORKLOADS: [Workload; 4] = [
         namespace: "media-sports",
         service_account: "api",
         mode: Mode::Flex,
+        service: true,
     },
     Workload {
         namespace: "news-feed",
         service_account: "web",
         mode: Mode::Flex,
+        service: false,
     },
     Workload {
         namespace: "media-sports",
         service_account: "stats",
         mode: Mode::CsiSocket,
+        service: false,
     },
     Workload {
         namespace: "shop-cart",
         service_account: "reader",
         mode: Mode::CsiFiles,
+        service: false,
     },
 ];
 
@@ -97,6 +105,8 @@ pub struct PodIdentity {
     pub dns_names: Vec<String>,
     /// Its IP SANs.
     pub ip_addresses: Vec<String>,
+    /// The ClusterIP of the Service named after its service account, when there is one.
+    pub service_ip: Option<String>,
     /// Its URI SANs (SPIFFE id, instance id).
     pub uris: Vec<String>,
     /// Its serial (hex).
@@ -153,6 +163,19 @@ impl Scenario {
             ),
             &format!("service account {ns}/{sa}"),
         )?;
+        if workload.service {
+            // before the pods: the agent looks the Service up when it issues
+            self.kubectl.apply_manifest(
+                &serde_json::json!({
+                    "apiVersion": "v1",
+                    "kind": "Service",
+                    "metadata": {"name": sa, "namespace": ns},
+                    "spec": {"selector": {"app": sa}, "ports": [{"port": 443}]},
+                })
+                .to_string(),
+                &format!("service {ns}/{sa}"),
+            )?;
+        }
         match workload.mode {
             Mode::Flex => {
                 self.kubectl
@@ -314,6 +337,15 @@ impl Scenario {
         let sa = json["spec"]["serviceAccountName"]
             .as_str()
             .unwrap_or_default();
+        // the Service named after the service account, if any: its ClusterIP must be a SAN
+        let service_ip = self.kubectl.get_json(&["services", "-n", ns])?["items"]
+            .as_array()
+            .and_then(|items| {
+                items
+                    .iter()
+                    .find(|svc| svc["metadata"]["name"] == sa)
+                    .and_then(|svc| svc["spec"]["clusterIP"].as_str().map(str::to_owned))
+            });
         let cat = |file: &str| {
             self.kubectl.run(&[
                 "exec",
@@ -349,6 +381,11 @@ impl Scenario {
                 );
             }
             let ips: Vec<String> = cert.ip_addresses.iter().map(ToString::to_string).collect();
+            if let Some(service_ip) = &service_ip
+                && !ips.contains(service_ip)
+            {
+                bail!("{ns}/{pod}: its Service's IP {service_ip} is not among the IP SANs {ips:?}");
+            }
             if ips.contains(&pod_ip) {
                 break (cert, ips);
             }
@@ -372,6 +409,7 @@ impl Scenario {
             principal: cert.common_name,
             dns_names: cert.dns_names,
             ip_addresses: ips,
+            service_ip,
             uris: cert.uris,
             serial: cert.serial_hex,
             not_after: cert
