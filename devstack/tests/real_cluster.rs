@@ -364,13 +364,23 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let audit = audit_events(&state_dir.join("logs").join(AUDIT_LOG));
     let callback_user = format!("system:serviceaccount:{NAMESPACE}:athenz-callback");
     let mut used = std::collections::BTreeSet::new();
+    let mut non_resource = std::collections::BTreeSet::new();
     for event in &audit {
         let user = event["user"]["username"].as_str().unwrap_or_default();
         if user.starts_with(&format!("system:serviceaccount:{NAMESPACE}:")) {
             assert_ne!(event["responseStatus"]["code"], 403, "refused: {event}");
         }
         if user == callback_user {
-            used.insert(access(event));
+            if event["objectRef"].is_null() {
+                // a non-resource URL (discovery, /version): every authenticated user may
+                non_resource.insert(format!(
+                    "{} {}",
+                    event["verb"].as_str().unwrap_or(""),
+                    event["requestURI"].as_str().unwrap_or("")
+                ));
+            } else {
+                used.insert(access(event));
+            }
         }
     }
     let granted = granted(kubectl, "athenz-callback");
@@ -400,6 +410,9 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         "the kubelet never allowed the agent's token: {kubelet_checks:?}"
     );
     eprintln!("the kubelet's checks of the agent's token: {kubelet_checks:?}");
+    eprintln!(
+        "the callback's API use: {used:?}; outside its ClusterRole, allowed to every authenticated user: {non_resource:?}"
+    );
 
     eprintln!(
         "real node: up with our release in {:.1} s; {} identities checked in {scenario_seconds:.1} s",
