@@ -204,6 +204,22 @@ pub enum Absent {
     Gone,
 }
 
+/// Whether [`PodCache::find`] waits, within its deadline, for the pod's IP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpWait {
+    /// The caller needs the IP (the socket API's init and refresh): a pod listed without one
+    /// is listed again until it has one. On a real kubelet the pod's init container runs
+    /// before the kubelet lists the IP its sandbox already has; answering 503 at once made the
+    /// SIA wait a whole backoff step (2 s) for what takes the kubelet well under one.
+    Wait,
+    /// The pod as the list shows it (CSI files mode publishes before the sandbox exists).
+    DontWait,
+}
+
+/// How often a pod listed without its IP is listed again, at most (all such callers share
+/// each list).
+const IP_POLL: Duration = Duration::from_millis(50);
+
 /// The cached pod index of this node.
 pub struct PodCache {
     client: reqwest::Client,
@@ -359,25 +375,40 @@ impl PodCache {
         uid: &str,
         wait: Duration,
         absent: Absent,
+        ip_wait: IpWait,
     ) -> Result<Option<Arc<NodePod>>, KubeletError> {
         let called_at = Instant::now();
         let deadline = called_at + wait;
         let key = (namespace.to_owned(), name.to_owned());
         let mut after = None;
+        let mut listed_without_ip = None;
         loop {
             let Some(snapshot) = self.snapshot(after, deadline).await? else {
-                return Ok(None);
+                // no list could be had before the deadline: the latest answer, if there was one
+                return Ok(listed_without_ip);
             };
             match snapshot.pods.get(&key) {
-                Some(pod)
-                    if snapshot.asked_at >= called_at
-                        || (pod.uid == uid
-                            && pod.ip.is_some()
-                            && pod.sandbox.ip_is_current(self.node_boot)) =>
-                {
-                    return Ok(Some(Arc::clone(pod)));
+                Some(pod) => {
+                    let has_ip = pod.ip.is_some() && pod.sandbox.ip_is_current(self.node_boot);
+                    if pod.uid == uid && has_ip {
+                        return Ok(Some(Arc::clone(pod)));
+                    }
+                    // a list newer than the call is the answer, unless this pod (not being
+                    // deleted) is only waiting for the kubelet to list its sandbox's IP
+                    let awaiting_ip = ip_wait == IpWait::Wait
+                        && pod.uid == uid
+                        && !pod.terminating
+                        && Instant::now() < deadline;
+                    if snapshot.asked_at >= called_at {
+                        if !awaiting_ip {
+                            return Ok(Some(Arc::clone(pod)));
+                        }
+                        listed_without_ip = Some(Arc::clone(pod));
+                        let now = Instant::now();
+                        tokio::time::sleep(IP_POLL.min(deadline.saturating_duration_since(now)))
+                            .await;
+                    }
                 }
-                Some(_) => {}
                 None if Instant::now() >= deadline => return Ok(None),
                 None if absent == Absent::Gone && snapshot.asked_at >= called_at => {
                     return Ok(None);

@@ -258,6 +258,10 @@ impl Agent {
                 &data.pod_uid,
                 self.pod_wait,
                 absent,
+                match ip {
+                    PodIp::Required => crate::kubelet::IpWait::Wait,
+                    PodIp::Optional => crate::kubelet::IpWait::DontWait,
+                },
             )
             .await;
         self.metrics.observe("kubelet", started);

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_identity_agent::kubelet::{Absent, ListRate, NodePod, PodCache};
+use athenz_identity_agent::kubelet::{Absent, IpWait, ListRate, NodePod, PodCache};
 use athenz_testbed::kube_api::{Cluster, KubeApi, running_pod};
 use athenz_testbed::kubelet::Kubelet;
 use std::sync::Arc;
@@ -54,6 +54,7 @@ async fn find_web(
             &uid(n),
             Duration::from_secs(5),
             Absent::MayAppear,
+            IpWait::DontWait,
         )
         .await
 }
@@ -74,7 +75,14 @@ async fn a_rotated_token_is_used_without_a_restart() {
     let cache = cache(&kubelet, Duration::ZERO, GENEROUS, Some(token_file.clone()));
     let wait = Duration::from_millis(200);
     let found = cache
-        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
         .await
         .unwrap();
     assert_eq!(found.unwrap().uid, uid(1));
@@ -82,7 +90,14 @@ async fn a_rotated_token_is_used_without_a_restart() {
     // the kubelet rotates the token: the file changes, the next list presents the new one
     kubelet.controls().require_token(Some("token-2"));
     let err = cache
-        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
         .await
         .unwrap_err()
         .to_string();
@@ -90,7 +105,14 @@ async fn a_rotated_token_is_used_without_a_restart() {
     std::fs::write(&token_file, "token-2\n").unwrap();
     assert!(
         cache
-            .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
+            .find(
+                "media-sports",
+                "web-1",
+                &uid(1),
+                wait,
+                Absent::MayAppear,
+                IpWait::DontWait
+            )
             .await
             .unwrap()
             .is_some()
@@ -99,7 +121,14 @@ async fn a_rotated_token_is_used_without_a_restart() {
     // a token file that disappears is an error naming it, not an anonymous request
     std::fs::remove_file(&token_file).unwrap();
     let err = cache
-        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
         .await
         .unwrap_err()
         .to_string();
@@ -161,6 +190,7 @@ async fn a_gone_pod_is_answered_by_the_first_newer_list() {
             &uid(0),
             Duration::from_secs(30),
             Absent::Gone,
+            IpWait::DontWait,
         )
         .await
         .unwrap();
@@ -184,6 +214,7 @@ async fn a_pod_that_never_comes_costs_at_most_the_budget() {
             &uid(0),
             Duration::from_millis(500),
             Absent::MayAppear,
+            IpWait::DontWait,
         )
         .await
         .unwrap();
@@ -214,6 +245,7 @@ async fn a_pod_the_kubelet_lists_late_is_found_within_the_wait() {
                     &uid(7),
                     Duration::from_secs(5),
                     Absent::MayAppear,
+                    IpWait::DontWait,
                 )
                 .await
         })
@@ -242,7 +274,14 @@ async fn a_cached_entry_without_an_ip_or_of_an_old_pod_is_checked_against_a_new_
     let cache = cache(&kubelet, Duration::from_secs(60), GENEROUS, None);
     let wait = Duration::from_secs(5);
     let early = cache
-        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
         .await
         .unwrap()
         .unwrap();
@@ -262,14 +301,28 @@ async fn a_cached_entry_without_an_ip_or_of_an_old_pod_is_checked_against_a_new_
     let served = kubelet.controls().requests();
 
     let now = cache
-        .find("media-sports", "web-1", &uid(1), wait, Absent::MayAppear)
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
         .await
         .unwrap()
         .unwrap();
     assert_eq!(now.ip.as_deref(), Some("10.1.2.3"));
     assert_eq!(kubelet.controls().requests(), served + 1);
     let replaced = cache
-        .find("media-sports", "web-2", &uid(2), wait, Absent::MayAppear)
+        .find(
+            "media-sports",
+            "web-2",
+            &uid(2),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
         .await
         .unwrap()
         .unwrap();
@@ -279,4 +332,77 @@ async fn a_cached_entry_without_an_ip_or_of_an_old_pod_is_checked_against_a_new_
         "the new pod, for the caller to refuse"
     );
     assert_eq!(kubelet.controls().requests(), served + 2);
+}
+
+/// On a real kubelet a pod's init container runs before the kubelet lists the IP its sandbox
+/// has: a caller that needs the IP waits for a list that shows it (within its wait) instead of
+/// taking the IP-less entry; one that does not takes the entry as it is.
+#[tokio::test]
+async fn a_pod_listed_before_its_ip_is_waited_for_by_a_caller_that_needs_the_ip() {
+    let (api, kubelet) = kubelet().await;
+    put(api.cluster(), 1);
+    assert!(api.cluster().update_pod("media-sports", "web-1", |pod| {
+        pod.status.as_mut().unwrap().pod_ip = None;
+        pod.status.as_mut().unwrap().pod_ips = None;
+    }));
+    let cache = cache(&kubelet, Duration::ZERO, GENEROUS, None);
+    let wait = Duration::from_secs(5);
+    let as_listed = cache
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::DontWait,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(as_listed.ip, None);
+
+    let cluster = api.cluster().clone();
+    let ip_later = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.update_pod("media-sports", "web-1", |pod| {
+            pod.status.as_mut().unwrap().pod_ip = Some("10.1.2.3".into());
+        })
+    });
+    let started = Instant::now();
+    let found = cache
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            wait,
+            Absent::MayAppear,
+            IpWait::Wait,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(ip_later.await.unwrap());
+    assert_eq!(found.ip.as_deref(), Some("10.1.2.3"));
+    assert!(started.elapsed() < wait, "waited the whole {wait:?}");
+    // 50 ms apart at most: a handful of lists, not the rate's 50 a second
+    let lists = kubelet.controls().requests();
+    assert!(lists <= 12, "{lists} lists for a 300 ms wait");
+
+    // an IP that never comes: the entry as last listed at the deadline, not "not on this node"
+    assert!(api.cluster().update_pod("media-sports", "web-1", |pod| {
+        pod.status.as_mut().unwrap().pod_ip = None;
+    }));
+    let short = Duration::from_millis(300);
+    let last = cache
+        .find(
+            "media-sports",
+            "web-1",
+            &uid(1),
+            short,
+            Absent::MayAppear,
+            IpWait::Wait,
+        )
+        .await
+        .unwrap();
+    assert_eq!(last.unwrap().ip, None);
 }

@@ -8,6 +8,11 @@
 //! - the sidecar refreshes a flex pod's certificate and the agent rotates a files-mode one;
 //! - the API server's audit log shows the callback used exactly what its ClusterRole grants,
 //!   no request of ours was refused, and the kubelet allowed the agent's token;
+//! - a namespace that would map into the admin domain is refused, the SIA's log says why;
+//! - containerd killed and restarted: a new pod still gets its identity;
+//! - a pod with the identity volume but no webhook (csi-files, a namespace not opted in) gets
+//!   its identity like any other: opting in is the webhook's convenience, Athenz's `launch`
+//!   grant per domain is the control;
 //! - a terminating pod's SIA is refused; the webhook down stops pod creation in opted-in
 //!   namespaces only (failurePolicy Fail, as documented); the agent deleted while a pod waits
 //!   for its identity is restarted by its DaemonSet and the pod still gets it.
@@ -20,7 +25,7 @@
 use athenz_devstack::cluster::Layout;
 use athenz_devstack::cluster::components::AUDIT_LOG;
 use athenz_devstack::cluster::install::{NAMESPACE, WORKLOADS};
-use athenz_devstack::cluster::scenario::{Mode, Scenario, Workload};
+use athenz_devstack::cluster::scenario::{self, Mode, Scenario, Workload};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -333,6 +338,86 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
             .check_identity(late.namespace, pod, late.mode)
             .unwrap();
     }
+
+    // a namespace whose domain would fall in the admin domain (k8s-admin-evil -> k8s.admin.evil):
+    // the agent refuses, and the SIA's init container says why in its log
+    let evil = "k8s-admin-evil";
+    scenario.ensure_namespace(evil, true).unwrap();
+    kubectl
+        .apply_manifest(
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: app, namespace: {evil}}}\n"
+            ),
+            "the service account",
+        )
+        .unwrap();
+    let pod = scenario
+        .pod_json(
+            evil,
+            "evil",
+            "app",
+            Some(Mode::Flex),
+            scenario::app_container(),
+        )
+        .unwrap();
+    kubectl
+        .apply_manifest(&pod.to_string(), "pod k8s-admin-evil/evil")
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let init_log = loop {
+        let pod = kubectl.get_json(&["pod", "-n", evil, "evil"]).unwrap();
+        let init = &pod["status"]["initContainerStatuses"][0];
+        let failed = [
+            &init["state"]["terminated"],
+            &init["lastState"]["terminated"],
+        ]
+        .iter()
+        .any(|t| t["exitCode"].as_i64().is_some_and(|c| c != 0));
+        if failed {
+            let mut args = vec!["-n", evil, "logs", "evil", "-c", "athenz-sia-init"];
+            if init["state"]["terminated"].is_null() {
+                // it is waiting to start again: the log of the run that failed
+                args.push("--previous");
+            }
+            break kubectl.run(&args).unwrap();
+        }
+        assert_ne!(
+            pod["status"]["phase"], "Running",
+            "a pod of {evil} got an identity"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "the init container never ended: {init}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    assert!(
+        init_log.contains("reserved for system namespaces"),
+        "the refusal does not say why: {init_log}"
+    );
+
+    // containerd killed: the node's supervisor restarts it, running pods keep their identity
+    // and a new pod gets one
+    let containerd = info.pids["containerd"];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(containerd as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let after_restart = Workload {
+        namespace: "shop-cart",
+        service_account: "after-restart",
+        mode: Mode::CsiFiles,
+        service: false,
+    };
+    let pods = scenario.deploy(&after_restart).unwrap();
+    scenario
+        .check_identity(after_restart.namespace, &pods[0], after_restart.mode)
+        .unwrap();
+    let restarted = athenz_devstack::cluster::ClusterInfo::read(&state_dir.join("cluster.json"))
+        .unwrap()
+        .pids["containerd"];
+    assert_ne!(restarted, containerd, "containerd was not restarted");
 
     // the sidecar refreshes a flex pod's certificate, the agent rotates a files-mode volume's
     let refreshed_at = Instant::now();

@@ -442,7 +442,7 @@ impl Scenario {
 }
 
 /// The app container: sleeps; reads its files when exec'd.
-fn app_container() -> serde_json::Value {
+pub fn app_container() -> serde_json::Value {
     serde_json::json!({
         "name": "app",
         "image": APP_IMAGE,
