@@ -133,7 +133,7 @@ pub async fn run_standins(
         api: api.url(),
         nodes: infos,
     };
-    crate::stack::write_json_atomically(&state_dir.join("kube.json"), &info)?;
+    crate::json_file::write_atomically(&state_dir.join("kube.json"), &info)?;
     let stop = athenz_core::http::termination_signal();
     tokio::pin!(stop);
     let mut rotation = tokio::time::interval(TOKEN_ROTATION);

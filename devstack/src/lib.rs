@@ -6,8 +6,9 @@
 //! - `bench --pods N --concurrency C|--arrival T --pod-size real|minimal --key p256|rsa2048
 //!   --volume flex,csi-socket,csi-files`: the full path for N pods, measured, per volume kind.
 //! - `zts --state-dir DIR`: the development ZTS alone.
-//! - `cluster up --bare --state-dir DIR` / `cluster down --state-dir DIR`: a real single-node
-//!   Kubernetes cluster from Kubernetes' own modules (DESIGN.md 5.1).
+//! - `cluster up|demo|bench|down --state-dir DIR`: a real single-node Kubernetes cluster from
+//!   Kubernetes' own modules with our release installed as an operator installs it (DESIGN.md
+//!   5.1).
 //!
 //! Every component runs as its own process: this binary executed under the component's name.
 //!
@@ -26,10 +27,12 @@ pub mod fleet;
 pub mod forwarder;
 pub mod handshake;
 pub mod identity;
+pub mod json_file;
 pub mod kube;
 pub mod load;
 pub mod multicall;
 pub mod node;
+pub mod pod_dirs;
 pub mod pod_volume;
 pub mod pods;
 pub mod procs;

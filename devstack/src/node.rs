@@ -2,6 +2,7 @@
 //! arguments, run the real `athenz-sia init` in the pod's place, and unmount when the pod goes.
 
 use crate::kube::NewPod;
+pub use crate::pod_dirs::{NodeDirs, PodVolume};
 use crate::pods::{PodCommand, PodContainer, PodPaths, PodProgram, PodRuntime};
 use crate::stack::StackInfo;
 use anyhow::{Context, bail};
@@ -12,52 +13,6 @@ use std::time::{Duration, Instant};
 pub const VOLUME_NAME: &str = "athenz-identity";
 /// How long one driver call or one `athenz-sia init` may take.
 const STEP_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A pod's volume on a node.
-#[derive(Debug, Clone)]
-pub struct PodVolume {
-    /// The pod.
-    pub pod: NewPod,
-    /// Its uid.
-    pub uid: String,
-    /// The node's driver directories and agent socket.
-    pub node: NodeDirs,
-    /// Kubelet's mount dir for the volume.
-    pub mount_dir: PathBuf,
-    /// Where its SIA writes the credentials (the pod's memory-backed volume).
-    pub credentials_dir: PathBuf,
-}
-
-/// Where a node's driver and agent live.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeDirs {
-    /// The driver's ATHENZ_VOLUMES_DIR.
-    pub volumes_dir: PathBuf,
-    /// The driver's ATHENZ_AGENT_DIR.
-    pub agent_dir: PathBuf,
-    /// The agent's socket.
-    pub socket: PathBuf,
-}
-
-impl NodeDirs {
-    /// The first node's.
-    pub fn first(stack: &StackInfo) -> Self {
-        Self {
-            volumes_dir: stack.volumes_dir.clone(),
-            agent_dir: stack.agent_dir.clone(),
-            socket: stack.agent.socket.clone(),
-        }
-    }
-
-    /// Node `node`'s.
-    pub fn of(node: &crate::stack::NodeInfo) -> Self {
-        Self {
-            volumes_dir: node.volumes_dir.clone(),
-            agent_dir: node.agent_dir.clone(),
-            socket: node.agent.socket.clone(),
-        }
-    }
-}
 
 /// Kubelet's directory for a flex volume of pod `uid`, under `root` (kubelet's root dir).
 pub fn mount_dir(root: &Path, uid: &str) -> PathBuf {

@@ -10,9 +10,10 @@ use super::dns;
 use super::images;
 use super::kubectl::Kubectl;
 use super::{CLUSTER_DNS, Layout};
+use crate::json_file;
 use crate::procs::{Command, Process, free_port};
 use crate::stack::keys::generate_keys;
-use crate::stack::{UrlCa, demo_roles, read_json, write_json_atomically};
+use crate::stack::{UrlCa, demo_roles};
 use anyhow::Context;
 use athenz_testbed::fixtures::{ADMIN_DOMAIN, DNS_SUFFIX, PROVIDER};
 use athenz_testbed::zts::registry::ProviderEntry;
@@ -182,7 +183,7 @@ async fn start_dev_zts(
         ..DevZtsConfig::default()
     };
     let dir = athenz.join("zts");
-    write_json_atomically(&dir.join("config.json"), &config)?;
+    json_file::write_atomically(&dir.join("config.json"), &config)?;
     let exe = std::env::current_exe().context("finding athenz-devstack itself")?;
     let args = vec![
         "zts".to_owned(),
@@ -193,7 +194,7 @@ async fn start_dev_zts(
     zts.wait_file(&dir.join("zts.json")).await?;
     processes.push(zts);
     components::write_pids(layout, processes)?;
-    read_json(&dir.join("zts.json")).context("reading the dev ZTS's zts.json")
+    json_file::read(&dir.join("zts.json")).context("reading the dev ZTS's zts.json")
 }
 
 /// Copies `deploy/` into `athenz/deploy` and writes its `overlays/local/generated/`: the ZTS URL,

@@ -244,7 +244,7 @@ impl Processes {
 
     /// Writes it atomically.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
-        crate::stack::write_json_atomically(path, self)
+        crate::json_file::write_atomically(path, self)
     }
 }
 

@@ -165,7 +165,7 @@ impl Cluster {
                 info.pids = components::pids(&processes);
             }
             // cluster.json appears only once everything asked for is ready
-            crate::stack::write_json_atomically(&layout.cluster_json, &info)?;
+            crate::json_file::write_atomically(&layout.cluster_json, &info)?;
             anyhow::Ok(info)
         }
         .await;
@@ -195,7 +195,7 @@ impl Cluster {
         if !restarted.is_empty() {
             self.info.pids = components::pids(&self.processes);
             components::write_pids(&self.layout, &self.processes)?;
-            crate::stack::write_json_atomically(&self.layout.cluster_json, &self.info)?;
+            crate::json_file::write_atomically(&self.layout.cluster_json, &self.info)?;
         }
         Ok(restarted)
     }

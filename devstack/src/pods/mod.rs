@@ -12,7 +12,7 @@
 //! process that started them (as a runtime's shims do); [`PodRuntime::of`] gives every caller in
 //! a process the same one for a stack.
 
-use crate::node::PodVolume;
+use crate::pod_dirs::PodVolume;
 use crate::procs::Process;
 
 mod container;

@@ -4,7 +4,6 @@
 //! refresh sidecars). [`StackInfo`] is the `stack.json` contract of DESIGN.md 5.
 
 use crate::procs::{Process, Usage};
-use anyhow::Context;
 use athenz_core::agent_api::KeySource;
 use athenz_core::peer::PeerCheck;
 use athenz_testbed::fixtures::{
@@ -12,7 +11,7 @@ use athenz_testbed::fixtures::{
     NODE_TOKEN_AUDIENCE, PROVIDER,
 };
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 mod control;
 mod info;
@@ -38,13 +37,6 @@ const INITIALIZER: &str = "athenz-initializer";
 const STRANGER: &str = "stranger";
 /// The injection template the initializer serves: the one deploy/ ships.
 const DEPLOY_TEMPLATE: &str = include_str!("../../../deploy/base/initializer-template.yaml");
-
-/// Writes `value` as JSON to `path` atomically (readers never see half), mode 0644 — the shared
-/// writer of athenz-core.
-pub fn write_json_atomically<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
-    athenz_core::volume::write_json_file(path, value, 0o644)
-        .with_context(|| format!("writing {}", path.display()))
-}
 
 /// The roles the dev ZTS knows (DESIGN.md 4.11): every service of `media.sports` reads it, only
 /// `media.sports.api` writes it; what the demo and scripts use to show authorization.
@@ -169,7 +161,7 @@ impl Stack {
             .iter()
             .map(|p| (p.command.name.clone(), p.pid()))
             .collect();
-        write_json_atomically(&self.state_dir.join("stack.json"), &self.info)
+        crate::json_file::write_atomically(&self.state_dir.join("stack.json"), &self.info)
     }
 
     /// Fails, naming it with its log's tail, if any component has exited.
@@ -207,10 +199,4 @@ impl Stack {
             athenz_testbed::cgroups::remove_tree(root);
         }
     }
-}
-
-/// Reads a JSON file into `T`.
-pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> anyhow::Result<T> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", path.display()))
 }

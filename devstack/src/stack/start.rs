@@ -11,7 +11,7 @@ use super::{
     CALLBACK_BASE_PATH, CallbackInfo, Credential, Credentials, DEPLOY_TEMPLATE, DNS_SUFFIX,
     FAULTS_FILE, INITIALIZER, JWT_SERVICE, NODE_TOKEN_AUDIENCE, NodeAgentInfo, NodeAttestation,
     NodeInfo, PROVIDER, STRANGER, Stack, StackInfo, StackOptions, Url, UrlCa, choose_runtime,
-    demo_roles, node_name, read_json, replicas, write_json_atomically,
+    demo_roles, node_name, replicas,
 };
 use crate::kube::KubeInfo;
 use crate::multicall;
@@ -220,7 +220,7 @@ impl<'a> Start<'a> {
             ..DevZtsConfig::default()
         };
         let dir = self.state.join("zts");
-        write_json_atomically(&dir.join("config.json"), &config)?;
+        crate::json_file::write_atomically(&dir.join("config.json"), &config)?;
         let _ = std::fs::remove_file(dir.join("zts.json"));
         let mut args = vec![
             "zts".into(),
@@ -231,7 +231,7 @@ impl<'a> Start<'a> {
         let mut zts = Process::start(Command::new("zts", &self.exe(), args), &self.logs)?;
         zts.wait_file(&dir.join("zts.json")).await?;
         self.processes.push(zts);
-        read_json(&dir.join("zts.json")).context("reading zts.json")
+        crate::json_file::read(&dir.join("zts.json")).context("reading zts.json")
     }
 
     /// The Kubernetes API and one kubelet stand-in per node.
@@ -244,7 +244,7 @@ impl<'a> Start<'a> {
         let mut kube = Process::start(Command::new("kube", &self.exe(), args), &self.logs)?;
         kube.wait_file(&dir.join("kube.json")).await?;
         self.processes.push(kube);
-        read_json(&dir.join("kube.json"))
+        crate::json_file::read(&dir.join("kube.json"))
     }
 
     /// Every control-plane certificate from ZTS (as the control-sia init containers get them)
