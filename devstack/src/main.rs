@@ -41,6 +41,41 @@ fn stand_in_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     athenz_core::daemon::server_runtime().context("starting the runtime")
 }
 
+/// What a command that runs a stack gets first: this process, privileged (or the exit code of
+/// its privileged re-run in a user namespace), and a temporary state dir.
+enum Prepared {
+    /// Go on here, with this state dir.
+    Here(tempfile::TempDir),
+    /// The command ran in a privileged re-run, which exited with this code.
+    ReRan(ExitCode),
+}
+
+/// [`Prepared`] for a command whose temporary directories start with `prefix`.
+fn prepare(prefix: &str) -> anyhow::Result<Prepared> {
+    if let Some(code) = userns::ensure_privileged()? {
+        return Ok(Prepared::ReRan(code));
+    }
+    let temp = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .context("creating a temporary directory")?;
+    Ok(Prepared::Here(temp))
+}
+
+/// Prints `report` as JSON, or for people with `human`.
+fn print_report<T: serde::Serialize>(
+    json: bool,
+    report: &T,
+    human: impl FnOnce(&T),
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        human(report);
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Zts {
@@ -181,13 +216,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             key_source,
             runtime: pod_runtime,
         } => {
-            if let Some(code) = userns::ensure_privileged()? {
-                return Ok(code);
-            }
-            let temp = tempfile::Builder::new()
-                .prefix("athenz-devstack-")
-                .tempdir()
-                .context("creating a temporary directory")?;
+            let temp = match prepare("athenz-devstack-")? {
+                Prepared::Here(temp) => temp,
+                Prepared::ReRan(code) => return Ok(code),
+            };
             let dir = state_dir.unwrap_or_else(|| temp.path().to_owned());
             let mut print = |line: String| {
                 if !json {
@@ -254,13 +286,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             upgrade_to,
             json,
         } => {
-            if let Some(code) = userns::ensure_privileged()? {
-                return Ok(code);
-            }
-            let temp = tempfile::Builder::new()
-                .prefix("athenz-devstack-chaos-")
-                .tempdir()
-                .context("creating a temporary directory")?;
+            let temp = match prepare("athenz-devstack-chaos-")? {
+                Prepared::Here(temp) => temp,
+                Prepared::ReRan(code) => return Ok(code),
+            };
             let options = chaos::ChaosOptions {
                 pods,
                 files_pods,
@@ -277,11 +306,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 upgrade_to,
             };
             let report = runtime()?.block_on(chaos::run(temp.path(), &options))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                chaos::print_human(&report);
-            }
+            print_report(json, &report, chaos::print_human)?;
             Ok(if report.passed {
                 ExitCode::SUCCESS
             } else {
@@ -297,13 +322,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             components,
             json,
         } => {
-            if let Some(code) = userns::ensure_privileged()? {
-                return Ok(code);
-            }
-            let temp = tempfile::Builder::new()
-                .prefix("athenz-devstack-load-")
-                .tempdir()
-                .context("creating a temporary directory")?;
+            let temp = match prepare("athenz-devstack-load-")? {
+                Prepared::Here(temp) => temp,
+                Prepared::ReRan(code) => return Ok(code),
+            };
             let options = load::LoadOptions {
                 nodes,
                 pods_per_node,
@@ -313,11 +335,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 lifetime_minutes,
             };
             let report = runtime()?.block_on(load::run(temp.path(), &options))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                load::print_human(&report);
-            }
+            print_report(json, &report, load::print_human)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Soak {
@@ -332,13 +350,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             csv,
             json,
         } => {
-            if let Some(code) = userns::ensure_privileged()? {
-                return Ok(code);
-            }
-            let temp = tempfile::Builder::new()
-                .prefix("athenz-devstack-soak-")
-                .tempdir()
-                .context("creating a temporary directory")?;
+            let temp = match prepare("athenz-devstack-soak-")? {
+                Prepared::Here(temp) => temp,
+                Prepared::ReRan(code) => return Ok(code),
+            };
             let options = soak::SoakOptions {
                 duration,
                 pods,
@@ -351,11 +366,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 csv,
             };
             let report = runtime()?.block_on(soak::run(temp.path(), &options))?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                soak::print_human(&report);
-            }
+            print_report(json, &report, soak::print_human)?;
             Ok(if report.passed {
                 ExitCode::SUCCESS
             } else {
@@ -375,13 +386,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             key_source,
             runtime: pod_runtime,
         } => {
-            if let Some(code) = userns::ensure_privileged()? {
-                return Ok(code);
-            }
-            let temp = tempfile::Builder::new()
-                .prefix("athenz-devstack-bench-")
-                .tempdir()
-                .context("creating a temporary directory")?;
+            let temp = match prepare("athenz-devstack-bench-")? {
+                Prepared::Here(temp) => temp,
+                Prepared::ReRan(code) => return Ok(code),
+            };
             let options = bench::BenchOptions {
                 pods,
                 concurrency,
