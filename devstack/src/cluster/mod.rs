@@ -293,7 +293,8 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
     };
     let cluster = Cluster::start(&options, &mut report).await?;
     report(format!(
-        "cluster with our release up in {:.1} s",
+        "Kubernetes {} with our release up in {:.1} s",
+        cluster.info.kubernetes_version,
         started.elapsed().as_secs_f64()
     ));
     let outcome = run_scenario(&cluster);
