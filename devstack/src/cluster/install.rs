@@ -48,6 +48,9 @@ pub struct Release {
     pub image_archive: PathBuf,
     /// The repository's `deploy/` (copied; the copy's `overlays/local` is applied).
     pub deploy_dir: PathBuf,
+    /// Whether the archive is this workspace's default, which [`Release::check`] builds with
+    /// `deploy/image.sh` when it is missing (a given one must exist).
+    pub build_if_missing: bool,
     /// The longest certificate the dev ZTS issues, minutes (every certificate: the pods', the
     /// nodes', the control plane's); Athenz's 30 days when `None`. Short ones make the refresh
     /// paths run within a test.
@@ -58,6 +61,7 @@ impl Release {
     /// The given archive and `deploy/`, or this workspace's.
     pub fn new(image_archive: Option<PathBuf>, deploy_dir: Option<PathBuf>) -> Self {
         Self {
+            build_if_missing: image_archive.is_none(),
             image_archive: image_archive.unwrap_or_else(super::default_image_archive),
             deploy_dir: deploy_dir.unwrap_or_else(super::default_deploy_dir),
             cert_minutes: None,
@@ -65,8 +69,29 @@ impl Release {
     }
 
     /// Fails, naming what to run, when the archive or the overlay is missing (before any of the
-    /// cluster is started).
+    /// cluster is started); the default archive is built first with the workspace's
+    /// `deploy/image.sh` (minutes the first time: release builds of every binary).
     pub fn check(&self) -> anyhow::Result<()> {
+        let image_sh = self.deploy_dir.join("image.sh");
+        if !self.image_archive.is_file() && self.build_if_missing && image_sh.is_file() {
+            eprintln!(
+                "{} is missing: building it with {}",
+                self.image_archive.display(),
+                image_sh.display()
+            );
+            let workspace = self
+                .deploy_dir
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let status = std::process::Command::new(&image_sh)
+                .current_dir(workspace)
+                .status()
+                .with_context(|| format!("running {}", image_sh.display()))?;
+            if !status.success() {
+                anyhow::bail!("{} failed ({status})", image_sh.display());
+            }
+        }
         if !self.image_archive.is_file() {
             anyhow::bail!(
                 "the release image {} is missing: build it with deploy/image.sh, or pass \
