@@ -33,11 +33,15 @@ use std::time::{Duration, Instant};
 mod common;
 use common::cluster::{require_prerequisites, start_cluster};
 
-/// Builds the release image as CI and operators do: `deploy/image.sh` (warm: seconds).
+/// Builds the release image as CI and operators do: `deploy/image.sh` (warm: seconds). Its
+/// release builds go where `tests/tests/image.rs` has them go (`target/image-build`: a cargo
+/// run inside `cargo test` keeps off the test build's directory), so a clean clone's test run
+/// compiles the release binaries once, not once per test.
 fn build_image() -> std::path::PathBuf {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = Command::new(repo.join("deploy/image.sh"))
         .current_dir(&repo)
+        .env("CARGO_TARGET_DIR", repo.join("target/image-build"))
         .output()
         .expect("deploy/image.sh");
     assert!(
