@@ -62,6 +62,23 @@ fn prepare(prefix: &str) -> anyhow::Result<Prepared> {
     Ok(Prepared::Here(temp))
 }
 
+/// The options of a cluster command that installs `release` (checked, or built, first) on a
+/// node with the default address and name.
+fn with_release(
+    state_dir: std::path::PathBuf,
+    kube_bin: Option<std::path::PathBuf>,
+    release: cluster::install::Release,
+) -> anyhow::Result<cluster::ClusterOptions> {
+    release.check()?;
+    Ok(cluster::ClusterOptions {
+        state_dir,
+        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
+        node_ip: None,
+        node_name: None,
+        release: Some(release),
+    })
+}
+
 /// Prints `report` as JSON, or for people with `human`.
 fn print_report<T: serde::Serialize>(
     json: bool,
@@ -145,15 +162,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     kube_bin,
                     json,
                 } => {
-                    let release = cluster::install::Release::new(image_archive, deploy);
-                    release.check()?;
-                    let options = cluster::ClusterOptions {
+                    let options = with_release(
                         state_dir,
-                        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
-                        node_ip: None,
-                        node_name: None,
-                        release: Some(release),
-                    };
+                        kube_bin,
+                        cluster::install::Release::new(image_archive, deploy),
+                    )?;
                     if !runtime()?.block_on(cluster::demo(options, json))? {
                         return Ok(ExitCode::FAILURE);
                     }
@@ -167,15 +180,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     burst,
                     json,
                 } => {
-                    let release = cluster::install::Release::new(image_archive, None);
-                    release.check()?;
-                    let options = cluster::ClusterOptions {
+                    let options = with_release(
                         state_dir,
-                        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
-                        node_ip: None,
-                        node_name: None,
-                        release: Some(release),
-                    };
+                        kube_bin,
+                        cluster::install::Release::new(image_archive, None),
+                    )?;
                     let bench = cluster::bench::BenchOptions {
                         sequential,
                         interval,
