@@ -53,7 +53,12 @@ done
 # -buildvcs=false: stamping this repository's git state into the binaries
 # would relink them after every commit of unrelated code.
 export CGO_ENABLED=0
-gobuild() { nice -n 19 go build -trimpath -buildvcs=false "$@"; }
+# each build's wall time is printed: a cold build's figures (docs/development.md) come from here
+gobuild() {
+  local started=$SECONDS
+  nice -n 19 go build -trimpath -buildvcs=false "$@"
+  echo "build.sh:   built in $((SECONDS - started)) s"
+}
 
 cd "$here"
 pin=$(go run ./internal/genmod -pin)
@@ -144,11 +149,12 @@ if [[ $with_tools == 1 ]]; then
     "$ctrd/cmd/containerd-shim-runc-v2"
   binaries+=(containerd ctr containerd-shim-runc-v2)
 
-  # Cluster DNS: CoreDNS from its own module (tests/kube-dns), as kubeadm and kind deploy it.
+  # Cluster DNS: CoreDNS from its own module (tests/kube-dns: its coremain with the Corefile's
+  # plugins only), as kubeadm and kind deploy it.
   cd "$repo/tests/kube-dns"
   coredns_version=$(go list -m -f '{{.Version}}' github.com/coredns/coredns)
   echo "build.sh: coredns $coredns_version -> $out"
-  gobuild -ldflags "-s -w" -o "$out/coredns" github.com/coredns/coredns
+  gobuild -ldflags "-s -w" -o "$out/coredns" .
   binaries+=(coredns)
   cd "$tools"
 
