@@ -368,7 +368,8 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         .apply_manifest(&pod.to_string(), "pod k8s-admin-evil/evil")
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(90);
-    let init_log = loop {
+    let mut init_log = String::new();
+    loop {
         let pod = kubectl.get_json(&["pod", "-n", evil, "evil"]).unwrap();
         let init = &pod["status"]["initContainerStatuses"][0];
         let failed = [
@@ -383,7 +384,12 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
                 // it is waiting to start again: the log of the run that failed
                 args.push("--previous");
             }
-            break kubectl.run(&args).unwrap();
+            // The kubelet answers "unable to retrieve container logs" when the failed run's
+            // container is already gone (it restarted again): read the next failed run's log
+            init_log = kubectl.run(&args).unwrap();
+            if init_log.contains("reserved for system namespaces") {
+                break;
+            }
         }
         assert_ne!(
             pod["status"]["phase"], "Running",
@@ -391,10 +397,10 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         );
         assert!(
             Instant::now() < deadline,
-            "the init container never ended: {init}"
+            "the init container never failed saying why: {init}; its last log: {init_log}"
         );
         std::thread::sleep(Duration::from_secs(1));
-    };
+    }
     assert!(
         init_log.contains("reserved for system namespaces"),
         "the refusal does not say why: {init_log}"
