@@ -289,7 +289,10 @@ impl Agent {
             ));
         }
         if pod.terminating {
-            return Err(fail(StatusCode::FORBIDDEN, "the pod is being deleted"));
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                format!("pod {}/{} is being deleted", data.namespace, data.pod_name),
+            ));
         }
         // an IP from a sandbox older than the node died with it: until the kubelet reports the
         // new one, the pod has no IP this agent may name

@@ -106,18 +106,21 @@ fn demo_in_csi_files_mode_runs_nothing_in_the_pod() {
     assert_eq!(report["volumes_left"], 0);
 }
 
-/// The deleted pod's renewal was refused because the pod is gone, by either of the two checks
-/// that can see it: the agent's own (its kubelet pod list, reused for up to a second, no longer
-/// has the pod) or, when the agent's list still predates the deletion, the callback behind ZTS
-/// (the Kubernetes API no longer has it). Which one answers depends only on the age of the
-/// agent's list when the renewal runs; any other refusal, or none, fails.
+/// The deleted pod's renewal was refused because the pod is going or gone, by any of the three
+/// checks that can see it. The demo deletes as `kubectl delete` does, gracefully first: while the
+/// pod is terminating the agent refuses it as being deleted; once it is removed, the agent's own
+/// kubelet pod list (reused for up to a second) no longer has it; when that list still predates
+/// the deletion, the callback behind ZTS refuses (the Kubernetes API no longer has the pod).
+/// Which one answers depends only on when the renewal runs; any other refusal, or none, fails.
 fn assert_refused_as_deleted(report: &serde_json::Value, pod: &str) {
     let refusal = report["refused_after_delete"]["refusal"].as_str().unwrap();
+    let terminating =
+        refusal.contains("403") && refusal.contains(&format!("pod {pod} is being deleted"));
     let by_agent = refusal.contains(&format!("{pod} is not on this node"));
     let by_callback = refusal.contains("403")
         && refusal.contains("pod_exists")
         && refusal.contains(&format!("pod {pod} does not exist"));
-    assert!(by_agent || by_callback, "{refusal}");
+    assert!(terminating || by_agent || by_callback, "{refusal}");
 }
 
 #[test]
