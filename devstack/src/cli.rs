@@ -299,6 +299,10 @@ pub enum ClusterCommand {
         /// a few minutes make the refresh paths run while you watch.
         #[arg(long, value_name = "MINUTES", conflicts_with = "bare", value_parser = clap::value_parser!(u32).range(2..))]
         cert_minutes: Option<u32>,
+        /// How the release is installed: docs/operating.md's "Install" steps (kustomize) or its
+        /// "Install with Helm" steps (the chart in deploy/helm, with the helm next to kubectl).
+        #[arg(long, value_enum, default_value = "kustomize", conflicts_with = "bare")]
+        installer: crate::cluster::install::Installer,
         /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
         /// default: target/kube/v1.37.2/bin of this workspace.
         #[arg(long, value_name = "DIR")]

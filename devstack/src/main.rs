@@ -135,12 +135,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     image_archive,
                     deploy,
                     cert_minutes,
+                    installer,
                     kube_bin,
                     node_ip,
                     node_name,
                 } => {
                     let release = (!bare).then(|| cluster::install::Release {
                         cert_minutes,
+                        installer,
                         ..cluster::install::Release::new(image_archive, deploy)
                     });
                     if let Some(release) = &release {

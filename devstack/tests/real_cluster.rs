@@ -24,8 +24,10 @@
 
 use athenz_devstack::cluster::Layout;
 use athenz_devstack::cluster::components::AUDIT_LOG;
-use athenz_devstack::cluster::install::{NAMESPACE, WORKLOADS};
-use athenz_devstack::cluster::scenario::{self, Mode, Scenario, Workload};
+use athenz_devstack::cluster::install::{self, CONTROL_NAMESPACE, NODE_NAMESPACE, WORKLOADS};
+use athenz_devstack::cluster::kubectl::Kubectl;
+use athenz_devstack::cluster::runbook;
+use athenz_devstack::cluster::scenario::{self, Mode, RESTRICTED_NAMESPACE, Scenario, Workload};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -98,8 +100,189 @@ fn granted(
     out
 }
 
+/// Scrapes each daemon's `/metrics` through the API server's pod proxy and holds the names to
+/// docs/operating.md's tables: a name served but not documented, or documented but not served,
+/// fails.
+fn check_metrics_reference(kubectl: &Kubectl) {
+    let reference = runbook::metrics_reference(runbook::OPERATING);
+    let daemons = [
+        (
+            "athenz-identity-agent",
+            NODE_NAMESPACE,
+            "athenz-agent",
+            9190,
+        ),
+        (
+            "athenz-callback",
+            CONTROL_NAMESPACE,
+            "athenz-callback",
+            9090,
+        ),
+        (
+            "athenz-jwt-service",
+            CONTROL_NAMESPACE,
+            "athenz-jwt-service",
+            9090,
+        ),
+        (
+            "athenz-initializer",
+            CONTROL_NAMESPACE,
+            "athenz-initializer",
+            9090,
+        ),
+    ];
+    assert_eq!(reference.len(), daemons.len());
+    for (daemon, ns, app, port) in daemons {
+        let pod = kubectl
+            .run(&[
+                "-n",
+                ns,
+                "get",
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/name={app}"),
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ])
+            .unwrap();
+        let exposition = kubectl
+            .run(&[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics"),
+            ])
+            .unwrap();
+        let served = runbook::served_metrics(&exposition);
+        assert_eq!(
+            served, reference[daemon],
+            "{daemon}: served (left) against docs/operating.md's table (right)"
+        );
+    }
+}
+
+/// The webhook's caBundle, which must be set.
+fn webhook_ca_bundle(kubectl: &Kubectl) -> String {
+    let hook = kubectl
+        .get_json(&["mutatingwebhookconfiguration", "athenz-initializer"])
+        .unwrap();
+    let bundle = hook["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!bundle.is_empty(), "the webhook has no caBundle: {hook}");
+    bundle
+}
+
+/// After the documented uninstall: none of our cluster objects, and nothing on this node (the
+/// state dir, the flex driver, the CSI socket dir and registration, no mount under
+/// `/var/athenz`).
+fn check_nothing_left(kubectl: &Kubectl) {
+    for (kind, name) in [
+        ("mutatingwebhookconfiguration", "athenz-initializer"),
+        ("csidriver", "csi.athenz.io"),
+        ("clusterrole", "athenz-agent"),
+        ("clusterrole", "athenz-callback"),
+        ("namespace", NODE_NAMESPACE),
+        ("namespace", CONTROL_NAMESPACE),
+    ] {
+        let left = kubectl
+            .run(&["get", kind, name, "--ignore-not-found", "-o", "name"])
+            .unwrap();
+        assert!(left.is_empty(), "left after uninstall: {left}");
+    }
+    for path in [
+        "/var/athenz",
+        "/var/lib/kubelet/plugins/csi.athenz.io",
+        "/var/lib/kubelet/plugins_registry/csi.athenz.io-reg.sock",
+        "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/athenz~volume-driver",
+    ] {
+        assert!(!Path::new(path).exists(), "left after uninstall: {path}");
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains("/var/athenz"),
+        "mounts left under /var/athenz"
+    );
+}
+
+/// One cluster per host (`cluster up` holds the node's lock): the tests here take turns.
+static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The Helm chart, installed by docs/operating.md's "Install with Helm" steps on a node of its
+/// own: every mode's pods get their identities as with the kustomize install, and the page's
+/// Helm uninstall leaves nothing.
+#[test]
+fn the_helm_chart_installs_the_same_release() {
+    let _node = ONE_NODE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    require_prerequisites();
+    let archive = build_image();
+    let temp = tempfile::Builder::new()
+        .prefix("athenz-helm-")
+        .tempdir()
+        .unwrap();
+    let state_dir = temp.path().join("state");
+    let archive_arg = archive.display().to_string();
+    let (guard, info) = start_cluster(
+        &state_dir,
+        &["--image-archive", &archive_arg, "--installer", "helm"],
+        Duration::from_secs(600),
+    );
+    let layout = Layout::existing(&state_dir).unwrap();
+    let zts = info.zts.clone().expect("cluster.json names the dev ZTS");
+    assert!(
+        info.overlay
+            .as_ref()
+            .unwrap()
+            .ends_with("checkout/deploy/helm/athenz-k8s-identity")
+    );
+    let scenario = Scenario::new(&layout, &zts.ca);
+    let kubectl = scenario.kubectl();
+    let releases = kubectl
+        .run_script("helm list -A -o json", &state_dir, &[], "helm list")
+        .unwrap();
+    assert!(releases.contains("\"name\":\"athenz\""), "{releases}");
+    Scenario::import_app_image(&layout).unwrap();
+    let identities = scenario.run_all().unwrap();
+    for mode in [Mode::Flex, Mode::CsiSocket, Mode::CsiFiles] {
+        assert!(
+            identities.iter().any(|i| i.mode == mode),
+            "no {mode:?} identity: {identities:#?}"
+        );
+    }
+    check_metrics_reference(kubectl);
+    for ns in ["media-sports", "news-feed", RESTRICTED_NAMESPACE] {
+        kubectl
+            .run(&[
+                "delete",
+                "namespace",
+                ns,
+                "--ignore-not-found",
+                "--timeout=120s",
+            ])
+            .unwrap();
+    }
+    install::run_uninstall_steps(
+        install::Installer::Helm,
+        kubectl,
+        &install::checkout_dir(&layout.athenz),
+    )
+    .unwrap();
+    check_nothing_left(kubectl);
+    eprintln!(
+        "real node, Helm: up in {:.1} s; {} identities checked",
+        guard.up_seconds,
+        identities.len()
+    );
+    drop(guard);
+}
+
 #[test]
 fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_must() {
+    let _node = ONE_NODE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     require_prerequisites();
     let archive = build_image();
     let temp = tempfile::Builder::new()
@@ -126,15 +309,15 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         info.overlay
             .as_ref()
             .unwrap()
-            .ends_with("athenz/deploy/overlays/local")
+            .ends_with("athenz/checkout/deploy/overlays/local")
     );
     let scenario = Scenario::new(&layout, &zts.ca);
     let kubectl = scenario.kubectl();
 
     // the four workloads, Running and Ready, from the image
-    let pods = kubectl.get_json(&["pods", "-n", NAMESPACE]).unwrap();
-    let pods = pods["items"].as_array().unwrap();
-    for workload in WORKLOADS {
+    for (namespace, workload) in WORKLOADS {
+        let pods = kubectl.get_json(&["pods", "-n", namespace]).unwrap();
+        let pods = pods["items"].as_array().unwrap();
         let name = workload.split('/').nth(1).unwrap();
         let mine: Vec<_> = pods
             .iter()
@@ -165,8 +348,44 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         4,
         "two Deployments of two pods: {identities:#?}"
     );
+    // the CSI modes' pods were admitted, through the webhook, in a namespace that enforces
+    // Pod Security "restricted"
     assert_eq!(modes(Mode::CsiSocket), 1);
     assert_eq!(modes(Mode::CsiFiles), 1);
+    for id in identities.iter().filter(|i| i.mode != Mode::Flex) {
+        assert_eq!(id.namespace, RESTRICTED_NAMESPACE, "{id:#?}");
+    }
+    let enforced = kubectl
+        .get_json(&["namespace", RESTRICTED_NAMESPACE])
+        .unwrap();
+    assert_eq!(
+        enforced["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    // ... which does enforce it: a flex pod there is refused by Pod Security, naming the volume
+    let flex_there = kubectl.run(&[
+        "-n",
+        RESTRICTED_NAMESPACE,
+        "run",
+        "flex-in-restricted",
+        "--image=localhost/athenz-devstack/busybox:1",
+        "--image-pull-policy=Never",
+        "--restart=Never",
+        "--annotations=athenz.io/volume=flex",
+        "--command",
+        "--",
+        "/bin/busybox",
+        "sleep",
+        "5",
+    ]);
+    let refusal = format!(
+        "{:#}",
+        flex_there.expect_err("a flex pod was admitted under restricted")
+    );
+    assert!(
+        refusal.contains("violates PodSecurity") && refusal.contains("athenz-identity"),
+        "{refusal}"
+    );
     let flex_namespaces: std::collections::BTreeSet<_> = identities
         .iter()
         .filter(|i| i.mode == Mode::Flex)
@@ -248,7 +467,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     kubectl
         .run(&[
             "-n",
-            NAMESPACE,
+            CONTROL_NAMESPACE,
             "scale",
             "deployment/athenz-initializer",
             "--replicas=0",
@@ -284,6 +503,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         }
     };
     assert!(refusal.contains("initializer.athenz.io"), "{refusal}");
+    scenario.ensure_namespace("shop-cart", false).unwrap();
     kubectl
         .run(&[
             "-n",
@@ -303,7 +523,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     kubectl
         .run(&[
             "-n",
-            NAMESPACE,
+            CONTROL_NAMESPACE,
             "scale",
             "deployment/athenz-initializer",
             "--replicas=2",
@@ -311,7 +531,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         .unwrap();
     kubectl
         .wait_rolled_out(
-            NAMESPACE,
+            CONTROL_NAMESPACE,
             "deployment/athenz-initializer",
             Duration::from_secs(120),
         )
@@ -328,7 +548,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     kubectl
         .run(&[
             "-n",
-            NAMESPACE,
+            NODE_NAMESPACE,
             "delete",
             "pod",
             "-l",
@@ -415,7 +635,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     )
     .unwrap();
     let after_restart = Workload {
-        namespace: "shop-cart",
+        namespace: RESTRICTED_NAMESPACE,
         service_account: "after-restart",
         mode: Mode::CsiFiles,
         service: false,
@@ -457,12 +677,15 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     // them (a missing grant is a 403 here; an unused one is an extra), and the kubelet let the
     // agent read its /pods
     let audit = audit_events(&state_dir.join("logs").join(AUDIT_LOG));
-    let callback_user = format!("system:serviceaccount:{NAMESPACE}:athenz-callback");
+    let callback_user = format!("system:serviceaccount:{CONTROL_NAMESPACE}:athenz-callback");
     let mut used = std::collections::BTreeSet::new();
     let mut non_resource = std::collections::BTreeSet::new();
     for event in &audit {
         let user = event["user"]["username"].as_str().unwrap_or_default();
-        if user.starts_with(&format!("system:serviceaccount:{NAMESPACE}:")) {
+        let ours = [NODE_NAMESPACE, CONTROL_NAMESPACE]
+            .iter()
+            .any(|ns| user.starts_with(&format!("system:serviceaccount:{ns}:")));
+        if ours {
             assert_ne!(event["responseStatus"]["code"], 403, "refused: {event}");
         }
         if user == callback_user {
@@ -478,12 +701,12 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
             }
         }
     }
-    let granted = granted(kubectl, "athenz-callback");
+    let callback_granted = granted(kubectl, "athenz-callback");
     assert_eq!(
-        used, granted,
+        used, callback_granted,
         "the callback's use of the API (left) against its ClusterRole (right)"
     );
-    let agent_user = format!("system:serviceaccount:{NAMESPACE}:athenz-agent");
+    let agent_user = format!("system:serviceaccount:{NODE_NAMESPACE}:athenz-agent");
     let kubelet_checks: Vec<_> = audit
         .iter()
         .filter(|e| e["objectRef"]["resource"] == "subjectaccessreviews")
@@ -504,10 +727,83 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         kubelet_checks.iter().any(|(_, allowed)| *allowed),
         "the kubelet never allowed the agent's token: {kubelet_checks:?}"
     );
+    // fine-grained kubelet authorization: the kubelet asks for nodes/pods first and, allowed,
+    // never for nodes/proxy; the agent's ClusterRole is exactly what the kubelet asked
+    let asked: std::collections::BTreeSet<String> = kubelet_checks
+        .iter()
+        .map(|(resource, allowed)| {
+            assert!(
+                allowed,
+                "the kubelet refused the agent {resource}: {kubelet_checks:?}"
+            );
+            format!("get {resource}")
+        })
+        .collect();
+    assert_eq!(
+        asked,
+        granted(kubectl, "athenz-agent"),
+        "what the kubelet required of the agent (left) against its ClusterRole (right)"
+    );
     eprintln!("the kubelet's checks of the agent's token: {kubelet_checks:?}");
     eprintln!(
         "the callback's API use: {used:?}; outside its ClusterRole, allowed to every authenticated user: {non_resource:?}"
     );
+
+    // docs/operating.md's metrics reference is what each daemon serves
+    check_metrics_reference(kubectl);
+
+    // the install's steps run again (what an upgrade under the same overlay does): nothing
+    // changes, the webhook keeps its CA bundle and a new pod is admitted and gets its identity
+    let bundle_before = webhook_ca_bundle(kubectl);
+    install::run_install_steps(
+        install::Installer::Kustomize,
+        kubectl,
+        &install::checkout_dir(&layout.athenz),
+        &zts.url,
+        &zts.ca,
+        &install::operator_keys_dir(&layout.athenz),
+    )
+    .unwrap();
+    assert_eq!(webhook_ca_bundle(kubectl), bundle_before);
+    let after_reapply = Workload {
+        namespace: "news-feed",
+        service_account: "after-reapply",
+        mode: Mode::Flex,
+        service: false,
+    };
+    let pods = scenario.deploy(&after_reapply).unwrap();
+    for pod in &pods {
+        scenario
+            .check_identity(after_reapply.namespace, pod, Mode::Flex)
+            .unwrap();
+    }
+
+    // uninstalled as documented: the tenants' pods first, then the page's steps; nothing of
+    // ours is left in the cluster or on the node
+    for ns in [
+        "media-sports",
+        "news-feed",
+        RESTRICTED_NAMESPACE,
+        "shop-cart",
+        evil,
+    ] {
+        kubectl
+            .run(&[
+                "delete",
+                "namespace",
+                ns,
+                "--ignore-not-found",
+                "--timeout=120s",
+            ])
+            .unwrap();
+    }
+    install::run_uninstall_steps(
+        install::Installer::Kustomize,
+        kubectl,
+        &install::checkout_dir(&layout.athenz),
+    )
+    .unwrap();
+    check_nothing_left(kubectl);
 
     eprintln!(
         "real node: up with our release in {:.1} s; {} identities checked in {scenario_seconds:.1} s",

@@ -61,7 +61,7 @@ pub struct Config {
         long,
         env = "SKIP_NAMESPACES",
         value_delimiter = ',',
-        default_value = "kube-system,kube-public,kube-node-lease,athenz-system"
+        default_value = "kube-system,kube-public,kube-node-lease,athenz-system,k8s-admin"
     )]
     pub skip_namespaces: Vec<String>,
     /// How often the certificate files are checked for changes.

@@ -34,6 +34,10 @@ pub const SDS_SOCKET_NAME: &str = "sds.sock";
 pub const ROLES_ANNOTATION: &str = "athenz.io/roles";
 /// Annotation asking for the refresher's token server on this loopback port.
 pub const TOKEN_SERVER_PORT_ANNOTATION: &str = "athenz.io/token-server-port";
+/// Annotation choosing the pod's identity volume (`flex`, `csi-socket` or `csi-files`) instead
+/// of the template's: a namespace enforcing Pod Security `restricted`, where flex volumes are
+/// not allowed, asks for a CSI mode with it.
+pub const VOLUME_ANNOTATION: &str = "athenz.io/volume";
 
 /// What the pod asks of the SIA for authorization (DESIGN.md 4.11).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -201,6 +205,7 @@ fn sia_container(t: &Template, name: &str, verb: &str) -> Container {
         args: Some(args),
         env: Some(env),
         resources: t.resources.clone(),
+        security_context: Some(t.security_context.clone()),
         volume_mounts: Some(vec![
             VolumeMount {
                 name: IDENTITY_VOLUME.to_owned(),
@@ -237,8 +242,33 @@ fn wants_sds(pod: &Pod) -> Result<bool, Conflict> {
     }
 }
 
+/// The identity volume `pod` gets: its [`VOLUME_ANNOTATION`], else the template's. A mode that
+/// runs the SIA needs the template's image; any other value is refused, naming it.
+fn volume_kind(t: &Template, pod: &Pod) -> Result<VolumeKind, Conflict> {
+    let kind = match annotation(pod, VOLUME_ANNOTATION) {
+        None => return Ok(t.volume),
+        Some("flex") => VolumeKind::Flex,
+        Some("csi-socket") => VolumeKind::CsiSocket,
+        Some("csi-files") => VolumeKind::CsiFiles,
+        Some(other) => {
+            return Err(Conflict(format!(
+                "annotation {VOLUME_ANNOTATION} must be flex, csi-socket or csi-files, not {:?}",
+                other.chars().take(64).collect::<String>()
+            )));
+        }
+    };
+    if kind != VolumeKind::CsiFiles && t.image.is_empty() {
+        return Err(Conflict(format!(
+            "annotation {VOLUME_ANNOTATION}: that mode runs the SIA in the pod, and this \
+             cluster's template names no SIA image (only csi-files is available)"
+        )));
+    }
+    Ok(kind)
+}
+
 /// The pod with everything injected, or why that is impossible.
 pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
+    let kind = volume_kind(t, pod)?;
     let sds = wants_sds(pod)?;
     let authz = authz_request(pod)?;
     let mut pod = pod.clone();
@@ -257,19 +287,18 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
             v.name
         )));
     }
-    volumes.push(identity_volume(t.volume));
-    if t.volume == VolumeKind::CsiFiles {
+    volumes.push(identity_volume(kind));
+    if kind == VolumeKind::CsiFiles {
         if sds {
             return Err(Conflict(format!(
-                "{SDS_ANNOTATION}: SDS is served by the SIA refresher, and this cluster's \
-                 template (volume: csi-files) runs none; use the files"
+                "{SDS_ANNOTATION}: SDS is served by the SIA refresher, and the pod's volume \
+                 (csi-files) runs none; use the files"
             )));
         }
         if !authz.is_empty() {
             return Err(Conflict(format!(
                 "{ROLES_ANNOTATION} / {TOKEN_SERVER_PORT_ANNOTATION}: role certificates and \
-                 tokens come from the SIA, and this cluster's template (volume: csi-files) \
-                 runs none"
+                 tokens come from the SIA, and the pod's volume (csi-files) runs none"
             )));
         }
         mount_in_apps(spec, IDENTITY_VOLUME, &t.credentials_mount_path)?;
@@ -432,6 +461,69 @@ mod tests {
             spec.containers[1].args.as_deref(),
             Some(&["refresh".to_owned()][..])
         );
+    }
+
+    #[test]
+    fn sia_containers_pass_pod_security_restricted_unless_the_template_says_otherwise() {
+        let injected = inject(&template(true), &pod()).unwrap();
+        let inits = injected.spec.unwrap().init_containers.unwrap();
+        assert_eq!(inits.len(), 2);
+        for sia in &inits {
+            let sc = sia.security_context.as_ref().unwrap();
+            // the four checks of the restricted level, and the read-only root
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", sia.name);
+            assert_eq!(sc.run_as_non_root, Some(true), "{}", sia.name);
+            let drop = sc.capabilities.as_ref().unwrap().drop.as_ref().unwrap();
+            assert_eq!(drop, &["ALL".to_owned()], "{}", sia.name);
+            assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", sia.name);
+        }
+        let own = Template::from_yaml(
+            "image: registry.example/athenz-sia:1.0\nsecurityContext:\n  runAsUser: 1234\n",
+        )
+        .unwrap();
+        let injected = inject(&own, &pod()).unwrap();
+        let init = &injected.spec.unwrap().init_containers.unwrap()[0];
+        let sc = init.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_user, Some(1234));
+        assert_eq!(
+            sc.run_as_non_root, None,
+            "the template's own context replaces the default"
+        );
+        let bad = Template::from_yaml(
+            "image: registry.example/athenz-sia:1.0\nsecurityContext:\n  runAsUser: root\n",
+        );
+        assert!(bad.unwrap_err().to_string().contains("runAsUser"));
+    }
+
+    #[test]
+    fn the_volume_annotation_chooses_the_mode_and_refuses_what_it_cannot_give() {
+        let annotated_volume = |value: &str| with_annotations(&[(VOLUME_ANNOTATION, value)]);
+        // a flex template, a pod asking for csi-files: the CSI volume alone, no container
+        let files = inject(&template(true), &annotated_volume("csi-files")).unwrap();
+        let spec = files.spec.unwrap();
+        assert!(spec.init_containers.is_none());
+        let volumes = spec.volumes.unwrap();
+        assert_eq!(volumes.len(), 1);
+        assert_eq!(volumes[0].csi.as_ref().unwrap().driver, CSI_DRIVER);
+        // csi-socket: the CSI volume and the SIA containers
+        let socket = inject(&template(true), &annotated_volume("csi-socket")).unwrap();
+        let spec = socket.spec.unwrap();
+        assert_eq!(spec.init_containers.unwrap().len(), 2);
+        assert!(spec.volumes.unwrap()[0].csi.is_some());
+        // a csi-files template has no SIA image to run
+        let refused = inject(&csi_template("csi-files", false), &annotated_volume("flex"));
+        assert!(refused.unwrap_err().0.contains("names no SIA image"));
+        for bad in ["hostPath", "", &"x".repeat(10_000)] {
+            let refused = inject(&template(true), &annotated_volume(bad))
+                .unwrap_err()
+                .0;
+            assert!(refused.contains(VOLUME_ANNOTATION), "{refused}");
+            assert!(
+                refused.len() < 200,
+                "the refusal quotes at most 64 characters"
+            );
+        }
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The injection template (YAML, from a ConfigMap): what to add to pods. Validated at start with
 //! errors naming the field, so a bad ConfigMap stops the webhook instead of breaking pods.
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    Capabilities, EnvVar, ResourceRequirements, SeccompProfile, SecurityContext,
+};
 use serde::Deserialize;
 use std::path::Path;
 use thiserror::Error;
@@ -51,6 +53,31 @@ pub struct Template {
     /// Extra environment for the SIA containers.
     #[serde(default)]
     pub env: Vec<EnvVar>,
+    /// The SIA containers' securityContext. By default one that Pod Security's `restricted`
+    /// level admits, so a tenant namespace enforcing it accepts the injected pods (csi-socket
+    /// mode; flex volumes are not allowed there at all): not root, no privilege escalation,
+    /// every capability dropped, the runtime's seccomp profile; and a read-only root
+    /// filesystem, as the SIA writes only to its volumes.
+    #[serde(default = "restricted_security_context")]
+    pub security_context: SecurityContext,
+}
+
+/// The SIA containers' default securityContext (see [`Template::security_context`]).
+pub fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        run_as_non_root: Some(true),
+        read_only_root_filesystem: Some(true),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        ..SecurityContext::default()
+    }
 }
 
 /// The identity volume the initializer injects (DESIGN.md 4.7, 4.10).

@@ -1,8 +1,8 @@
-//! Refresh with a pod-made key (DESIGN.md 4.6): ZTS authenticates a refresh by the instance's
-//! current certificate and key, which never leave the pod, so the SIA calls ZTS itself — through
-//! the agent's `CONNECT` tunnel (the default: pods need no route to ZTS) or directly when
-//! `--zts-url` is set. The attestation JWT comes from the agent, for this pod only. A new key
-//! per refresh, made here.
+//! Refresh with a pod-made key (docs/architecture.md, where keys are made): ZTS authenticates a
+//! refresh by the instance's current certificate and key, which never leave the pod, so the SIA
+//! calls ZTS itself — through the agent's `CONNECT` tunnel (the default: pods need no route to
+//! ZTS) or directly with `--refresh-route direct`. The attestation JWT comes from the agent, for
+//! this pod only. A new key per refresh, made here.
 
 use crate::client::{AgentClient, AgentError};
 use crate::pod_key::PodKey;

@@ -7,6 +7,7 @@
 #                            (tests/kube-tools, a separate module so containerd's
 #                            dependency versions never move Kubernetes' ones)
 #   coredns                  cluster DNS (tests/kube-dns, a module of its own too)
+#   helm                     the Helm CLI for deploy/helm (tests/helm, a module of its own)
 # (No csi-node-driver-registrar: the module proxy answers 403 for it, and the
 # agent registers its CSI driver with kubelet itself.)
 # plus one symlink per kube component, so each can be started under its name.
@@ -156,6 +157,21 @@ if [[ $with_tools == 1 ]]; then
   echo "build.sh: coredns $coredns_version -> $out"
   gobuild -ldflags "-s -w" -o "$out/coredns" .
   binaries+=(coredns)
+
+  # Helm, to render and install the chart (deploy/helm), from its own module (tests/helm).
+  cd "$repo/tests/helm"
+  helm_version=$(go list -m -f '{{.Version}}' helm.sh/helm/v3)
+  # as Helm's Makefile stamps them: its version, and the Kubernetes version `helm template`
+  # assumes (its client-go's 0.X is Kubernetes 1.X; unstamped it assumes 1.20)
+  client_go=$(go list -m -f '{{.Version}}' k8s.io/client-go)
+  helm_k8s_minor=$(echo "$client_go" | cut -d. -f2)
+  helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$helm_version"
+  for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$helm_k8s_minor"
+  done
+  echo "build.sh: helm $helm_version (for Kubernetes 1.$helm_k8s_minor) -> $out"
+  gobuild -ldflags "$helm_ldflags" -o "$out/helm" helm.sh/helm/v3/cmd/helm
+  binaries+=(helm)
   cd "$tools"
 
 fi

@@ -167,3 +167,47 @@ fn the_readme_is_a_newcomers_page() {
         assert!(readme.contains(page), "README.md does not point to {page}");
     }
 }
+
+/// Every metric the alert rules (`deploy/monitoring/prometheus-rule.yaml`) query is one the
+/// metrics reference in docs/operating.md lists (which the real-node test holds to what each
+/// daemon serves), and every alert explains itself.
+#[test]
+fn the_alert_rules_query_documented_metrics() {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/monitoring/prometheus-rule.yaml")).unwrap();
+    let rule: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(rule["kind"], "PrometheusRule");
+    let documented: BTreeSet<String> = athenz_devstack::cluster::runbook::metrics_reference(
+        athenz_devstack::cluster::runbook::OPERATING,
+    )
+    .into_values()
+    .flatten()
+    .collect();
+    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    assert!(rules.len() >= 8, "{} rules", rules.len());
+    for alert in rules {
+        let name = alert["alert"].as_str().unwrap();
+        let expr = alert["expr"].as_str().unwrap();
+        let queried: Vec<&str> = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("athenz_"))
+            .collect();
+        assert!(
+            !queried.is_empty(),
+            "{name} queries none of our metrics: {expr}"
+        );
+        for metric in queried {
+            assert!(
+                documented.contains(metric),
+                "{name} queries {metric}, which docs/operating.md does not list"
+            );
+        }
+        assert!(
+            alert["annotations"]["description"]
+                .as_str()
+                .is_some_and(|d| d.len() > 40),
+            "{name} has no description"
+        );
+        assert!(alert["labels"]["severity"].is_string(), "{name}");
+    }
+}

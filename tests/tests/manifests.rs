@@ -13,7 +13,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+mod kustomize;
+use kustomize::deploy_dir;
 
 /// The image deploy/image.sh builds by default (its IMAGE_NAME, tagged with the version), which
 /// every container of ours and the initializer's template must name.
@@ -23,10 +26,6 @@ static IMAGE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
         env!("CARGO_PKG_VERSION")
     )
 });
-
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
 
 /// Every document of every YAML file under deploy/base, with its file name.
 fn documents() -> Vec<(String, Value)> {
@@ -133,7 +132,13 @@ fn objects() -> Objects {
                 typed::<Namespace>(&file, &doc);
             }
             "ConfigMap" => {
-                o.config_maps.insert(name, typed(&file, &doc));
+                // the settings both namespaces read are one ConfigMap in each: they must agree
+                let map: ConfigMap = typed(&file, &doc);
+                if let Some(other) = o.config_maps.get(&name) {
+                    assert_eq!(other.data, map.data, "{file}: the copies of {name} differ");
+                    assert_ne!(other.metadata.namespace, map.metadata.namespace);
+                }
+                o.config_maps.insert(name, map);
             }
             "ServiceAccount" => {
                 typed::<ServiceAccount>(&file, &doc);
@@ -225,7 +230,8 @@ fn every_document_is_a_valid_kubernetes_object() {
     assert_eq!(callback[1].resources.as_ref().unwrap(), &["tokenreviews"]);
     assert_eq!(callback[1].verbs, ["create"]);
     let agent = &o.cluster_roles["athenz-agent"].rules.as_ref().unwrap()[0];
-    assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/proxy"]);
+    // fine-grained kubelet authorization: nodes/pods, never nodes/proxy (exec through kubelets)
+    assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/pods"]);
     assert_eq!(o.bindings.len(), 2);
     // every file is in the base's kustomization, and deploy/ installs the base
     let kustomization =
@@ -369,117 +375,6 @@ fn the_csi_driver_is_wired_as_kubelet_expects() {
     );
 }
 
-/// `kubectl kustomize` of `dir`, parsed: every document by (kind, name).
-fn kustomize(dir: &Path) -> BTreeMap<(String, String), Value> {
-    let out = std::process::Command::new("kubectl")
-        .args(["kustomize"])
-        .arg(dir)
-        .output()
-        .expect("kubectl is needed (.ci/run installs Debian's kubernetes-client)");
-    assert!(
-        out.status.success(),
-        "{}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
-    docs.into_iter()
-        .map(|d| {
-            let key = (
-                d["kind"].as_str().unwrap().to_owned(),
-                d["metadata"]["name"].as_str().unwrap().to_owned(),
-            );
-            (key, d)
-        })
-        .collect()
-}
-
-/// deploy/overlays/local changes only what an operator's overlay changes: ZTS's URL and CA, the
-/// JWT public keys, the Secrets (added), and the webhook's CA bundle; every other object of the
-/// base is exactly as the base has it.
-#[test]
-fn the_local_overlay_changes_only_what_an_operator_sets() {
-    let copy = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(deploy_dir())
-        .arg(copy.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let overlay = copy.path().join("deploy/overlays/local");
-    let generated = overlay.join("generated");
-    std::fs::create_dir_all(&generated).unwrap();
-    std::fs::write(
-        generated.join("cluster.env"),
-        "ZTS_URL=https://192.0.2.2:4443/zts/v1\n",
-    )
-    .unwrap();
-    for file in [
-        "zts-ca.pem",
-        "jwt-public-v1.pem",
-        "athenz-jwt-service.key",
-        "athenz-callback.key",
-        "athenz-initializer.key",
-        "jwt-signing-v1.pem",
-    ] {
-        std::fs::write(generated.join(file), format!("stand-in {file}\n")).unwrap();
-    }
-    std::fs::write(
-        generated.join("webhook-ca.yaml"),
-        "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\n\
-         metadata:\n  name: athenz-initializer\nwebhooks:\n  - name: initializer.athenz.io\n\
-         \x20   clientConfig:\n      caBundle: c3RhbmQtaW4=\n",
-    )
-    .unwrap();
-    let base = kustomize(&deploy_dir());
-    let local = kustomize(&overlay);
-    let key = |kind: &str, name: &str| (kind.to_owned(), name.to_owned());
-    // added: the Secrets, and nothing else
-    let added: Vec<_> = local.keys().filter(|k| !base.contains_key(*k)).collect();
-    assert_eq!(
-        added,
-        [
-            &key("Secret", "athenz-callback-key"),
-            &key("Secret", "athenz-initializer-key"),
-            &key("Secret", "athenz-jwt-service-key"),
-            &key("Secret", "athenz-jwt-signing-keys"),
-        ]
-    );
-    assert!(base.keys().all(|k| local.contains_key(k)));
-    for (k, doc) in &base {
-        let mut mine = local[k].clone();
-        let mut theirs = doc.clone();
-        match (k.0.as_str(), k.1.as_str()) {
-            ("ConfigMap", "athenz-cluster") => {
-                assert_eq!(mine["data"]["ZTS_URL"], "https://192.0.2.2:4443/zts/v1");
-                mine["data"]["ZTS_URL"] = Value::Null;
-                theirs["data"]["ZTS_URL"] = Value::Null;
-            }
-            ("ConfigMap", "athenz-zts-ca" | "athenz-jwt-public-keys")
-            | ("MutatingWebhookConfiguration", _) => {
-                assert_ne!(mine, theirs, "{k:?} is not set by the overlay");
-                continue;
-            }
-            _ => {}
-        }
-        assert_eq!(mine, theirs, "the local overlay changes {k:?}");
-    }
-    let webhook = &local[&key("MutatingWebhookConfiguration", "athenz-initializer")];
-    assert_eq!(
-        webhook["webhooks"][0]["clientConfig"]["caBundle"],
-        "c3RhbmQtaW4="
-    );
-    // the webhook is otherwise the base's
-    let mut patched = webhook.clone();
-    patched["webhooks"][0]["clientConfig"]["caBundle"] = Value::String(String::new());
-    assert_eq!(
-        patched,
-        base[&key("MutatingWebhookConfiguration", "athenz-initializer")]
-    );
-}
-
 #[test]
 fn kubectl_kustomize_renders_the_base() {
     let out = std::process::Command::new("kubectl")
@@ -565,6 +460,12 @@ fn settings_agree_across_components() {
         .unwrap()["template.yaml"]
         .clone();
     let template = athenz_initializer::template::Template::from_yaml(&template_yaml).unwrap();
+    // the SIA's ZTS (role certificates, tokens) is the one every component uses
+    let template_zts = template.env.iter().find(|e| e.name == "ZTS_URL");
+    assert_eq!(
+        template_zts.and_then(|e| e.value.as_deref()),
+        Some(cluster["ZTS_URL"].as_str())
+    );
     let defaults = match <athenz_sia::Cli as clap::Parser>::try_parse_from(["athenz-sia", "init"])
         .unwrap()
         .command
@@ -773,10 +674,19 @@ fn settings_agree_across_components() {
     ] {
         let spec = deployment(name);
         assert_eq!(control_service(&spec), name);
+        // the Service's in-cluster name, and a name ZTS issues to a key-based service
+        // certificate (ZTSUtils.validateCertReqDNSNames: <service>.<domain-with-dashes>.<suffix>,
+        // with "svc" among its suffixes): so the namespace is the admin domain with dashes
+        let namespace = o.deployments[name].metadata.namespace.clone().unwrap();
+        assert_eq!(namespace, admin.replace('.', "-"), "{name}");
+        assert_eq!(
+            o.services[name].metadata.namespace.as_ref(),
+            Some(&namespace)
+        );
         for c in spec.init_containers.iter().flatten() {
             assert_eq!(
                 env(c, "DNS_NAMES").unwrap(),
-                format!("{name}.athenz-system.svc")
+                format!("{name}.{namespace}.svc")
             );
         }
         // the native sidecar keeps the certificate fresh
@@ -800,8 +710,117 @@ fn settings_agree_across_components() {
         .unwrap()[0]
         .port;
     assert_eq!(target.port, Some(port));
+    let control_ns = admin.replace('.', "-");
+    assert_eq!(target.namespace, control_ns);
     let agent_jwt_url = env(agent, "JWT_SERVICE_URL").unwrap();
-    assert!(agent_jwt_url.starts_with("https://athenz-jwt-service.athenz-system.svc"));
+    assert!(agent_jwt_url.starts_with(&format!("https://athenz-jwt-service.{control_ns}.svc")));
+    // the callback knows where the agents run
+    let agent_ns = o.daemon_sets["athenz-agent"]
+        .metadata
+        .namespace
+        .clone()
+        .unwrap();
+    assert_eq!(
+        env(&main("athenz-callback"), "AGENT_NAMESPACE").unwrap(),
+        agent_ns
+    );
+    // neither of our namespaces is ever injected: by the webhook's selector and by the
+    // initializer itself
+    let skipped = env(&main("athenz-initializer"), "SKIP_NAMESPACES").unwrap();
+    let selector = webhook.namespace_selector.as_ref().unwrap();
+    let not_in = &selector.match_expressions.as_ref().unwrap()[0];
+    assert_eq!(not_in.operator, "NotIn");
+    for ns in [&agent_ns, &control_ns] {
+        assert!(
+            skipped.split(',').any(|s| s == ns.as_str()),
+            "{ns}: {skipped}"
+        );
+        assert!(not_in.values.as_ref().unwrap().contains(ns), "{ns}");
+    }
+}
+
+/// Namespaces by privilege (Pod Security Standards): the agent alone in a `privileged`
+/// namespace that holds no Secret; the control plane, its Secrets' consumers, in one that
+/// enforces `restricted`, whose pods pass it.
+#[test]
+fn namespaces_are_split_by_privilege() {
+    let docs = documents();
+    let namespace_level = |name: &str| {
+        docs.iter()
+            .find(|(_, d)| d["kind"] == "Namespace" && d["metadata"]["name"] == name)
+            .map(|(_, d)| {
+                d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .unwrap_or_else(|| panic!("no Namespace {name}"))
+    };
+    let o = objects();
+    let agent_ns = o.daemon_sets["athenz-agent"]
+        .metadata
+        .namespace
+        .clone()
+        .unwrap();
+    assert_eq!(namespace_level(&agent_ns), "privileged");
+    for (name, deployment) in &o.deployments {
+        let ns = deployment.metadata.namespace.clone().unwrap();
+        assert_ne!(ns, agent_ns, "{name} shares the privileged namespace");
+        assert_eq!(namespace_level(&ns), "restricted", "{name}");
+        // what "restricted" requires of every container
+        let spec = deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap();
+        let pod_sc = spec.security_context.as_ref().unwrap();
+        assert_eq!(pod_sc.run_as_non_root, Some(true), "{name}");
+        assert_eq!(
+            pod_sc.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault",
+            "{name}"
+        );
+        for c in spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+        {
+            let sc = c.security_context.as_ref().unwrap();
+            assert_eq!(
+                sc.allow_privilege_escalation,
+                Some(false),
+                "{name}/{}",
+                c.name
+            );
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_deref(),
+                Some(&["ALL".to_owned()][..]),
+                "{name}/{}",
+                c.name
+            );
+            assert_ne!(sc.privileged, Some(true));
+        }
+        for v in spec.volumes.iter().flatten() {
+            assert!(
+                v.secret.is_some() || v.config_map.is_some() || v.empty_dir.is_some(),
+                "{name}: volume {} is not of a restricted type",
+                v.name
+            );
+        }
+    }
+    // no Secret is mounted in the agent's namespace
+    let agent = o.daemon_sets["athenz-agent"]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone()
+        .unwrap();
+    assert!(agent.volumes.iter().flatten().all(|v| v.secret.is_none()));
 }
 
 /// Every environment variable the manifests set on a component is one its binary reads (as

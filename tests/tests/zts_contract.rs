@@ -644,6 +644,13 @@ async fn run_key_refresh(bed: &Bed, case: &str) -> (u16, String) {
             let csr = service_csr(key, |id| id.common_name = "k8s.admin.other".into());
             key_refresh(bed, KEY_SERVICE.1, csr).await
         }
+        "key_refresh_dns_not_service_form" => {
+            let csr = service_csr(key, |id| {
+                id.dns_names
+                    .push(format!("{}.athenz-system.{DNS_SUFFIX}", KEY_SERVICE.1));
+            });
+            key_refresh(bed, KEY_SERVICE.1, csr).await
+        }
         "key_refresh_public_key_mismatch" => {
             let other = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
             key_refresh(bed, KEY_SERVICE.1, service_csr(&other, |_| {})).await

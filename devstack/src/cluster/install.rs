@@ -1,45 +1,84 @@
 //! Our release on the real node, installed as an operator installs it (DESIGN.md 5.1): cluster
 //! DNS, the Athenz side (the dev ZTS beside the cluster, knowing the control plane's registered
-//! keys and the provider), the release image imported into containerd, and `kubectl apply -k` of
-//! `deploy/overlays/local` from a copy of `deploy/` whose `generated/` holds this Athenz's URL,
-//! CA and keys. Nothing of `deploy/base` is changed here: what the real cluster proves wrong
-//! there is fixed in the base itself.
+//! keys and the provider), the release image imported into containerd, and then the shell steps
+//! of docs/operating.md's "Install", verbatim ([`runbook`]), in a copy of `deploy/`, with this
+//! Athenz's URL, CA and keys as the operator's `ZTS_URL`, `ATHENZ_CA` and `KEYS`. Nothing of
+//! `deploy/base` is changed here: what the real cluster proves wrong there is fixed in the base
+//! itself, and what it proves wrong in the steps is fixed in the page.
 
 use super::components;
 use super::dns;
 use super::images;
 use super::kubectl::Kubectl;
+use super::runbook;
 use super::{CLUSTER_DNS, Layout};
 use crate::json_file;
 use crate::procs::{Command, Process, free_port};
 use crate::stack::keys::generate_keys;
 use crate::stack::{UrlCa, demo_roles};
 use anyhow::Context;
-use athenz_testbed::fixtures::{ADMIN_DOMAIN, DNS_SUFFIX, PROVIDER};
+use athenz_testbed::fixtures::{DNS_SUFFIX, PROVIDER};
 use athenz_testbed::zts::registry::ProviderEntry;
 use athenz_testbed::zts::{DevZtsConfig, StandaloneInfo};
-use base64::Engine as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// The namespace `deploy/` installs into.
-pub const NAMESPACE: &str = "athenz-system";
-/// The workloads `deploy/` runs, each of which must roll out.
-pub const WORKLOADS: [&str; 4] = [
-    "deployment/athenz-jwt-service",
-    "deployment/athenz-callback",
-    "deployment/athenz-initializer",
-    "daemonset/athenz-agent",
+/// The agent DaemonSet's namespace (Pod Security `privileged`; nothing else runs there).
+pub const NODE_NAMESPACE: &str = "athenz-system";
+/// The control plane's namespace (`restricted`): the admin domain with dashes, so its Services'
+/// names are DNS names ZTS issues (deploy/base/namespace.yaml).
+pub const CONTROL_NAMESPACE: &str = "k8s-admin";
+/// The workloads `deploy/` runs, each of which must roll out: (namespace, workload).
+pub const WORKLOADS: [(&str, &str); 4] = [
+    (CONTROL_NAMESPACE, "deployment/athenz-jwt-service"),
+    (CONTROL_NAMESPACE, "deployment/athenz-callback"),
+    (CONTROL_NAMESPACE, "deployment/athenz-initializer"),
+    (NODE_NAMESPACE, "daemonset/athenz-agent"),
 ];
 /// The callback's endpoint as an operator registers it in Athenz (docs/operating.md): its
 /// Service, by its in-cluster name, which the dev ZTS resolves through the cluster's DNS.
-pub const PROVIDER_ENDPOINT: &str = "https://athenz-callback.athenz-system.svc.cluster.local:443";
+pub const PROVIDER_ENDPOINT: &str = "https://athenz-callback.k8s-admin.svc.cluster.local:443";
 /// How long each workload may take to roll out (images are local; the control plane's init
 /// containers each get a certificate from ZTS first).
 const ROLLOUT: Duration = Duration::from_secs(180);
 /// The dev ZTS's process name (in `processes.json` and the logs).
 const ZTS: &str = "zts";
+
+/// Which of docs/operating.md's install steps `cluster up` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Installer {
+    /// "Install": the overlay `deploy/overlays/local`, `kubectl apply -k`.
+    Kustomize,
+    /// "Install with Helm": the chart `deploy/helm/athenz-k8s-identity`, `helm upgrade --install`.
+    Helm,
+}
+
+impl Installer {
+    /// The page's section whose steps install this way.
+    pub fn section(self) -> &'static str {
+        match self {
+            Self::Kustomize => "Install",
+            Self::Helm => "Install with Helm",
+        }
+    }
+
+    /// The tag of the page's blocks for this installer alone (```` ```sh helm ````).
+    pub fn variant(self) -> &'static str {
+        match self {
+            Self::Kustomize => "kustomize",
+            Self::Helm => "helm",
+        }
+    }
+
+    /// What is installed, relative to the checkout: the overlay or the chart.
+    pub fn source(self) -> &'static str {
+        match self {
+            Self::Kustomize => LOCAL_OVERLAY,
+            Self::Helm => "deploy/helm/athenz-k8s-identity",
+        }
+    }
+}
 
 /// What is installed: the release image and the overlay.
 #[derive(Debug, Clone)]
@@ -55,6 +94,8 @@ pub struct Release {
     /// nodes', the control plane's); Athenz's 30 days when `None`. Short ones make the refresh
     /// paths run within a test.
     pub cert_minutes: Option<u32>,
+    /// Which of docs/operating.md's install steps run.
+    pub installer: Installer,
 }
 
 impl Release {
@@ -65,6 +106,7 @@ impl Release {
             image_archive: image_archive.unwrap_or_else(super::default_image_archive),
             deploy_dir: deploy_dir.unwrap_or_else(super::default_deploy_dir),
             cert_minutes: None,
+            installer: Installer::Kustomize,
         }
     }
 
@@ -148,16 +190,26 @@ pub async fn install(
     images::import(layout, &release.image_archive)?;
     report(format!("image {image} imported"));
 
-    let overlay = write_overlay(&athenz, &release.deploy_dir, &zts)?;
+    let checkout = copy_deploy(&athenz, &release.deploy_dir)?;
+    let keys = operator_keys(&athenz)?;
     let started = std::time::Instant::now();
-    kubectl.apply_kustomization(&overlay)?;
-    for workload in WORKLOADS {
-        kubectl.wait_rolled_out(NAMESPACE, workload, ROLLOUT)?;
+    run_install_steps(
+        release.installer,
+        &kubectl,
+        &checkout,
+        &zts.url,
+        &zts.ca,
+        &keys,
+    )?;
+    for (namespace, workload) in WORKLOADS {
+        kubectl.wait_rolled_out(namespace, workload, ROLLOUT)?;
     }
+    let overlay = checkout.join(release.installer.source());
     report(format!(
-        "kubectl apply -k {}: {} Ready in {:.1} s",
+        "docs/operating.md \"{}\" ({}): {} Ready in {:.1} s",
+        release.installer.section(),
         overlay.display(),
-        WORKLOADS.join(", "),
+        WORKLOADS.map(|(_, workload)| workload).join(", "),
         started.elapsed().as_secs_f64()
     ));
     Ok(Installed {
@@ -194,7 +246,8 @@ async fn start_dev_zts(
             dns_suffixes: vec![DNS_SUFFIX.into()],
             launch: vec!["*".into()],
         }],
-        // the control plane's certificates name their Services (`<name>.athenz-system.svc`)
+        // the control plane's certificates name their Services (`<name>.k8s-admin.svc`): as a
+        // real ZTS would be told with `athenz.zts.cert_dns_suffix=.athenz.cloud,.svc`
         service_dns_suffixes: vec![DNS_SUFFIX.into(), "svc".into()],
         roles: demo_roles(),
         max_cert_lifetime_minutes: cert_minutes
@@ -222,18 +275,30 @@ async fn start_dev_zts(
     json_file::read(&dir.join("zts.json")).context("reading the dev ZTS's zts.json")
 }
 
-/// Copies `deploy/` into `athenz/deploy` and writes its `overlays/local/generated/`: the ZTS URL,
-/// the CA, each control-plane service's key, the JWT signing key and its public half, and the
-/// webhook's caBundle. Returns the overlay's directory.
-fn write_overlay(
-    athenz: &Path,
-    deploy_dir: &Path,
-    zts: &StandaloneInfo,
-) -> anyhow::Result<PathBuf> {
-    let copy = athenz.join("deploy");
-    if copy.exists() {
-        std::fs::remove_dir_all(&copy).with_context(|| format!("removing {}", copy.display()))?;
+/// The overlay the page's steps fill and apply, relative to the checkout.
+pub const LOCAL_OVERLAY: &str = "deploy/overlays/local";
+
+/// Where the install keeps its copy of the repository's `deploy/` (the page's steps run there).
+pub fn checkout_dir(athenz: &Path) -> PathBuf {
+    athenz.join("checkout")
+}
+
+/// Where the install keeps the control plane's keys as an operator gets them (`KEYS`).
+pub fn operator_keys_dir(athenz: &Path) -> PathBuf {
+    athenz.join("operator-keys")
+}
+
+/// Copies `deploy/` to `athenz/checkout/deploy`, as an operator's checkout of the repository
+/// holds it; returns the checkout (where the page's steps run).
+fn copy_deploy(athenz: &Path, deploy_dir: &Path) -> anyhow::Result<PathBuf> {
+    let checkout = checkout_dir(athenz);
+    if checkout.exists() {
+        std::fs::remove_dir_all(&checkout)
+            .with_context(|| format!("removing {}", checkout.display()))?;
     }
+    std::fs::create_dir_all(&checkout)
+        .with_context(|| format!("creating {}", checkout.display()))?;
+    let copy = checkout.join("deploy");
     images::run(
         std::process::Command::new("cp")
             .arg("-r")
@@ -241,51 +306,66 @@ fn write_overlay(
             .arg(&copy),
         &format!("copying {} to {}", deploy_dir.display(), copy.display()),
     )?;
-    let overlay = copy.join("overlays/local");
-    let generated = overlay.join("generated");
-    std::fs::create_dir_all(&generated)
-        .with_context(|| format!("creating {}", generated.display()))?;
-    let ca = std::fs::read_to_string(&zts.ca)
-        .with_context(|| format!("reading the ZTS CA {}", zts.ca.display()))?;
-    let write = |name: &str, text: &str, mode: u32| {
-        athenz_testbed::pki::write_file(&generated.join(name), text.as_bytes(), mode)
-    };
-    let copy_key = |from: PathBuf, name: &str| -> anyhow::Result<()> {
-        let text = std::fs::read_to_string(&from)
-            .with_context(|| format!("reading {}", from.display()))?;
-        write(name, &text, 0o600)?;
-        Ok(())
-    };
-    write(
-        "cluster.env",
-        &format!(
-            "ZTS_URL={}\nADMIN_DOMAIN={ADMIN_DOMAIN}\nPROVIDER={PROVIDER}\nDNS_SUFFIX={DNS_SUFFIX}\n",
-            zts.url
-        ),
-        0o644,
-    )?;
-    write("zts-ca.pem", &ca, 0o644)?;
+    Ok(checkout)
+}
+
+/// The control plane's private keys as the Athenz side hands them to an operator
+/// (`KEYS/<service>.key`, 0600), from the keys [`generate_keys`] registered with the dev ZTS.
+fn operator_keys(athenz: &Path) -> anyhow::Result<PathBuf> {
+    let dir = operator_keys_dir(athenz);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     for service in [
         "athenz-jwt-service",
         "athenz-callback",
         "athenz-initializer",
     ] {
-        copy_key(
-            athenz.join("keys").join(service).join("service.key"),
-            &format!("{service}.key"),
-        )?;
+        let from = athenz.join("keys").join(service).join("service.key");
+        let text = std::fs::read(&from).with_context(|| format!("reading {}", from.display()))?;
+        athenz_testbed::pki::write_file(&dir.join(format!("{service}.key")), &text, 0o600)?;
     }
-    copy_key(athenz.join("jwt-keys/v1.pem"), "jwt-signing-v1.pem")?;
-    copy_key(athenz.join("jwt-public/v1.pem"), "jwt-public-v1.pem")?;
-    let bundle = base64::engine::general_purpose::STANDARD.encode(ca.as_bytes());
-    write(
-        "webhook-ca.yaml",
-        &format!(
-            "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\n\
-             metadata:\n  name: athenz-initializer\nwebhooks:\n  - name: initializer.athenz.io\n\
-             \x20   clientConfig:\n      caBundle: {bundle}\n"
-        ),
-        0o644,
+    Ok(dir)
+}
+
+/// Runs docs/operating.md's steps of `installer` in `checkout` with this Athenz's `ZTS_URL`,
+/// `ATHENZ_CA` and `KEYS`: what an operator runs, so a step that does not work fails here.
+pub fn run_install_steps(
+    installer: Installer,
+    kubectl: &Kubectl,
+    checkout: &Path,
+    zts_url: &str,
+    zts_ca: &Path,
+    keys: &Path,
+) -> anyhow::Result<()> {
+    let section = installer.section();
+    let steps = runbook::shell_blocks(runbook::OPERATING, section, installer.variant()).join("\n");
+    if steps.is_empty() {
+        anyhow::bail!("docs/operating.md has no \"{section}\" steps to run");
+    }
+    kubectl.run_script(
+        &steps,
+        checkout,
+        &[
+            ("ZTS_URL", std::ffi::OsStr::new(zts_url)),
+            ("ATHENZ_CA", zts_ca.as_os_str()),
+            ("KEYS", keys.as_os_str()),
+        ],
+        &format!("docs/operating.md \"{section}\""),
     )?;
-    Ok(overlay)
+    Ok(())
+}
+
+/// Runs docs/operating.md's "Uninstall" steps for `installer` in `checkout` (the cluster's
+/// objects, then this node's files, as root).
+pub fn run_uninstall_steps(
+    installer: Installer,
+    kubectl: &Kubectl,
+    checkout: &Path,
+) -> anyhow::Result<()> {
+    let steps =
+        runbook::shell_blocks(runbook::OPERATING, "Uninstall", installer.variant()).join("\n");
+    if steps.is_empty() {
+        anyhow::bail!("docs/operating.md has no \"Uninstall\" steps to run");
+    }
+    kubectl.run_script(&steps, checkout, &[], "docs/operating.md \"Uninstall\"")?;
+    Ok(())
 }

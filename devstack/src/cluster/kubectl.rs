@@ -39,6 +39,35 @@ impl Kubectl {
         )
     }
 
+    /// Runs `script` with `bash -euo pipefail` in `dir`, as an operator's shell would with
+    /// this cluster: `kubectl` on the PATH (this build's) and `KUBECONFIG` the admin's, plus
+    /// `env`; its stdout, or an error naming `what` with its output. The script's own commands
+    /// carry its timeouts (`rollout status --timeout`).
+    pub fn run_script(
+        &self,
+        script: &str,
+        dir: &Path,
+        env: &[(&str, &std::ffi::OsStr)],
+        what: &str,
+    ) -> anyhow::Result<String> {
+        let bin_dir = self.bin.parent().unwrap_or(Path::new("."));
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let path = std::env::join_paths(
+            std::iter::once(bin_dir.to_path_buf()).chain(std::env::split_paths(&path)),
+        )
+        .context("the PATH for the script")?;
+        let mut command = Command::new("bash");
+        command
+            .args(["-euo", "pipefail", "-c", script])
+            .current_dir(dir)
+            .env("PATH", path)
+            .env("KUBECONFIG", &self.kubeconfig);
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        run(&mut command, what)
+    }
+
     /// `kubectl apply -k <dir>` (kustomize, as an operator applies an overlay).
     pub fn apply_kustomization(&self, dir: &Path) -> anyhow::Result<String> {
         run(

@@ -28,6 +28,7 @@ pub mod iptables;
 pub mod kubectl;
 pub mod layout;
 pub mod pki;
+pub mod runbook;
 pub mod scenario;
 pub mod teardown;
 

@@ -5,13 +5,14 @@
 //! - flex: a Deployment in each of two namespaces opted in with `athenz.io/identity=enabled`;
 //!   the real API server calls the initializer webhook, which injects the volume, the init
 //!   container and the native sidecar.
-//! - csi-socket: a pod as the webhook makes it with the installed template set to `volume:
-//!   csi-socket` (the initializer's own `inject`, offline), created where no webhook runs.
-//! - csi-files: a pod that declares the CSI volume itself; nothing runs in it but the app.
+//! - csi-socket and csi-files: pods in a namespace that enforces Pod Security `restricted`,
+//!   opted in, each asking for its mode with the annotation `athenz.io/volume`: the webhook
+//!   injects the CSI volume (and, for csi-socket, the SIA containers, which pass `restricted`),
+//!   and the API server's Pod Security admission judges the result.
 
 use super::Layout;
 use super::images::{self, ImageSpec};
-use super::install::NAMESPACE;
+use super::install::CONTROL_NAMESPACE;
 use super::kubectl::Kubectl;
 use anyhow::{Context, bail};
 use athenz_core::crypto::CertInfo;
@@ -75,18 +76,25 @@ pub const WORKLOADS: [Workload; 4] = [
         service: false,
     },
     Workload {
-        namespace: "media-sports",
+        namespace: RESTRICTED_NAMESPACE,
         service_account: "stats",
         mode: Mode::CsiSocket,
         service: false,
     },
     Workload {
-        namespace: "shop-cart",
+        namespace: RESTRICTED_NAMESPACE,
         service_account: "reader",
         mode: Mode::CsiFiles,
         service: false,
     },
 ];
+
+/// The tenant namespace that enforces Pod Security `restricted` (domain `bank.vault`), where the
+/// CSI modes' pods run.
+pub const RESTRICTED_NAMESPACE: &str = "bank-vault";
+/// The user the restricted pods' app containers run as, and their fsGroup (the files-mode key's
+/// group).
+const APP_USER: u32 = 65532;
 
 /// What a pod's app container read, checked against the pod.
 #[derive(Debug, Clone, Serialize)]
@@ -156,7 +164,11 @@ impl Scenario {
     pub fn deploy(&self, workload: &Workload) -> anyhow::Result<Vec<String>> {
         let ns = workload.namespace;
         let sa = workload.service_account;
-        self.ensure_namespace(ns, workload.mode == Mode::Flex)?;
+        if workload.mode == Mode::Flex {
+            self.ensure_namespace(ns, true)?;
+        } else {
+            self.ensure_restricted_namespace(ns)?;
+        }
         self.kubectl.apply_manifest(
             &format!(
                 "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}, namespace: {ns}}}\n"
@@ -185,7 +197,7 @@ impl Scenario {
                 self.pods_of(ns, sa)
             }
             Mode::CsiSocket | Mode::CsiFiles => {
-                let pod = self.standalone_pod(workload)?;
+                let pod = restricted_pod(workload).to_string();
                 self.kubectl
                     .apply_manifest(&pod, &format!("pod {ns}/{sa}"))?;
                 self.wait_pod_ready(ns, sa, READY)?;
@@ -208,6 +220,29 @@ impl Scenario {
         Ok(())
     }
 
+    /// Creates `ns` if missing, opted in and enforcing Pod Security `restricted`.
+    pub fn ensure_restricted_namespace(&self, ns: &str) -> anyhow::Result<()> {
+        let (key, value) = OPT_IN.split_once('=').unwrap_or((OPT_IN, ""));
+        let mut labels = serde_json::Map::new();
+        labels.insert(key.to_owned(), value.into());
+        for level in ["enforce", "warn"] {
+            labels.insert(
+                format!("pod-security.kubernetes.io/{level}"),
+                "restricted".into(),
+            );
+        }
+        self.kubectl.apply_manifest(
+            &serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": ns, "labels": labels},
+            })
+            .to_string(),
+            &format!("namespace {ns}"),
+        )?;
+        Ok(())
+    }
+
     /// The names of the pods labelled `app=<app>` in `ns`.
     pub fn pods_of(&self, ns: &str, app: &str) -> anyhow::Result<Vec<String>> {
         let pods = self
@@ -223,15 +258,6 @@ impl Scenario {
                     .collect()
             })
             .unwrap_or_default())
-    }
-
-    /// The csi-socket pod (what the webhook injects with `volume: csi-socket`) or the csi-files
-    /// pod (the CSI volume alone), as JSON.
-    fn standalone_pod(&self, workload: &Workload) -> anyhow::Result<String> {
-        let ns = workload.namespace;
-        let sa = workload.service_account;
-        let pod = self.pod_json(ns, sa, sa, Some(workload.mode), app_container())?;
-        Ok(pod.to_string())
     }
 
     /// A pod named `name` running `container` (named `app`) as `sa` in `ns`, with its identity
@@ -287,7 +313,7 @@ impl Scenario {
         let map = self.kubectl.get_json(&[
             "configmap",
             "-n",
-            NAMESPACE,
+            CONTROL_NAMESPACE,
             "athenz-initializer-template",
         ])?;
         let text = map["data"]["template.yaml"]
@@ -448,6 +474,48 @@ pub fn app_container() -> serde_json::Value {
         "image": APP_IMAGE,
         "imagePullPolicy": "Never",
         "command": [BUSYBOX, "sleep", "3600"],
+    })
+}
+
+/// A pod of `workload` (a CSI mode) as a tenant of a `restricted` namespace writes it: the app
+/// runs as a non-root user with no privilege escalation, no capabilities and the runtime's
+/// seccomp profile; the pod asks for its mode with `athenz.io/volume`; its fsGroup is the key's
+/// group in files mode. The webhook adds the rest.
+fn restricted_pod(workload: &Workload) -> serde_json::Value {
+    let mode = match workload.mode {
+        Mode::Flex => "flex",
+        Mode::CsiSocket => "csi-socket",
+        Mode::CsiFiles => "csi-files",
+    };
+    let mut app = app_container();
+    app["securityContext"] = serde_json::json!({
+        "allowPrivilegeEscalation": false,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": true,
+        "runAsUser": APP_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    });
+    let sa = workload.service_account;
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(
+        athenz_initializer::mutate::VOLUME_ANNOTATION.to_owned(),
+        mode.into(),
+    );
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": sa,
+            "namespace": workload.namespace,
+            "labels": {"app": sa},
+            "annotations": annotations,
+        },
+        "spec": {
+            "serviceAccountName": sa,
+            "terminationGracePeriodSeconds": 2,
+            "securityContext": {"fsGroup": APP_USER},
+            "containers": [app],
+        }
     })
 }
 

@@ -24,12 +24,14 @@ pub fn require_prerequisites() {
         nix::unistd::geteuid().is_root(),
         "the cluster test runs a kubelet, containerd and iptables: run it as root"
     );
-    let kube = kube_bin().join("kube");
-    assert!(
-        kube.is_file(),
-        "{} is missing: run tests/kube/build.sh",
-        kube.display()
-    );
+    for binary in ["kube", "helm"] {
+        let path = kube_bin().join(binary);
+        assert!(
+            path.is_file(),
+            "{} is missing: run tests/kube/build.sh",
+            path.display()
+        );
+    }
     let busybox = std::fs::read(BUSYBOX).unwrap_or_else(|_| {
         panic!("{BUSYBOX} is missing: apt-get install busybox-static (the test's image)")
     });

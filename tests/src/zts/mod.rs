@@ -82,7 +82,9 @@ pub struct DevZtsConfig {
     pub cert_backdate_secs: u32,
     /// Lifetime of ntokens handed to instances, seconds.
     pub token_lifetime_secs: u32,
-    /// DNS suffixes allowed in key-based (control-plane) CSRs.
+    /// DNS suffixes allowed in key-based (control-plane) CSRs: ZTS's `athenz.zts.cert_dns_suffix`
+    /// list. A DNS name must also be `<service>.<domain-with-dashes>.<suffix>`
+    /// (`ZTSUtils.validateCertReqDNSNames`, applied by `x509_cert_request::check_service_csr`).
     pub service_dns_suffixes: Vec<String>,
     /// Time allowed for a provider call, milliseconds.
     pub provider_timeout_ms: u64,

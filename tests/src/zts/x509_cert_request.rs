@@ -88,7 +88,13 @@ pub fn check_instance_csr(
     Ok(id)
 }
 
-/// Checks a CSR for key-based refresh of `domain.service`.
+/// Checks a CSR for key-based refresh of `domain.service` (`ZTSUtils.verifyCertificateRequest`):
+/// the common rules, no instance id URI, and every DNS name of one of the two forms
+/// `ZTSUtils.validateCertReqDNSNames` allows: `<service>.<domain-with-dashes>.<suffix>` for a
+/// suffix of ZTS's `athenz.zts.cert_dns_suffix` list (`suffixes`), or one naming an instance id
+/// (`.instanceid.athenz.`). So `athenz-initializer.k8s-admin.svc` is allowed to
+/// `k8s.admin.athenz-initializer` with `svc` among the suffixes, and
+/// `athenz-initializer.athenz-system.svc` never is.
 pub fn check_service_csr(
     csr: &CsrInfo,
     domain: &str,
@@ -98,6 +104,14 @@ pub fn check_service_csr(
     check_common(csr, domain, service, suffixes)?;
     if csr.uris.iter().any(|u| u.starts_with(INSTANCE_ID_URI)) {
         return Err("a service certificate carries no instance id".into());
+    }
+    let prefix = format!("{service}.{}.", domain.replace('.', "-"));
+    if let Some(dns) = csr
+        .dns_names
+        .iter()
+        .find(|dns| !dns.starts_with(&prefix) && !dns.contains(INSTANCE_ID_DNS))
+    {
+        return Err(format!("Invalid dnsName SAN entry: {dns}"));
     }
     Ok(())
 }
@@ -344,5 +358,21 @@ mod tests {
         check_service_csr(&ok, "k8s.admin", "cb", &suffixes).unwrap();
         let with_id = csr("k8s.admin.cb", &[], &["athenz://instanceid/p.q/x"]);
         assert!(check_service_csr(&with_id, "k8s.admin", "cb", &suffixes).is_err());
+
+        // ZTSUtils.validateCertReqDNSNames: <service>.<domain-with-dashes>.<suffix> only
+        let svc = ["athenz.cloud".to_owned(), "svc".to_owned()];
+        let in_cluster = csr("k8s.admin.cb", &["cb.k8s-admin.svc"], &[]);
+        check_service_csr(&in_cluster, "k8s.admin", "cb", &svc).unwrap();
+        for (dns, why) in [
+            ("cb.athenz-system.svc", "another namespace's Service name"),
+            ("other.k8s-admin.athenz.cloud", "another service's name"),
+            ("cb.k8s-admin.svc.evil.example", "outside every suffix"),
+        ] {
+            let bad = csr("k8s.admin.cb", &[dns], &[]);
+            let refused = check_service_csr(&bad, "k8s.admin", "cb", &svc);
+            assert!(refused.is_err(), "{dns}: {why}");
+        }
+        let named_instance = csr("k8s.admin.cb", &["x.instanceid.athenz.athenz.cloud"], &[]);
+        check_service_csr(&named_instance, "k8s.admin", "cb", &svc).unwrap();
     }
 }

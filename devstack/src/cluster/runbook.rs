@@ -1,0 +1,156 @@
+//! docs/operating.md as the install's script: the shell blocks of its sections ("Install",
+//! "Uninstall") are what `cluster up` and the real-cluster test run, verbatim, and its "Metrics"
+//! tables are what the test holds each daemon's `/metrics` to. The page is compiled in, so the
+//! binary runs the steps of the docs it was built with.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// docs/operating.md.
+pub const OPERATING: &str = include_str!("../../../docs/operating.md");
+
+/// The text of the `## <heading>` section of `doc` (up to the next `## `), if there is one.
+fn section<'a>(doc: &'a str, heading: &str) -> Option<&'a str> {
+    let start = doc.find(&format!("\n## {heading}\n"))? + 1;
+    let body = &doc[start..];
+    let end = body[3..].find("\n## ").map_or(body.len(), |at| at + 4);
+    Some(&body[..end])
+}
+
+/// The ```` ```sh ```` blocks of section `heading`, in order, with those tagged
+/// ```` ```sh <variant> ```` for this `variant` (e.g. `helm`) and none tagged for another (other
+/// fences, e.g. `console`, are for reading, not running).
+pub fn shell_blocks(doc: &str, heading: &str, variant: &str) -> Vec<String> {
+    let Some(text) = section(doc, heading) else {
+        return Vec::new();
+    };
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let runs = |info: &str| info == "sh" || info == format!("sh {variant}");
+        match (&mut current, line.trim_end()) {
+            (None, fence) if fence.strip_prefix("```").is_some_and(runs) => {
+                current = Some(String::new());
+            }
+            (Some(_), "```") => blocks.extend(current.take()),
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    blocks
+}
+
+/// The metric names the "Metrics" section lists, by the daemon whose `### <daemon>` table lists
+/// them (a name is a table row's first cell, in backquotes).
+pub fn metrics_reference(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut reference: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let Some(text) = section(doc, "Metrics") else {
+        return reference;
+    };
+    let mut daemon = None;
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("### ") {
+            daemon = Some(name.trim().to_owned());
+        } else if let (Some(daemon), Some(row)) = (&daemon, line.strip_prefix("| `")) {
+            if let Some((name, _)) = row.split_once('`') {
+                reference
+                    .entry(daemon.clone())
+                    .or_default()
+                    .insert(name.to_owned());
+            }
+        }
+    }
+    reference
+}
+
+/// The metric names a Prometheus text exposition serves, as they are queried: a counter's
+/// samples are `<name>_total` (OpenMetrics), every other family's samples carry its name.
+pub fn served_metrics(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' '))
+        .map(|(name, kind)| {
+            if kind.trim() == "counter" && !name.ends_with("_total") {
+                format!("{name}_total")
+            } else {
+                name.to_owned()
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_install_and_uninstall_sections_have_their_scripts() {
+        let install = shell_blocks(OPERATING, "Install", "kustomize");
+        assert_eq!(install.len(), 2, "{install:#?}");
+        assert!(install[1].contains("kubectl apply -k"));
+        let helm = shell_blocks(OPERATING, "Install with Helm", "helm");
+        assert_eq!(helm.len(), 1, "{helm:#?}");
+        assert!(helm[0].contains("helm upgrade --install"));
+        // each installer's uninstall: the webhook, its own removal, the node's files
+        for (variant, removal) in [
+            ("kustomize", "kubectl delete -k"),
+            ("helm", "helm uninstall"),
+        ] {
+            let uninstall = shell_blocks(OPERATING, "Uninstall", variant);
+            assert_eq!(uninstall.len(), 3, "{variant}: {uninstall:#?}");
+            assert!(uninstall[0].contains("mutatingwebhookconfiguration"));
+            assert!(uninstall[1].contains(removal), "{variant}: {uninstall:#?}");
+            assert!(uninstall[2].contains("rm -rf /var/athenz"));
+        }
+        // a console block is not run
+        assert!(shell_blocks(OPERATING, "Upgrade and rollback", "kustomize").is_empty());
+        assert!(shell_blocks(OPERATING, "No such section", "kustomize").is_empty());
+    }
+
+    #[test]
+    fn blocks_and_tables_are_read_exactly() {
+        let doc = "intro\n## A\n```sh\necho one\n```\n```console\nnot run\n```\n```sh\necho two\n\
+                   ```\n## Metrics\n### d1\n| metric | type |\n|---|---|\n| `m_total` | counter |\n\
+                   ### d2\n| `g` | gauge |\n## After\n| `not_a_metric` | x |\n";
+        assert_eq!(shell_blocks(doc, "A", "x"), ["echo one\n", "echo two\n"]);
+        let reference = metrics_reference(doc);
+        assert_eq!(reference["d1"], BTreeSet::from(["m_total".to_owned()]));
+        assert_eq!(reference["d2"], BTreeSet::from(["g".to_owned()]));
+        assert_eq!(reference.len(), 2);
+        // an unterminated block is not run
+        assert!(shell_blocks("x\n## A\n```sh\nrm -rf /\n", "A", "x").is_empty());
+        // a block tagged for another variant is not run
+        let tagged = "x\n## A\n```sh helm\nhelm\n```\n```sh kustomize\nkubectl\n```\n";
+        assert_eq!(shell_blocks(tagged, "A", "helm"), ["helm\n"]);
+        assert_eq!(shell_blocks(tagged, "A", "kustomize"), ["kubectl\n"]);
+    }
+
+    #[test]
+    fn served_names_are_the_queried_ones() {
+        let text = "# HELP a_total x\n# TYPE a counter\na_total 1\n# TYPE b gauge\nb 2\n\
+                    # TYPE c histogram\nc_bucket{le=\"1\"} 0\n# EOF\n";
+        assert_eq!(
+            served_metrics(text),
+            BTreeSet::from(["a_total".to_owned(), "b".to_owned(), "c".to_owned()])
+        );
+    }
+
+    #[test]
+    fn the_reference_covers_the_four_daemons() {
+        let reference = metrics_reference(OPERATING);
+        let daemons: Vec<_> = reference.keys().cloned().collect();
+        assert_eq!(
+            daemons,
+            [
+                "athenz-callback",
+                "athenz-identity-agent",
+                "athenz-initializer",
+                "athenz-jwt-service"
+            ]
+        );
+        assert!(reference.values().all(|names| names.len() >= 3));
+    }
+}
