@@ -303,6 +303,11 @@ pub enum ClusterCommand {
         /// "Install with Helm" steps (the chart in deploy/helm, with the helm next to kubectl).
         #[arg(long, value_enum, default_value = "kustomize", conflicts_with = "bare")]
         installer: crate::cluster::install::Installer,
+        /// The docs/operating.md whose install steps run (another release's, with its
+        /// --deploy, to install that release as it was installed); default: the page this
+        /// binary was built with.
+        #[arg(long, value_name = "FILE", conflicts_with = "bare")]
+        steps: Option<PathBuf>,
         /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
         /// default: target/kube/v1.37.2/bin of this workspace.
         #[arg(long, value_name = "DIR")]

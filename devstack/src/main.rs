@@ -136,6 +136,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     deploy,
                     cert_minutes,
                     installer,
+                    steps,
                     kube_bin,
                     node_ip,
                     node_name,
@@ -143,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let release = (!bare).then(|| cluster::install::Release {
                         cert_minutes,
                         installer,
+                        steps_page: steps,
                         ..cluster::install::Release::new(image_archive, deploy)
                     });
                     if let Some(release) = &release {

@@ -96,6 +96,9 @@ pub struct Release {
     pub cert_minutes: Option<u32>,
     /// Which of docs/operating.md's install steps run.
     pub installer: Installer,
+    /// The docs/operating.md whose steps run (another release's, to install it as it was
+    /// installed); `None`: the page this binary was built with.
+    pub steps_page: Option<PathBuf>,
 }
 
 impl Release {
@@ -107,6 +110,7 @@ impl Release {
             deploy_dir: deploy_dir.unwrap_or_else(super::default_deploy_dir),
             cert_minutes: None,
             installer: Installer::Kustomize,
+            steps_page: None,
         }
     }
 
@@ -193,8 +197,14 @@ pub async fn install(
     let checkout = copy_deploy(&athenz, &release.deploy_dir)?;
     let keys = operator_keys(&athenz)?;
     let started = std::time::Instant::now();
+    let page = match &release.steps_page {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the steps' page {}", path.display()))?,
+        None => runbook::OPERATING.to_owned(),
+    };
     run_install_steps(
         release.installer,
+        &page,
         &kubectl,
         &checkout,
         &zts.url,
@@ -326,10 +336,12 @@ fn operator_keys(athenz: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Runs docs/operating.md's steps of `installer` in `checkout` with this Athenz's `ZTS_URL`,
-/// `ATHENZ_CA` and `KEYS`: what an operator runs, so a step that does not work fails here.
+/// Runs the steps of `installer` in `page` (a docs/operating.md) in `checkout` with this
+/// Athenz's `ZTS_URL`, `ATHENZ_CA` and `KEYS`: what an operator runs, so a step that does not
+/// work fails here.
 pub fn run_install_steps(
     installer: Installer,
+    page: &str,
     kubectl: &Kubectl,
     checkout: &Path,
     zts_url: &str,
@@ -337,7 +349,7 @@ pub fn run_install_steps(
     keys: &Path,
 ) -> anyhow::Result<()> {
     let section = installer.section();
-    let steps = runbook::shell_blocks(runbook::OPERATING, section, installer.variant()).join("\n");
+    let steps = runbook::shell_blocks(page, section, installer.variant()).join("\n");
     if steps.is_empty() {
         anyhow::bail!("docs/operating.md has no \"{section}\" steps to run");
     }
@@ -352,6 +364,63 @@ pub fn run_install_steps(
         &format!("docs/operating.md \"{section}\""),
     )?;
     Ok(())
+}
+
+/// An upgrade as docs/operating.md describes it: the new release's `deploy/` (`new_deploy`)
+/// under the operator's unchanged overlay (its `generated/` files are kept, the JWT signing key
+/// among them), then this binary's page's install steps for `installer`.
+pub fn upgrade(
+    installer: Installer,
+    kubectl: &Kubectl,
+    checkout: &Path,
+    new_deploy: &Path,
+    zts_url: &str,
+    zts_ca: &Path,
+    keys: &Path,
+) -> anyhow::Result<()> {
+    let kept = checkout.join("kept-generated");
+    let generated = [
+        ("overlays/local/generated", "overlay"),
+        ("helm/generated", "helm"),
+    ];
+    for (dir, name) in generated {
+        let from = checkout.join("deploy").join(dir);
+        if from.is_dir() {
+            std::fs::create_dir_all(&kept)
+                .with_context(|| format!("creating {}", kept.display()))?;
+            std::fs::rename(&from, kept.join(name))
+                .with_context(|| format!("keeping {}", from.display()))?;
+        }
+    }
+    let deploy = checkout.join("deploy");
+    std::fs::remove_dir_all(&deploy).with_context(|| format!("removing {}", deploy.display()))?;
+    images::run(
+        std::process::Command::new("cp")
+            .arg("-r")
+            .arg(new_deploy)
+            .arg(&deploy),
+        &format!("copying {} to {}", new_deploy.display(), deploy.display()),
+    )?;
+    for (dir, name) in generated {
+        let from = kept.join(name);
+        if from.is_dir() {
+            let to = deploy.join(dir);
+            if to.exists() {
+                std::fs::remove_dir_all(&to)
+                    .with_context(|| format!("removing {}", to.display()))?;
+            }
+            std::fs::rename(&from, &to).with_context(|| format!("restoring {}", to.display()))?;
+        }
+    }
+    run_install_steps(
+        installer,
+        runbook::OPERATING,
+        kubectl,
+        checkout,
+        zts_url,
+        zts_ca,
+        keys,
+    )
 }
 
 /// Runs docs/operating.md's "Uninstall" steps for `installer` in `checkout` (the cluster's

@@ -45,7 +45,27 @@ pub fn shell_blocks(doc: &str, heading: &str, variant: &str) -> Vec<String> {
 /// The metric names the "Metrics" section lists, by the daemon whose `### <daemon>` table lists
 /// them (a name is a table row's first cell, in backquotes).
 pub fn metrics_reference(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let mut reference: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    metric_rows(doc)
+        .into_iter()
+        .map(|(daemon, rows)| (daemon, rows.into_keys().collect()))
+        .collect()
+}
+
+/// The names the "Metrics" section lists that are labelled families (the table's third cell,
+/// the labels, is not empty): such a family is served from its first sample on, so a daemon
+/// that has not yet, e.g., refused anything, does not serve it yet.
+pub fn labelled_metrics(doc: &str) -> BTreeSet<String> {
+    metric_rows(doc)
+        .into_values()
+        .flatten()
+        .filter(|(_, labelled)| *labelled)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// Each daemon's rows: metric name → whether it has labels.
+fn metric_rows(doc: &str) -> BTreeMap<String, BTreeMap<String, bool>> {
+    let mut reference: BTreeMap<String, BTreeMap<String, bool>> = BTreeMap::new();
     let Some(text) = section(doc, "Metrics") else {
         return reference;
     };
@@ -54,11 +74,12 @@ pub fn metrics_reference(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
         if let Some(name) = line.strip_prefix("### ") {
             daemon = Some(name.trim().to_owned());
         } else if let (Some(daemon), Some(row)) = (&daemon, line.strip_prefix("| `")) {
-            if let Some((name, _)) = row.split_once('`') {
+            if let Some((name, rest)) = row.split_once('`') {
+                let labels = rest.split('|').nth(2).unwrap_or("").trim();
                 reference
                     .entry(daemon.clone())
                     .or_default()
-                    .insert(name.to_owned());
+                    .insert(name.to_owned(), !labels.is_empty());
             }
         }
     }
@@ -117,6 +138,17 @@ mod tests {
                    ### d2\n| `g` | gauge |\n## After\n| `not_a_metric` | x |\n";
         assert_eq!(shell_blocks(doc, "A", "x"), ["echo one\n", "echo two\n"]);
         let reference = metrics_reference(doc);
+        assert_eq!(
+            labelled_metrics(doc),
+            BTreeSet::new(),
+            "no labels cell: none"
+        );
+        let labelled = "x\n## Metrics\n### d\n| `a_total` | counter | `route` | what |\n\
+                        | `b` | gauge | | what |\n";
+        assert_eq!(
+            labelled_metrics(labelled),
+            BTreeSet::from(["a_total".to_owned()])
+        );
         assert_eq!(reference["d1"], BTreeSet::from(["m_total".to_owned()]));
         assert_eq!(reference["d2"], BTreeSet::from(["g".to_owned()]));
         assert_eq!(reference.len(), 2);
