@@ -161,7 +161,7 @@ fn legacy_kubelet_authz_grants_nodes_proxy_instead_of_nodes_pods() {
     let rendered = with_component("legacy-kubelet-authz");
     let c = changes(&base, &rendered);
     let role = key("ClusterRole", "", "athenz-agent");
-    assert_eq!(c.changed, [role.clone()]);
+    assert_eq!(c.changed, std::slice::from_ref(&role));
     assert!(c.added.is_empty() && c.removed.is_empty());
     assert_eq!(
         base[&role]["rules"],
@@ -334,7 +334,7 @@ fn external_zts_adds_a_pass_through_load_balancer_for_the_callback() {
     let rendered = with_component("external-zts");
     let c = changes(&base, &rendered);
     let external = key("Service", "k8s-admin", "athenz-callback-external");
-    assert_eq!(c.added, [external.clone()]);
+    assert_eq!(c.added, std::slice::from_ref(&external));
     assert!(c.changed.is_empty() && c.removed.is_empty());
     let svc = &rendered[&external];
     assert_eq!(svc["spec"]["type"], "LoadBalancer");

@@ -73,14 +73,14 @@ fn metric_rows(doc: &str) -> BTreeMap<String, BTreeMap<String, bool>> {
     for line in text.lines() {
         if let Some(name) = line.strip_prefix("### ") {
             daemon = Some(name.trim().to_owned());
-        } else if let (Some(daemon), Some(row)) = (&daemon, line.strip_prefix("| `")) {
-            if let Some((name, rest)) = row.split_once('`') {
-                let labels = rest.split('|').nth(2).unwrap_or("").trim();
-                reference
-                    .entry(daemon.clone())
-                    .or_default()
-                    .insert(name.to_owned(), !labels.is_empty());
-            }
+        } else if let (Some(daemon), Some(row)) = (&daemon, line.strip_prefix("| `"))
+            && let Some((name, rest)) = row.split_once('`')
+        {
+            let labels = rest.split('|').nth(2).unwrap_or("").trim();
+            reference
+                .entry(daemon.clone())
+                .or_default()
+                .insert(name.to_owned(), !labels.is_empty());
         }
     }
     reference

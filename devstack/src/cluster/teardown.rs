@@ -1,8 +1,8 @@
 //! Taking a cluster down, from what its state dir records, as many times as asked: the
 //! processes it started (by recorded pid and start time, never by name), the containers
 //! (through containerd, then whatever is left in the pods' cgroups), the mounts under the state
-//! dir and the kubelet's pod mounts, the `kubepods` cgroups, the `KUBE-*` and `CNI-*` iptables
-//! chains, the bridge and its veths, and the IPAM state.
+//! dir, the kubelet's pod mounts and the agent's (`/var/athenz`), the `kubepods` cgroups, the
+//! `KUBE-*` and `CNI-*` iptables chains, the bridge and its veths, and the IPAM state.
 //!
 //! Each step goes on when an earlier one failed; the error at the end names every step that did.
 
@@ -23,6 +23,9 @@ const COMPONENT_GRACE: Duration = Duration::from_secs(10);
 const CTR_TIMEOUT: Duration = Duration::from_secs(20);
 /// The kubelet's pods (its root dir is the default: CSI and plugin paths depend on it).
 pub const KUBELET_PODS: &str = "/var/lib/kubelet/pods";
+/// The agent's host directory (deploy/base's hostPath `/var/athenz`): its files-mode tmpfs
+/// mounts propagate to the host (`Bidirectional`), where they outlive the agent's pod.
+pub const AGENT_HOST_DIR: &str = "/var/athenz";
 /// Where libcni caches results by network name.
 const CNI_RESULTS: &str = "/var/lib/cni/results";
 /// The cgroup hierarchies.
@@ -291,6 +294,7 @@ pub fn leftovers(layout: &Layout, host_wide: bool) -> Vec<String> {
     let mut prefixes = vec![layout.dir.as_path(), layout.run_dir.as_path()];
     if host_wide {
         prefixes.push(Path::new(KUBELET_PODS));
+        prefixes.push(Path::new(AGENT_HOST_DIR));
     }
     left.extend(
         mounts_under(&prefixes)
@@ -360,6 +364,7 @@ pub async fn clean(
     let mut prefixes = vec![layout.dir.as_path(), layout.run_dir.as_path()];
     if host_wide {
         prefixes.push(pods);
+        prefixes.push(Path::new(AGENT_HOST_DIR));
     }
     let (mounts, busy) = unmount_all(&prefixes);
     failures.extend(busy.into_iter().map(|m| format!("unmounting {m}")));
