@@ -460,9 +460,11 @@ async fn refresh_reissues_the_certificate() {
     assert_eq!(status.code(), Some(0));
 }
 
-/// Extra SANs for the names clients use: DNS names under ZTS's suffixes and the caller's own IP
-/// are issued; an IP that is not the caller's is refused by ZTS; a malformed name is a setting
-/// error before anything is sent.
+/// Extra SANs for the names clients use: a DNS name of the one form ZTS issues to a key-based
+/// certificate (`<service>.<domain-with-dashes>.<suffix>`, ZTSUtils.validateCertReqDNSNames)
+/// and the caller's own IP are issued; an IP that is not the caller's, a name outside ZTS's
+/// suffixes and a name under them of another form are refused by ZTS; a malformed name is a
+/// setting error before anything is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn extra_dns_and_ip_sans() {
     let f = Fixture::new().await;
@@ -477,7 +479,7 @@ async fn extra_dns_and_ip_sans() {
     let now = time::OffsetDateTime::now_utc();
     let sia = ControlSia::new(
         settings(
-            vec!["callback.k8s.athenz.cloud".into()],
+            vec!["athenz-callback.k8s-admin.athenz.cloud".into()],
             vec!["127.0.0.1".parse().unwrap()],
         )
         .load()
@@ -488,7 +490,7 @@ async fn extra_dns_and_ip_sans() {
     let cert = issued.info;
     assert!(
         cert.dns_names
-            .contains(&"callback.k8s.athenz.cloud".to_owned()),
+            .contains(&"athenz-callback.k8s-admin.athenz.cloud".to_owned()),
         "{:?}",
         cert.dns_names
     );
@@ -510,14 +512,19 @@ async fn extra_dns_and_ip_sans() {
         "{err}"
     );
 
-    let sia = ControlSia::new(
-        settings(vec!["callback.example.org".into()], Vec::new())
-            .load()
-            .unwrap(),
-    )
-    .unwrap();
-    let err = sia.request_certificate(now).await.unwrap_err().to_string();
-    assert!(err.contains("Invalid CSR - data mismatch"), "{err}");
+    for outside in [
+        "callback.example.org",
+        // under the suffix, but not the service's own name (another namespace's Service)
+        "athenz-callback.athenz-system.athenz.cloud",
+    ] {
+        let sia =
+            ControlSia::new(settings(vec![outside.into()], Vec::new()).load().unwrap()).unwrap();
+        let err = sia.request_certificate(now).await.unwrap_err().to_string();
+        assert!(
+            err.contains("Invalid CSR - data mismatch"),
+            "{outside}: {err}"
+        );
+    }
 
     let err = settings(vec!["bad name!".into()], Vec::new())
         .load()

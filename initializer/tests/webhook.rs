@@ -125,7 +125,7 @@ async fn start_with_template(template_yaml: &str) -> Webhook {
             "webhook",
             &LeafSpec {
                 ip_addresses: vec![[127, 0, 0, 1].into()],
-                ..LeafSpec::service("athenz-initializer.athenz-system.svc", &[])
+                ..LeafSpec::service("athenz-initializer.k8s-admin.svc", &[])
             },
         )
         .unwrap();
