@@ -6,6 +6,8 @@ use std::process::Command;
 
 /// `cluster up` for the real-node tests.
 pub mod cluster;
+/// The real-node tests' checks of audit, metrics, uninstall, and the release to upgrade from.
+pub mod real_node;
 
 /// The binary under test.
 pub const DEVSTACK: &str = env!("CARGO_BIN_EXE_athenz-devstack");
