@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 mod common;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::real_node::{
-    PreviousRelease, access, audit_events, check_metrics_reference, check_nothing_left, granted,
-    webhook_ca_bundle,
+    PreviousRelease, access, audit_events, check_metrics_reference, granted,
+    uninstall_as_documented, webhook_ca_bundle,
 };
 
 /// Builds the release image as CI and operators do: `deploy/image.sh` (warm: seconds). Its
@@ -110,24 +110,12 @@ fn the_helm_chart_installs_the_same_release() {
         );
     }
     check_metrics_reference(kubectl);
-    for ns in ["media-sports", "news-feed", RESTRICTED_NAMESPACE] {
-        kubectl
-            .run(&[
-                "delete",
-                "namespace",
-                ns,
-                "--ignore-not-found",
-                "--timeout=120s",
-            ])
-            .unwrap();
-    }
-    install::run_uninstall_steps(
-        install::Installer::Helm,
+    uninstall_as_documented(
         kubectl,
+        install::Installer::Helm,
         &install::checkout_dir(&layout.athenz),
-    )
-    .unwrap();
-    check_nothing_left(kubectl);
+        &["media-sports", "news-feed", RESTRICTED_NAMESPACE],
+    );
     eprintln!(
         "real node, Helm: up in {:.1} s; {} identities checked",
         guard.up_seconds,
@@ -685,30 +673,18 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
 
     // uninstalled as documented: the tenants' pods first, then the page's steps; nothing of
     // ours is left in the cluster or on the node
-    for ns in [
-        "media-sports",
-        "news-feed",
-        RESTRICTED_NAMESPACE,
-        "shop-cart",
-        evil,
-    ] {
-        kubectl
-            .run(&[
-                "delete",
-                "namespace",
-                ns,
-                "--ignore-not-found",
-                "--timeout=120s",
-            ])
-            .unwrap();
-    }
-    install::run_uninstall_steps(
-        install::Installer::Kustomize,
+    uninstall_as_documented(
         kubectl,
+        install::Installer::Kustomize,
         &install::checkout_dir(&layout.athenz),
-    )
-    .unwrap();
-    check_nothing_left(kubectl);
+        &[
+            "media-sports",
+            "news-feed",
+            RESTRICTED_NAMESPACE,
+            "shop-cart",
+            evil,
+        ],
+    );
 
     eprintln!(
         "real node: up with our release in {:.1} s; {} identities checked in {scenario_seconds:.1} s",

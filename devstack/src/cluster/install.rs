@@ -288,6 +288,15 @@ async fn start_dev_zts(
 /// The overlay the page's steps fill and apply, relative to the checkout.
 pub const LOCAL_OVERLAY: &str = "deploy/overlays/local";
 
+/// Copies the directory `from` to `to` (which must not exist yet), as `cp -r` does.
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    images::run(
+        std::process::Command::new("cp").arg("-r").arg(from).arg(to),
+        &format!("copying {} to {}", from.display(), to.display()),
+    )?;
+    Ok(())
+}
+
 /// Where the install keeps its copy of the repository's `deploy/` (the page's steps run there).
 pub fn checkout_dir(athenz: &Path) -> PathBuf {
     athenz.join("checkout")
@@ -308,14 +317,7 @@ fn copy_deploy(athenz: &Path, deploy_dir: &Path) -> anyhow::Result<PathBuf> {
     }
     std::fs::create_dir_all(&checkout)
         .with_context(|| format!("creating {}", checkout.display()))?;
-    let copy = checkout.join("deploy");
-    images::run(
-        std::process::Command::new("cp")
-            .arg("-r")
-            .arg(deploy_dir)
-            .arg(&copy),
-        &format!("copying {} to {}", deploy_dir.display(), copy.display()),
-    )?;
+    copy_tree(deploy_dir, &checkout.join("deploy"))?;
     Ok(checkout)
 }
 
@@ -394,13 +396,7 @@ pub fn upgrade(
     }
     let deploy = checkout.join("deploy");
     std::fs::remove_dir_all(&deploy).with_context(|| format!("removing {}", deploy.display()))?;
-    images::run(
-        std::process::Command::new("cp")
-            .arg("-r")
-            .arg(new_deploy)
-            .arg(&deploy),
-        &format!("copying {} to {}", new_deploy.display(), deploy.display()),
-    )?;
+    copy_tree(new_deploy, &deploy)?;
     for (dir, name) in generated {
         let from = kept.join(name);
         if from.is_dir() {

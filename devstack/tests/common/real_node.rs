@@ -138,6 +138,30 @@ pub fn webhook_ca_bundle(kubectl: &Kubectl) -> String {
     bundle
 }
 
+/// Uninstalls as docs/operating.md says: the tenants' pods first (their `namespaces` deleted),
+/// then the page's "Uninstall" steps for `installer` in `checkout`; then checks that nothing is
+/// left ([`check_nothing_left`]).
+pub fn uninstall_as_documented(
+    kubectl: &Kubectl,
+    installer: athenz_devstack::cluster::install::Installer,
+    checkout: &Path,
+    namespaces: &[&str],
+) {
+    for ns in namespaces {
+        kubectl
+            .run(&[
+                "delete",
+                "namespace",
+                ns,
+                "--ignore-not-found",
+                "--timeout=120s",
+            ])
+            .unwrap();
+    }
+    athenz_devstack::cluster::install::run_uninstall_steps(installer, kubectl, checkout).unwrap();
+    check_nothing_left(kubectl);
+}
+
 /// After the documented uninstall: none of our cluster objects, and nothing on this node (the
 /// state dir, the flex driver, the CSI socket dir and registration, no mount under
 /// `/var/athenz`).
