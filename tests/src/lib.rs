@@ -4,6 +4,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`athenz_clients`] | Athenz's own Java and Go clients as test peers (`tests/athenz-java`, `tests/athenz-go`) |
 //! | [`csi_kubelet`] | a CSI caller making kubelet's calls, in kubelet's order, with kubelet's arguments |
 //! | [`cgroups`] | kubelet-shaped pod cgroups for processes that play pods (the agent's peer check) |
 //! | [`runtime`] | pods as runc or crun make them: a sandbox and OCI-bundle containers in kubelet's cgroup layout |
@@ -20,6 +21,7 @@
 //! | [`stats`] | latency percentiles for benchmarks |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
 
+pub mod athenz_clients;
 pub mod cgroups;
 pub mod csi_kubelet;
 pub mod dns;

@@ -8,6 +8,7 @@
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, build_csr};
 use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_core::ntoken::NTokenBuilder;
+use athenz_testbed::athenz_clients::{AthenzClient, ClientAnswer, Harness, request};
 use athenz_testbed::fixtures::{DNS_SUFFIX, DOMAIN, PROVIDER, SERVICE};
 use athenz_testbed::pki::LeafSpec;
 use athenz_testbed::provider_stub::{Decision, ProviderStub};
@@ -36,6 +37,8 @@ struct Row {
     status: u16,
     message_prefix: Option<String>,
     source: String,
+    /// Which of Athenz's clients send this row (`java`, `go`).
+    athenz_clients: Vec<String>,
 }
 
 fn rows() -> Vec<Row> {
@@ -45,23 +48,30 @@ fn rows() -> Vec<Row> {
     let header = lines.next().unwrap();
     assert_eq!(
         header,
-        "case\troute\trequest\tstatus\tmessage_prefix\tathenz_source"
+        "case\troute\trequest\tstatus\tmessage_prefix\tathenz_source\tathenz_client"
     );
     lines
         .map(|line| {
             let cols: Vec<&str> = line.split('\t').collect();
-            assert_eq!(cols.len(), 6, "six columns: {line}");
+            assert_eq!(cols.len(), 7, "seven columns: {line}");
             Row {
                 case: cols[0].to_owned(),
                 status: cols[3].parse().unwrap(),
                 message_prefix: (cols[4] != "-").then(|| cols[4].to_owned()),
                 source: cols[5].to_owned(),
+                athenz_clients: cols[6]
+                    .split(' ')
+                    .filter(|c| *c != "-")
+                    .map(str::to_owned)
+                    .collect(),
             }
         })
         .collect()
 }
 
 struct Bed {
+    /// When set, each row's request goes through this Athenz client instead of reqwest.
+    athenz: Option<tokio::sync::Mutex<AthenzClient>>,
     zts: DevZts,
     stub: ProviderStub,
     _others: Vec<ProviderStub>,
@@ -69,6 +79,11 @@ struct Bed {
 }
 
 async fn bed() -> Bed {
+    bed_via(None).await
+}
+
+/// The bed, its rows sent through Athenz's own `harness` when given.
+async fn bed_via(harness: Option<Harness>) -> Bed {
     let role = |r: &str, m: &[&str]| RoleEntry {
         domain: DOMAIN.into(),
         role: r.into(),
@@ -129,6 +144,7 @@ async fn bed() -> Bed {
     )
     .unwrap();
     Bed {
+        athenz: harness.map(|h| tokio::sync::Mutex::new(AthenzClient::start(h).unwrap())),
         zts,
         stub,
         _others: vec![wrong_cn, no_host],
@@ -147,18 +163,15 @@ fn client(bed: &Bed, identity: Option<(&str, &str)>) -> reqwest::Client {
     builder.build().unwrap()
 }
 
-/// A client with a service certificate of `principal` from the ZTS CA; and its key.
-fn service_client(bed: &Bed, principal: &str) -> (reqwest::Client, PrivateKey) {
+/// A service certificate of `principal` from the ZTS CA: its chain and key PEM, and its key.
+fn service_identity(bed: &Bed, principal: &str) -> (Identity, PrivateKey) {
     let issued = bed
         .zts
         .ca()
         .issue(&LeafSpec::service(principal, &[]), KeyAlgorithm::P256)
         .unwrap();
     let key = PrivateKey::from_pem(issued.key_pem.expose()).unwrap();
-    (
-        client(bed, Some((&issued.chain_pem, issued.key_pem.expose()))),
-        key,
-    )
+    ((issued.chain_pem, issued.key_pem.expose().to_owned()), key)
 }
 
 /// Status and message (empty for an answer without one).
@@ -168,6 +181,173 @@ async fn send(request: reqwest::RequestBuilder) -> (u16, String) {
     let body: Value = response.json().await.unwrap_or(Value::Null);
     let message = body["message"].as_str().unwrap_or_default().to_owned();
     (status, message)
+}
+
+/// A client identity: certificate chain PEM and key PEM.
+type Identity = (String, String);
+
+/// A row's request, as any client would make it.
+enum ZtsCall {
+    Register(Value),
+    Refresh {
+        identity: Option<Identity>,
+        domain: String,
+        uid: String,
+        body: Value,
+    },
+    KeyRefresh {
+        ntoken: String,
+        body: Value,
+    },
+    AccessToken {
+        identity: Identity,
+        content_type: String,
+        form: String,
+    },
+    RoleToken {
+        identity: Identity,
+        domain: String,
+        role: String,
+    },
+    RoleCert {
+        identity: Identity,
+        body: Value,
+    },
+    Jwks,
+}
+
+/// Sends `call` with reqwest, or through the bed's Athenz client when it has one.
+async fn deliver(bed: &Bed, call: ZtsCall) -> (u16, String) {
+    match &bed.athenz {
+        Some(athenz) => deliver_via_athenz(bed, &mut *athenz.lock().await, call).await,
+        None => deliver_via_reqwest(bed, call).await,
+    }
+}
+
+async fn deliver_via_reqwest(bed: &Bed, call: ZtsCall) -> (u16, String) {
+    let url = bed.zts.url();
+    let with = |identity: &Option<Identity>| {
+        client(
+            bed,
+            identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
+        )
+    };
+    let request = match call {
+        ZtsCall::Register(body) => with(&None).post(format!("{url}/instance")).json(&body),
+        ZtsCall::Refresh {
+            identity,
+            domain,
+            uid,
+            body,
+        } => with(&identity)
+            .post(format!(
+                "{url}/instance/{PROVIDER}/{domain}/{SERVICE}/{uid}"
+            ))
+            .json(&body),
+        ZtsCall::KeyRefresh { ntoken, body } => with(&None)
+            .post(format!(
+                "{url}/instance/{}/{}/refresh",
+                KEY_SERVICE.0, KEY_SERVICE.1
+            ))
+            .header("Athenz-Principal-Auth", ntoken)
+            .json(&body),
+        ZtsCall::AccessToken {
+            identity,
+            content_type,
+            form,
+        } => with(&Some(identity))
+            .post(format!("{url}/oauth2/token"))
+            .header("content-type", content_type)
+            .body(form),
+        ZtsCall::RoleToken {
+            identity,
+            domain,
+            role,
+        } => with(&Some(identity)).get(format!("{url}/domain/{domain}/token?role={role}")),
+        ZtsCall::RoleCert { identity, body } => with(&Some(identity))
+            .post(format!("{url}/rolecert"))
+            .json(&body),
+        ZtsCall::Jwks => with(&None).get(format!("{url}/oauth2/keys?rfc=true")),
+    };
+    send(request).await
+}
+
+/// The same request through Athenz's client: its model carries the body, its client sends it,
+/// and a success must decode in its model. An unsendable request is status 0.
+async fn deliver_via_athenz(bed: &Bed, athenz: &mut AthenzClient, call: ZtsCall) -> (u16, String) {
+    let ca = athenz.file(bed.zts.root_pem()).unwrap();
+    let mut fields = json!({"url": bed.zts.url(), "ca": ca});
+    let present = |athenz: &mut AthenzClient, fields: &mut Value, (cert, key): Identity| {
+        fields["cert"] = athenz.file(&cert).unwrap().into();
+        fields["key"] = athenz.file(&key).unwrap().into();
+    };
+    let op = match call {
+        ZtsCall::Register(body) => {
+            fields["body"] = body;
+            "register"
+        }
+        ZtsCall::Refresh {
+            identity,
+            domain,
+            uid,
+            body,
+        } => {
+            if let Some(identity) = identity {
+                present(athenz, &mut fields, identity);
+            }
+            fields["provider"] = PROVIDER.into();
+            fields["domain"] = domain.into();
+            fields["service"] = SERVICE.into();
+            fields["instance_id"] = uid.into();
+            fields["body"] = body;
+            "refresh"
+        }
+        ZtsCall::KeyRefresh { ntoken, body } => {
+            fields["domain"] = KEY_SERVICE.0.into();
+            fields["service"] = KEY_SERVICE.1.into();
+            fields["ntoken"] = ntoken.into();
+            fields["body"] = body;
+            "key_refresh"
+        }
+        ZtsCall::AccessToken {
+            identity,
+            content_type,
+            form,
+        } => {
+            present(athenz, &mut fields, identity);
+            fields["content_type"] = content_type.into();
+            fields["form"] = form.into();
+            "access_token"
+        }
+        ZtsCall::RoleToken {
+            identity,
+            domain,
+            role,
+        } => {
+            present(athenz, &mut fields, identity);
+            fields["domain"] = domain.into();
+            fields["role"] = role.into();
+            "role_token"
+        }
+        ZtsCall::RoleCert { identity, body } => {
+            present(athenz, &mut fields, identity);
+            fields["body"] = body;
+            "role_cert"
+        }
+        ZtsCall::Jwks => "jwks",
+    };
+    let answer = athenz.call(&request(op, fields)).await.unwrap();
+    if let ClientAnswer::Answered {
+        status, decoded, ..
+    } = &answer
+    {
+        assert!(
+            *status >= 300 || decoded.is_some(),
+            "{op}: a {status} that {} did not decode",
+            athenz.harness().name()
+        );
+    }
+    answer.status_and_message()
 }
 
 fn pod_input(uid: &str) -> PodIdentityInput<'_> {
@@ -231,12 +411,7 @@ fn register_body(provider: &str, domain: &str, csr: &str, attestation: Option<&s
 }
 
 async fn register(bed: &Bed, body: Value) -> (u16, String) {
-    send(
-        client(bed, None)
-            .post(format!("{}/instance", bed.zts.url()))
-            .json(&body),
-    )
-    .await
+    deliver(bed, ZtsCall::Register(body)).await
 }
 
 /// A registered instance: its uid, certificate chain and key.
@@ -262,17 +437,20 @@ async fn refresh(
     path_uid: &str,
     body: Value,
 ) -> (u16, String) {
-    let key_pem = presenting.map(|(_, k)| k.to_pkcs8_pem().unwrap());
-    let identity = presenting
-        .zip(key_pem.as_ref())
-        .map(|((cert, _), key)| (cert, key.expose()));
-    send(
-        client(bed, identity)
-            .post(format!(
-                "{}/instance/{PROVIDER}/{DOMAIN}/{SERVICE}/{path_uid}",
-                bed.zts.url()
-            ))
-            .json(&body),
+    let identity = presenting.map(|(cert, key)| {
+        (
+            cert.to_owned(),
+            key.to_pkcs8_pem().unwrap().expose().to_owned(),
+        )
+    });
+    deliver(
+        bed,
+        ZtsCall::Refresh {
+            identity,
+            domain: DOMAIN.into(),
+            uid: path_uid.into(),
+            body,
+        },
     )
     .await
 }
@@ -319,16 +497,12 @@ async fn key_refresh(bed: &Bed, token_service: &str, csr: String) -> (u16, Strin
             )
             .unwrap();
     }
-    send(
-        client(bed, None)
-            .post(format!(
-                "{}/instance/{}/{}/refresh",
-                bed.zts.url(),
-                KEY_SERVICE.0,
-                KEY_SERVICE.1
-            ))
-            .header("Athenz-Principal-Auth", token.expose())
-            .json(&json!({"csr": csr, "keyId": "v1"})),
+    deliver(
+        bed,
+        ZtsCall::KeyRefresh {
+            ntoken: token.expose().to_owned(),
+            body: json!({"csr": csr, "keyId": "v1"}),
+        },
     )
     .await
 }
@@ -345,11 +519,14 @@ async fn token(
     content_type: &str,
     body: &'static str,
 ) -> (u16, String) {
-    let (http, _) = service_client(bed, principal);
-    send(
-        http.post(format!("{}/oauth2/token", bed.zts.url()))
-            .header("content-type", content_type)
-            .body(body.to_owned()),
+    let (identity, _) = service_identity(bed, principal);
+    deliver(
+        bed,
+        ZtsCall::AccessToken {
+            identity,
+            content_type: content_type.into(),
+            form: body.into(),
+        },
     )
     .await
 }
@@ -366,10 +543,13 @@ async fn role_cert(
     principal: &str,
     body: impl FnOnce(&PrivateKey) -> Value,
 ) -> (u16, String) {
-    let (http, key) = service_client(bed, principal);
-    send(
-        http.post(format!("{}/rolecert", bed.zts.url()))
-            .json(&body(&key)),
+    let (identity, key) = service_identity(bed, principal);
+    deliver(
+        bed,
+        ZtsCall::RoleCert {
+            identity,
+            body: body(&key),
+        },
     )
     .await
 }
@@ -497,7 +677,10 @@ async fn run(bed: &Bed, case: &str) -> (u16, String) {
         }
         case if case.starts_with("refresh_") => run_refresh(bed, case).await,
         case if case.starts_with("key_refresh_") => run_key_refresh(bed, case).await,
-        case if case.starts_with("access_token_") || case.starts_with("role_token_") => {
+        case if case.starts_with("access_token_")
+            || case.starts_with("role_token_")
+            || case.starts_with("jwks_") =>
+        {
             run_token(bed, case).await
         }
         case if case.starts_with("role_cert_") => run_role_cert(bed, case).await,
@@ -534,18 +717,22 @@ async fn run_refresh(bed: &Bed, case: &str) -> (u16, String) {
                 .issue(&LeafSpec::service("news.web", &[]), KeyAlgorithm::P256)
                 .unwrap();
             let news_key = PrivateKey::from_pem(news.key_pem.expose()).unwrap();
-            send(
-                client(bed, Some((&news.chain_pem, news.key_pem.expose())))
-                    .post(format!(
-                        "{}/instance/{PROVIDER}/news/{SERVICE}/{uid}",
-                        bed.zts.url()
-                    ))
-                    .json(&json!({"csr": build_csr(
-                        &CsrIdentity::for_pod(&PodIdentityInput { domain: "news", ..pod_input(&uid) }).unwrap(),
-                        &news_key,
-                    ).unwrap(), "attestationData": "jwt"})),
+            let csr = build_csr(
+                &CsrIdentity::for_pod(&PodIdentityInput {
+                    domain: "news",
+                    ..pod_input(&uid)
+                })
+                .unwrap(),
+                &news_key,
             )
-            .await
+            .unwrap();
+            let call = ZtsCall::Refresh {
+                identity: Some((news.chain_pem.clone(), news.key_pem.expose().to_owned())),
+                domain: "news".into(),
+                uid: uid.clone(),
+                body: json!({"csr": csr, "attestationData": "jwt"}),
+            };
+            deliver(bed, call).await
         }
         "refresh_csr_invalid" => {
             let csr = pod_csr(&new_key, &uid, |id| {
@@ -702,9 +889,24 @@ async fn run_token(bed: &Bed, case: &str) -> (u16, String) {
         "access_token_proxy_not_authorized" => {
             form("grant_type=client_credentials&scope=media.sports:role.readers&proxy_for_principal=finance.ledger").await
         }
+        "role_token_ok" => {
+            let (identity, _) = service_identity(bed, web);
+            let call = ZtsCall::RoleToken {
+                identity,
+                domain: DOMAIN.into(),
+                role: "readers".into(),
+            };
+            deliver(bed, call).await
+        }
+        "jwks_ok" => deliver(bed, ZtsCall::Jwks).await,
         "role_token_not_a_member" => {
-            let (http, _) = service_client(bed, web);
-            send(http.get(format!("{}/domain/{DOMAIN}/token?role=writers", bed.zts.url()))).await
+            let (identity, _) = service_identity(bed, web);
+            let call = ZtsCall::RoleToken {
+                identity,
+                domain: DOMAIN.into(),
+                role: "writers".into(),
+            };
+            deliver(bed, call).await
         }
         other => panic!("the table has a case with no request here: {other}"),
     }
@@ -726,7 +928,7 @@ async fn run_role_cert(bed: &Bed, case: &str) -> (u16, String) {
                     "proxyForPrincipal": "finance.ledger",
                     "prevCertNotBefore": "2026-11-24T00:00:00.000Z",
                     "prevCertNotAfter": "2026-11-25T00:00:00.000Z",
-                    "x509CertSignerKeyId": "zts.dev",
+                    "x509CertSignerKeyId": "zts-dev",
                 })
             })
             .await
@@ -734,6 +936,12 @@ async fn run_role_cert(bed: &Bed, case: &str) -> (u16, String) {
         "role_cert_unknown_field" => {
             role_cert(bed, web, |key| {
                 json!({"csr": role_csr(key, vec![principal_uri(web)]), "notAField": true})
+            })
+            .await
+        }
+        "role_cert_signer_key_id_not_simple_name" => {
+            role_cert(bed, web, |key| {
+                json!({"csr": role_csr(key, vec![principal_uri(web)]), "x509CertSignerKeyId": "zts.dev"})
             })
             .await
         }
@@ -890,4 +1098,56 @@ async fn openid_scope_gives_an_id_token_when_configured() {
     )
     .unwrap();
     assert_eq!(claims["sub"], "media.sports.web");
+}
+
+/// Athenz's own clients send every row they can express, through their models, and get the
+/// table's answer; the table's `athenz_client` column says which did, and a client it leaves out
+/// must really be unable to send the row (so the column cannot go stale). Each checked row prints
+/// `athenz-client: <client> <case> ok|FAILED` (tests/athenz/run counts them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn athenz_clients_get_every_row_the_table_gives() {
+    let rows = rows();
+    let mut failures = Vec::new();
+    for harness in [Harness::Java, Harness::Go] {
+        let bed = bed_via(Some(harness)).await;
+        for row in &rows {
+            let (status, message) = run(&bed, &row.case).await;
+            let listed = row.athenz_clients.iter().any(|c| c == harness.name());
+            let verdict = if listed {
+                let prefix_ok = row
+                    .message_prefix
+                    .as_ref()
+                    .is_none_or(|prefix| message.starts_with(prefix.as_str()));
+                (status == row.status && prefix_ok)
+                    .then_some(())
+                    .ok_or_else(|| {
+                        format!(
+                            "{} {}: want {} {:?}, got {status} {message:?}",
+                            harness.name(),
+                            row.case,
+                            row.status,
+                            row.message_prefix
+                        )
+                    })
+            } else {
+                (status == 0).then_some(()).ok_or_else(|| {
+                    format!(
+                        "{} {}: the table says it cannot send this row, but it got {status} {message:?}",
+                        harness.name(),
+                        row.case
+                    )
+                })
+            };
+            let outcome = if verdict.is_ok() { "ok" } else { "FAILED" };
+            println!("athenz-client: {} {} {outcome}", harness.name(), row.case);
+            if let Err(failure) = verdict {
+                failures.push(failure);
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "rows where Athenz's clients disagree with the table:\n{}",
+        failures.join("\n")
+    );
 }

@@ -4,7 +4,8 @@
 //! (`validate_role_cert_dns_names`, `cert_request_verify_ip`, `validate_cert_uri_schemes` all false):
 //!
 //! - the request's optional fields (`proxyForPrincipal`, `prevCertNotBefore`,
-//!   `prevCertNotAfter`, `x509CertSignerKeyId`) and unknown ones are accepted;
+//!   `prevCertNotAfter`, `x509CertSignerKeyId`) and unknown ones are accepted, the signer key id
+//!   only as ZTS's schema types it (a `SimpleName`, else 400);
 //! - the CSR's CN is `<domain>:role.<role>`, else it cannot be parsed ("Unable to parse PKCS10
 //!   CSR: Role Certificate CN is not a valid role");
 //! - a proxy request needs a caller configured as an authorized proxy user (403), and both the
@@ -30,6 +31,26 @@ const PRINCIPAL_URI: &str = "athenz://principal/";
 
 /// `ZTSConsts.ZTS_CERT_PROXY_USER_URI`.
 const PROXY_USER_URI: &str = "athenz://proxyuser/";
+
+/// ZTS validates each request against its RDL schema before reading it (`ZTSImpl.validate`,
+/// `ZTSSchema`): the one typed field a role certificate request carries beyond the CSR is the
+/// signer key id, a `SimpleName`. The message is rdl-java `Validator`'s, checked through
+/// Athenz's own Validator by tests/athenz-java (row `role_cert_signer_key_id_not_simple_name`).
+fn check_schema(request: &RoleCertificateRequest) -> Result<(), Refusal> {
+    let simple_name = |s: &str| {
+        let mut chars = s.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    match request.x509_cert_signer_key_id.as_deref() {
+        Some(id) if !simple_name(id) => Err(Refusal::bad_request(
+            "Invalid RoleCertificateRequest error: String pattern mismatch (expected \"[a-zA-Z0-9_][a-zA-Z0-9_-]*\")  for type SimpleName in data.x509CertSignerKeyId",
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// The role a CSR's CN names (`X509RoleCertRequest`'s constructor).
 fn requested_role(csr: &CsrInfo) -> Result<(String, String), Refusal> {
@@ -125,6 +146,7 @@ impl ZtsHandler {
         let caller_cert = CertInfo::from_der(cert_der)
             .map_err(|e| Refusal::unauthorized(format!("the client certificate: {e}")))?;
         let request: RoleCertificateRequest = parse_json(req, "RoleCertificateRequest")?;
+        check_schema(&request)?;
         let csr = parse_csr(&request.csr)?;
         check_parsable(&csr)
             .map_err(|e| Refusal::bad_request(format!("Unable to parse PKCS10 CSR: {}", e.0)))?;

@@ -1,0 +1,45 @@
+package io.athenz.k8s.harness;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import com.yahoo.athenz.instance.provider.InstanceConfirmation;
+import com.yahoo.athenz.instance.provider.ProviderResourceException;
+import com.yahoo.athenz.instance.provider.impl.InstanceHttpProvider;
+import javax.net.ssl.SSLContext;
+
+/**
+ * ZTS calling an HTTP instance provider, as ZTSImpl does for each launch and refresh: a new
+ * InstanceHttpProvider initialized with the provider's name and endpoint and ZTS's own
+ * SSLContext (so Athenz's ProviderHostnameVerifier requires the provider's CN), then
+ * confirmInstance or refreshInstance, then close.
+ */
+final class ProviderCalls {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    private ProviderCalls() {}
+
+    static ObjectNode call(JsonNode request) throws Exception {
+        SSLContext zts =
+                Tls.context(
+                        Requests.file(request, "ca"),
+                        Requests.file(request, "cert"),
+                        Requests.file(request, "key"));
+        InstanceConfirmation confirmation =
+                JSON.treeToValue(request.get("confirmation"), InstanceConfirmation.class);
+        InstanceHttpProvider provider = new InstanceHttpProvider();
+        provider.initialize(
+                Requests.text(request, "provider"), Requests.text(request, "url"), zts, null);
+        try {
+            InstanceConfirmation confirmed =
+                    Requests.text(request, "op").equals("provider_refresh")
+                            ? provider.refreshInstance(confirmation)
+                            : provider.confirmInstance(confirmation);
+            return Answers.success(200, JSON.valueToTree(confirmed));
+        } catch (ProviderResourceException e) {
+            return Answers.status(e.getCode(), e.getMessage());
+        } finally {
+            provider.close();
+        }
+    }
+}
