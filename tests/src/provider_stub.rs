@@ -26,8 +26,16 @@ pub enum Decision {
         /// Message.
         message: String,
     },
-    /// This status with exactly this body (a provider that answers something else).
+    /// This status with exactly this body and no content type (a provider that answers
+    /// something else).
     Raw {
+        /// HTTP status.
+        status: u16,
+        /// The body.
+        body: String,
+    },
+    /// This status with exactly this body, labelled `application/json`.
+    RawJson {
         /// HTTP status.
         status: u16,
         /// The body.
@@ -108,6 +116,16 @@ impl Handler for Script {
                 let mut response = Response::new(Body::from(body));
                 *response.status_mut() =
                     StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                response
+            }
+            Decision::RawJson { status, body } => {
+                let mut response = Response::new(Body::from(body));
+                *response.status_mut() =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
                 response
             }
         }

@@ -10,11 +10,15 @@
 //!   data is sent;
 //! - `<endpoint>/instance` for launches, `<endpoint>/refresh` for refreshes
 //!   (`postInstanceConfirmation`, `postRefreshConfirmation`);
-//! - outcomes: 200 confirms with the provider's answer; a connect or read failure is
-//!   `GATEWAY_TIMEOUT`; any other status is kept with the provider's answer text (newlines made
-//!   spaces), as `ProviderResourceException(code, text)` whose message is
-//!   `ResourceException (<code>): <text>`.
+//! - outcomes: 200 confirms with the provider's answer, read as Jersey and Jackson read it
+//!   ([`super::provider_answer`]); a connect or read failure is `GATEWAY_TIMEOUT`; any other
+//!   status is kept with the provider's answer text (newlines made spaces), as
+//!   `ProviderResourceException(code, text)` whose message is `ResourceException (<code>): <text>`.
+//!
+//! Athenz's own `InstanceHttpProvider` is run beside this port on the same cases by
+//! callback/tests/athenz_provider_client.rs (tests/athenz-java): both must conclude the same.
 
+use super::provider_answer;
 use super::registry::ProviderEntry;
 use athenz_core::client::{error_chain, read_limited};
 use athenz_core::tls::{self, ClientIdentity};
@@ -196,24 +200,34 @@ impl ProviderClients {
             .await
             .map_err(|e| ProviderRefusal::new(GATEWAY_TIMEOUT, &error_chain(&e)))?;
         let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let body = read_limited(resp, MAX_ANSWER).await;
         if status != 200 {
             // `responseText`: the answer with newlines made spaces, or N/A if none could be read.
-            let text = body
-                .ok()
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-                .filter(|t| !t.is_empty())
-                .unwrap_or_else(|| "N/A".into());
-            return Err(ProviderRefusal::new(status, &text));
+            return Err(ProviderRefusal::new(
+                status,
+                &provider_answer::refusal_text(body.as_deref().ok()),
+            ));
         }
-        let body = body.map_err(|e| ProviderRefusal {
+        // Whatever Athenz's client cannot read as a confirmation is an exception outside
+        // ProviderResourceException: ZTS answers 403 (code 200 here says so).
+        let unreadable = |why: String| ProviderRefusal {
             code: 200,
-            message: format!("the provider's confirmation could not be read: {e}"),
-        })?;
-        // An unreadable 200 is an exception outside ProviderResourceException: ZTS answers 403.
-        serde_json::from_slice(&body).map_err(|e| ProviderRefusal {
-            code: 200,
-            message: format!("the provider's confirmation is unreadable: {e}"),
-        })
+            message: format!("the provider's confirmation is unreadable: {why}"),
+        };
+        let body = body.map_err(|e| unreadable(e.to_string()))?;
+        if !provider_answer::is_json(content_type.as_deref()) {
+            return Err(unreadable(format!(
+                "no reader for media type {}",
+                content_type
+                    .as_deref()
+                    .unwrap_or("application/octet-stream")
+            )));
+        }
+        provider_answer::read_confirmation(&body).map_err(unreadable)
     }
 }

@@ -38,6 +38,10 @@ final class ProviderCalls {
             return Answers.success(200, JSON.valueToTree(confirmed));
         } catch (ProviderResourceException e) {
             return Answers.status(e.getCode(), e.getMessage());
+        } catch (RuntimeException e) {
+            // a 200 whose body is no InstanceConfirmation: not a ProviderResourceException, so
+            // ZTSImpl.validateConfirmationData's catch (Exception) makes it a 403
+            return Answers.status(200, "the provider's confirmation is unreadable: " + e.getMessage());
         } finally {
             provider.close();
         }

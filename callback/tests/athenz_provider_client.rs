@@ -1,0 +1,473 @@
+//! ZTS's own provider client against the callback: Athenz's `InstanceHttpProvider` (with its
+//! `InstanceProviderClient` and `ProviderHostnameVerifier`, built as ZTSImpl builds it, from
+//! Maven Central through tests/athenz-java) and the dev ZTS's port of it
+//! (`athenz_testbed::zts::instance_provider_client`) are given the same case, each with a token
+//! of its own (a JWT confirms once), and must conclude the same: the same confirmation, or the
+//! same `ProviderResourceException` code and text. Each case prints
+//! `athenz-client: java provider:<case> ok|FAILED` (tests/athenz/run counts them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use athenz_core::crypto::{KeyAlgorithm, pem_certificates};
+use athenz_core::identity_jwt::IdentityClaims;
+use athenz_core::secret::Secret;
+use athenz_core::tls::{self, ClientIdentity};
+use athenz_core::zts::InstanceConfirmation;
+use athenz_testbed::athenz_clients::{AthenzClient, ClientAnswer, Harness, request};
+use athenz_testbed::fixtures::{NAMESPACE, POD_NAME, PROVIDER};
+use athenz_testbed::kube_api::mark_terminating;
+use athenz_testbed::pki::LeafSpec;
+use athenz_testbed::provider_stub::{Decision, ProviderStub};
+use athenz_testbed::zts::instance_provider_client::{ProviderClients, ProviderRoute};
+use athenz_testbed::zts::registry::ProviderEntry;
+use common::*;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The principal ZTS presents to providers (the callback's `--allowed-principals`).
+const ZTS_PRINCIPAL: &str = "sys.auth.zts";
+
+/// A provider name the callback's certificate does not carry: Athenz's hostname verifier and
+/// ours must both refuse the handshake.
+const OTHER_PROVIDER: &str = "k8s.admin.other";
+
+/// What a client concluded: the confirmation (without the attestation data, which differs per
+/// token), or the refusal's code and text.
+#[derive(Debug, PartialEq)]
+enum Concluded {
+    Confirmed(Value),
+    Refused(u16, String),
+}
+
+/// One case: which route, which provider name the client expects, the token's claims, the
+/// confirmation's edits, and the state of the Kubernetes API while the clients ask.
+struct Case {
+    name: &'static str,
+    route: ProviderRoute,
+    expect_provider: &'static str,
+    claims: fn(&mut IdentityClaims),
+    edit: fn(&mut InstanceConfirmation),
+    world: World,
+    /// The status both must conclude.
+    status: u16,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum World {
+    AsIs,
+    PodDeleted,
+    PodTerminating,
+    ApiUnreachable,
+    Api503,
+    /// The token was already used once (by the other client's turn beforehand).
+    Replayed,
+}
+
+fn keep_claims(_: &mut IdentityClaims) {}
+fn keep(_: &mut InstanceConfirmation) {}
+
+fn cases() -> Vec<Case> {
+    let case = |name, route, status| Case {
+        name,
+        route,
+        expect_provider: PROVIDER,
+        claims: keep_claims,
+        edit: keep,
+        world: World::AsIs,
+        status,
+    };
+    use ProviderRoute::{Instance, Refresh};
+    vec![
+        case("launch_genuine", Instance, 200),
+        case("refresh_genuine", Refresh, 200),
+        Case {
+            claims: |c| c.node = "node-2".into(),
+            ..case("wrong_node", Instance, 403)
+        },
+        Case {
+            world: World::PodDeleted,
+            ..case("deleted_pod", Instance, 403)
+        },
+        Case {
+            world: World::PodTerminating,
+            ..case("terminating_pod", Refresh, 403)
+        },
+        Case {
+            edit: |c| {
+                let dns = c.attributes.get("sanDNS").cloned().unwrap_or_default();
+                c.attributes
+                    .insert("sanDNS".into(), format!("{dns},web.evil.example"));
+            },
+            ..case("san_dns_not_the_pods", Instance, 403)
+        },
+        Case {
+            edit: |c| {
+                c.attributes.insert("sanIP".into(), "10.9.8.7".into());
+            },
+            ..case("san_ip_not_the_pods", Instance, 403)
+        },
+        Case {
+            edit: |c| {
+                c.attributes.insert(
+                    "instanceId".into(),
+                    "00000000-0000-4000-8000-000000000000".into(),
+                );
+            },
+            ..case("instance_id_not_the_pods", Instance, 403)
+        },
+        Case {
+            edit: |c| c.service = "db".into(),
+            ..case("service_not_the_tokens", Instance, 403)
+        },
+        Case {
+            edit: |c| c.provider = "k8s.admin.unknown".into(),
+            ..case("provider_not_ours", Instance, 403)
+        },
+        Case {
+            edit: |c| c.attestation_data = Secret::new(String::new()),
+            ..case("missing_attestation_data", Instance, 403)
+        },
+        Case {
+            edit: |c| c.attestation_data = Secret::new(String::new()),
+            ..case("refresh_without_attestation_data", Refresh, 403)
+        },
+        Case {
+            claims: |c| {
+                c.iat -= 3600;
+                c.nbf -= 3600;
+                c.exp -= 3600;
+            },
+            ..case("expired_token", Instance, 403)
+        },
+        Case {
+            world: World::Replayed,
+            ..case("replayed_token", Instance, 403)
+        },
+        Case {
+            world: World::ApiUnreachable,
+            ..case("kubernetes_api_unreachable", Instance, 504)
+        },
+        Case {
+            world: World::Api503,
+            ..case("kubernetes_api_503", Refresh, 504)
+        },
+        Case {
+            expect_provider: OTHER_PROVIDER,
+            ..case("provider_certificate_of_another_service", Instance, 504)
+        },
+    ]
+}
+
+/// ZTS's identity, as the callback's clients must present it.
+struct Zts {
+    chain_pem: String,
+    key_pem: String,
+}
+
+fn zts_identity(f: &Fixture) -> Zts {
+    let issued = f
+        .zts
+        .ca()
+        .issue(&LeafSpec::service(ZTS_PRINCIPAL, &[]), KeyAlgorithm::P256)
+        .unwrap();
+    Zts {
+        chain_pem: issued.chain_pem,
+        key_pem: issued.key_pem.expose().to_owned(),
+    }
+}
+
+fn confirmation_for(f: &Fixture, case: &Case) -> InstanceConfirmation {
+    let mut claims = claims();
+    (case.claims)(&mut claims);
+    let mut c = confirmation(f.ec.sign("v1", &claims).unwrap());
+    (case.edit)(&mut c);
+    c
+}
+
+fn without_attestation(mut confirmed: Value) -> Value {
+    if let Some(fields) = confirmed.as_object_mut() {
+        fields.remove("attestationData");
+    }
+    confirmed
+}
+
+async fn ours(
+    f: &Fixture,
+    zts: &Zts,
+    case: &Case,
+    confirmation: &InstanceConfirmation,
+) -> Concluded {
+    ours_at(f, zts, &f.endpoint, case, confirmation).await
+}
+
+async fn ours_at(
+    f: &Fixture,
+    zts: &Zts,
+    endpoint: &str,
+    case: &Case,
+    confirmation: &InstanceConfirmation,
+) -> Concluded {
+    let identity =
+        ClientIdentity::Fixed(tls::certified_key_from_pem(&zts.chain_pem, &zts.key_pem).unwrap());
+    let clients = ProviderClients::new(
+        pem_certificates(f.zts.root_pem()).unwrap(),
+        identity,
+        Duration::from_secs(10),
+    );
+    let provider = ProviderEntry {
+        name: case.expect_provider.into(),
+        endpoint: endpoint.to_owned(),
+        dns_suffixes: vec![],
+        launch: vec![],
+    };
+    match clients.confirm(&provider, case.route, confirmation).await {
+        Ok(confirmed) => Concluded::Confirmed(without_attestation(
+            serde_json::to_value(confirmed).unwrap(),
+        )),
+        Err(refusal) => Concluded::Refused(refusal.code, refusal.message),
+    }
+}
+
+async fn athenz(
+    java: &mut AthenzClient,
+    f: &Fixture,
+    zts: &Zts,
+    case: &Case,
+    confirmation: &InstanceConfirmation,
+) -> Concluded {
+    athenz_at(java, f, zts, &f.endpoint, case, confirmation).await
+}
+
+async fn athenz_at(
+    java: &mut AthenzClient,
+    f: &Fixture,
+    zts: &Zts,
+    endpoint: &str,
+    case: &Case,
+    confirmation: &InstanceConfirmation,
+) -> Concluded {
+    let op = match case.route {
+        ProviderRoute::Instance => "provider_instance",
+        ProviderRoute::Refresh => "provider_refresh",
+    };
+    let fields = json!({
+        "url": endpoint,
+        "provider": case.expect_provider,
+        "ca": java.file(f.zts.root_pem()).unwrap(),
+        "cert": java.file(&zts.chain_pem).unwrap(),
+        "key": java.file(&zts.key_pem).unwrap(),
+        "confirmation": confirmation,
+    });
+    match java.call(&request(op, fields)).await.unwrap() {
+        ClientAnswer::Answered {
+            status: 200,
+            decoded: Some(confirmed),
+            ..
+        } => Concluded::Confirmed(without_attestation(confirmed)),
+        ClientAnswer::Answered {
+            status, message, ..
+        } => Concluded::Refused(status, message),
+        ClientAnswer::Unsendable(why) => panic!("{}: unsendable: {why}", case.name),
+    }
+}
+
+/// Puts the world in the state the case needs (`leave` undoes it).
+fn enter(f: &Fixture, world: World) {
+    match world {
+        World::PodDeleted => {
+            f.kube.cluster().delete_pod(NAMESPACE, POD_NAME).unwrap();
+        }
+        World::PodTerminating => {
+            assert!(
+                f.kube
+                    .cluster()
+                    .update_pod(NAMESPACE, POD_NAME, mark_terminating)
+            );
+        }
+        World::ApiUnreachable => f.kube.set_unreachable(true),
+        World::Api503 => f
+            .kube
+            .set_failing_status(Some(http::StatusCode::SERVICE_UNAVAILABLE)),
+        World::AsIs | World::Replayed => {}
+    }
+}
+
+fn leave(f: &Fixture, world: World, restore_pod: impl Fn()) {
+    match world {
+        World::PodDeleted | World::PodTerminating => restore_pod(),
+        World::ApiUnreachable => f.kube.set_unreachable(false),
+        World::Api503 => f.kube.set_failing_status(None),
+        World::AsIs | World::Replayed => {}
+    }
+}
+
+/// Whether the two conclusions agree: equal, except that a connection that failed (504 with no
+/// provider answer) and a 200 that is no confirmation (code 200 here: ZTS makes it a 403) are
+/// described in each client's own words, and a denial that names the callback's clock
+/// (`(now <seconds>)`) was asked a second apart.
+fn agree(ours: &Concluded, theirs: &Concluded) -> bool {
+    const NO_ANSWER: &str = "ResourceException (504): ";
+    match (ours, theirs) {
+        (Concluded::Refused(504, a), Concluded::Refused(504, b))
+            if !a.contains("\"code\":504") && !b.contains("\"code\":504") =>
+        {
+            a.starts_with(NO_ANSWER) && b.starts_with(NO_ANSWER)
+        }
+        (Concluded::Refused(200, _), Concluded::Refused(200, _)) => true,
+        (Concluded::Refused(x, a), Concluded::Refused(y, b)) => {
+            x == y && without_clock(a) == without_clock(b)
+        }
+        _ => ours == theirs,
+    }
+}
+
+/// The text without the clock reading a time-check denial carries.
+fn without_clock(message: &str) -> String {
+    match message.find("(now ") {
+        Some(at) => match message[at..].find(')') {
+            Some(end) => format!("{}{}", &message[..at], &message[at + end + 1..]),
+            None => message.to_owned(),
+        },
+        None => message.to_owned(),
+    }
+}
+
+fn status(c: &Concluded) -> u16 {
+    match c {
+        Concluded::Confirmed(_) => 200,
+        Concluded::Refused(code, _) => *code,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zts_own_provider_client_concludes_as_the_dev_zts_does() {
+    let f = start().await;
+    let zts = zts_identity(&f);
+    let mut java = AthenzClient::start(Harness::Java).unwrap();
+    let pod = f.kube.cluster().pod(NAMESPACE, POD_NAME).unwrap();
+    let cases = cases();
+    assert!(cases.len() >= 12, "{} cases", cases.len());
+    let mut failures = Vec::new();
+    for case in &cases {
+        let for_ours = confirmation_for(&f, case);
+        let for_java = confirmation_for(&f, case);
+        if case.world == World::Replayed {
+            // each token is used once first, by the other client
+            assert_eq!(
+                status(&athenz(&mut java, &f, &zts, case, &for_ours).await),
+                200
+            );
+            assert_eq!(status(&ours(&f, &zts, case, &for_java).await), 200);
+        }
+        enter(&f, case.world);
+        let ours = ours(&f, &zts, case, &for_ours).await;
+        let theirs = athenz(&mut java, &f, &zts, case, &for_java).await;
+        leave(&f, case.world, || f.kube.cluster().put_pod(pod.clone()));
+        let ok = agree(&ours, &theirs) && status(&ours) == case.status;
+        println!(
+            "athenz-client: java provider:{} {}",
+            case.name,
+            if ok { "ok" } else { "FAILED" }
+        );
+        if !ok {
+            failures.push(format!(
+                "{} (want {}):\n  dev ZTS's client: {ours:?}\n  Athenz's client:  {theirs:?}",
+                case.name, case.status
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the two provider clients disagree:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// Answers no callback of ours gives, from a scripted provider: how each client reads them is
+/// what ZTS then tells its caller, so the dev ZTS's reading must be Athenz's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_provider_answers_are_read_as_zts_reads_them() {
+    let f = start().await;
+    let zts = zts_identity(&f);
+    let mut java = AthenzClient::start(Harness::Java).unwrap();
+    let stub = ProviderStub::start(
+        f.zts.ca(),
+        PROVIDER,
+        f.zts.root_pem(),
+        "/callback",
+        Decision::Allow {
+            cert_expiry_minutes: None,
+        },
+    )
+    .await
+    .unwrap();
+    let raw = |status: u16, body: &str| Decision::Raw {
+        status,
+        body: body.to_owned(),
+    };
+    let json = |status: u16, body: &str| Decision::RawJson {
+        status,
+        body: body.to_owned(),
+    };
+    let confirmed = r#"{"provider":"k8s.admin.athenz-callback","domain":"media.sports","service":"web","attributes":{"certExpiryTime":"90"}}"#;
+    let answers = [
+        ("200_confirmation", json(200, confirmed)),
+        ("200_confirmation_without_content_type", raw(200, confirmed)),
+        ("403_empty_body", raw(403, "")),
+        ("500_two_lines", raw(500, "first line\nsecond line")),
+        (
+            "504_from_the_provider",
+            raw(504, r#"{"code":504,"message":"later"}"#),
+        ),
+        ("429_text", raw(429, "slow down")),
+        ("200_not_json", json(200, "not json")),
+        ("200_not_an_object", json(200, "[]")),
+        (
+            "200_number_attribute",
+            json(
+                200,
+                r#"{"provider":"k8s.admin.athenz-callback","domain":"media.sports","service":"web","attributes":{"certExpiryTime":90}}"#,
+            ),
+        ),
+        (
+            "200_unknown_field",
+            json(
+                200,
+                r#"{"provider":"k8s.admin.athenz-callback","domain":"media.sports","service":"web","attributes":{},"extra":true}"#,
+            ),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (name, decision) in answers {
+        stub.set_decision(decision);
+        let case = Case {
+            name,
+            route: ProviderRoute::Instance,
+            expect_provider: PROVIDER,
+            claims: keep_claims,
+            edit: keep,
+            world: World::AsIs,
+            status: 0,
+        };
+        let c = confirmation_for(&f, &case);
+        let ours = ours_at(&f, &zts, stub.endpoint(), &case, &c).await;
+        let theirs = athenz_at(&mut java, &f, &zts, stub.endpoint(), &case, &c).await;
+        let ok = agree(&ours, &theirs);
+        println!(
+            "athenz-client: java provider-answer:{name} {}",
+            if ok { "ok" } else { "FAILED" }
+        );
+        if !ok {
+            failures.push(format!(
+                "{name}:\n  dev ZTS's client: {ours:?}\n  Athenz's client:  {theirs:?}"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "the two provider clients read a provider's answer differently:\n{}",
+        failures.join("\n")
+    );
+}
