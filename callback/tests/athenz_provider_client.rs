@@ -48,10 +48,20 @@ struct Case {
     route: ProviderRoute,
     expect_provider: &'static str,
     claims: fn(&mut IdentityClaims),
+    /// Which of the callback's keys signs the token, under which `kid`.
+    signed_with: (Key, &'static str),
     edit: fn(&mut InstanceConfirmation),
     world: World,
     /// The status both must conclude.
     status: u16,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Key {
+    /// The EC key the callback knows as `v1`.
+    Ec,
+    /// The RSA key the callback knows as `v2`.
+    Rsa,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -74,6 +84,7 @@ fn cases() -> Vec<Case> {
         route,
         expect_provider: PROVIDER,
         claims: keep_claims,
+        signed_with: (Key::Ec, "v1"),
         edit: keep,
         world: World::AsIs,
         status,
@@ -146,6 +157,42 @@ fn cases() -> Vec<Case> {
             ..case("replayed_token", Instance, 403)
         },
         Case {
+            claims: |c| {
+                c.iat += 3600;
+                c.nbf += 3600;
+                c.exp += 3600;
+            },
+            ..case("token_from_the_future", Instance, 403)
+        },
+        Case {
+            claims: |c| c.aud = "another-audience".into(),
+            ..case("token_for_another_audience", Instance, 403)
+        },
+        Case {
+            claims: |c| c.iss = "someone-else".into(),
+            ..case("token_of_another_issuer", Refresh, 403)
+        },
+        Case {
+            claims: |c| c.sub = c.sub.replace("?d=media.sports&", "?d=news&"),
+            ..case("subject_domain_not_the_requests", Instance, 403)
+        },
+        Case {
+            claims: |c| c.sub = c.sub.replace("&i=10.1.2.3&", "&i=10.9.8.7&"),
+            ..case("subject_ip_not_the_pods", Instance, 403)
+        },
+        Case {
+            signed_with: (Key::Ec, "v9"),
+            ..case("unknown_key_version", Instance, 403)
+        },
+        Case {
+            signed_with: (Key::Rsa, "v1"),
+            ..case("signed_by_another_key", Instance, 403)
+        },
+        Case {
+            signed_with: (Key::Rsa, "v2"),
+            ..case("rs256_genuine", Refresh, 200)
+        },
+        Case {
             world: World::ApiUnreachable,
             ..case("kubernetes_api_unreachable", Instance, 504)
         },
@@ -181,7 +228,12 @@ fn zts_identity(f: &Fixture) -> Zts {
 fn confirmation_for(f: &Fixture, case: &Case) -> InstanceConfirmation {
     let mut claims = claims();
     (case.claims)(&mut claims);
-    let mut c = confirmation(f.ec.sign("v1", &claims).unwrap());
+    let (key, kid) = case.signed_with;
+    let signer = match key {
+        Key::Ec => &f.ec,
+        Key::Rsa => &f.rsa,
+    };
+    let mut c = confirmation(signer.sign(kid, &claims).unwrap());
     (case.edit)(&mut c);
     c
 }
@@ -447,6 +499,7 @@ async fn odd_provider_answers_are_read_as_zts_reads_them() {
             route: ProviderRoute::Instance,
             expect_provider: PROVIDER,
             claims: keep_claims,
+            signed_with: (Key::Ec, "v1"),
             edit: keep,
             world: World::AsIs,
             status: 0,
