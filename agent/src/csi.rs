@@ -159,9 +159,12 @@ pub(crate) fn start(
                 "1 once kubelet registered the CSI driver, 0 if it refused, -1 before it answered",
                 registered.clone(),
             );
-            let listener = athenz_csi_driver::registration::bind(dir)
-                .map_err(|e| StartError::new("--csi-registration-dir (CSI_REGISTRATION_DIR)", e))?;
-            tracing::info!(socket = %athenz_csi_driver::registration::socket_in(dir).display(), endpoint = %endpoint.display(), "registering the CSI driver with kubelet");
+            let listener =
+                athenz_csi_driver::registration::bind(dir, athenz_csi_driver::DRIVER_NAME)
+                    .map_err(|e| {
+                        StartError::new("--csi-registration-dir (CSI_REGISTRATION_DIR)", e)
+                    })?;
+            tracing::info!(socket = %athenz_csi_driver::registration::socket_in(dir, athenz_csi_driver::DRIVER_NAME).display(), endpoint = %endpoint.display(), "registering the CSI driver with kubelet");
             Some((
                 listener,
                 athenz_csi_driver::registration::Registration::new(

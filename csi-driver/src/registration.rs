@@ -26,14 +26,17 @@ pub const SUPPORTED_VERSIONS: &[&str] = &["1.0.0"];
 /// Largest message accepted (kubelet's are a few dozen bytes).
 const MAX_MESSAGE: usize = 16 * 1024;
 
-/// The registration socket's path in kubelet's `plugins_registry` directory `dir`.
-pub fn socket_in(dir: &Path) -> PathBuf {
-    dir.join(format!("{DRIVER_NAME}-reg.sock"))
+/// The registration socket's path for `driver` in kubelet's `plugins_registry` directory `dir`.
+pub fn socket_in(dir: &Path, driver: &str) -> PathBuf {
+    dir.join(format!("{driver}-reg.sock"))
 }
 
 /// What kubelet is told, and what it answered.
 #[derive(Clone, Debug)]
 pub struct Registration {
+    /// The CSI driver's name (ours is [`DRIVER_NAME`]; the devstack's bench registers the
+    /// SPIFFE CSI driver with this too).
+    driver: String,
     /// The CSI socket's path on the host, as kubelet dials it (not as this container sees it).
     kubelet_endpoint: String,
     /// 1 once kubelet reported the plugin registered, 0 after it reported a failure, -1 before
@@ -42,11 +45,17 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Registration of the CSI socket kubelet reaches at `kubelet_endpoint`; `registered` is
-    /// the gauge that follows kubelet's verdict (starts at -1: not told yet).
+    /// Registration of our driver's CSI socket kubelet reaches at `kubelet_endpoint`;
+    /// `registered` is the gauge that follows kubelet's verdict (starts at -1: not told yet).
     pub fn new(kubelet_endpoint: String, registered: Gauge) -> Self {
+        Self::of_driver(DRIVER_NAME.to_owned(), kubelet_endpoint, registered)
+    }
+
+    /// The same for another CSI driver, named `driver`.
+    pub fn of_driver(driver: String, kubelet_endpoint: String, registered: Gauge) -> Self {
         registered.set(-1);
         Self {
+            driver,
             kubelet_endpoint,
             registered,
         }
@@ -58,7 +67,7 @@ impl api::registration_server::Registration for Registration {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
         Ok(Response::new(PluginInfo {
             r#type: CSI_PLUGIN.to_owned(),
-            name: DRIVER_NAME.to_owned(),
+            name: self.driver.clone(),
             endpoint: self.kubelet_endpoint.clone(),
             supported_versions: SUPPORTED_VERSIONS.iter().map(|v| (*v).to_owned()).collect(),
         }))
@@ -82,11 +91,11 @@ impl api::registration_server::Registration for Registration {
     }
 }
 
-/// Binds the registration socket in `dir` (kubelet's `plugins_registry`; 0660, a stale one
-/// replaced).
-pub fn bind(dir: &Path) -> Result<tokio::net::UnixListener, BindError> {
+/// Binds `driver`'s registration socket in `dir` (kubelet's `plugins_registry`; 0660, a stale
+/// one replaced).
+pub fn bind(dir: &Path, driver: &str) -> Result<tokio::net::UnixListener, BindError> {
     unix_socket::bind(
-        &socket_in(dir),
+        &socket_in(dir, driver),
         Access {
             mode: 0o660,
             gid: None,

@@ -272,6 +272,15 @@ pub enum Command {
     },
 }
 
+/// An identity system `cluster bench` can measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSystem {
+    /// athenz-k8s-identity.
+    Athenz,
+    /// SPIRE with the SPIFFE CSI driver.
+    Spire,
+}
+
 /// `cluster up|down`.
 #[derive(Debug, Subcommand)]
 pub enum ClusterCommand {
@@ -361,6 +370,10 @@ pub enum ClusterCommand {
         /// Pods created at once, per mode.
         #[arg(long, default_value_t = 30)]
         burst: usize,
+        /// The identity systems measured on the node, in this run: ours, SPIRE (built by
+        /// tests/spire/build.sh), or both.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "athenz")]
+        systems: Vec<BenchSystem>,
         /// Print JSON instead of lines.
         #[arg(long)]
         json: bool,

@@ -182,6 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     sequential,
                     interval,
                     burst,
+                    systems,
                     json,
                 } => {
                     let options = with_release(
@@ -193,6 +194,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         sequential,
                         interval,
                         burst,
+                        systems: cluster::bench::Systems {
+                            athenz: systems.contains(&crate::cli::BenchSystem::Athenz),
+                            spire: systems.contains(&crate::cli::BenchSystem::Spire),
+                        },
                     };
                     runtime()?.block_on(cluster::bench_command(options, bench, json))?;
                 }

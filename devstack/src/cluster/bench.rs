@@ -9,6 +9,7 @@
 use super::health::Checker;
 use super::images::{self, ImageSpec};
 use super::scenario::{CREDENTIALS, Mode, Scenario};
+use super::spire::{self, Spire};
 use super::{ClusterInfo, Layout};
 use crate::procs::Usage;
 use anyhow::{Context, bail};
@@ -65,6 +66,17 @@ pub struct BenchOptions {
     pub interval: Duration,
     /// Pods created at once, per mode.
     pub burst: usize,
+    /// Which identity systems to measure.
+    pub systems: Systems,
+}
+
+/// The identity systems a bench measures, in one run on one node.
+#[derive(Debug, Clone, Copy)]
+pub struct Systems {
+    /// Ours: every volume mode, beside pods without identity.
+    pub athenz: bool,
+    /// SPIRE (tests/spire), installed after ours.
+    pub spire: bool,
 }
 
 /// p50, p90, p99 of one phase, milliseconds.
@@ -111,6 +123,20 @@ pub struct BenchReport {
     /// The agent's CPU time per pod, by mode, milliseconds (its whole process: the node
     /// identity's renewals are in it too).
     pub agent_cpu_ms_per_identity: BTreeMap<String, f64>,
+    /// SPIRE on the same node, when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spire: Option<SpireReport>,
+}
+
+/// SPIRE's figures from the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct SpireReport {
+    /// spire-agent's peak resident set over its life, MiB.
+    pub agent_peak_rss_mib: f64,
+    /// spire-agent's and the SPIFFE CSI driver's CPU per SVID delivered, milliseconds.
+    pub node_cpu_ms_per_credential: f64,
+    /// Created → the app's first verified Workload API fetch, `{sequential, burst}`.
+    pub time_to_credential_ms: BTreeMap<String, Percentiles>,
 }
 
 /// What a measured pod is.
@@ -124,6 +150,8 @@ enum Kind {
     SameShape,
     /// An identity in this mode.
     Identity(Mode),
+    /// A SPIRE SVID through the SPIFFE CSI driver's Workload API socket.
+    Spire,
 }
 
 /// The kinds measured, in order.
@@ -143,6 +171,7 @@ impl Kind {
             Kind::Identity(Mode::Flex) => "flex",
             Kind::Identity(Mode::CsiSocket) => "csi-socket",
             Kind::Identity(Mode::CsiFiles) => "csi-files",
+            Kind::Spire => "spire",
         }
     }
 
@@ -174,11 +203,13 @@ pub async fn run(
     images::import(layout, &archive)?;
     let scenario = Scenario::new(layout, &zts.ca);
     let api = Checker::for_cluster(layout, info)?;
-    let agent = agent_pid().context("no athenz-identity-agent process on this node")?;
+    let agent = spire::pid_of("athenz-identity-agent")
+        .context("no athenz-identity-agent process on this node")?;
     let mut start_ms = BTreeMap::new();
     let mut cpu = BTreeMap::new();
     Scenario::import_app_image(layout)?;
-    for kind in KINDS {
+    let kinds: &[Kind] = if options.systems.athenz { &KINDS } else { &[] };
+    for &kind in kinds {
         let name = kind.name();
         let mode = kind.mode();
         let ns = format!("bench-{name}");
@@ -192,9 +223,18 @@ pub async fn run(
         let cpu_before = Usage::of(agent).cpu_seconds;
         let mut phases = BTreeMap::new();
         for (phase, count) in [("sequential", options.sequential), ("burst", options.burst)] {
-            let times = phase_times(&scenario, &api, &ns, kind, phase, count, options.interval)
-                .await
-                .with_context(|| format!("{name}, {phase}"))?;
+            let times = phase_times(
+                &scenario,
+                &api,
+                &ns,
+                kind,
+                None,
+                phase,
+                count,
+                options.interval,
+            )
+            .await
+            .with_context(|| format!("{name}, {phase}"))?;
             let p = percentiles(times);
             report(format!(
                 "{name:<10} {phase:<10} {count:>3} pods: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms",
@@ -226,6 +266,25 @@ pub async fn run(
             })
             .collect()
     };
+    let spire = if options.systems.spire {
+        Some(spire_phases(layout, &scenario, &api, options, report).await?)
+    } else {
+        None
+    };
+    if !options.systems.athenz {
+        return Ok(BenchReport {
+            kubernetes_version: info.kubernetes_version.clone(),
+            sequential_pods: options.sequential,
+            burst_pods: options.burst,
+            start_ms,
+            overhead_ms: BTreeMap::new(),
+            burst_overhead_ms: BTreeMap::new(),
+            own_share_ms: BTreeMap::new(),
+            agent_peak_rss_mib: Usage::of(agent).peak_rss_kib as f64 / 1024.0,
+            agent_cpu_ms_per_identity: cpu,
+            spire,
+        });
+    }
     let identities: Vec<Kind> = KINDS.into_iter().filter(|k| k.mode().is_some()).collect();
     let overhead = |phase: &str| minus("none", &identities, phase);
     let own_share = minus(
@@ -243,31 +302,107 @@ pub async fn run(
         start_ms,
         agent_peak_rss_mib: Usage::of(agent).peak_rss_kib as f64 / 1024.0,
         agent_cpu_ms_per_identity: cpu,
+        spire,
+    })
+}
+
+/// Installs SPIRE, registers the bench's service account, and runs both phases with SPIRE
+/// pods: created → the probe's first verified SVID.
+async fn spire_phases(
+    layout: &Layout,
+    scenario: &Scenario,
+    api: &Checker,
+    options: BenchOptions,
+    report: &mut dyn FnMut(String),
+) -> anyhow::Result<SpireReport> {
+    let installed = Spire::install(
+        layout,
+        scenario.kubectl(),
+        &spire::default_bin_dir(),
+        report,
+    )
+    .await?;
+    let ns = "bench-spire";
+    scenario.ensure_namespace(ns, false)?;
+    scenario.kubectl().apply_manifest(
+        &format!(
+            "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: probe, namespace: {ns}}}\n"
+        ),
+        &format!("service account {ns}/probe"),
+    )?;
+    let id = installed.register_workload(ns, "probe")?;
+    // SPIRE's best case: the agent holds the entry's SVID before the measured pods start. One
+    // pod, not measured, waits for it (the agent syncs entries every few seconds).
+    let warmed = phase_times(
+        scenario,
+        api,
+        ns,
+        Kind::Spire,
+        Some(&id),
+        "warmup",
+        1,
+        Duration::ZERO,
+    )
+    .await
+    .context("spire, the warm-up pod")?;
+    report(format!(
+        "spire      warm-up pod had its SVID after {:.1} s (entry sync)",
+        warmed.first().map_or(0.0, Duration::as_secs_f64)
+    ));
+    delete_all(scenario, ns)?;
+    let agent = spire::pid_of("spire-agent").context("no spire-agent process on this node")?;
+    let csi = spire::pid_of("spiffe-csi-driver").context("no spiffe-csi-driver on this node")?;
+    let cpu = || Usage::of(agent).cpu_seconds + Usage::of(csi).cpu_seconds;
+    let cpu_before = cpu();
+    let mut phases = BTreeMap::new();
+    for (phase, count) in [("sequential", options.sequential), ("burst", options.burst)] {
+        let times = phase_times(
+            scenario,
+            api,
+            ns,
+            Kind::Spire,
+            Some(&id),
+            phase,
+            count,
+            options.interval,
+        )
+        .await
+        .with_context(|| format!("spire, {phase}"))?;
+        let p = percentiles(times);
+        report(format!(
+            "{:<10} {phase:<10} {count:>3} pods: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms",
+            "spire", p.p50, p.p90, p.p99
+        ));
+        phases.insert(phase.to_owned(), p);
+        delete_all(scenario, ns)?;
+    }
+    let pods = (options.sequential + options.burst).max(1) as f64;
+    Ok(SpireReport {
+        agent_peak_rss_mib: Usage::of(agent).peak_rss_kib as f64 / 1024.0,
+        node_cpu_ms_per_credential: (cpu() - cpu_before) * 1e3 / pods,
+        time_to_credential_ms: phases,
     })
 }
 
 /// Creates `count` probe pods (one per `interval`, or all at once for the burst) and returns
 /// each one's created → ready time.
+#[allow(clippy::too_many_arguments)]
 async fn phase_times(
     scenario: &Scenario,
     api: &Checker,
     ns: &str,
     kind: Kind,
+    spiffe_id: Option<&str>,
     phase: &str,
     count: usize,
     interval: Duration,
 ) -> anyhow::Result<Vec<Duration>> {
     let mode = kind.mode();
-    let container = serde_json::json!({
-        "name": "app",
-        "image": PROBE_IMAGE,
-        "imagePullPolicy": "Never",
-        "args": if mode.is_some() {
-            vec![format!("{CREDENTIALS}/service.cert.pem")]
-        } else {
-            Vec::new()
-        },
-    });
+    let container = match (kind, spiffe_id) {
+        (Kind::Spire, Some(id)) => spire::probe_container(id),
+        (Kind::Spire, None) => bail!("a SPIRE pod needs its SPIFFE ID"),
+        _ => probe_container(mode),
+    };
     let path = format!("/api/v1/namespaces/{ns}/pods");
     let mut created = BTreeMap::new();
     let mut posts = Vec::new();
@@ -276,6 +411,9 @@ async fn phase_times(
         let mut pod = scenario.pod_json(ns, &name, "probe", mode, container.clone())?;
         if kind == Kind::SameShape {
             pod["spec"]["initContainers"] = same_shape_init_containers();
+        }
+        if kind == Kind::Spire {
+            pod["spec"]["volumes"] = serde_json::json!([spire::workload_api_volume()]);
         }
         if phase == "sequential" {
             if i > 0 {
@@ -330,6 +468,20 @@ async fn phase_times(
     Ok(times)
 }
 
+/// Our probe: waits for the certificate the mode delivers (none: starts at once).
+fn probe_container(mode: Option<Mode>) -> serde_json::Value {
+    serde_json::json!({
+        "name": "app",
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "args": if mode.is_some() {
+            vec![format!("{CREDENTIALS}/service.cert.pem")]
+        } else {
+            Vec::new()
+        },
+    })
+}
+
 /// An init container that exits at once and a native sidecar that sleeps: the shape of a
 /// flex or csi-socket pod, with nothing of ours in it.
 fn same_shape_init_containers() -> serde_json::Value {
@@ -381,21 +533,6 @@ fn percentiles(mut times: Vec<Duration>) -> Percentiles {
         p90: ms(0.9),
         p99: ms(0.99),
     }
-}
-
-/// The node agent's pid: the process whose name is `athenz-identity-agent` (its comm, cut to
-/// 15 bytes, and its argv[0]).
-fn agent_pid() -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let argv0 = cmdline.split(|b| *b == 0).next()?;
-            let name = std::path::Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
-            (name == "athenz-identity-agent").then_some(pid)
-        })
 }
 
 #[cfg(test)]

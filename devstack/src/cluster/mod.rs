@@ -30,6 +30,7 @@ pub mod layout;
 pub mod pki;
 pub mod runbook;
 pub mod scenario;
+pub mod spire;
 pub mod teardown;
 
 pub use info::ClusterInfo;
@@ -97,7 +98,7 @@ pub fn default_deploy_dir() -> PathBuf {
 
 /// `relative` under the current directory when it exists there, else under the workspace this
 /// executable was built in (`<workspace>/target/<profile>/athenz-devstack`).
-fn workspace_path(relative: &str) -> PathBuf {
+pub(crate) fn workspace_path(relative: &str) -> PathBuf {
     let here = PathBuf::from(relative);
     if here.exists() {
         return here;
@@ -376,6 +377,12 @@ pub async fn bench_command(
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        if let Some(spire) = &result.spire {
+            println!(
+                "spire-agent peak RSS {:.1} MiB; node CPU per SVID {:.1} ms (spire-agent and the SPIFFE CSI driver)",
+                spire.agent_peak_rss_mib, spire.node_cpu_ms_per_credential
+            );
+        }
     }
     Ok(())
 }

@@ -1,0 +1,69 @@
+// Command probe is the app container of a SPIRE pod in `athenz-devstack cluster bench --systems
+// spire`: it asks the SPIRE agent's Workload API (the socket the SPIFFE CSI driver mounts) for
+// its X.509 SVID until it has one that verifies against the bundle it got with it and names the
+// SPIFFE ID given as its argument, then prints `ready <unix ns>` (CLOCK_REALTIME, as the Athenz
+// probe does) and waits for SIGTERM. A failed fetch is retried after 20 ms: as a workload that
+// starts before its identity would, and without flooding the agent with attestations.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+)
+
+// retry is the pause after a failed fetch.
+const retry = 20 * time.Millisecond
+
+// limit bounds the whole wait: the bench gives up on a pod after 120 s.
+const limit = 150 * time.Second
+
+func main() {
+	if len(os.Args) != 3 {
+		fmt.Fprintln(os.Stderr, "usage: probe <workload API address, unix:///…> <expected SPIFFE ID>")
+		os.Exit(2)
+	}
+	want, err := spiffeid.FromString(os.Args[2])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "probe: the expected SPIFFE ID:", err)
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	var last error
+	for ctx.Err() == nil {
+		if last = fetch(ctx, os.Args[1], want); last == nil {
+			fmt.Printf("ready %d\n", time.Now().UnixNano())
+			stop := make(chan os.Signal, 1)
+			signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
+			<-stop
+			return
+		}
+		time.Sleep(retry)
+	}
+	fmt.Fprintln(os.Stderr, "probe: no SVID within", limit, "last error:", last)
+	os.Exit(1)
+}
+
+// fetch makes one Workload API call and checks what it got.
+func fetch(ctx context.Context, addr string, want spiffeid.ID) error {
+	x509, err := workloadapi.FetchX509Context(ctx, workloadapi.WithAddr(addr))
+	if err != nil {
+		return err
+	}
+	svid := x509.DefaultSVID()
+	if svid.ID != want {
+		return fmt.Errorf("the SVID names %s, not %s", svid.ID, want)
+	}
+	if _, _, err := x509svid.Verify(svid.Certificates, x509.Bundles); err != nil {
+		return fmt.Errorf("the SVID does not verify: %w", err)
+	}
+	return nil
+}
