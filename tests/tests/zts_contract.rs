@@ -8,7 +8,7 @@
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, build_csr};
 use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_core::ntoken::NTokenBuilder;
-use athenz_testbed::athenz_clients::{AthenzClient, ClientAnswer, Harness, request};
+use athenz_testbed::athenz_clients::{AthenzClient, Harness};
 use athenz_testbed::fixtures::{DNS_SUFFIX, DOMAIN, PROVIDER, SERVICE};
 use athenz_testbed::pki::LeafSpec;
 use athenz_testbed::provider_stub::{Decision, ProviderStub};
@@ -18,6 +18,13 @@ use athenz_testbed::zts::{DevZts, DevZtsConfig};
 use rcgen::SanType;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
+
+#[path = "zts_contract/authz_rows.rs"]
+mod authz_rows;
+#[path = "zts_contract/delivery.rs"]
+mod delivery;
+
+use delivery::{Identity, ZtsCall, client, deliver};
 
 const TABLE: &str = include_str!("../data/zts-contract.tsv");
 const BASE: &str = "/callback";
@@ -152,17 +159,6 @@ async fn bed_via(harness: Option<Harness>) -> Bed {
     }
 }
 
-/// An HTTPS client trusting only the dev ZTS root, presenting `identity` (chain PEM, key PEM).
-fn client(bed: &Bed, identity: Option<(&str, &str)>) -> reqwest::Client {
-    let ca = reqwest::Certificate::from_pem(bed.zts.root_pem().as_bytes()).unwrap();
-    let mut builder = reqwest::Client::builder().tls_certs_only([ca]);
-    if let Some((chain, key)) = identity {
-        let pem = format!("{chain}{key}");
-        builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).unwrap());
-    }
-    builder.build().unwrap()
-}
-
 /// A service certificate of `principal` from the ZTS CA: its chain and key PEM, and its key.
 fn service_identity(bed: &Bed, principal: &str) -> (Identity, PrivateKey) {
     let issued = bed
@@ -172,182 +168,6 @@ fn service_identity(bed: &Bed, principal: &str) -> (Identity, PrivateKey) {
         .unwrap();
     let key = PrivateKey::from_pem(issued.key_pem.expose()).unwrap();
     ((issued.chain_pem, issued.key_pem.expose().to_owned()), key)
-}
-
-/// Status and message (empty for an answer without one).
-async fn send(request: reqwest::RequestBuilder) -> (u16, String) {
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let body: Value = response.json().await.unwrap_or(Value::Null);
-    let message = body["message"].as_str().unwrap_or_default().to_owned();
-    (status, message)
-}
-
-/// A client identity: certificate chain PEM and key PEM.
-type Identity = (String, String);
-
-/// A row's request, as any client would make it.
-enum ZtsCall {
-    Register(Value),
-    Refresh {
-        identity: Option<Identity>,
-        domain: String,
-        uid: String,
-        body: Value,
-    },
-    KeyRefresh {
-        ntoken: String,
-        body: Value,
-    },
-    AccessToken {
-        identity: Identity,
-        content_type: String,
-        form: String,
-    },
-    RoleToken {
-        identity: Identity,
-        domain: String,
-        role: String,
-    },
-    RoleCert {
-        identity: Identity,
-        body: Value,
-    },
-    Jwks,
-}
-
-/// Sends `call` with reqwest, or through the bed's Athenz client when it has one.
-async fn deliver(bed: &Bed, call: ZtsCall) -> (u16, String) {
-    match &bed.athenz {
-        Some(athenz) => deliver_via_athenz(bed, &mut *athenz.lock().await, call).await,
-        None => deliver_via_reqwest(bed, call).await,
-    }
-}
-
-async fn deliver_via_reqwest(bed: &Bed, call: ZtsCall) -> (u16, String) {
-    let url = bed.zts.url();
-    let with = |identity: &Option<Identity>| {
-        client(
-            bed,
-            identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str())),
-        )
-    };
-    let request = match call {
-        ZtsCall::Register(body) => with(&None).post(format!("{url}/instance")).json(&body),
-        ZtsCall::Refresh {
-            identity,
-            domain,
-            uid,
-            body,
-        } => with(&identity)
-            .post(format!(
-                "{url}/instance/{PROVIDER}/{domain}/{SERVICE}/{uid}"
-            ))
-            .json(&body),
-        ZtsCall::KeyRefresh { ntoken, body } => with(&None)
-            .post(format!(
-                "{url}/instance/{}/{}/refresh",
-                KEY_SERVICE.0, KEY_SERVICE.1
-            ))
-            .header("Athenz-Principal-Auth", ntoken)
-            .json(&body),
-        ZtsCall::AccessToken {
-            identity,
-            content_type,
-            form,
-        } => with(&Some(identity))
-            .post(format!("{url}/oauth2/token"))
-            .header("content-type", content_type)
-            .body(form),
-        ZtsCall::RoleToken {
-            identity,
-            domain,
-            role,
-        } => with(&Some(identity)).get(format!("{url}/domain/{domain}/token?role={role}")),
-        ZtsCall::RoleCert { identity, body } => with(&Some(identity))
-            .post(format!("{url}/rolecert"))
-            .json(&body),
-        ZtsCall::Jwks => with(&None).get(format!("{url}/oauth2/keys?rfc=true")),
-    };
-    send(request).await
-}
-
-/// The same request through Athenz's client: its model carries the body, its client sends it,
-/// and a success must decode in its model. An unsendable request is status 0.
-async fn deliver_via_athenz(bed: &Bed, athenz: &mut AthenzClient, call: ZtsCall) -> (u16, String) {
-    let ca = athenz.file(bed.zts.root_pem()).unwrap();
-    let mut fields = json!({"url": bed.zts.url(), "ca": ca});
-    let present = |athenz: &mut AthenzClient, fields: &mut Value, (cert, key): Identity| {
-        fields["cert"] = athenz.file(&cert).unwrap().into();
-        fields["key"] = athenz.file(&key).unwrap().into();
-    };
-    let op = match call {
-        ZtsCall::Register(body) => {
-            fields["body"] = body;
-            "register"
-        }
-        ZtsCall::Refresh {
-            identity,
-            domain,
-            uid,
-            body,
-        } => {
-            if let Some(identity) = identity {
-                present(athenz, &mut fields, identity);
-            }
-            fields["provider"] = PROVIDER.into();
-            fields["domain"] = domain.into();
-            fields["service"] = SERVICE.into();
-            fields["instance_id"] = uid.into();
-            fields["body"] = body;
-            "refresh"
-        }
-        ZtsCall::KeyRefresh { ntoken, body } => {
-            fields["domain"] = KEY_SERVICE.0.into();
-            fields["service"] = KEY_SERVICE.1.into();
-            fields["ntoken"] = ntoken.into();
-            fields["body"] = body;
-            "key_refresh"
-        }
-        ZtsCall::AccessToken {
-            identity,
-            content_type,
-            form,
-        } => {
-            present(athenz, &mut fields, identity);
-            fields["content_type"] = content_type.into();
-            fields["form"] = form.into();
-            "access_token"
-        }
-        ZtsCall::RoleToken {
-            identity,
-            domain,
-            role,
-        } => {
-            present(athenz, &mut fields, identity);
-            fields["domain"] = domain.into();
-            fields["role"] = role.into();
-            "role_token"
-        }
-        ZtsCall::RoleCert { identity, body } => {
-            present(athenz, &mut fields, identity);
-            fields["body"] = body;
-            "role_cert"
-        }
-        ZtsCall::Jwks => "jwks",
-    };
-    let answer = athenz.call(&request(op, fields)).await.unwrap();
-    if let ClientAnswer::Answered {
-        status, decoded, ..
-    } = &answer
-    {
-        assert!(
-            *status >= 300 || decoded.is_some(),
-            "{op}: a {status} that {} did not decode",
-            athenz.harness().name()
-        );
-    }
-    answer.status_and_message()
 }
 
 fn pod_input(uid: &str) -> PodIdentityInput<'_> {
@@ -513,47 +333,6 @@ fn service_csr(key: &PrivateKey, edit: impl FnOnce(&mut CsrIdentity)) -> String 
     build_csr(&identity, key).unwrap()
 }
 
-async fn token(
-    bed: &Bed,
-    principal: &str,
-    content_type: &str,
-    body: &'static str,
-) -> (u16, String) {
-    let (identity, _) = service_identity(bed, principal);
-    deliver(
-        bed,
-        ZtsCall::AccessToken {
-            identity,
-            content_type: content_type.into(),
-            form: body.into(),
-        },
-    )
-    .await
-}
-
-const FORM: &str = "application/x-www-form-urlencoded";
-
-/// A role-certificate CSR for `media.sports:role.readers` with `sans`.
-fn role_csr(key: &PrivateKey, sans: Vec<SanType>) -> String {
-    raw_csr(key, "media.sports:role.readers", sans)
-}
-
-async fn role_cert(
-    bed: &Bed,
-    principal: &str,
-    body: impl FnOnce(&PrivateKey) -> Value,
-) -> (u16, String) {
-    let (identity, key) = service_identity(bed, principal);
-    deliver(
-        bed,
-        ZtsCall::RoleCert {
-            identity,
-            body: body(&key),
-        },
-    )
-    .await
-}
-
 /// Sends the request row `case` describes.
 async fn run(bed: &Bed, case: &str) -> (u16, String) {
     let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
@@ -681,9 +460,9 @@ async fn run(bed: &Bed, case: &str) -> (u16, String) {
             || case.starts_with("role_token_")
             || case.starts_with("jwks_") =>
         {
-            run_token(bed, case).await
+            authz_rows::run_token(bed, case).await
         }
-        case if case.starts_with("role_cert_") => run_role_cert(bed, case).await,
+        case if case.starts_with("role_cert_") => authz_rows::run_role_cert(bed, case).await,
         other => panic!("the table has a case with no request here: {other}"),
     }
 }
@@ -850,164 +629,6 @@ async fn run_key_refresh(bed: &Bed, case: &str) -> (u16, String) {
     }
 }
 
-async fn run_token(bed: &Bed, case: &str) -> (u16, String) {
-    let web = "media.sports.web";
-    let form = |body: &'static str| token(bed, web, FORM, body);
-    match case {
-        "access_token_ok" => form("grant_type=client_credentials&scope=media.sports%3Arole.readers").await,
-        "access_token_k8s_athenz_sia" => {
-            // GenerateAccessTokenRequestString (pkg/token/athenz.go): url.Values sorted by key,
-            // the scope naming the roles, openid and the SIA's own service
-            form("expires_in=3600&grant_type=client_credentials&scope=media.sports%3Arole.readers+openid+media.sports%3Aservice.web").await
-        }
-        "access_token_bad_expires_in" => {
-            form("grant_type=client_credentials&scope=media.sports:domain&expires_in=soon").await
-        }
-        "access_token_unknown_scope_items_skipped" => {
-            form("grant_type=client_credentials&scope=media.sports:domain+something+media.sports:group.g").await
-        }
-        "access_token_wrong_content_type" => {
-            token(bed, web, "application/json", r#"{"grant_type":"client_credentials"}"#).await
-        }
-        "access_token_empty_body" => form("").await,
-        "access_token_no_grant_type" => form("scope=media.sports:domain").await,
-        "access_token_unknown_grant_type" => {
-            form("grant_type=password&scope=media.sports:domain").await
-        }
-        "access_token_no_scope" => form("grant_type=client_credentials").await,
-        "access_token_no_domain_in_scope" => form("grant_type=client_credentials&scope=openid").await,
-        "access_token_two_domains" => {
-            form("grant_type=client_credentials&scope=a:domain+b:domain").await
-        }
-        "access_token_openid_without_service" => {
-            form("grant_type=client_credentials&scope=openid+media.sports:domain").await
-        }
-        "access_token_unknown_domain" => form("grant_type=client_credentials&scope=weather:domain").await,
-        "access_token_not_a_member" => {
-            form("grant_type=client_credentials&scope=media.sports:role.writers").await
-        }
-        "access_token_proxy_not_authorized" => {
-            form("grant_type=client_credentials&scope=media.sports:role.readers&proxy_for_principal=finance.ledger").await
-        }
-        "role_token_ok" => {
-            let (identity, _) = service_identity(bed, web);
-            let call = ZtsCall::RoleToken {
-                identity,
-                domain: DOMAIN.into(),
-                role: "readers".into(),
-            };
-            deliver(bed, call).await
-        }
-        "jwks_ok" => deliver(bed, ZtsCall::Jwks).await,
-        "role_token_not_a_member" => {
-            let (identity, _) = service_identity(bed, web);
-            let call = ZtsCall::RoleToken {
-                identity,
-                domain: DOMAIN.into(),
-                role: "writers".into(),
-            };
-            deliver(bed, call).await
-        }
-        other => panic!("the table has a case with no request here: {other}"),
-    }
-}
-
-async fn run_role_cert(bed: &Bed, case: &str) -> (u16, String) {
-    let web = "media.sports.web";
-    let principal_uri = |p: &str| uri(&format!("athenz://principal/{p}"));
-    match case {
-        "role_cert_every_optional_field" => {
-            role_cert(bed, PROXY, |key| {
-                json!({
-                    "csr": role_csr(key, vec![
-                        principal_uri(PROXY),
-                        uri("athenz://proxyuser/finance.ledger"),
-                        uri("spiffe://media.sports/ra/readers"),
-                    ]),
-                    "expiryTime": 60,
-                    "proxyForPrincipal": "finance.ledger",
-                    "prevCertNotBefore": "2026-11-24T00:00:00.000Z",
-                    "prevCertNotAfter": "2026-11-25T00:00:00.000Z",
-                    "x509CertSignerKeyId": "zts-dev",
-                })
-            })
-            .await
-        }
-        "role_cert_unknown_field" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![principal_uri(web)]), "notAField": true})
-            })
-            .await
-        }
-        "role_cert_signer_key_id_not_simple_name" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![principal_uri(web)]), "x509CertSignerKeyId": "zts.dev"})
-            })
-            .await
-        }
-        "role_cert_principal_as_email" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![SanType::Rfc822Name(format!("{web}@{DNS_SUFFIX}").as_str().try_into().unwrap())])})
-            })
-            .await
-        }
-        "role_cert_dns_and_ip_sans" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![
-                    principal_uri(web),
-                    SanType::DnsName("anything.example".try_into().unwrap()),
-                    SanType::IpAddress([10, 1, 2, 3].into()),
-                ])})
-            })
-            .await
-        }
-        "role_cert_cn_not_a_role" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": raw_csr(key, web, vec![principal_uri(web)])})
-            })
-            .await
-        }
-        "role_cert_unknown_domain" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": raw_csr(key, "weather:role.readers", vec![principal_uri(web)])})
-            })
-            .await
-        }
-        "role_cert_not_a_member" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": raw_csr(key, "media.sports:role.writers", vec![principal_uri(web)])})
-            })
-            .await
-        }
-        "role_cert_other_principal" => {
-            role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![principal_uri("media.sports.api")])})
-            })
-            .await
-        }
-        "role_cert_two_emails" => {
-            let email = |e: &str| SanType::Rfc822Name(e.try_into().unwrap());
-            role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![
-                    email(&format!("{web}@{DNS_SUFFIX}")),
-                    email(&format!("{web}@mail.{DNS_SUFFIX}")),
-                ])})
-            })
-            .await
-        }
-        "role_cert_proxy_not_authorized" => {
-            role_cert(bed, web, |key| {
-                json!({
-                    "csr": role_csr(key, vec![principal_uri(web), uri("athenz://proxyuser/finance.ledger")]),
-                    "proxyForPrincipal": "finance.ledger",
-                })
-            })
-            .await
-        }
-        other => panic!("the table has a case with no request here: {other}"),
-    }
-}
-
 /// Every case of the table: the cases here are exactly the table's, each cites its Athenz
 /// source, and the dev ZTS answers each as Athenz does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1078,7 +699,7 @@ async fn openid_scope_gives_an_id_token_when_configured() {
         .unwrap();
     let answer: Value = http
         .post(format!("{}/oauth2/token", zts.url()))
-        .header("content-type", FORM)
+        .header("content-type", authz_rows::FORM)
         .body("grant_type=client_credentials&scope=media.sports%3Adomain+openid+media.sports%3Aservice.web")
         .send()
         .await
