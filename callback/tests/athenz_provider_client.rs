@@ -207,24 +207,6 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// ZTS's identity, as the callback's clients must present it.
-struct Zts {
-    chain_pem: String,
-    key_pem: String,
-}
-
-fn zts_identity(f: &Fixture) -> Zts {
-    let issued = f
-        .zts
-        .ca()
-        .issue(&LeafSpec::service(ZTS_PRINCIPAL, &[]), KeyAlgorithm::P256)
-        .unwrap();
-    Zts {
-        chain_pem: issued.chain_pem,
-        key_pem: issued.key_pem.expose().to_owned(),
-    }
-}
-
 fn confirmation_for(f: &Fixture, case: &Case) -> InstanceConfirmation {
     let mut claims = claims();
     (case.claims)(&mut claims);
@@ -245,83 +227,101 @@ fn without_attestation(mut confirmed: Value) -> Value {
     confirmed
 }
 
-async fn ours(
-    f: &Fixture,
-    zts: &Zts,
-    case: &Case,
-    confirmation: &InstanceConfirmation,
-) -> Concluded {
-    ours_at(f, zts, &f.endpoint, case, confirmation).await
+/// Where and whom a client asks: the provider's endpoint, the provider name its certificate
+/// must carry, the route.
+struct Ask<'a> {
+    endpoint: &'a str,
+    provider: &'a str,
+    route: ProviderRoute,
 }
 
-async fn ours_at(
-    f: &Fixture,
-    zts: &Zts,
-    endpoint: &str,
-    case: &Case,
-    confirmation: &InstanceConfirmation,
-) -> Concluded {
-    let identity =
-        ClientIdentity::Fixed(tls::certified_key_from_pem(&zts.chain_pem, &zts.key_pem).unwrap());
-    let clients = ProviderClients::new(
-        pem_certificates(f.zts.root_pem()).unwrap(),
-        identity,
-        Duration::from_secs(10),
-    );
-    let provider = ProviderEntry {
-        name: case.expect_provider.into(),
-        endpoint: endpoint.to_owned(),
-        dns_suffixes: vec![],
-        launch: vec![],
-    };
-    match clients.confirm(&provider, case.route, confirmation).await {
-        Ok(confirmed) => Concluded::Confirmed(without_attestation(
-            serde_json::to_value(confirmed).unwrap(),
-        )),
-        Err(refusal) => Concluded::Refused(refusal.code, refusal.message),
+impl<'a> Ask<'a> {
+    fn case(f: &'a Fixture, case: &Case) -> Self {
+        Self {
+            endpoint: &f.endpoint,
+            provider: case.expect_provider,
+            route: case.route,
+        }
     }
 }
 
-async fn athenz(
-    java: &mut AthenzClient,
-    f: &Fixture,
-    zts: &Zts,
-    case: &Case,
-    confirmation: &InstanceConfirmation,
-) -> Concluded {
-    athenz_at(java, f, zts, &f.endpoint, case, confirmation).await
+/// The two provider clients, each set up once, as ZTS sets up its own: ZTS's identity,
+/// trusting ZTS's CA.
+struct Clients {
+    ours: ProviderClients,
+    java: AthenzClient,
+    /// The Java harness's `ca`, `cert` and `key` fields.
+    java_tls: Value,
 }
 
-async fn athenz_at(
-    java: &mut AthenzClient,
-    f: &Fixture,
-    zts: &Zts,
-    endpoint: &str,
-    case: &Case,
-    confirmation: &InstanceConfirmation,
-) -> Concluded {
-    let op = match case.route {
-        ProviderRoute::Instance => "provider_instance",
-        ProviderRoute::Refresh => "provider_refresh",
-    };
-    let fields = json!({
-        "url": endpoint,
-        "provider": case.expect_provider,
-        "ca": java.file(f.zts.root_pem()).unwrap(),
-        "cert": java.file(&zts.chain_pem).unwrap(),
-        "key": java.file(&zts.key_pem).unwrap(),
-        "confirmation": confirmation,
-    });
-    match java.call(&request(op, fields)).await.unwrap() {
-        ClientAnswer::Answered {
-            status: 200,
-            decoded: Some(confirmed),
-            ..
-        } => Concluded::Confirmed(without_attestation(confirmed)),
-        ClientAnswer::Answered {
-            status, message, ..
-        } => Concluded::Refused(status, message),
-        ClientAnswer::Unsendable(why) => panic!("{}: unsendable: {why}", case.name),
+impl Clients {
+    fn new(f: &Fixture) -> Self {
+        let issued = f
+            .zts
+            .ca()
+            .issue(&LeafSpec::service(ZTS_PRINCIPAL, &[]), KeyAlgorithm::P256)
+            .unwrap();
+        let ours = ProviderClients::new(
+            pem_certificates(f.zts.root_pem()).unwrap(),
+            ClientIdentity::Fixed(
+                tls::certified_key_from_pem(&issued.chain_pem, issued.key_pem.expose()).unwrap(),
+            ),
+            Duration::from_secs(10),
+        );
+        let mut java = AthenzClient::start(Harness::Java).unwrap();
+        let java_tls = json!({
+            "ca": java.file(f.zts.root_pem()).unwrap(),
+            "cert": java.file(&issued.chain_pem).unwrap(),
+            "key": java.file(issued.key_pem.expose()).unwrap(),
+        });
+        Self {
+            ours,
+            java,
+            java_tls,
+        }
+    }
+
+    /// The dev ZTS's provider client.
+    async fn ours(&self, ask: &Ask<'_>, confirmation: &InstanceConfirmation) -> Concluded {
+        let provider = ProviderEntry {
+            name: ask.provider.into(),
+            endpoint: ask.endpoint.to_owned(),
+            dns_suffixes: vec![],
+            launch: vec![],
+        };
+        match self.ours.confirm(&provider, ask.route, confirmation).await {
+            Ok(confirmed) => Concluded::Confirmed(without_attestation(
+                serde_json::to_value(confirmed).unwrap(),
+            )),
+            Err(refusal) => Concluded::Refused(refusal.code, refusal.message),
+        }
+    }
+
+    /// Athenz's `InstanceHttpProvider`, through the Java harness.
+    async fn athenz(&mut self, ask: &Ask<'_>, confirmation: &InstanceConfirmation) -> Concluded {
+        let op = match ask.route {
+            ProviderRoute::Instance => "provider_instance",
+            ProviderRoute::Refresh => "provider_refresh",
+        };
+        let mut fields = json!({
+            "url": ask.endpoint,
+            "provider": ask.provider,
+            "confirmation": confirmation,
+        });
+        if let (Some(fields), Some(tls)) = (fields.as_object_mut(), self.java_tls.as_object()) {
+            fields.extend(tls.clone());
+        }
+        match self.java.call(&request(op, fields)).await.unwrap() {
+            ClientAnswer::Answered {
+                status: 200,
+                decoded: Some(confirmed),
+                ..
+            } => Concluded::Confirmed(without_attestation(confirmed)),
+            ClientAnswer::Answered {
+                status, message, ..
+            } => Concluded::Refused(status, message),
+            ClientAnswer::Unsendable(why) => panic!("{op}: unsendable: {why}"),
+        }
     }
 }
 
@@ -396,8 +396,7 @@ fn status(c: &Concluded) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zts_own_provider_client_concludes_as_the_dev_zts_does() {
     let f = start().await;
-    let zts = zts_identity(&f);
-    let mut java = AthenzClient::start(Harness::Java).unwrap();
+    let mut clients = Clients::new(&f);
     let pod = f.kube.cluster().pod(NAMESPACE, POD_NAME).unwrap();
     let cases = cases();
     assert!(cases.len() >= 12, "{} cases", cases.len());
@@ -405,17 +404,15 @@ async fn zts_own_provider_client_concludes_as_the_dev_zts_does() {
     for case in &cases {
         let for_ours = confirmation_for(&f, case);
         let for_java = confirmation_for(&f, case);
+        let ask = Ask::case(&f, case);
         if case.world == World::Replayed {
             // each token is used once first, by the other client
-            assert_eq!(
-                status(&athenz(&mut java, &f, &zts, case, &for_ours).await),
-                200
-            );
-            assert_eq!(status(&ours(&f, &zts, case, &for_java).await), 200);
+            assert_eq!(status(&clients.athenz(&ask, &for_ours).await), 200);
+            assert_eq!(status(&clients.ours(&ask, &for_java).await), 200);
         }
         enter(&f, case.world);
-        let ours = ours(&f, &zts, case, &for_ours).await;
-        let theirs = athenz(&mut java, &f, &zts, case, &for_java).await;
+        let ours = clients.ours(&ask, &for_ours).await;
+        let theirs = clients.athenz(&ask, &for_java).await;
         leave(&f, case.world, || f.kube.cluster().put_pod(pod.clone()));
         let ok = agree(&ours, &theirs) && status(&ours) == case.status;
         println!(
@@ -442,8 +439,7 @@ async fn zts_own_provider_client_concludes_as_the_dev_zts_does() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn odd_provider_answers_are_read_as_zts_reads_them() {
     let f = start().await;
-    let zts = zts_identity(&f);
-    let mut java = AthenzClient::start(Harness::Java).unwrap();
+    let mut clients = Clients::new(&f);
     let stub = ProviderStub::start(
         f.zts.ca(),
         PROVIDER,
@@ -494,19 +490,14 @@ async fn odd_provider_answers_are_read_as_zts_reads_them() {
     let mut failures = Vec::new();
     for (name, decision) in answers {
         stub.set_decision(decision);
-        let case = Case {
-            name,
+        let ask = Ask {
+            endpoint: stub.endpoint(),
+            provider: PROVIDER,
             route: ProviderRoute::Instance,
-            expect_provider: PROVIDER,
-            claims: keep_claims,
-            signed_with: (Key::Ec, "v1"),
-            edit: keep,
-            world: World::AsIs,
-            status: 0,
         };
-        let c = confirmation_for(&f, &case);
-        let ours = ours_at(&f, &zts, stub.endpoint(), &case, &c).await;
-        let theirs = athenz_at(&mut java, &f, &zts, stub.endpoint(), &case, &c).await;
+        let c = confirmation(f.ec.sign("v1", &claims()).unwrap());
+        let ours = clients.ours(&ask, &c).await;
+        let theirs = clients.athenz(&ask, &c).await;
         let ok = agree(&ours, &theirs);
         println!(
             "athenz-client: java provider-answer:{name} {}",

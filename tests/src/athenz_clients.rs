@@ -114,9 +114,9 @@ pub struct AthenzClient {
     _child: Child,
     stdin: ChildStdin,
     answers: Lines<BufReader<ChildStdout>>,
-    /// PEM material the requests name by path.
+    /// PEM material the requests name by path, each written once: its path by its content.
     files: tempfile::TempDir,
-    written: usize,
+    written: std::collections::HashMap<String, String>,
 }
 
 impl AthenzClient {
@@ -174,7 +174,7 @@ impl AthenzClient {
             stdin,
             answers: BufReader::new(stdout).lines(),
             files,
-            written: 0,
+            written: std::collections::HashMap::new(),
         })
     }
 
@@ -183,24 +183,31 @@ impl AthenzClient {
         self.harness
     }
 
-    /// Writes `pem` to a file of its own and returns its path, for a request's `ca`, `cert`
-    /// or `key`.
+    /// The path of a file holding `pem`, for a request's `ca`, `cert` or `key`: written on
+    /// first use (0600), the same path for the same material after.
     pub fn file(&mut self, pem: &str) -> Result<String, HarnessError> {
         use std::io::Write;
         use std::os::unix::fs::OpenOptionsExt;
-        self.written += 1;
-        let path = self.files.path().join(format!("{}.pem", self.written));
-        let mut file = std::fs::OpenOptions::new()
+        if let Some(path) = self.written.get(pem) {
+            return Ok(path.clone());
+        }
+        let path = self
+            .files
+            .path()
+            .join(format!("{}.pem", self.written.len() + 1));
+        std::fs::OpenOptions::new()
             .create_new(true)
             .write(true)
             .mode(0o600)
             .open(&path)
-            .and_then(|mut f| f.write_all(pem.as_bytes()).map(|()| f));
-        file.as_mut().map_err(|e| HarnessError::Protocol {
-            harness: self.harness.name(),
-            what: format!("writing {}: {e}", path.display()),
-        })?;
-        Ok(path.display().to_string())
+            .and_then(|mut f| f.write_all(pem.as_bytes()))
+            .map_err(|e| HarnessError::Protocol {
+                harness: self.harness.name(),
+                what: format!("writing {}: {e}", path.display()),
+            })?;
+        let path = path.display().to_string();
+        self.written.insert(pem.to_owned(), path.clone());
+        Ok(path)
     }
 
     /// Sends one request (a JSON object with `op`) and reads its answer.

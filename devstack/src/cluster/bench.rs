@@ -203,7 +203,7 @@ pub async fn run(
     images::import(layout, &archive)?;
     let scenario = Scenario::new(layout, &zts.ca);
     let api = Checker::for_cluster(layout, info)?;
-    let agent = spire::pid_of("athenz-identity-agent")
+    let agent = crate::procs::pid_named("athenz-identity-agent")
         .context("no athenz-identity-agent process on this node")?;
     let mut start_ms = BTreeMap::new();
     let mut cpu = BTreeMap::new();
@@ -252,8 +252,11 @@ pub async fn run(
         }
         start_ms.insert(name.to_owned(), phases);
     }
+    // each of `kinds` minus `base` in `phase`; nothing when ours was not measured
     let minus = |base: &str, kinds: &[Kind], phase: &str| -> BTreeMap<String, Overhead> {
-        let base = start_ms[base][phase];
+        let Some(base) = start_ms.get(base).map(|phases| phases[phase]) else {
+            return BTreeMap::new();
+        };
         kinds
             .iter()
             .map(|k| {
@@ -271,20 +274,6 @@ pub async fn run(
     } else {
         None
     };
-    if !options.systems.athenz {
-        return Ok(BenchReport {
-            kubernetes_version: info.kubernetes_version.clone(),
-            sequential_pods: options.sequential,
-            burst_pods: options.burst,
-            start_ms,
-            overhead_ms: BTreeMap::new(),
-            burst_overhead_ms: BTreeMap::new(),
-            own_share_ms: BTreeMap::new(),
-            agent_peak_rss_mib: Usage::of(agent).peak_rss_kib as f64 / 1024.0,
-            agent_cpu_ms_per_identity: cpu,
-            spire,
-        });
-    }
     let identities: Vec<Kind> = KINDS.into_iter().filter(|k| k.mode().is_some()).collect();
     let overhead = |phase: &str| minus("none", &identities, phase);
     let own_share = minus(
@@ -350,8 +339,10 @@ async fn spire_phases(
         warmed.first().map_or(0.0, Duration::as_secs_f64)
     ));
     delete_all(scenario, ns)?;
-    let agent = spire::pid_of("spire-agent").context("no spire-agent process on this node")?;
-    let csi = spire::pid_of("spiffe-csi-driver").context("no spiffe-csi-driver on this node")?;
+    let agent =
+        crate::procs::pid_named("spire-agent").context("no spire-agent process on this node")?;
+    let csi = crate::procs::pid_named("spiffe-csi-driver")
+        .context("no spiffe-csi-driver on this node")?;
     let cpu = || Usage::of(agent).cpu_seconds + Usage::of(csi).cpu_seconds;
     let cpu_before = cpu();
     let mut phases = BTreeMap::new();

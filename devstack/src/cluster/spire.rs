@@ -218,20 +218,6 @@ fn register_csi_driver() -> anyhow::Result<tokio::task::JoinHandle<()>> {
     )))
 }
 
-/// The pid of the process named `name` on this host (argv[0]'s file name), if one runs.
-pub fn pid_of(name: &str) -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let argv0 = cmdline.split(|b| *b == 0).next()?;
-            let file = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
-            (file == name).then_some(pid)
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
