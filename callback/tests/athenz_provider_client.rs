@@ -207,7 +207,9 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn confirmation_for(f: &Fixture, case: &Case) -> InstanceConfirmation {
+/// The case's confirmation twice, one per client: the same claims, read from the clock once
+/// (a denial can quote them), each with a token of its own `jti` (a token confirms once).
+fn confirmations_for(f: &Fixture, case: &Case) -> (InstanceConfirmation, InstanceConfirmation) {
     let mut claims = claims();
     (case.claims)(&mut claims);
     let (key, kid) = case.signed_with;
@@ -215,9 +217,14 @@ fn confirmation_for(f: &Fixture, case: &Case) -> InstanceConfirmation {
         Key::Ec => &f.ec,
         Key::Rsa => &f.rsa,
     };
-    let mut c = confirmation(signer.sign(kid, &claims).unwrap());
-    (case.edit)(&mut c);
-    c
+    let confirm = |claims: &IdentityClaims| {
+        let mut c = confirmation(signer.sign(kid, claims).unwrap());
+        (case.edit)(&mut c);
+        c
+    };
+    let first = confirm(&claims);
+    claims.jti = athenz_core::random::hex_name::<16>();
+    (first, confirm(&claims))
 }
 
 fn without_attestation(mut confirmed: Value) -> Value {
@@ -402,8 +409,7 @@ async fn zts_own_provider_client_concludes_as_the_dev_zts_does() {
     assert!(cases.len() >= 12, "{} cases", cases.len());
     let mut failures = Vec::new();
     for case in &cases {
-        let for_ours = confirmation_for(&f, case);
-        let for_java = confirmation_for(&f, case);
+        let (for_ours, for_java) = confirmations_for(&f, case);
         let ask = Ask::case(&f, case);
         if case.world == World::Replayed {
             // each token is used once first, by the other client
