@@ -370,6 +370,15 @@ pub enum ClusterCommand {
         /// Pods created at once, per mode.
         #[arg(long, default_value_t = 30)]
         burst: usize,
+        /// How long the churn phase creates pods (0: no churn).
+        #[arg(long, default_value = "120s", value_parser = parse_arrival)]
+        churn: std::time::Duration,
+        /// One churn pod created this often.
+        #[arg(long, default_value = "1s", value_parser = parse_arrival)]
+        churn_interval: std::time::Duration,
+        /// Each churn pod deleted this long after its creation (once it holds its credential).
+        #[arg(long, default_value = "10s", value_parser = parse_arrival)]
+        churn_lifetime: std::time::Duration,
         /// The identity systems measured on the node, in this run: ours, SPIRE (built by
         /// tests/spire/build.sh), or both.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "athenz")]

@@ -182,6 +182,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     sequential,
                     interval,
                     burst,
+                    churn,
+                    churn_interval,
+                    churn_lifetime,
                     systems,
                     json,
                 } => {
@@ -194,6 +197,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         sequential,
                         interval,
                         burst,
+                        churn: cluster::bench::Churn {
+                            duration: churn,
+                            interval: churn_interval,
+                            lifetime: churn_lifetime,
+                        },
                         systems: cluster::bench::Systems {
                             athenz: systems.contains(&crate::cli::BenchSystem::Athenz),
                             spire: systems.contains(&crate::cli::BenchSystem::Spire),

@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::time::Duration;
 
 /// Percentiles.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize)]
 pub struct Latency {
     /// Median.
     pub p50: f64,
@@ -21,7 +21,7 @@ pub struct Latency {
 
 impl Latency {
     /// The percentiles of `samples` (sorted here), in ms.
-    pub(super) fn of(samples: &mut [Duration]) -> Self {
+    pub fn of(samples: &mut [Duration]) -> Self {
         samples.sort();
         Self {
             p50: ms(percentile(samples, 0.5)),

@@ -494,9 +494,10 @@ struct Audit {
 }
 
 /// The audit policy (DESIGN.md 5.1: the real API server judges our RBAC): every request of a
-/// service account of ours (`athenz-system`, `k8s-admin`: who asked what, and the answer's code), and every
-/// SubjectAccessReview with its answer (the kubelet asks one for each caller of its API, so the
-/// log says what the kubelet required of the agent). Nothing else is logged.
+/// service account of ours (`athenz-system`, `k8s-admin`: who asked what, and the answer's code)
+/// and of SPIRE's when `cluster bench` installs it (`spire`: its API requests per credential),
+/// and every SubjectAccessReview with its answer (the kubelet asks one for each caller of its
+/// API, so the log says what the kubelet required of the agent). Nothing else is logged.
 fn write_audit_policy(layout: &Layout) -> anyhow::Result<Audit> {
     let policy = layout.dir.join("audit-policy.yaml");
     write(
@@ -506,10 +507,12 @@ fn write_audit_policy(layout: &Layout) -> anyhow::Result<Audit> {
              \x20 - level: RequestResponse\n\
              \x20   resources: [{{group: authorization.k8s.io, resources: [subjectaccessreviews]}}]\n\
              \x20 - level: Metadata\n\
-             \x20   userGroups: [\"system:serviceaccounts:{}\", \"system:serviceaccounts:{}\"]\n\
+             \x20   userGroups: [\"system:serviceaccounts:{}\", \"system:serviceaccounts:{}\", \
+             \"system:serviceaccounts:{}\"]\n\
              \x20 - level: None\n",
             super::install::NODE_NAMESPACE,
-            super::install::CONTROL_NAMESPACE
+            super::install::CONTROL_NAMESPACE,
+            super::spire::NAMESPACE
         ),
     )?;
     Ok(Audit {

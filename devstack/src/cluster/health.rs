@@ -73,6 +73,22 @@ impl Checker {
         Ok(())
     }
 
+    /// `DELETE <api server><path>`; an object already gone (404) counts as deleted.
+    pub async fn api_delete(&self, path: &str) -> anyhow::Result<()> {
+        let response = self
+            .client
+            .delete(format!("{}{path}", self.api_server))
+            .send()
+            .await
+            .with_context(|| format!("DELETE {path}"))?;
+        let status = response.status();
+        if !status.is_success() && status != reqwest::StatusCode::NOT_FOUND {
+            let text = response.text().await.unwrap_or_default();
+            bail!("DELETE {path}: {status}: {text}");
+        }
+        Ok(())
+    }
+
     /// `GET <api server><path>` as text; `None` unless it answers 2xx.
     pub async fn api_text(&self, path: &str) -> Option<String> {
         let response = self

@@ -43,7 +43,7 @@ pub const PROVIDER_ENDPOINT: &str = "https://athenz-callback.k8s-admin.svc.clust
 /// containers each get a certificate from ZTS first).
 const ROLLOUT: Duration = Duration::from_secs(180);
 /// The dev ZTS's process name (in `processes.json` and the logs).
-const ZTS: &str = "zts";
+pub const ZTS: &str = "zts";
 
 /// Which of docs/operating.md's install steps `cluster up` runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

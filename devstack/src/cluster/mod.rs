@@ -358,31 +358,7 @@ pub async fn bench_command(
     if json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        for (mode, o) in &result.overhead_ms {
-            println!(
-                "overhead {mode:<10} p50 {:+.0} ms, p99 {:+.0} ms (burst: p50 {:+.0} ms, p99 {:+.0} ms)",
-                o.p50,
-                o.p99,
-                result.burst_overhead_ms[mode].p50,
-                result.burst_overhead_ms[mode].p99
-            );
-        }
-        println!(
-            "agent peak RSS {:.1} MiB; CPU per identity {}",
-            result.agent_peak_rss_mib,
-            result
-                .agent_cpu_ms_per_identity
-                .iter()
-                .map(|(m, ms)| format!("{m} {ms:.1} ms"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        if let Some(spire) = &result.spire {
-            println!(
-                "spire-agent peak RSS {:.1} MiB; node CPU per SVID {:.1} ms (spire-agent and the SPIFFE CSI driver)",
-                spire.agent_peak_rss_mib, spire.node_cpu_ms_per_credential
-            );
-        }
+        print!("{}", result.table());
     }
     Ok(())
 }

@@ -36,7 +36,7 @@ const IP_SAN_WAIT: Duration = Duration::from_secs(15);
 const OPT_IN: &str = "athenz.io/identity=enabled";
 
 /// How a pod gets its identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     /// The flex volume, injected by the webhook.

@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 /// The manifests.
 const MANIFEST: &str = include_str!("../../../tests/spire/deploy/spire.yaml");
+/// The namespace the manifests put SPIRE in.
+pub const NAMESPACE: &str = "spire";
 /// SPIRE's trust domain in the manifests.
 pub const TRUST_DOMAIN: &str = "example.org";
 /// The cluster name k8s_psat attests agents under (the manifests' `cluster`).
@@ -114,7 +116,7 @@ impl Spire {
         let started = Instant::now();
         kubectl.run(&[
             "-n",
-            "spire",
+            NAMESPACE,
             "rollout",
             "status",
             "statefulset/spire-server",

@@ -1,0 +1,225 @@
+//! What a measured pod is: no identity (two shapes), one of our modes, or SPIRE; and what each
+//! kind's pod looks like. Every kind's app container is a probe that prints `ready <unix ns>`
+//! (CLOCK_REALTIME, the clock the bench reads too) once it holds a credential.
+
+use super::super::scenario::{APP_IMAGE, BUSYBOX, CREDENTIALS, Mode, Scenario};
+use super::super::spire;
+use serde_json::{Value, json};
+
+/// Our probe's image: [`PROBE_C`], static.
+pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:1";
+
+/// Our probe: waits for a complete certificate in its argument's file (none: starts at once),
+/// prints `ready <unix ns>`, then waits for SIGTERM.
+pub const PROBE_C: &str = r#"#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static void stop(int sig) { (void)sig; _exit(0); }
+
+static int complete(const char *path) {
+  static char buf[16384];
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return 0;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 0;
+  buf[n] = 0;
+  return strncmp(buf, "-----BEGIN CERTIFICATE-----", 27) == 0 &&
+         strstr(buf, "-----END CERTIFICATE-----") != NULL;
+}
+
+int main(int argc, char **argv) {
+  signal(SIGTERM, stop);
+  if (argc > 1) {
+    while (!complete(argv[1])) usleep(1000);
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  printf("ready %lld%09ld\n", (long long)ts.tv_sec, ts.tv_nsec);
+  fflush(stdout);
+  for (;;) pause();
+}
+"#;
+
+/// The identity system whose processes a kind's costs are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum System {
+    /// Ours: the agent's DaemonSet, the control plane in `k8s-admin`, the dev ZTS.
+    Athenz,
+    /// SPIRE: spire-agent and the SPIFFE CSI driver, spire-server.
+    Spire,
+}
+
+/// What a measured pod is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    /// The app alone, no identity: the kubelet's and containerd's own cost (the baseline).
+    Bare,
+    /// No identity, but the shape the webhook gives flex and csi-socket pods: an init container
+    /// (here one that exits at once) and a native sidecar (one that sleeps): what the kubelet
+    /// charges for that shape, whoever fills it.
+    SameShape,
+    /// An identity in this mode of ours.
+    Identity(Mode),
+    /// A SPIRE SVID through the SPIFFE CSI driver's Workload API socket.
+    Spire,
+}
+
+impl Kind {
+    /// Every kind, in the order one phase measures them: the systems alternate (baseline, ours
+    /// in files mode, SPIRE, then the shapes with a sidecar), so drift in the node's state
+    /// during the run falls on all of them.
+    pub const ALL: [Kind; 6] = [
+        Kind::Bare,
+        Kind::Identity(Mode::CsiFiles),
+        Kind::Spire,
+        Kind::SameShape,
+        Kind::Identity(Mode::CsiSocket),
+        Kind::Identity(Mode::Flex),
+    ];
+
+    /// Its name in the report (and its namespace's suffix).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Bare => "none",
+            Kind::SameShape => "none-same-shape",
+            Kind::Identity(Mode::Flex) => "flex",
+            Kind::Identity(Mode::CsiSocket) => "csi-socket",
+            Kind::Identity(Mode::CsiFiles) => "csi-files",
+            Kind::Spire => "spire",
+        }
+    }
+
+    /// Its key under `systems` in the report, for the kinds that get a credential.
+    pub fn system_key(self) -> Option<&'static str> {
+        match self {
+            Kind::Identity(Mode::CsiFiles) => Some("athenz"),
+            Kind::Identity(Mode::CsiSocket) => Some("athenz-sia-csi-socket"),
+            Kind::Identity(Mode::Flex) => Some("athenz-sia-flex"),
+            Kind::Spire => Some("spire"),
+            Kind::Bare | Kind::SameShape => None,
+        }
+    }
+
+    /// The system whose processes serve it.
+    pub fn system(self) -> Option<System> {
+        match self {
+            Kind::Identity(_) => Some(System::Athenz),
+            Kind::Spire => Some(System::Spire),
+            Kind::Bare | Kind::SameShape => None,
+        }
+    }
+
+    /// Our mode, for ours.
+    pub fn mode(self) -> Option<Mode> {
+        match self {
+            Kind::Identity(mode) => Some(mode),
+            _ => None,
+        }
+    }
+
+    /// What the report says the kind's configuration is.
+    pub fn configuration(self) -> &'static str {
+        match self {
+            Kind::Identity(Mode::CsiFiles) => {
+                "csi.athenz.io files mode: the agent makes the key and writes key, certificate, CA \
+                 and token into the pod's volume; nothing of ours runs in the pod"
+            }
+            Kind::Identity(Mode::CsiSocket) => {
+                "csi.athenz.io socket mode: the webhook injects the SIA as an init container and a \
+                 native sidecar; the SIA makes the key in the pod and asks the agent's socket"
+            }
+            Kind::Identity(Mode::Flex) => {
+                "flex volume driver: the SIA init container and sidecar as in socket mode, the \
+                 agent's socket bind-mounted by the driver"
+            }
+            Kind::Spire => {
+                "SPIRE 1.13.3: spire-agent DaemonSet (k8s_psat, k8s workload attestor), SPIFFE CSI \
+                 driver 0.2.6 for the Workload API socket, entry by namespace and service account \
+                 made before the pods; the app fetches its X.509-SVID over the Workload API"
+            }
+            Kind::Bare => "no identity",
+            Kind::SameShape => "no identity, an init container and a native sidecar",
+        }
+    }
+
+    /// The pod `name` of this kind in `ns`, run as service account `sa`; `spiffe_id` is what a
+    /// SPIRE pod's probe asks for.
+    pub fn pod(
+        self,
+        scenario: &Scenario,
+        ns: &str,
+        name: &str,
+        sa: &str,
+        spiffe_id: Option<&str>,
+    ) -> anyhow::Result<Value> {
+        let container = match self {
+            Kind::Spire => spire::probe_container(
+                spiffe_id.ok_or_else(|| anyhow::anyhow!("a SPIRE pod needs its SPIFFE ID"))?,
+            ),
+            _ => probe_container(self.mode()),
+        };
+        let mut pod = scenario.pod_json(ns, name, sa, self.mode(), container)?;
+        match self {
+            Kind::SameShape => pod["spec"]["initContainers"] = same_shape_init_containers(),
+            Kind::Spire => pod["spec"]["volumes"] = json!([spire::workload_api_volume()]),
+            _ => {}
+        }
+        Ok(pod)
+    }
+}
+
+/// Our probe: waits for the certificate the mode delivers (none: starts at once).
+fn probe_container(mode: Option<Mode>) -> Value {
+    json!({
+        "name": "app",
+        "image": PROBE_IMAGE,
+        "imagePullPolicy": "Never",
+        "args": if mode.is_some() {
+            vec![format!("{CREDENTIALS}/service.cert.pem")]
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+/// An init container that exits at once and a native sidecar that sleeps: the shape of a
+/// flex or csi-socket pod, with nothing of ours in it.
+fn same_shape_init_containers() -> Value {
+    let busybox = |name: &str, args: &[&str]| {
+        json!({
+            "name": name,
+            "image": APP_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": [BUSYBOX],
+            "args": args,
+        })
+    };
+    let mut sidecar = busybox("sidecar", &["sleep", "3600"]);
+    sidecar["restartPolicy"] = "Always".into();
+    json!([busybox("init", &["true"]), sidecar])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_has_its_own_name_and_only_credentialed_kinds_a_system() {
+        let names: std::collections::BTreeSet<_> = Kind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(names.len(), Kind::ALL.len());
+        for kind in Kind::ALL {
+            assert_eq!(
+                kind.system().is_some(),
+                kind.system_key().is_some(),
+                "{kind:?}"
+            );
+        }
+        assert_eq!(Kind::Spire.system(), Some(System::Spire));
+        assert_eq!(Kind::Identity(Mode::CsiFiles).system_key(), Some("athenz"));
+    }
+}

@@ -1,0 +1,285 @@
+//! `cluster bench`: what an identity costs a pod on the real node, ours beside SPIRE's, in one
+//! run. For each kind of pod (no identity, the same shape with nothing of ours, each of our
+//! modes, SPIRE) the time from the pod's creation (just before the API server is asked) to its
+//! app container holding a credential naming it: the app is a probe that prints the time it
+//! held it (CLOCK_REALTIME: the bench's clock too, on one machine). Three phases: pods created
+//! one per interval, a burst created at once, and a churn of creations and deletions at a
+//! steady rate. Every phase measures every kind before the next phase starts, the systems
+//! alternating, so both see the same node in the same state. Per kind also: the CPU of its
+//! system's node and control-plane pods over its windows, its pods' own identity containers'
+//! CPU and memory, the API requests its system caused, and its node agent's peak RSS.
+
+mod costs;
+mod kinds;
+mod pods;
+mod report;
+
+use super::health::Checker;
+use super::images::{self, ImageSpec};
+use super::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
+use super::layout::Processes;
+use super::scenario::{Mode, Scenario};
+use super::spire::{self, Spire};
+use super::{ClusterInfo, Layout};
+use crate::bench::Latency;
+use anyhow::Context;
+use costs::{AuditLog, Cgroups, CpuSource, SystemMeter};
+use kinds::{Kind, PROBE_C, PROBE_IMAGE, System};
+pub use pods::Churn;
+use pods::{SERVICE_ACCOUNT, Workload};
+pub use report::BenchReport;
+use report::{ChurnShape, KindTotals};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchOptions {
+    /// Pods created one per `interval`, per kind.
+    pub sequential: usize,
+    /// The time between two sequential pods.
+    pub interval: Duration,
+    /// Pods created at once, per kind.
+    pub burst: usize,
+    /// The churn phase.
+    pub churn: Churn,
+    /// Which identity systems to measure.
+    pub systems: Systems,
+}
+
+/// The identity systems a bench measures, in one run on one node.
+#[derive(Debug, Clone, Copy)]
+pub struct Systems {
+    /// Ours: every volume mode, and a pod of their shape without identity.
+    pub athenz: bool,
+    /// SPIRE (tests/spire).
+    pub spire: bool,
+}
+
+/// A phase of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    /// Pods created one per interval.
+    Sequential,
+    /// Pods created at once.
+    Burst,
+    /// Pods created and deleted at a steady rate.
+    Churn,
+}
+
+impl Phase {
+    /// In the order they run.
+    pub const ALL: [Phase; 3] = [Phase::Sequential, Phase::Burst, Phase::Churn];
+
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Sequential => "sequential",
+            Phase::Burst => "burst",
+            Phase::Churn => "churn",
+        }
+    }
+}
+
+/// The namespaces whose service accounts are a system's.
+fn namespaces(system: System) -> &'static [&'static str] {
+    match system {
+        System::Athenz => &[NODE_NAMESPACE, CONTROL_NAMESPACE],
+        System::Spire => &[spire::NAMESPACE],
+    }
+}
+
+/// Runs the bench on the running cluster of `layout`.
+pub async fn run(
+    layout: &Layout,
+    info: &ClusterInfo,
+    options: BenchOptions,
+    report: &mut dyn FnMut(String),
+) -> anyhow::Result<BenchReport> {
+    let zts = info.zts.as_ref().context("the cluster has no dev ZTS")?;
+    let probe = images::compile_static(&layout.images.join("probe"), "probe", PROBE_C)?;
+    let archive = images::build_once(
+        &layout.images,
+        &ImageSpec {
+            name: PROBE_IMAGE.to_owned(),
+            files: vec![(probe, "/probe".to_owned())],
+            entrypoint: vec!["/probe".to_owned()],
+        },
+    )?;
+    images::import(layout, &archive)?;
+    Scenario::import_app_image(layout)?;
+    let scenario = Scenario::new(layout, &zts.ca);
+    let api = Checker::for_cluster(layout, info)?;
+    let cgroups = Cgroups::host();
+    let spire = if options.systems.spire {
+        Some(
+            Spire::install(
+                layout,
+                scenario.kubectl(),
+                &spire::default_bin_dir(),
+                report,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+    let measured = |kind: &Kind| match kind.system() {
+        Some(System::Spire) => options.systems.spire,
+        Some(System::Athenz) => options.systems.athenz,
+        None => *kind == Kind::Bare || options.systems.athenz,
+    };
+    let mut workloads = Vec::new();
+    for kind in Kind::ALL.into_iter().filter(measured) {
+        let ns = format!("bench-{}", kind.name());
+        scenario.ensure_namespace(&ns, kind.mode() == Some(Mode::Flex))?;
+        scenario.kubectl().apply_manifest(
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {SERVICE_ACCOUNT}, namespace: {ns}}}\n"
+            ),
+            &format!("service account {ns}/{SERVICE_ACCOUNT}"),
+        )?;
+        let spiffe_id = match (&spire, kind) {
+            (Some(spire), Kind::Spire) => Some(spire.register_workload(&ns, SERVICE_ACCOUNT)?),
+            _ => None,
+        };
+        workloads.push(Workload {
+            scenario: &scenario,
+            api: &api,
+            cgroups: &cgroups,
+            kind,
+            ns,
+            spiffe_id,
+        });
+    }
+    // every kind's first pod, not measured: SPIRE's agent syncs its new entry (its best case is
+    // an SVID cached before the pods come), ours opens its connections
+    for workload in &workloads {
+        let warm = workload
+            .run(Phase::Sequential, 1, Duration::ZERO, options.churn)
+            .await
+            .with_context(|| format!("{}, the warm-up pod", workload.kind.name()))?;
+        report(format!(
+            "{:<16} warm-up pod: {:.1} s",
+            workload.kind.name(),
+            warm.times.first().map_or(0.0, Duration::as_secs_f64)
+        ));
+    }
+    let meters = system_meters(layout, &api, options.systems).await?;
+    let audit = AuditLog::at(layout.logs.join(super::components::AUDIT_LOG));
+    let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
+    for phase in Phase::ALL {
+        let count = match phase {
+            Phase::Sequential => options.sequential,
+            Phase::Burst => options.burst,
+            Phase::Churn => 0,
+        };
+        if count == 0 && (phase != Phase::Churn || options.churn.duration.is_zero()) {
+            continue;
+        }
+        for workload in &workloads {
+            let meter = workload.kind.system().and_then(|s| meters.get(&s));
+            let before = meter.map(|m| m.snapshot(&cgroups)).transpose()?;
+            let from = audit.end();
+            let outcome = workload
+                .run(phase, count, options.interval, options.churn)
+                .await
+                .with_context(|| format!("{}, {}", workload.kind.name(), phase.name()))?;
+            let to = audit.end();
+            let kind_totals = totals.entry(workload.kind).or_default();
+            if let (Some(meter), Some(before), Some(system)) =
+                (meter, before, workload.kind.system())
+            {
+                kind_totals
+                    .cpu
+                    .add(&meter.snapshot(&cgroups)?.since(&before));
+                kind_totals.api_requests += audit.count(from, to, namespaces(system))?;
+            }
+            let latency = Latency::of(&mut outcome.times.clone());
+            report(format!(
+                "{:<16} {:<10} {:>3} pods: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms",
+                workload.kind.name(),
+                phase.name(),
+                outcome.times.len(),
+                latency.p50,
+                latency.p90,
+                latency.p99
+            ));
+            kind_totals.shares.extend(outcome.shares);
+            kind_totals.times.insert(phase, outcome.times);
+        }
+    }
+    let peak_rss = |system: System| {
+        let name = match system {
+            System::Athenz => "athenz-identity-agent",
+            System::Spire => "spire-agent",
+        };
+        crate::procs::pid_named(name)
+            .map(|pid| crate::procs::Usage::of(pid).peak_rss_kib as f64 / 1024.0)
+            .with_context(|| format!("no {name} process on this node"))
+    };
+    let mut systems = BTreeMap::new();
+    for (kind, kind_totals) in &totals {
+        if let (Some(key), Some(system)) = (kind.system_key(), kind.system()) {
+            systems.insert(
+                key.to_owned(),
+                kind_totals.system_report(*kind, peak_rss(system)?),
+            );
+        }
+    }
+    Ok(BenchReport {
+        kubernetes_version: info.kubernetes_version.clone(),
+        sequential_pods: options.sequential,
+        sequential_interval_ms: options.interval.as_secs_f64() * 1e3,
+        burst_pods: options.burst,
+        churn: ChurnShape {
+            seconds: options.churn.duration.as_secs_f64(),
+            interval_ms: options.churn.interval.as_secs_f64() * 1e3,
+            lifetime_ms: options.churn.lifetime.as_secs_f64() * 1e3,
+        },
+        baseline_pod_start_ms: totals
+            .get(&Kind::Bare)
+            .map(KindTotals::latencies)
+            .unwrap_or_default(),
+        start_ms: totals
+            .iter()
+            .map(|(kind, t)| (kind.name().to_owned(), t.latencies()))
+            .collect(),
+        systems,
+    })
+}
+
+/// Each measured system's long-running parts: its namespaces' pods, and for ours the dev ZTS
+/// process (the share a real ZTS would carry).
+async fn system_meters(
+    layout: &Layout,
+    api: &Checker,
+    systems: Systems,
+) -> anyhow::Result<BTreeMap<System, SystemMeter>> {
+    let mut meters = BTreeMap::new();
+    let chosen = [
+        (System::Athenz, systems.athenz),
+        (System::Spire, systems.spire),
+    ];
+    for (system, _) in chosen.into_iter().filter(|(_, on)| *on) {
+        let mut lists = Vec::new();
+        for ns in namespaces(system) {
+            lists.push(
+                api.api_json(&format!("/api/v1/namespaces/{ns}/pods"))
+                    .await
+                    .with_context(|| format!("listing the pods of {ns}"))?,
+            );
+        }
+        let mut meter = SystemMeter::from_pod_lists(&lists)?;
+        if system == System::Athenz {
+            let zts = Processes::read(&layout.processes_json)
+                .and_then(|p| p.components.get(super::install::ZTS).copied())
+                .context("processes.json names no dev ZTS")?;
+            meter
+                .control
+                .push(("dev-zts".to_owned(), CpuSource::Process(zts.pid)));
+        }
+        meters.insert(system, meter);
+    }
+    Ok(meters)
+}

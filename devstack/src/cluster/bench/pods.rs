@@ -1,0 +1,289 @@
+//! One phase of one kind: creating its pods (one per interval, all at once, or a steady churn
+//! of creations and deletions), timing each from its creation to its probe's `ready` line, and
+//! sampling each pod's identity containers just before the pod is deleted.
+
+use super::Phase;
+use super::costs::{Cgroups, PodShare};
+use super::kinds::Kind;
+use crate::cluster::health::Checker;
+use crate::cluster::scenario::Scenario;
+use anyhow::{Context, bail};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant, SystemTime};
+
+/// How long one pod may take to hold its credential before the bench gives up.
+const POD_LIMIT: Duration = Duration::from_secs(120);
+/// How often pending pods' probes are asked.
+const POLL: Duration = Duration::from_millis(200);
+/// The service account every measured pod runs as.
+pub const SERVICE_ACCOUNT: &str = "probe";
+
+/// How a churn phase runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Churn {
+    /// How long pods keep being created.
+    pub duration: Duration,
+    /// One pod created this often.
+    pub interval: Duration,
+    /// Each pod is deleted this long after its creation (or once it holds its credential, if
+    /// that is later).
+    pub lifetime: Duration,
+}
+
+/// The pods of one kind in its namespace.
+pub struct Workload<'a> {
+    /// Pod manifests and kubectl.
+    pub scenario: &'a Scenario,
+    /// The API server.
+    pub api: &'a Checker,
+    /// Where the pods' cgroups are.
+    pub cgroups: &'a Cgroups,
+    /// Its kind.
+    pub kind: Kind,
+    /// Its namespace.
+    pub ns: String,
+    /// What a SPIRE pod asks for.
+    pub spiffe_id: Option<String>,
+}
+
+/// What one phase measured.
+#[derive(Debug, Default)]
+pub struct PhaseOutcome {
+    /// Each pod's created → credential held.
+    pub times: Vec<Duration>,
+    /// Each pod's identity containers, sampled before its deletion.
+    pub shares: Vec<PodShare>,
+}
+
+impl Workload<'_> {
+    fn pods_path(&self) -> String {
+        format!("/api/v1/namespaces/{}/pods", self.ns)
+    }
+
+    /// Creates pod `name`; returns when the API server was asked.
+    async fn create(&self, name: &str) -> anyhow::Result<SystemTime> {
+        let pod = self.kind.pod(
+            self.scenario,
+            &self.ns,
+            name,
+            SERVICE_ACCOUNT,
+            self.spiffe_id.as_deref(),
+        )?;
+        let at = SystemTime::now();
+        self.api.api_post(&self.pods_path(), &pod).await?;
+        Ok(at)
+    }
+
+    /// When pod `name`'s probe held its credential, once it has.
+    async fn ready(&self, name: &str) -> Option<SystemTime> {
+        let log = self
+            .api
+            .api_text(&format!("{}/{name}/log?container=app", self.pods_path()))
+            .await?;
+        ready_time(&log)
+    }
+
+    /// Pod `name`'s identity containers now.
+    async fn share(&self, name: &str) -> anyhow::Result<PodShare> {
+        let pod = self
+            .api
+            .api_json(&format!("{}/{name}", self.pods_path()))
+            .await
+            .with_context(|| format!("reading pod {}/{name}", self.ns))?;
+        self.cgroups
+            .identity_share(&pod)
+            .with_context(|| format!("pod {}/{name}", self.ns))
+    }
+
+    /// Runs `phase`: its pods created, timed, sampled and deleted (all gone when it returns).
+    pub async fn run(
+        &self,
+        phase: Phase,
+        count: usize,
+        interval: Duration,
+        churn: Churn,
+    ) -> anyhow::Result<PhaseOutcome> {
+        let mut outcome = match phase {
+            Phase::Sequential => self.created_then_timed(phase, count, interval).await?,
+            Phase::Burst => {
+                self.created_then_timed(phase, count, Duration::ZERO)
+                    .await?
+            }
+            Phase::Churn => self.churn(churn).await?,
+        };
+        if phase != Phase::Churn {
+            for name in (0..count).map(|i| pod_name(phase, i)) {
+                outcome.shares.push(self.share(&name).await?);
+            }
+        }
+        self.delete_all()?;
+        Ok(outcome)
+    }
+
+    /// `count` pods created `interval` apart (zero: all at once, each its own request), then
+    /// each one's time.
+    async fn created_then_timed(
+        &self,
+        phase: Phase,
+        count: usize,
+        interval: Duration,
+    ) -> anyhow::Result<PhaseOutcome> {
+        let mut created = BTreeMap::new();
+        if interval.is_zero() {
+            let mut sends = tokio::task::JoinSet::new();
+            let at = SystemTime::now();
+            for i in 0..count {
+                let name = pod_name(phase, i);
+                let pod = self.kind.pod(
+                    self.scenario,
+                    &self.ns,
+                    &name,
+                    SERVICE_ACCOUNT,
+                    self.spiffe_id.as_deref(),
+                )?;
+                let (api, path) = (self.api.clone(), self.pods_path());
+                sends.spawn(async move { api.api_post(&path, &pod).await });
+                created.insert(name, at);
+            }
+            while let Some(sent) = sends.join_next().await {
+                sent.context("a pod's creation task")??;
+            }
+        } else {
+            for i in 0..count {
+                if i > 0 {
+                    tokio::time::sleep(interval).await;
+                }
+                let name = pod_name(phase, i);
+                created.insert(name.clone(), self.create(&name).await?);
+            }
+        }
+        let deadline = Instant::now() + POD_LIMIT;
+        let mut outcome = PhaseOutcome::default();
+        while !created.is_empty() {
+            if Instant::now() > deadline {
+                bail!(
+                    "{} pods never held a credential within {POD_LIMIT:?}: {:?}",
+                    created.len(),
+                    created.keys().collect::<Vec<_>>()
+                );
+            }
+            let mut done = Vec::new();
+            for (name, at) in &created {
+                if let Some(ready) = self.ready(name).await {
+                    outcome
+                        .times
+                        .push(ready.duration_since(*at).unwrap_or_default());
+                    done.push(name.clone());
+                }
+            }
+            for name in done {
+                created.remove(&name);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(outcome)
+    }
+
+    /// Pods created one per `churn.interval` for `churn.duration`, each deleted once it is
+    /// `churn.lifetime` old and holds its credential; creation and deletion overlap, as in a
+    /// rollout or a batch of short jobs.
+    async fn churn(&self, churn: Churn) -> anyhow::Result<PhaseOutcome> {
+        let started = Instant::now();
+        let mut next = started;
+        let mut created = 0;
+        // pods not yet deleted: name, created (wall clock and monotonic), ready
+        let mut live: VecDeque<(String, SystemTime, Instant, Option<SystemTime>)> = VecDeque::new();
+        let mut outcome = PhaseOutcome::default();
+        loop {
+            let now = Instant::now();
+            if now.duration_since(started) < churn.duration && now >= next {
+                let name = pod_name(Phase::Churn, created);
+                let at = self.create(&name).await?;
+                live.push_back((name, at, Instant::now(), None));
+                created += 1;
+                next += churn.interval;
+            }
+            for (name, at, since, ready) in live.iter_mut().filter(|p| p.3.is_none()) {
+                if let Some(time) = self.ready(name).await {
+                    outcome
+                        .times
+                        .push(time.duration_since(*at).unwrap_or_default());
+                    *ready = Some(time);
+                } else if since.elapsed() > POD_LIMIT {
+                    bail!(
+                        "pod {}/{name} never held a credential within {POD_LIMIT:?}",
+                        self.ns
+                    );
+                }
+            }
+            let mut kept = VecDeque::new();
+            for pod in live.drain(..) {
+                if pod.3.is_some() && pod.2.elapsed() >= churn.lifetime {
+                    outcome.shares.push(self.share(&pod.0).await?);
+                    self.api
+                        .api_delete(&format!("{}/{}", self.pods_path(), pod.0))
+                        .await?;
+                } else {
+                    kept.push_back(pod);
+                }
+            }
+            live = kept;
+            if started.elapsed() >= churn.duration && live.iter().all(|p| p.3.is_some()) {
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        for (name, ..) in &live {
+            outcome.shares.push(self.share(name).await?);
+        }
+        Ok(outcome)
+    }
+
+    /// Deletes every pod in the namespace and waits until they are gone (volumes unmounted).
+    fn delete_all(&self) -> anyhow::Result<()> {
+        self.scenario.kubectl().run(&[
+            "-n",
+            &self.ns,
+            "delete",
+            "pods",
+            "--all",
+            "--wait=true",
+            "--timeout=180s",
+        ])?;
+        Ok(())
+    }
+}
+
+/// The name of a phase's `i`th pod.
+fn pod_name(phase: Phase, i: usize) -> String {
+    format!("{}-{i}", phase.name())
+}
+
+/// The time in a probe's `ready <unix ns>` line.
+pub fn ready_time(log: &str) -> Option<SystemTime> {
+    let ns: u64 = log
+        .lines()
+        .find_map(|l| l.strip_prefix("ready "))?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(SystemTime::UNIX_EPOCH + Duration::from_nanos(ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_line_is_its_time_and_anything_else_is_none() {
+        let t = ready_time("ready 1795697829123456789\n").unwrap();
+        assert_eq!(
+            t.duration_since(SystemTime::UNIX_EPOCH).unwrap(),
+            Duration::from_nanos(1_795_697_829_123_456_789)
+        );
+        assert!(ready_time("").is_none());
+        assert!(ready_time("ready soon\n").is_none());
+        assert!(ready_time("ready 99999999999999999999999\n").is_none());
+        assert!(ready_time(&"x".repeat(1 << 20)).is_none());
+    }
+}

@@ -1,0 +1,233 @@
+//! The report `cluster bench` prints (JSON, or a table), built from each kind's totals over the
+//! run. Latencies use the benches' own [`Latency`] (p50, p90, p99, max, milliseconds).
+
+use super::Phase;
+use super::costs::{CpuSnapshot, PodShare};
+use super::kinds::Kind;
+use crate::bench::Latency;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The JSON `cluster bench` prints.
+#[derive(Debug, Serialize)]
+pub struct BenchReport {
+    /// Kubernetes version of the node.
+    pub kubernetes_version: String,
+    /// Pods in the sequential phase, per kind.
+    pub sequential_pods: usize,
+    /// Milliseconds between two of them.
+    pub sequential_interval_ms: f64,
+    /// Pods in the burst, per kind.
+    pub burst_pods: usize,
+    /// The churn phase: seconds of creations, ms between two, ms each pod lives.
+    pub churn: ChurnShape,
+    /// Created → app started for a pod with no identity, by phase: the kubelet's and
+    /// containerd's own share of every figure below.
+    pub baseline_pod_start_ms: BTreeMap<String, Latency>,
+    /// Created → credential held (no identity: → app started), every kind measured, by phase.
+    pub start_ms: BTreeMap<String, BTreeMap<String, Latency>>,
+    /// Each identity system measured: `athenz` (files-mode CSI), `athenz-sia-csi-socket` and
+    /// `athenz-sia-flex` (our SIA as init container and sidecar), `spire`.
+    pub systems: BTreeMap<String, SystemReport>,
+}
+
+/// The churn phase's shape.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ChurnShape {
+    /// Seconds during which pods are created.
+    pub seconds: f64,
+    /// Milliseconds between two creations.
+    pub interval_ms: f64,
+    /// Milliseconds from a pod's creation to its deletion (at least until its credential).
+    pub lifetime_ms: f64,
+}
+
+/// One system in one configuration, over all its phases of the run.
+#[derive(Debug, Serialize)]
+pub struct SystemReport {
+    /// What was deployed and how the pod gets its credential.
+    pub configuration: &'static str,
+    /// Credentials delivered (pods measured, all phases).
+    pub credentials: usize,
+    /// The node agent's peak resident set over the run (ours: athenz-identity-agent, the same
+    /// process for every mode; SPIRE: spire-agent), MiB.
+    pub agent_peak_rss_mib: f64,
+    /// Node CPU per credential: the system's DaemonSet pods (ours: the agent, which is also the
+    /// CSI driver; SPIRE: spire-agent and the SPIFFE CSI driver) plus each pod's identity
+    /// containers (our SIA init container and sidecar; none in files mode or SPIRE), ms.
+    pub node_cpu_ms_per_credential: f64,
+    /// Of that, the DaemonSet pods', by name, ms per credential.
+    pub node_parts_ms: BTreeMap<String, f64>,
+    /// Of that, each pod's identity containers', ms per credential.
+    pub per_pod_cpu_ms: f64,
+    /// Each pod's identity containers' resident memory before its deletion (the SIA sidecar;
+    /// zero where nothing of the system runs in the pod), mean and largest, MiB.
+    pub per_pod_rss_mib: MeanMax,
+    /// Control-plane CPU per credential, ms: ours the jwt-service, callback and webhook pods
+    /// and the dev ZTS process; SPIRE's spire-server.
+    pub control_plane_cpu_ms_per_credential: f64,
+    /// Of that, by part, ms per credential (`dev-zts` is the share a real ZTS would carry).
+    pub control_plane_parts_ms: BTreeMap<String, f64>,
+    /// Kubernetes API requests per credential that the system's service accounts made, or
+    /// that the kubelet made to authorize them (SubjectAccessReviews), from the audit log.
+    pub api_requests_per_credential: f64,
+    /// Created → the app container holding a verified credential naming it, by phase.
+    pub time_to_credential_ms: BTreeMap<String, Latency>,
+}
+
+/// A mean and a maximum.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MeanMax {
+    /// Mean.
+    pub mean: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// What one kind accumulated over its phases.
+#[derive(Debug, Default)]
+pub struct KindTotals {
+    /// Created → credential held, by phase.
+    pub times: BTreeMap<Phase, Vec<Duration>>,
+    /// Each pod's identity containers.
+    pub shares: Vec<PodShare>,
+    /// The system's long-running parts over this kind's windows.
+    pub cpu: CpuSnapshot,
+    /// API requests the system caused in this kind's windows.
+    pub api_requests: usize,
+}
+
+impl KindTotals {
+    /// Latencies by phase name.
+    pub fn latencies(&self) -> BTreeMap<String, Latency> {
+        self.times
+            .iter()
+            .map(|(phase, times)| (phase.name().to_owned(), Latency::of(&mut times.clone())))
+            .collect()
+    }
+
+    /// The system's report for `kind`, with its agent's peak RSS.
+    pub fn system_report(&self, kind: Kind, agent_peak_rss_mib: f64) -> SystemReport {
+        let credentials = self.times.values().map(Vec::len).sum::<usize>();
+        let per = |seconds: f64| seconds * 1e3 / credentials.max(1) as f64;
+        let node_parts: BTreeMap<String, f64> = self
+            .cpu
+            .node
+            .iter()
+            .map(|(k, v)| (k.clone(), per(*v)))
+            .collect();
+        let control_parts: BTreeMap<String, f64> = self
+            .cpu
+            .control
+            .iter()
+            .map(|(k, v)| (k.clone(), per(*v)))
+            .collect();
+        let per_pod_cpu_ms = per(self.shares.iter().map(|s| s.cpu_seconds).sum());
+        let rss: Vec<f64> = self
+            .shares
+            .iter()
+            .map(|s| s.rss_bytes as f64 / (1024.0 * 1024.0))
+            .collect();
+        SystemReport {
+            configuration: kind.configuration(),
+            credentials,
+            agent_peak_rss_mib,
+            node_cpu_ms_per_credential: node_parts.values().sum::<f64>() + per_pod_cpu_ms,
+            node_parts_ms: node_parts,
+            per_pod_cpu_ms,
+            per_pod_rss_mib: MeanMax {
+                mean: rss.iter().sum::<f64>() / rss.len().max(1) as f64,
+                max: rss.iter().copied().fold(0.0, f64::max),
+            },
+            control_plane_cpu_ms_per_credential: control_parts.values().sum(),
+            control_plane_parts_ms: control_parts,
+            api_requests_per_credential: self.api_requests as f64 / credentials.max(1) as f64,
+            time_to_credential_ms: self.latencies(),
+        }
+    }
+}
+
+impl BenchReport {
+    /// The report as a table, for people.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let phases = Phase::ALL.map(Phase::name);
+        out.push_str(&format!(
+            "{:<24} {}\n",
+            "created → credential",
+            phases.map(|p| format!("{p:>20}")).join("")
+        ));
+        for (kind, by_phase) in &self.start_ms {
+            let cells = phases.map(|p| {
+                by_phase.get(p).map_or(format!("{:>20}", "-"), |l| {
+                    format!("{:>20}", format!("{:.0} / {:.0} ms", l.p50, l.p99))
+                })
+            });
+            out.push_str(&format!("{kind:<24} {}\n", cells.join("")));
+        }
+        out.push_str("(p50 / p99)\n\n");
+        for (name, s) in &self.systems {
+            out.push_str(&format!(
+                "{name:<22} agent RSS {:.1} MiB, node CPU {:.2} ms/credential (per pod {:.2} ms, \
+                 {:.1} MiB), control plane {:.2} ms/credential, API {:.2} requests/credential\n",
+                s.agent_peak_rss_mib,
+                s.node_cpu_ms_per_credential,
+                s.per_pod_cpu_ms,
+                s.per_pod_rss_mib.mean,
+                s.control_plane_cpu_ms_per_credential,
+                s.api_requests_per_credential
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::scenario::Mode;
+
+    #[test]
+    fn a_systems_figures_are_per_credential_over_every_phase() {
+        let mut totals = KindTotals::default();
+        totals.times.insert(
+            Phase::Sequential,
+            vec![Duration::from_millis(100), Duration::from_millis(300)],
+        );
+        totals
+            .times
+            .insert(Phase::Churn, vec![Duration::from_millis(200); 2]);
+        totals.shares = vec![
+            PodShare {
+                cpu_seconds: 0.004,
+                rss_bytes: 2 << 20,
+            },
+            PodShare::default(),
+            PodShare::default(),
+            PodShare {
+                cpu_seconds: 0.004,
+                rss_bytes: 4 << 20,
+            },
+        ];
+        totals.cpu.node.insert("athenz-agent".into(), 0.040);
+        totals.cpu.control.insert("dev-zts".into(), 0.008);
+        totals.cpu.control.insert("athenz-callback".into(), 0.004);
+        totals.api_requests = 6;
+        let report = totals.system_report(Kind::Identity(Mode::CsiSocket), 14.5);
+        assert_eq!(report.credentials, 4);
+        assert!((report.node_parts_ms["athenz-agent"] - 10.0).abs() < 1e-9);
+        assert!((report.per_pod_cpu_ms - 2.0).abs() < 1e-9);
+        assert!((report.node_cpu_ms_per_credential - 12.0).abs() < 1e-9);
+        assert!((report.control_plane_cpu_ms_per_credential - 3.0).abs() < 1e-9);
+        assert!((report.api_requests_per_credential - 1.5).abs() < 1e-9);
+        assert!((report.per_pod_rss_mib.mean - 1.5).abs() < 1e-9);
+        assert!((report.per_pod_rss_mib.max - 4.0).abs() < 1e-9);
+        assert_eq!(
+            report.time_to_credential_ms.keys().collect::<Vec<_>>(),
+            ["churn", "sequential"]
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert!(json["time_to_credential_ms"]["sequential"]["p99"].is_number());
+    }
+}
