@@ -104,6 +104,23 @@ impl Cgroups {
     }
 }
 
+/// Whether `pod`'s status names a container id for every container and init container of its
+/// spec: the kubelet reports them a moment after starting them, and until then the share of a
+/// container the status does not name could not be told from the sandbox's.
+pub fn status_complete(pod: &Value) -> bool {
+    let named = |spec: &str, status: &str| {
+        let wanted = pod["spec"][spec].as_array().map_or(0, Vec::len);
+        let ids = pod["status"][status]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|s| s["containerID"].as_str().is_some_and(|id| !id.is_empty()))
+            .count();
+        ids == wanted
+    };
+    named("containers", "containerStatuses") && named("initContainers", "initContainerStatuses")
+}
+
 /// A pod's identity containers' use, sampled just before the pod is deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PodShare {
@@ -379,6 +396,21 @@ mod tests {
         assert!((share.cpu_seconds - 0.39).abs() < 1e-9, "{share:?}");
         assert_eq!(share.rss_bytes, 5120);
         assert!((cgroups.pod_cpu_seconds(UID).unwrap() - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_status_is_complete_once_every_container_of_the_spec_has_an_id() {
+        let mut pod = json!({
+            "spec": {"containers": [{"name": "app"}], "initContainers": [{"name": "sia"}]},
+            "status": {"containerStatuses": [{"containerID": "containerd://a"}],
+                       "initContainerStatuses": [{"name": "sia"}]}
+        });
+        assert!(!status_complete(&pod));
+        pod["status"]["initContainerStatuses"][0]["containerID"] = "containerd://s".into();
+        assert!(status_complete(&pod));
+        pod["status"]["containerStatuses"] = json!([]);
+        assert!(!status_complete(&pod));
+        assert!(status_complete(&json!({"spec": {"containers": []}})));
     }
 
     #[test]

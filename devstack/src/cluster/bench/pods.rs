@@ -3,7 +3,7 @@
 //! sampling each pod's identity containers just before the pod is deleted.
 
 use super::Phase;
-use super::costs::{Cgroups, PodShare};
+use super::costs::{self, Cgroups, PodShare};
 use super::kinds::Kind;
 use crate::cluster::health::Checker;
 use crate::cluster::scenario::Scenario;
@@ -13,6 +13,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 /// How long one pod may take to hold its credential before the bench gives up.
 const POD_LIMIT: Duration = Duration::from_secs(120);
+/// How long a running pod's status may take to name its containers.
+const STATUS_LIMIT: Duration = Duration::from_secs(30);
 /// How often pending pods' probes are asked.
 const POLL: Duration = Duration::from_millis(200);
 /// The service account every measured pod runs as.
@@ -83,13 +85,26 @@ impl Workload<'_> {
         ready_time(&log)
     }
 
-    /// Pod `name`'s identity containers now.
+    /// Pod `name`'s identity containers now, once its status names all its containers.
     async fn share(&self, name: &str) -> anyhow::Result<PodShare> {
-        let pod = self
-            .api
-            .api_json(&format!("{}/{name}", self.pods_path()))
-            .await
-            .with_context(|| format!("reading pod {}/{name}", self.ns))?;
+        let deadline = Instant::now() + STATUS_LIMIT;
+        let pod = loop {
+            let pod = self
+                .api
+                .api_json(&format!("{}/{name}", self.pods_path()))
+                .await
+                .with_context(|| format!("reading pod {}/{name}", self.ns))?;
+            if costs::status_complete(&pod) {
+                break pod;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "pod {}/{name}'s status named not all its containers within {STATUS_LIMIT:?}",
+                    self.ns
+                );
+            }
+            tokio::time::sleep(POLL).await;
+        };
         self.cgroups
             .identity_share(&pod)
             .with_context(|| format!("pod {}/{name}", self.ns))
