@@ -28,7 +28,7 @@ use kinds::{Kind, PROBE_C, PROBE_IMAGE, System};
 pub use pods::Churn;
 use pods::{SERVICE_ACCOUNT, Workload};
 pub use report::BenchReport;
-use report::{ChurnShape, KindTotals};
+use report::{ChurnShape, IdleRates, KindTotals};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -166,6 +166,7 @@ pub async fn run(
         ));
     }
     let meters = system_meters(layout, &api, options.systems).await?;
+    let idle = idle_rates(&meters, &cgroups).await?;
     let audit = AuditLog::at(layout.logs.join(super::components::AUDIT_LOG));
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
     for phase in Phase::ALL {
@@ -223,7 +224,11 @@ pub async fn run(
         if let (Some(key), Some(system)) = (kind.system_key(), kind.system()) {
             systems.insert(
                 key.to_owned(),
-                kind_totals.system_report(*kind, peak_rss(system)?),
+                kind_totals.system_report(
+                    *kind,
+                    peak_rss(system)?,
+                    idle.get(&system).copied().unwrap_or_default(),
+                ),
             );
         }
     }
@@ -245,8 +250,39 @@ pub async fn run(
             .iter()
             .map(|(kind, t)| (kind.name().to_owned(), t.latencies()))
             .collect(),
+        same_shape_per_pod_cpu_ms: totals.get(&Kind::SameShape).map(KindTotals::per_pod_cpu_ms),
         systems,
     })
+}
+
+/// How long each system's idle CPU is measured, with no measured pod on the node.
+const IDLE_WINDOW: Duration = Duration::from_secs(30);
+
+/// Each system's CPU rates over [`IDLE_WINDOW`] with nothing to do.
+async fn idle_rates(
+    meters: &BTreeMap<System, SystemMeter>,
+    cgroups: &Cgroups,
+) -> anyhow::Result<BTreeMap<System, IdleRates>> {
+    let mut before = BTreeMap::new();
+    for (system, meter) in meters {
+        before.insert(*system, meter.snapshot(cgroups)?);
+    }
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let mut rates = BTreeMap::new();
+    for (system, meter) in meters {
+        let used = meter.snapshot(cgroups)?.since(&before[system]);
+        let per_s = |parts: &BTreeMap<String, f64>| {
+            parts.values().sum::<f64>() * 1e3 / IDLE_WINDOW.as_secs_f64()
+        };
+        rates.insert(
+            *system,
+            IdleRates {
+                node: per_s(&used.node),
+                control_plane: per_s(&used.control),
+            },
+        );
+    }
+    Ok(rates)
 }
 
 /// Each measured system's long-running parts: its namespaces' pods, and for ours the dev ZTS

@@ -27,6 +27,11 @@ pub struct BenchReport {
     pub baseline_pod_start_ms: BTreeMap<String, Latency>,
     /// Created → credential held (no identity: → app started), every kind measured, by phase.
     pub start_ms: BTreeMap<String, BTreeMap<String, Latency>>,
+    /// What an init container and a native sidecar that do nothing (`none-same-shape`) cost
+    /// per pod, ms of CPU in their cgroups (the runtime's `runc init` runs there): the part of
+    /// the SIA modes' `per_pod_cpu_ms` any container of that shape pays.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_shape_per_pod_cpu_ms: Option<f64>,
     /// Each identity system measured: `athenz` (files-mode CSI), `athenz-sia-csi-socket` and
     /// `athenz-sia-flex` (our SIA as init container and sidecar), `spire`.
     pub systems: BTreeMap<String, SystemReport>,
@@ -69,11 +74,24 @@ pub struct SystemReport {
     pub control_plane_cpu_ms_per_credential: f64,
     /// Of that, by part, ms per credential (`dev-zts` is the share a real ZTS would carry).
     pub control_plane_parts_ms: BTreeMap<String, f64>,
+    /// The system's CPU with no pod coming or going, ms per second, measured before the
+    /// phases: what it costs a node to run at all, and what the per-credential figures above
+    /// include for the time each window lasted.
+    pub idle_cpu_ms_per_s: IdleRates,
     /// Kubernetes API requests per credential that the system's service accounts made, or
     /// that the kubelet made to authorize them (SubjectAccessReviews), from the audit log.
     pub api_requests_per_credential: f64,
     /// Created → the app container holding a verified credential naming it, by phase.
     pub time_to_credential_ms: BTreeMap<String, Latency>,
+}
+
+/// CPU with nothing to do, ms per second.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct IdleRates {
+    /// The node's parts.
+    pub node: f64,
+    /// The control plane's.
+    pub control_plane: f64,
 }
 
 /// A mean and a maximum.
@@ -107,8 +125,19 @@ impl KindTotals {
             .collect()
     }
 
-    /// The system's report for `kind`, with its agent's peak RSS.
-    pub fn system_report(&self, kind: Kind, agent_peak_rss_mib: f64) -> SystemReport {
+    /// Mean CPU of each pod's identity containers, ms.
+    pub fn per_pod_cpu_ms(&self) -> f64 {
+        self.shares.iter().map(|s| s.cpu_seconds).sum::<f64>() * 1e3
+            / self.shares.len().max(1) as f64
+    }
+
+    /// The system's report for `kind`, with its agent's peak RSS and idle rates.
+    pub fn system_report(
+        &self,
+        kind: Kind,
+        agent_peak_rss_mib: f64,
+        idle_cpu_ms_per_s: IdleRates,
+    ) -> SystemReport {
         let credentials = self.times.values().map(Vec::len).sum::<usize>();
         let per = |seconds: f64| seconds * 1e3 / credentials.max(1) as f64;
         let node_parts: BTreeMap<String, f64> = self
@@ -142,6 +171,7 @@ impl KindTotals {
             },
             control_plane_cpu_ms_per_credential: control_parts.values().sum(),
             control_plane_parts_ms: control_parts,
+            idle_cpu_ms_per_s,
             api_requests_per_credential: self.api_requests as f64 / credentials.max(1) as f64,
             time_to_credential_ms: self.latencies(),
         }
@@ -170,13 +200,15 @@ impl BenchReport {
         for (name, s) in &self.systems {
             out.push_str(&format!(
                 "{name:<22} agent RSS {:.1} MiB, node CPU {:.2} ms/credential (per pod {:.2} ms, \
-                 {:.1} MiB), control plane {:.2} ms/credential, API {:.2} requests/credential\n",
+                 {:.1} MiB), control plane {:.2} ms/credential, API {:.2} requests/credential; \
+                 idle {:.2} ms/s on the node\n",
                 s.agent_peak_rss_mib,
                 s.node_cpu_ms_per_credential,
                 s.per_pod_cpu_ms,
                 s.per_pod_rss_mib.mean,
                 s.control_plane_cpu_ms_per_credential,
-                s.api_requests_per_credential
+                s.api_requests_per_credential,
+                s.idle_cpu_ms_per_s.node
             ));
         }
         out
@@ -214,7 +246,9 @@ mod tests {
         totals.cpu.control.insert("dev-zts".into(), 0.008);
         totals.cpu.control.insert("athenz-callback".into(), 0.004);
         totals.api_requests = 6;
-        let report = totals.system_report(Kind::Identity(Mode::CsiSocket), 14.5);
+        let report =
+            totals.system_report(Kind::Identity(Mode::CsiSocket), 14.5, IdleRates::default());
+        assert!((totals.per_pod_cpu_ms() - 2.0).abs() < 1e-9);
         assert_eq!(report.credentials, 4);
         assert!((report.node_parts_ms["athenz-agent"] - 10.0).abs() < 1e-9);
         assert!((report.per_pod_cpu_ms - 2.0).abs() < 1e-9);
