@@ -8,7 +8,7 @@ use super::kinds::Kind;
 use crate::cluster::health::Checker;
 use crate::cluster::scenario::Scenario;
 use anyhow::{Context, bail};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime};
 
 /// How long one pod may take to hold its credential before the bench gives up.
@@ -201,56 +201,79 @@ impl Workload<'_> {
 
     /// Pods created one per `churn.interval` for `churn.duration`, each deleted once it is
     /// `churn.lifetime` old and holds its credential; creation and deletion overlap, as in a
-    /// rollout or a batch of short jobs.
+    /// rollout or a batch of short jobs. Creating keeps its own pace: it runs beside the
+    /// watching (which asks every pending pod's probe, slower the more there are).
     async fn churn(&self, churn: Churn) -> anyhow::Result<PhaseOutcome> {
-        let started = Instant::now();
-        let mut next = started;
-        let mut created = 0;
-        // pods not yet deleted: name, created (wall clock and monotonic), ready
-        let mut live: VecDeque<(String, SystemTime, Instant, Option<SystemTime>)> = VecDeque::new();
-        let mut outcome = PhaseOutcome::default();
-        loop {
-            let now = Instant::now();
-            if now.duration_since(started) < churn.duration && now >= next {
-                let name = pod_name(Phase::Churn, created);
+        let (created_tx, mut created_rx) = tokio::sync::mpsc::unbounded_channel();
+        let create = async move {
+            let started = Instant::now();
+            let mut ticks = tokio::time::interval(churn.interval);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut i = 0;
+            while started.elapsed() < churn.duration {
+                ticks.tick().await;
+                let name = pod_name(Phase::Churn, i);
                 let at = self.create(&name).await?;
-                live.push_back((name, at, Instant::now(), None));
-                created += 1;
-                next += churn.interval;
-            }
-            for (name, at, since, ready) in live.iter_mut().filter(|p| p.3.is_none()) {
-                if let Some(time) = self.ready(name).await {
-                    outcome
-                        .times
-                        .push(time.duration_since(*at).unwrap_or_default());
-                    *ready = Some(time);
-                } else if since.elapsed() > POD_LIMIT {
-                    bail!(
-                        "pod {}/{name} never held a credential within {POD_LIMIT:?}",
-                        self.ns
-                    );
+                // the watcher outlives this loop, so the send only fails if it failed first
+                if created_tx.send((name, at, Instant::now())).is_err() {
+                    break;
                 }
+                i += 1;
             }
-            let mut kept = VecDeque::new();
-            for pod in live.drain(..) {
-                if pod.3.is_some() && pod.2.elapsed() >= churn.lifetime {
-                    outcome.shares.push(self.share(&pod.0).await?);
-                    self.api
-                        .api_delete(&format!("{}/{}", self.pods_path(), pod.0))
-                        .await?;
-                } else {
-                    kept.push_back(pod);
+            anyhow::Ok(())
+        };
+        let watch = async {
+            // pods not yet deleted: name, created (wall clock and monotonic), ready
+            let mut live: Vec<(String, SystemTime, Instant, Option<SystemTime>)> = Vec::new();
+            let mut outcome = PhaseOutcome::default();
+            let mut creating = true;
+            loop {
+                loop {
+                    match created_rx.try_recv() {
+                        Ok((name, at, since)) => live.push((name, at, since, None)),
+                        Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
+                        Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
+                            creating = false;
+                            break;
+                        }
+                    }
                 }
+                for (name, at, since, ready) in live.iter_mut().filter(|p| p.3.is_none()) {
+                    if let Some(time) = self.ready(name).await {
+                        outcome
+                            .times
+                            .push(time.duration_since(*at).unwrap_or_default());
+                        *ready = Some(time);
+                    } else if since.elapsed() > POD_LIMIT {
+                        bail!(
+                            "pod {}/{name} never held a credential within {POD_LIMIT:?}",
+                            self.ns
+                        );
+                    }
+                }
+                let mut kept = Vec::new();
+                for pod in live.drain(..) {
+                    if pod.3.is_some() && pod.2.elapsed() >= churn.lifetime {
+                        outcome.shares.push(self.share(&pod.0).await?);
+                        self.api
+                            .api_delete(&format!("{}/{}", self.pods_path(), pod.0))
+                            .await?;
+                    } else {
+                        kept.push(pod);
+                    }
+                }
+                live = kept;
+                if !creating && live.iter().all(|p| p.3.is_some()) {
+                    break;
+                }
+                tokio::time::sleep(POLL).await;
             }
-            live = kept;
-            if started.elapsed() >= churn.duration && live.iter().all(|p| p.3.is_some()) {
-                break;
+            for (name, ..) in &live {
+                outcome.shares.push(self.share(name).await?);
             }
-            tokio::time::sleep(POLL).await;
-        }
-        for (name, ..) in &live {
-            outcome.shares.push(self.share(name).await?);
-        }
+            anyhow::Ok(outcome)
+        };
+        let ((), outcome) = tokio::try_join!(create, watch)?;
         Ok(outcome)
     }
 
