@@ -143,13 +143,20 @@ pub async fn run(
             (Some(spire), Kind::Spire) => Some(spire.register_workload(&ns, SERVICE_ACCOUNT)?),
             _ => None,
         };
+        let prototype = kind.pod(
+            &scenario,
+            &ns,
+            "prototype",
+            SERVICE_ACCOUNT,
+            spiffe_id.as_deref(),
+        )?;
         workloads.push(Workload {
             scenario: &scenario,
             api: &api,
             cgroups: &cgroups,
             kind,
             ns,
-            spiffe_id,
+            prototype,
         });
     }
     // every kind's first pod, not measured: SPIRE's agent syncs its new entry (its best case is

@@ -44,8 +44,10 @@ pub struct Workload<'a> {
     pub kind: Kind,
     /// Its namespace.
     pub ns: String,
-    /// What a SPIRE pod asks for.
-    pub spiffe_id: Option<String>,
+    /// Its pods, but for their names: made once, as a controller's template is (making a
+    /// csi-socket pod reads the webhook's template from the cluster, too slow to do per pod
+    /// at churn rate).
+    pub prototype: serde_json::Value,
 }
 
 /// What one phase measured.
@@ -62,15 +64,16 @@ impl Workload<'_> {
         format!("/api/v1/namespaces/{}/pods", self.ns)
     }
 
+    /// Pod `name`.
+    fn pod(&self, name: &str) -> serde_json::Value {
+        let mut pod = self.prototype.clone();
+        pod["metadata"]["name"] = name.into();
+        pod
+    }
+
     /// Creates pod `name`; returns when the API server was asked.
     async fn create(&self, name: &str) -> anyhow::Result<SystemTime> {
-        let pod = self.kind.pod(
-            self.scenario,
-            &self.ns,
-            name,
-            SERVICE_ACCOUNT,
-            self.spiffe_id.as_deref(),
-        )?;
+        let pod = self.pod(name);
         let at = SystemTime::now();
         self.api.api_post(&self.pods_path(), &pod).await?;
         Ok(at)
@@ -149,13 +152,7 @@ impl Workload<'_> {
             let at = SystemTime::now();
             for i in 0..count {
                 let name = pod_name(phase, i);
-                let pod = self.kind.pod(
-                    self.scenario,
-                    &self.ns,
-                    &name,
-                    SERVICE_ACCOUNT,
-                    self.spiffe_id.as_deref(),
-                )?;
+                let pod = self.pod(&name);
                 let (api, path) = (self.api.clone(), self.pods_path());
                 sends.spawn(async move { api.api_post(&path, &pod).await });
                 created.insert(name, at);
@@ -215,7 +212,13 @@ impl Workload<'_> {
                 let name = pod_name(Phase::Churn, i);
                 let at = self.create(&name).await?;
                 // the watcher outlives this loop, so the send only fails if it failed first
-                if created_tx.send((name, at, Instant::now())).is_err() {
+                let pod = ChurnPod {
+                    name,
+                    created_at: at,
+                    created: Instant::now(),
+                    ready: None,
+                };
+                if created_tx.send(pod).is_err() {
                     break;
                 }
                 i += 1;
@@ -223,14 +226,13 @@ impl Workload<'_> {
             anyhow::Ok(())
         };
         let watch = async {
-            // pods not yet deleted: name, created (wall clock and monotonic), ready
-            let mut live: Vec<(String, SystemTime, Instant, Option<SystemTime>)> = Vec::new();
+            let mut live: Vec<ChurnPod> = Vec::new();
             let mut outcome = PhaseOutcome::default();
             let mut creating = true;
             loop {
                 loop {
                     match created_rx.try_recv() {
-                        Ok((name, at, since)) => live.push((name, at, since, None)),
+                        Ok(pod) => live.push(pod),
                         Err(tokio::sync::mpsc::error::TryRecvError::Empty) => break,
                         Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
                             creating = false;
@@ -238,38 +240,39 @@ impl Workload<'_> {
                         }
                     }
                 }
-                for (name, at, since, ready) in live.iter_mut().filter(|p| p.3.is_none()) {
-                    if let Some(time) = self.ready(name).await {
+                for pod in live.iter_mut().filter(|p| p.ready.is_none()) {
+                    if let Some(time) = self.ready(&pod.name).await {
                         outcome
                             .times
-                            .push(time.duration_since(*at).unwrap_or_default());
-                        *ready = Some(time);
-                    } else if since.elapsed() > POD_LIMIT {
+                            .push(time.duration_since(pod.created_at).unwrap_or_default());
+                        pod.ready = Some(time);
+                    } else if pod.created.elapsed() > POD_LIMIT {
                         bail!(
-                            "pod {}/{name} never held a credential within {POD_LIMIT:?}",
-                            self.ns
+                            "pod {}/{} never held a credential within {POD_LIMIT:?}",
+                            self.ns,
+                            pod.name
                         );
                     }
                 }
                 let mut kept = Vec::new();
                 for pod in live.drain(..) {
-                    if pod.3.is_some() && pod.2.elapsed() >= churn.lifetime {
-                        outcome.shares.push(self.share(&pod.0).await?);
+                    if pod.ready.is_some() && pod.created.elapsed() >= churn.lifetime {
+                        outcome.shares.push(self.share(&pod.name).await?);
                         self.api
-                            .api_delete(&format!("{}/{}", self.pods_path(), pod.0))
+                            .api_delete(&format!("{}/{}", self.pods_path(), pod.name))
                             .await?;
                     } else {
                         kept.push(pod);
                     }
                 }
                 live = kept;
-                if !creating && live.iter().all(|p| p.3.is_some()) {
+                if !creating && live.iter().all(|p| p.ready.is_some()) {
                     break;
                 }
                 tokio::time::sleep(POLL).await;
             }
-            for (name, ..) in &live {
-                outcome.shares.push(self.share(name).await?);
+            for pod in &live {
+                outcome.shares.push(self.share(&pod.name).await?);
             }
             anyhow::Ok(outcome)
         };
@@ -290,6 +293,17 @@ impl Workload<'_> {
         ])?;
         Ok(())
     }
+}
+
+/// A churn pod until its deletion.
+struct ChurnPod {
+    name: String,
+    /// When the API server was asked to create it (the probe's clock).
+    created_at: SystemTime,
+    /// The same moment, for its age.
+    created: Instant,
+    /// When its probe held its credential.
+    ready: Option<SystemTime>,
 }
 
 /// The name of a phase's `i`th pod.
