@@ -329,25 +329,38 @@ impl Pod {
         let mut wait = backoff.initial;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let run = self.run_once(name, spec, left).await?;
+            let run = match self.run_once(name, spec, left).await {
+                Ok(run) => run,
+                // the deadline cut this run short: the answer is the failure of the runs that
+                // finished, with the last one's log (a loaded node may start the last try with
+                // only milliseconds left)
+                Err(_) if !runs.is_empty() && Instant::now() >= deadline => {
+                    return Err(self.init_gave_up(name, &runs));
+                }
+                Err(e) => return Err(e),
+            };
             let ok = run.exit_code == 0;
             runs.push(run);
             if ok {
                 return Ok(runs);
             }
             if Instant::now() + wait >= deadline {
-                let last = runs.last().map(Finished::log_text).unwrap_or_default();
-                return Err(RuntimeError::Failed {
-                    what: format!(
-                        "init container {name} of pod {} ({} runs)",
-                        self.uid,
-                        runs.len()
-                    ),
-                    output: last,
-                });
+                return Err(self.init_gave_up(name, &runs));
             }
             tokio::time::sleep(wait).await;
             wait = (wait * 2).min(backoff.max);
+        }
+    }
+
+    /// The error of init container `name` given up after `runs`, with the last run's log.
+    fn init_gave_up(&self, name: &str, runs: &[Finished]) -> RuntimeError {
+        RuntimeError::Failed {
+            what: format!(
+                "init container {name} of pod {} ({} runs)",
+                self.uid,
+                runs.len()
+            ),
+            output: runs.last().map(Finished::log_text).unwrap_or_default(),
         }
     }
 
