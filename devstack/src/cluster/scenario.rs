@@ -169,12 +169,7 @@ impl Scenario {
         } else {
             self.ensure_restricted_namespace(ns)?;
         }
-        self.kubectl.apply_manifest(
-            &format!(
-                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}, namespace: {ns}}}\n"
-            ),
-            &format!("service account {ns}/{sa}"),
-        )?;
+        self.ensure_service_account(ns, sa)?;
         if workload.service {
             // before the pods: the agent looks the Service up when it issues
             self.kubectl.apply_manifest(
@@ -216,6 +211,17 @@ impl Scenario {
         self.kubectl.apply_manifest(
             &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}{labels}\n"),
             &format!("namespace {ns}"),
+        )?;
+        Ok(())
+    }
+
+    /// Creates service account `sa` in `ns` if missing.
+    pub fn ensure_service_account(&self, ns: &str, sa: &str) -> anyhow::Result<()> {
+        self.kubectl.apply_manifest(
+            &format!(
+                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {sa}, namespace: {ns}}}\n"
+            ),
+            &format!("service account {ns}/{sa}"),
         )?;
         Ok(())
     }

@@ -133,12 +133,7 @@ pub async fn run(
     for kind in Kind::ALL.into_iter().filter(measured) {
         let ns = format!("bench-{}", kind.name());
         scenario.ensure_namespace(&ns, kind.mode() == Some(Mode::Flex))?;
-        scenario.kubectl().apply_manifest(
-            &format!(
-                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {SERVICE_ACCOUNT}, namespace: {ns}}}\n"
-            ),
-            &format!("service account {ns}/{SERVICE_ACCOUNT}"),
-        )?;
+        scenario.ensure_service_account(&ns, SERVICE_ACCOUNT)?;
         let spiffe_id = match (&spire, kind) {
             (Some(spire), Kind::Spire) => Some(spire.register_workload(&ns, SERVICE_ACCOUNT)?),
             _ => None,

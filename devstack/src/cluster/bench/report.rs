@@ -140,18 +140,11 @@ impl KindTotals {
     ) -> SystemReport {
         let credentials = self.times.values().map(Vec::len).sum::<usize>();
         let per = |seconds: f64| seconds * 1e3 / credentials.max(1) as f64;
-        let node_parts: BTreeMap<String, f64> = self
-            .cpu
-            .node
-            .iter()
-            .map(|(k, v)| (k.clone(), per(*v)))
-            .collect();
-        let control_parts: BTreeMap<String, f64> = self
-            .cpu
-            .control
-            .iter()
-            .map(|(k, v)| (k.clone(), per(*v)))
-            .collect();
+        let per_parts = |parts: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
+            parts.iter().map(|(k, v)| (k.clone(), per(*v))).collect()
+        };
+        let node_parts = per_parts(&self.cpu.node);
+        let control_parts = per_parts(&self.cpu.control);
         let per_pod_cpu_ms = per(self.shares.iter().map(|s| s.cpu_seconds).sum());
         let rss: Vec<f64> = self
             .shares
