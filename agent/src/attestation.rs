@@ -84,7 +84,10 @@ impl Agent {
             domain: state.domain,
             service: state.service,
             instance_id: state.instance_id,
-            zts: self.zts_endpoint.clone(),
+            zts: athenz_core::agent_api::ZtsEndpoint {
+                url: self.zts_url.clone(),
+                ca_cert_pem: self.zts_ca.pem(),
+            },
         })
     }
 

@@ -18,6 +18,7 @@ pub mod service;
 pub mod service_dns;
 pub mod status;
 pub mod tunnel;
+pub mod zts_ca;
 
 use athenz_core::crypto::KeyAlgorithm;
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
@@ -103,6 +104,10 @@ pub struct Config {
     /// CA bundle verifying ZTS.
     #[arg(long, env = "ZTS_CA_FILE")]
     pub zts_ca: PathBuf,
+    /// How often --zts-ca is read again: a changed bundle is published to the pods (beside the
+    /// socket, `zts-ca.pem`) and told to those refreshing through the tunnel.
+    #[arg(long, env = "ZTS_CA_RELOAD_INTERVAL", default_value = "30s", value_parser = athenz_core::refresh::parse_duration)]
+    pub zts_ca_reload_interval: Duration,
     /// CA bundle that issues Athenz instance certificates: a certificate a pod presents for
     /// refresh must chain to it, or it is refused before ZTS sees it. Default: the --zts-ca
     /// bundle (right when one CA signs both, as in the devstack; set it when ZTS's server
@@ -352,11 +357,9 @@ pub async fn start(
     };
 
     let keys = key_pool::KeyPool::new(config.key_algorithm, config.key_pool_max);
-    let zts_endpoint = athenz_core::agent_api::ZtsEndpoint {
-        url: config.zts_url.trim_end_matches('/').to_owned(),
-        ca_cert_pem: std::fs::read_to_string(&config.zts_ca)
-            .map_err(|e| StartError::new("--zts-ca (ZTS_CA_FILE)", e))?,
-    };
+    // the bundle pods verify ZTS with: published beside the socket, followed when it rotates
+    let zts_ca = zts_ca::ZtsCa::load(&config.zts_ca, &config.agent_dir)
+        .map_err(|e| StartError::new("--zts-ca (ZTS_CA_FILE)", e))?;
     let tunnel = tunnel::Tunnel::new(
         &config.zts_url,
         config.max_tunnels,
@@ -404,7 +407,8 @@ pub async fn start(
         issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
         key_source: config.key_source,
-        zts_endpoint,
+        zts_url: config.zts_url.trim_end_matches('/').to_owned(),
+        zts_ca: Arc::clone(&zts_ca),
         tunnel,
     });
     let csi = match &config.csi_socket {
@@ -415,8 +419,10 @@ pub async fn start(
     let filler = tokio::spawn(Arc::clone(&keys).fill(shutdown.wait()));
     let registry = Arc::new(registry);
     tracing::info!(socket = %socket.display(), ops = %bound.ops, node = %config.node_name, peer_check = %config.peer_check, key_source = %config.key_source, "agent listening");
+    let ca_reload = config.zts_ca_reload_interval;
     let task = tokio::spawn(async move {
         let watcher = tokio::spawn(Arc::clone(&node).run(shutdown.wait()));
+        let ca_watcher = zts_ca.spawn_watcher(ca_reload);
         let csi = csi.map(|serve| tokio::spawn(serve(Box::pin(shutdown.wait()))));
         let ops = tokio::spawn(athenz_core::daemon::serve_ops(
             ops_listener,
@@ -437,6 +443,7 @@ pub async fn start(
         if let Some(csi) = csi {
             let _ = csi.await;
         }
+        ca_watcher.abort();
         let _ = std::fs::remove_file(&socket);
         let _ = ops.await;
     });

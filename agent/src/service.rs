@@ -127,8 +127,10 @@ pub struct Agent {
     pub locks: Mutex<HashMap<VolumeId, Arc<Mutex<RecentInit>>>>,
     /// Where socket-mode pods' keys are made (`--key-source`).
     pub key_source: KeySource,
-    /// ZTS as pods that refresh through the tunnel are told it.
-    pub zts_endpoint: athenz_core::agent_api::ZtsEndpoint,
+    /// ZTS's base URL, as pods that refresh through the tunnel are told it.
+    pub zts_url: String,
+    /// The bundle that verifies ZTS, as pods are told it (and find it beside the socket).
+    pub zts_ca: Arc<crate::zts_ca::ZtsCa>,
     /// The `CONNECT` tunnel to ZTS.
     pub tunnel: crate::tunnel::Tunnel,
 }

@@ -3,6 +3,7 @@
 //! the pod-creation path of the whole cluster, so it never patches a pod that did not ask for it,
 //! and injecting twice changes nothing.
 
+pub mod live_template;
 pub mod mutate;
 pub mod review;
 pub mod template;
@@ -53,9 +54,19 @@ pub struct Config {
     /// Client principals allowed when --client-ca is set, comma-separated.
     #[arg(long, env = "ALLOWED_PRINCIPALS", value_delimiter = ',')]
     pub allowed_principals: Vec<String>,
-    /// The injection template (YAML).
+    /// The injection template (YAML), read again when it changes (every
+    /// --tls-reload-interval); a template that does not validate is not used.
     #[arg(long, env = "TEMPLATE_FILE")]
     pub template: PathBuf,
+    /// The image holding `athenz-sia`, for templates that name none (the install's: the
+    /// `athenz-cluster` ConfigMap's SIA_IMAGE, which kustomize's image override and the chart's
+    /// `image` values set).
+    #[arg(long, env = "SIA_IMAGE")]
+    pub sia_image: Option<String>,
+    /// ZTS's base URL, given to the SIA (role certificates, tokens) unless the template's `env`
+    /// sets ZTS_URL (the install's: the `athenz-cluster` ConfigMap's ZTS_URL).
+    #[arg(long, env = "ZTS_URL")]
+    pub zts_url: Option<String>,
     /// Namespaces never injected, comma-separated.
     #[arg(
         long,
@@ -81,8 +92,8 @@ pub struct ReviewLabels {
 
 /// The webhook handler.
 pub struct WebhookHandler {
-    /// What to inject.
-    pub template: template::Template,
+    /// What to inject (followed as its file changes).
+    pub template: Arc<live_template::LiveTemplate>,
     /// Namespaces left alone.
     pub skip_namespaces: BTreeSet<String>,
     /// Who may call, when client certificates are required.
@@ -109,7 +120,8 @@ impl Handler for WebhookHandler {
                 );
             }
         }
-        match review::review(&self.template, &self.skip_namespaces, req.body()) {
+        let template = self.template.get();
+        match review::review(&template, &self.skip_namespaces, req.body()) {
             Ok((answer, outcome)) => {
                 self.reviews
                     .get_or_create(&ReviewLabels {
@@ -152,8 +164,14 @@ pub async fn start(
     config: Config,
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
-    let template = template::Template::from_file(&config.template)
-        .map_err(|e| StartError::new("--template (TEMPLATE_FILE)", e))?;
+    let install = template::InstallSettings {
+        sia_image: config.sia_image.clone().filter(|i| !i.is_empty()),
+        zts_url: config.zts_url.clone().filter(|u| !u.is_empty()),
+    };
+    let template = Arc::new(
+        live_template::LiveTemplate::load(&config.template, install)
+            .map_err(|e| StartError::new("--template (TEMPLATE_FILE)", e))?,
+    );
     let identity = ReloadingIdentity::load(&config.tls_cert, &config.tls_key)
         .map_err(|e| StartError::new("--tls-cert/--tls-key (TLS_CERT_FILE/TLS_KEY_FILE)", e))?;
     let (server_config, allowed) = match &config.client_ca {
@@ -196,8 +214,13 @@ pub async fn start(
     let http_metrics = HttpMetrics::register(&mut registry);
     let reviews = Family::<ReviewLabels, Counter>::default();
     registry.register("reviews", "Admission reviews, by outcome", reviews.clone());
+    registry.register(
+        "template_reloads",
+        "Template file changes, by outcome (changed: in use; refused: the last good one stays)",
+        template.reloads.clone(),
+    );
     let handler = Arc::new(WebhookHandler {
-        template,
+        template: Arc::clone(&template),
         skip_namespaces: config
             .skip_namespaces
             .iter()
@@ -213,6 +236,7 @@ pub async fn start(
     tracing::info!(api = %bound.api, ops = %bound.ops, "initializer listening");
     let task = tokio::spawn(async move {
         let watcher = identity.spawn_watcher(config.tls_reload_interval);
+        let template_watcher = template.spawn_watcher(config.tls_reload_interval);
         let ops = tokio::spawn(athenz_core::daemon::serve_ops(
             ops_listener,
             registry,
@@ -229,6 +253,7 @@ pub async fn start(
             .serve(shutdown.wait())
             .await;
         watcher.abort();
+        template_watcher.abort();
         let _ = ops.await;
     });
     Ok((bound, task))

@@ -242,7 +242,8 @@ fn wants_sds(pod: &Pod) -> Result<bool, Conflict> {
     }
 }
 
-/// The identity volume `pod` gets: its [`VOLUME_ANNOTATION`], else the template's. A mode that
+/// The identity volume `pod` gets: its [`VOLUME_ANNOTATION`], else the template's. The
+/// annotation may ask only for a volume the operator allows ([`Template::allows`]); a mode that
 /// runs the SIA needs the template's image; any other value is refused, naming it.
 fn volume_kind(t: &Template, pod: &Pod) -> Result<VolumeKind, Conflict> {
     let kind = match annotation(pod, VOLUME_ANNOTATION) {
@@ -257,7 +258,14 @@ fn volume_kind(t: &Template, pod: &Pod) -> Result<VolumeKind, Conflict> {
             )));
         }
     };
-    if kind != VolumeKind::CsiFiles && t.image.is_empty() {
+    if !t.allows(kind) {
+        return Err(Conflict(format!(
+            "annotation {VOLUME_ANNOTATION}: this cluster does not allow {} volumes (its \
+             template's allowedVolumes)",
+            kind.name()
+        )));
+    }
+    if kind.runs_sia() && t.image.is_empty() {
         return Err(Conflict(format!(
             "annotation {VOLUME_ANNOTATION}: that mode runs the SIA in the pod, and this \
              cluster's template names no SIA image (only csi-files is available)"
@@ -499,7 +507,7 @@ mod tests {
     #[test]
     fn the_volume_annotation_chooses_the_mode_and_refuses_what_it_cannot_give() {
         let annotated_volume = |value: &str| with_annotations(&[(VOLUME_ANNOTATION, value)]);
-        // a flex template, a pod asking for csi-files: the CSI volume alone, no container
+        // the default (csi-socket) template, a pod asking for csi-files: the CSI volume alone
         let files = inject(&template(true), &annotated_volume("csi-files")).unwrap();
         let spec = files.spec.unwrap();
         assert!(spec.init_containers.is_none());
@@ -511,8 +519,26 @@ mod tests {
         let spec = socket.spec.unwrap();
         assert_eq!(spec.init_containers.unwrap().len(), 2);
         assert!(spec.volumes.unwrap()[0].csi.is_some());
+        // flex only where the operator allows it
+        let refused = inject(&template(true), &annotated_volume("flex"))
+            .unwrap_err()
+            .0;
+        assert!(refused.contains("does not allow flex"), "{refused}");
+        let allowing = Template::from_yaml(
+            "image: registry.example/athenz-sia:1.0\nallowedVolumes: [csi-socket, flex]\n",
+        )
+        .unwrap();
+        let flex = inject(&allowing, &annotated_volume("flex")).unwrap();
+        assert!(flex.spec.unwrap().volumes.unwrap()[0].flex_volume.is_some());
+        let refused = inject(&allowing, &annotated_volume("csi-files"))
+            .unwrap_err()
+            .0;
+        assert!(refused.contains("does not allow csi-files"), "{refused}");
         // a csi-files template has no SIA image to run
-        let refused = inject(&csi_template("csi-files", false), &annotated_volume("flex"));
+        let refused = inject(
+            &csi_template("csi-files", false),
+            &annotated_volume("csi-socket"),
+        );
         assert!(refused.unwrap_err().0.contains("names no SIA image"));
         for bad in ["hostPath", "", &"x".repeat(10_000)] {
             let refused = inject(&template(true), &annotated_volume(bad))

@@ -12,10 +12,17 @@ use thiserror::Error;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Template {
-    /// Which identity volume pods get (and so whether the SIA runs in them).
+    /// Which identity volume pods get when they do not ask (and so whether the SIA runs in
+    /// them). A CSI mode by default: flex volumes are refused by Pod Security `baseline`.
     #[serde(default)]
     pub volume: VolumeKind,
-    /// Image with `athenz-sia` (not needed with `volume: csi-files`: nothing runs in the pod).
+    /// The volumes a pod's `athenz.io/volume` annotation may ask for; `volume` is always one.
+    /// Default: the two CSI modes (and `volume`): flex only where the operator lists it.
+    #[serde(default)]
+    pub allowed_volumes: Option<Vec<VolumeKind>>,
+    /// Image with `athenz-sia`. Default: the install's (`SIA_IMAGE` in the `athenz-cluster`
+    /// ConfigMap, which `kustomize edit set image` and the chart's `image` values set), so the
+    /// injected containers always run the release the operator installed.
     #[serde(default)]
     pub image: String,
     /// Pull policy of that image.
@@ -80,18 +87,45 @@ pub fn restricted_security_context() -> SecurityContext {
     }
 }
 
-/// The identity volume the initializer injects (DESIGN.md 4.7, 4.10).
+/// The identity volume the initializer injects (docs/binaries/athenz-initializer.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum VolumeKind {
     /// The flex volume `athenz/volume-driver`, the SIA init container and refresher.
-    #[default]
     Flex,
     /// The CSI volume `csi.athenz.io` in socket mode (the flex layout), the same SIA containers.
+    /// The default: every SIA feature, and admitted by Pod Security `restricted`.
+    #[default]
     CsiSocket,
     /// The CSI volume `csi.athenz.io` in files mode, mounted read-only where the apps read their
     /// credentials: the agent writes and rotates them, no container is added.
     CsiFiles,
+}
+
+impl VolumeKind {
+    /// The name used in the template and the `athenz.io/volume` annotation.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flex => "flex",
+            Self::CsiSocket => "csi-socket",
+            Self::CsiFiles => "csi-files",
+        }
+    }
+
+    /// Whether pods with this volume run the SIA (and so need its image).
+    pub fn runs_sia(self) -> bool {
+        self != Self::CsiFiles
+    }
+}
+
+/// What the install gives every template: the initializer's own settings, from the
+/// `athenz-cluster` ConfigMap, so the image and ZTS are named in one place for both installers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstallSettings {
+    /// The image holding `athenz-sia` (`SIA_IMAGE`): used when the template names none.
+    pub sia_image: Option<String>,
+    /// ZTS's base URL (`ZTS_URL`): given to the SIA unless the template's `env` sets its own.
+    pub zts_url: Option<String>,
 }
 
 fn default_command() -> Vec<String> {
@@ -109,6 +143,9 @@ fn default_sds_path() -> String {
 fn yes() -> bool {
     true
 }
+
+/// The largest template read (a ConfigMap holds at most 1 MiB).
+pub const MAX_TEMPLATE: usize = 1024 * 1024;
 
 /// A template that cannot be used; names the field.
 #[derive(Debug, Error)]
@@ -139,8 +176,15 @@ fn field(field: &'static str, reason: impl Into<String>) -> TemplateError {
 }
 
 impl Template {
-    /// Parses and validates YAML.
+    /// Parses and validates YAML, as written (the image may still come from the install: see
+    /// [`Template::with_install`]).
     pub fn from_yaml(text: &str) -> Result<Self, TemplateError> {
+        if text.len() > MAX_TEMPLATE {
+            return Err(TemplateError::Read {
+                path: "(yaml)".into(),
+                reason: format!("larger than {MAX_TEMPLATE} bytes"),
+            });
+        }
         let template: Template = serde_saphyr::from_str(text).map_err(|e| TemplateError::Read {
             path: "(yaml)".into(),
             reason: e.to_string(),
@@ -149,32 +193,90 @@ impl Template {
         Ok(template)
     }
 
-    /// Reads and validates a YAML file.
-    pub fn from_file(path: &Path) -> Result<Self, TemplateError> {
+    /// Reads a YAML file, validates it and completes it with the install's settings.
+    pub fn from_file(path: &Path, install: &InstallSettings) -> Result<Self, TemplateError> {
         let text = std::fs::read_to_string(path).map_err(|e| TemplateError::Read {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
-        Self::from_yaml(&text).map_err(|e| match e {
-            TemplateError::Read { reason, .. } => TemplateError::Read {
-                path: path.display().to_string(),
-                reason,
-            },
-            other => other,
-        })
+        Self::from_yaml(&text)
+            .and_then(|t| t.with_install(install))
+            .map_err(|e| match e {
+                TemplateError::Read { reason, .. } => TemplateError::Read {
+                    path: path.display().to_string(),
+                    reason,
+                },
+                other => other,
+            })
+    }
+
+    /// The volumes a pod may ask for (see [`Template::allowed_volumes`]).
+    pub fn allows(&self, kind: VolumeKind) -> bool {
+        kind == self.volume
+            || match &self.allowed_volumes {
+                Some(allowed) => allowed.contains(&kind),
+                None => kind != VolumeKind::Flex,
+            }
+    }
+
+    /// Whether any volume a pod may get runs the SIA.
+    fn any_sia(&self) -> bool {
+        [
+            VolumeKind::Flex,
+            VolumeKind::CsiSocket,
+            VolumeKind::CsiFiles,
+        ]
+        .into_iter()
+        .any(|k| k.runs_sia() && self.allows(k))
+    }
+
+    /// The template with what the install gives: the SIA image when it names none, and ZTS's
+    /// URL in the SIA's env when it sets none. Fails, naming the setting, when a volume it allows
+    /// runs the SIA and no image is known.
+    pub fn with_install(mut self, install: &InstallSettings) -> Result<Self, TemplateError> {
+        let sia = self.any_sia();
+        if sia && self.image.is_empty() {
+            self.image = install.sia_image.clone().unwrap_or_default();
+        }
+        if sia
+            && let Some(url) = install.zts_url.as_deref().filter(|u| !u.is_empty())
+            && !self.env.iter().any(|e| e.name == "ZTS_URL")
+        {
+            self.env.push(EnvVar {
+                name: "ZTS_URL".into(),
+                value: Some(url.to_owned()),
+                value_from: None,
+            });
+        }
+        if sia && (self.image.trim().is_empty() || self.image.contains(char::is_whitespace)) {
+            return Err(field(
+                "image",
+                "must be an image reference (the template's, or the install's SIA_IMAGE)",
+            ));
+        }
+        Ok(self)
     }
 
     fn validate(&self) -> Result<(), TemplateError> {
-        if self.volume == VolumeKind::CsiFiles {
-            // the SIA's settings would be silently ignored: say so instead
-            if !self.image.is_empty() || self.group.is_some() || self.native_sidecar {
-                return Err(field(
-                    "volume",
-                    "csi-files runs nothing in the pod: leave out image, group (the key's \
-                     group is the pod's fsGroup) and nativeSidecar",
-                ));
-            }
-        } else if self.image.trim().is_empty() || self.image.contains(char::is_whitespace) {
+        if let Some(allowed) = &self.allowed_volumes
+            && !allowed.contains(&self.volume)
+        {
+            return Err(field(
+                "allowedVolumes",
+                format!("must include volume ({})", self.volume.name()),
+            ));
+        }
+        // the SIA's settings would be silently ignored: say so instead
+        if !self.any_sia()
+            && (!self.image.is_empty() || self.group.is_some() || self.native_sidecar)
+        {
+            return Err(field(
+                "volume",
+                "csi-files runs nothing in the pod: leave out image, group (the key's group is \
+                 the pod's fsGroup) and nativeSidecar",
+            ));
+        }
+        if self.image.contains(char::is_whitespace) {
             return Err(field("image", "must be an image reference"));
         }
         if let Some(policy) = &self.image_pull_policy

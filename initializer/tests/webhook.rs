@@ -86,6 +86,7 @@ fn pod_object(namespace: &str) -> Value {
 }
 
 const TEMPLATE: &str = r#"
+volume: flex
 image: registry.example/athenz-k8s-identity:1.0
 imagePullPolicy: IfNotPresent
 command: [athenz-sia]
@@ -114,6 +115,15 @@ async fn start(native: bool) -> Webhook {
 }
 
 async fn start_with_template(template_yaml: &str) -> Webhook {
+    start_with(template_yaml, &[]).await.0
+}
+
+/// The webhook with `template_yaml` and `extra` flags; also where its ops endpoint and its
+/// template file are.
+async fn start_with(
+    template_yaml: &str,
+    extra: &[&str],
+) -> (Webhook, std::net::SocketAddr, std::path::PathBuf) {
     athenz_core::install_crypto_provider();
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("template.yaml");
@@ -129,25 +139,34 @@ async fn start_with_template(template_yaml: &str) -> Webhook {
             },
         )
         .unwrap();
-    let config = Config::try_parse_from([
-        "athenz-initializer",
-        "--listen=127.0.0.1:0",
-        "--ops-listen=127.0.0.1:0",
-        &format!("--tls-cert={}", files.cert.display()),
-        &format!("--tls-key={}", files.key.display()),
-        &format!("--template={}", template.display()),
-    ])
+    let config = Config::try_parse_from(
+        [
+            "athenz-initializer",
+            "--listen=127.0.0.1:0",
+            "--ops-listen=127.0.0.1:0",
+            &format!("--tls-cert={}", files.cert.display()),
+            &format!("--tls-key={}", files.key.display()),
+            &format!("--template={}", template.display()),
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(extra.iter().map(|a| (*a).to_owned())),
+    )
     .unwrap();
     let shutdown = Shutdown::new();
     let (bound, _) = athenz_initializer::start(config, shutdown.clone())
         .await
         .unwrap();
-    Webhook {
-        url: format!("https://127.0.0.1:{}/mutate", bound.api.port()),
-        ca,
-        shutdown,
-        _dir: dir,
-    }
+    (
+        Webhook {
+            url: format!("https://127.0.0.1:{}/mutate", bound.api.port()),
+            ca,
+            shutdown,
+            _dir: dir,
+        },
+        bound.ops,
+        template,
+    )
 }
 
 impl Webhook {
@@ -194,7 +213,7 @@ fn assert_no_patch(response: &Value) {
 /// source, as the API takes it) and a read-only mount in each app container: no container.
 #[tokio::test]
 async fn csi_files_mode_adds_only_the_volume_and_its_mounts() {
-    let w = start_with_template("volume: csi-files\n").await;
+    let w = start_with_template("volume: csi-files\nallowedVolumes: [csi-files]\n").await;
     let original = pod_object("media-sports");
     let response = w
         .review(&review(
@@ -536,13 +555,17 @@ async fn tls_is_required_and_templates_are_checked_at_start() {
         ("image: x\nimagePullPolicy: Sometimes\n", "imagePullPolicy"),
         ("image: [1, 2\n", "template"),
         ("volume: nfs\nimage: x\n", "unknown variant"),
+        (
+            "image: x\nvolume: flex\nallowedVolumes: [csi-socket]\n",
+            "allowedVolumes: must include volume (flex)",
+        ),
         ("volume: csi-socket\n", "template field image"),
         (
-            "volume: csi-files\nimage: x\n",
+            "volume: csi-files\nallowedVolumes: [csi-files]\nimage: x\n",
             "template field volume: csi-files runs nothing in the pod",
         ),
         (
-            "volume: csi-files\ngroup: app\n",
+            "volume: csi-files\nallowedVolumes: [csi-files]\ngroup: app\n",
             "the key's group is the pod's fsGroup",
         ),
     ] {
@@ -586,4 +609,150 @@ fn the_deployed_template_is_valid() {
     let template = athenz_initializer::template::Template::from_yaml(&yaml).unwrap();
     assert!(template.native_sidecar);
     assert_eq!(template.credentials_mount_path, "/var/run/athenz");
+}
+
+/// The deployed template as the install runs it: the image and ZTS come from the initializer's
+/// environment (SIA_IMAGE, ZTS_URL: the athenz-cluster ConfigMap), the default is csi-socket; a
+/// changed template file is used for the next pod with no restart, and one that does not
+/// validate is refused and counted while the last good one keeps serving.
+#[tokio::test]
+async fn the_deployed_template_takes_the_installs_image_and_zts_and_follows_edits() {
+    let manifest = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/base/initializer-template.yaml"
+    ))
+    .unwrap();
+    let map: k8s_openapi::api::core::v1::ConfigMap = serde_saphyr::from_str(&manifest).unwrap();
+    let deployed = map.data.unwrap()["template.yaml"].clone();
+    let (w, ops, template_file) = start_with(
+        &deployed,
+        &[
+            "--sia-image=registry.example/athenz@sha256:0123",
+            "--zts-url=https://zts.example:4443/zts/v1",
+            "--tls-reload-interval=100ms",
+        ],
+    )
+    .await;
+    let original = pod_object("media-sports");
+    let injected =
+        |response: &Value| -> Pod { serde_json::from_value(apply(response, &original)).unwrap() };
+    let pod = injected(
+        &w.review(&review("u1", "CREATE", "media-sports", original.clone()))
+            .await,
+    );
+    let spec = pod.spec.unwrap();
+    let identity = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "athenz-identity")
+        .unwrap();
+    assert_eq!(
+        identity
+            .csi
+            .as_ref()
+            .unwrap()
+            .volume_attributes
+            .as_ref()
+            .unwrap()["mode"],
+        "socket",
+        "the default is csi-socket"
+    );
+    for sia in spec.init_containers.iter().flatten().take(2) {
+        assert_eq!(
+            sia.image.as_deref(),
+            Some("registry.example/athenz@sha256:0123")
+        );
+        let zts = sia
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "ZTS_URL")
+            .unwrap();
+        assert_eq!(
+            zts.value.as_deref(),
+            Some("https://zts.example:4443/zts/v1")
+        );
+    }
+    // flex is not among the allowed volumes
+    let mut flex = original.clone();
+    flex["metadata"]["annotations"] = json!({"athenz.io/volume": "flex"});
+    let refused = w
+        .review(&review("u2", "CREATE", "media-sports", flex.clone()))
+        .await;
+    assert_eq!(refused["allowed"], false, "{refused}");
+    assert!(
+        refused["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("does not allow flex"),
+        "{refused}"
+    );
+
+    // the operator allows flex: the next pod asking for it gets it, no restart
+    std::fs::write(
+        &template_file,
+        deployed.replace(
+            "allowedVolumes: [csi-socket, csi-files]",
+            "allowedVolumes: [csi-socket, csi-files, flex]",
+        ),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = w
+            .review(&review("u3", "CREATE", "media-sports", flex.clone()))
+            .await;
+        if answer["allowed"] == true {
+            let pod = injected_flex(&answer, &flex);
+            assert!(pod, "the flex volume");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never reloaded: {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // a template that does not validate: refused, counted, the last good one stays
+    std::fs::write(&template_file, "volume: nfs\n").unwrap();
+    let metrics_url = format!("http://{ops}/metrics");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = reqwest::get(&metrics_url)
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains("athenz_initializer_template_reloads_total{outcome=\"refused\"}") {
+            assert!(
+                text.contains("athenz_initializer_template_reloads_total{outcome=\"changed\"} 1"),
+                "{text}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never refused: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let still = w
+        .review(&review("u4", "CREATE", "media-sports", flex.clone()))
+        .await;
+    assert!(
+        injected_flex(&still, &flex),
+        "the last good template serves"
+    );
+}
+
+fn injected_flex(response: &Value, original: &Value) -> bool {
+    let pod: Pod = serde_json::from_value(apply(response, original)).unwrap();
+    pod.spec
+        .unwrap()
+        .volumes
+        .unwrap()
+        .iter()
+        .any(|v| v.name == "athenz-identity" && v.flex_volume.is_some())
 }

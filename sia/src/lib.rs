@@ -9,6 +9,7 @@ pub mod pod_key;
 pub mod pod_refresh;
 pub mod run;
 pub mod sds;
+pub mod sds_probe;
 pub mod status;
 
 use athenz_core::refresh::parse_duration;
@@ -117,10 +118,12 @@ pub struct Settings {
     /// --refresh-route direct, the identity's refreshes; called with the pod's own certificate. (k8s-athenz-sia's ENDPOINT is the agent socket here.)
     #[arg(long, env = "ZTS_URL")]
     pub zts_url: Option<String>,
-    /// CA certificates (PEM) that verify ZTS (k8s-athenz-sia's SERVER_CA_CERT; ZTS_CA_FILE also read).
+    /// CA certificates (PEM) that verify ZTS (k8s-athenz-sia's SERVER_CA_CERT; ZTS_CA_FILE also
+    /// read). Default: the bundle the agent publishes beside its socket (`zts-ca.pem` in the
+    /// --endpoint's directory), the install's own, so a pod needs no CA of its own.
     #[arg(long, env = "SERVER_CA_CERT")]
     pub zts_ca: Option<PathBuf>,
-    /// Same as `--zts-ca` (the name DESIGN.md gives it).
+    /// Same as `--zts-ca`.
     #[arg(long, env = "ZTS_CA_FILE", hide = true)]
     pub zts_ca_file: Option<PathBuf>,
     /// `refresh` only: serve tokens over HTTP here (`host:port`; `:port` is loopback).
@@ -226,4 +229,23 @@ pub fn main_with_args(
             sia.init(started).await
         }
     })
+}
+
+/// The name of the ZTS CA bundle the agent publishes beside its socket.
+pub const AGENT_ZTS_CA_NAME: &str = "zts-ca.pem";
+
+impl Settings {
+    /// The CA bundle that verifies ZTS: --zts-ca, else ZTS_CA_FILE, else the agent's published
+    /// copy beside the --endpoint socket.
+    pub fn zts_ca_path(&self) -> PathBuf {
+        self.zts_ca
+            .clone()
+            .or_else(|| self.zts_ca_file.clone())
+            .unwrap_or_else(|| {
+                self.endpoint
+                    .parent()
+                    .unwrap_or_else(|| std::path::Path::new("/"))
+                    .join(AGENT_ZTS_CA_NAME)
+            })
+    }
 }

@@ -94,12 +94,8 @@ fn load_zts_route(settings: &Settings) -> Result<Option<ZtsRoute>, String> {
         .as_deref()
         .filter(|u| !u.is_empty())
         .ok_or("--zts-url (ZTS_URL) is required with --refresh-route direct")?;
-    let ca = settings
-        .zts_ca
-        .as_ref()
-        .or(settings.zts_ca_file.as_ref())
-        .ok_or("--zts-ca (SERVER_CA_CERT) is required with --refresh-route direct")?;
-    let ca_certs = athenz_core::tls::read_certs_file(ca)
+    let ca = settings.zts_ca_path();
+    let ca_certs = athenz_core::tls::read_certs_file(&ca)
         .map_err(|e| format!("--zts-ca (SERVER_CA_CERT) {}: {e}", ca.display()))?;
     let zts = athenz_core::zts::ZtsClient::new(athenz_core::zts::ZtsClientConfig {
         url: url.to_owned(),
@@ -146,13 +142,13 @@ fn load_authz(
         .ok_or(
             "--zts-url (ZTS_URL) is required with --target-domain-roles or --token-server-addr",
         )?;
-    let ca = settings
-        .zts_ca
-        .as_ref()
-        .or(settings.zts_ca_file.as_ref())
-        .ok_or("--zts-ca (SERVER_CA_CERT) is required with --zts-url")?;
-    let zts = ZtsAccess::new(url, ca, settings.zts_timeout)
-        .map_err(|e| format!("--zts-url / --zts-ca: {e}"))?;
+    let ca = settings.zts_ca_path();
+    let zts = ZtsAccess::new(url, &ca, settings.zts_timeout).map_err(|e| {
+        format!(
+            "--zts-url / --zts-ca (SERVER_CA_CERT; default: the agent's copy beside --endpoint) {}: {e}",
+            ca.display()
+        )
+    })?;
     let role_auth_header = http::HeaderName::try_from(settings.role_auth_header.as_str())
         .map_err(|e| format!("--role-auth-header (ROLE_AUTH_HEADER): {e}"))?;
     let policy = CachePolicy {

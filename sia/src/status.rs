@@ -28,6 +28,18 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Check what the refresher's SDS socket serves (`default` and `ROOTCA`, as a proxy gets
+    /// them) instead of the files.
+    #[arg(long)]
+    pub sds_socket: Option<PathBuf>,
+    /// How long the SDS socket may take to answer.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub sds_timeout: Duration,
+    /// Check again every half second until healthy, for at most this long (e.g. `60s`): an init
+    /// container placed after the refresher waits for its files or its SDS socket this way.
+    /// Unset: check once.
+    #[arg(long, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
 }
 
 /// What the files hold.
@@ -65,10 +77,10 @@ fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_else(|_| t.to_string())
 }
 
-/// Reads and checks the set in `args.out_dir` at `now`.
-pub fn check(args: &StatusArgs, now: OffsetDateTime) -> FilesStatus {
-    let mut status = FilesStatus {
-        out_dir: args.out_dir.display().to_string(),
+/// An empty report about `source`.
+fn empty(source: String) -> FilesStatus {
+    FilesStatus {
+        out_dir: source,
         healthy: false,
         problems: Vec::new(),
         principal: None,
@@ -81,7 +93,12 @@ pub fn check(args: &StatusArgs, now: OffsetDateTime) -> FilesStatus {
         expires_in_seconds: None,
         chain_verified: false,
         key_matches: false,
-    };
+    }
+}
+
+/// Reads and checks the set in `args.out_dir` at `now`.
+pub fn check(args: &StatusArgs, now: OffsetDateTime) -> FilesStatus {
+    let mut status = empty(args.out_dir.display().to_string());
     // one read of one set: a rotation in between cannot pair a new key with an old certificate
     let files = match FileSet::new(&args.out_dir).read(&[KEY_FILE, CERT_FILE, CA_FILE]) {
         Ok(files) => files,
@@ -93,7 +110,37 @@ pub fn check(args: &StatusArgs, now: OffsetDateTime) -> FilesStatus {
         }
     };
     let [key, cert, ca] = [&files[0], &files[1], &files[2]].map(|b| String::from_utf8_lossy(b));
-    match CertInfo::from_pem(&cert) {
+    assess(status, &key, &cert, &ca, args, now)
+}
+
+/// Checks what the SDS socket `socket` served (or why it served nothing) at `now`.
+pub fn check_served(
+    served: Result<crate::sds_probe::Served, String>,
+    socket: &std::path::Path,
+    args: &StatusArgs,
+    now: OffsetDateTime,
+) -> FilesStatus {
+    let mut status = empty(format!("sds:{}", socket.display()));
+    match served {
+        Ok(served) => assess(status, &served.key, &served.chain, &served.ca, args, now),
+        Err(e) => {
+            status.problems.push(format!("SDS: {e}"));
+            status
+        }
+    }
+}
+
+/// The checks of a set: the certificate readable, valid (for at least --min-remaining), its key,
+/// its chain to the CA bundle.
+fn assess(
+    mut status: FilesStatus,
+    key: &str,
+    cert: &str,
+    ca: &str,
+    args: &StatusArgs,
+    now: OffsetDateTime,
+) -> FilesStatus {
+    match CertInfo::from_pem(cert) {
         Ok(info) => {
             status.principal = Some(info.common_name.clone());
             status.dns_names = info.dns_names.clone();
@@ -117,7 +164,7 @@ pub fn check(args: &StatusArgs, now: OffsetDateTime) -> FilesStatus {
                     min.as_secs()
                 ));
             }
-            match PrivateKey::from_pem(&key) {
+            match PrivateKey::from_pem(key) {
                 Ok(key) => {
                     status.key_matches = key_matches_cert(&key, &info);
                     if !status.key_matches {
@@ -128,7 +175,7 @@ pub fn check(args: &StatusArgs, now: OffsetDateTime) -> FilesStatus {
                 }
                 Err(e) => status.problems.push(format!("{KEY_FILE}: {e}")),
             }
-            status.chain_verified = verify_chain(&cert, &ca)
+            status.chain_verified = verify_chain(cert, ca)
                 .map_err(|e| status.problems.push(e))
                 .is_ok();
         }
@@ -189,11 +236,35 @@ pub fn to_text(status: &FilesStatus) -> String {
     out
 }
 
+/// One check of the files, or of the SDS socket when one is given.
+fn check_once(args: &StatusArgs) -> FilesStatus {
+    match &args.sds_socket {
+        Some(socket) => {
+            let served = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("starting the runtime: {e}"))
+                .and_then(|rt| rt.block_on(crate::sds_probe::fetch(socket, args.sds_timeout)));
+            check_served(served, socket, args, OffsetDateTime::now_utc())
+        }
+        None => check(args, OffsetDateTime::now_utc()),
+    }
+}
+
 /// Runs `status`: prints the report on stdout (the command's output, not a log line); 0 if
 /// healthy, 1 if not.
 pub fn run(args: &StatusArgs) -> std::process::ExitCode {
     use std::io::Write;
-    let status = check(args, OffsetDateTime::now_utc());
+    let deadline = args.wait.map(|wait| std::time::Instant::now() + wait);
+    let status = loop {
+        let status = check_once(args);
+        match deadline {
+            Some(deadline) if !status.healthy && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            _ => break status,
+        }
+    };
     let report = if args.json {
         serde_json::to_string_pretty(&status)
             .map(|json| json + "\n")

@@ -655,3 +655,65 @@ async fn after_a_rotation_tokens_carry_the_new_certificates_thumbprint() {
     let now_cert = read_set(&side.out, &[CERT_FILE]).remove(0);
     assert!(after == cert_thumbprint(&cert) || after == cert_thumbprint(&now_cert));
 }
+
+/// With no CA bundle of its own (the image holds none, and a tenant's namespace none of the
+/// install's ConfigMaps), the SIA verifies ZTS with the one its agent publishes beside the socket;
+/// the same bundle the agent was given.
+#[tokio::test]
+async fn the_agents_published_ca_verifies_zts_when_the_pod_has_none() {
+    let node = authz_node().await;
+    let n = 41;
+    pod_with_volume(&node, &format!("web-{n}"), &uid(n), &format!("10.9.0.{n}"));
+    let id = volume_for(&node, &format!("web-{n}"), &uid(n));
+    let out = node.dir.path().join(format!("out-{n}"));
+    let url = zts_url(&node);
+    let published = node.socket.parent().unwrap().join("zts-ca.pem");
+    assert_eq!(
+        std::fs::read_to_string(&published).unwrap().trim(),
+        std::fs::read_to_string(&node.agent_config.zts_ca)
+            .unwrap()
+            .trim(),
+        "the agent publishes its --zts-ca"
+    );
+    let done = sia(
+        &node,
+        "init",
+        &id,
+        &out,
+        &[("ZTS_URL", url.as_str()), ("TARGET_DOMAIN_ROLES", READERS)],
+    )
+    .await
+    .output()
+    .await
+    .unwrap();
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(read_set(&out, &[READERS_CERT])[0].contains("BEGIN CERTIFICATE"));
+
+    // the published copy gone: the SIA names the file it looked for
+    std::fs::remove_file(&published).unwrap();
+    let n = 42;
+    pod_with_volume(&node, &format!("web-{n}"), &uid(n), &format!("10.9.0.{n}"));
+    let id = volume_for(&node, &format!("web-{n}"), &uid(n));
+    let out = node.dir.path().join(format!("out-{n}"));
+    let done = sia(
+        &node,
+        "init",
+        &id,
+        &out,
+        &[("ZTS_URL", url.as_str()), ("TARGET_DOMAIN_ROLES", READERS)],
+    )
+    .await
+    .output()
+    .await
+    .unwrap();
+    assert!(!done.status.success());
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert!(
+        err.contains("zts-ca.pem") && err.contains("SERVER_CA_CERT"),
+        "{err}"
+    );
+}

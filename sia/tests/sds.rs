@@ -458,3 +458,40 @@ async fn sds_socket_settings_are_checked_before_serving() {
         .await
         .unwrap();
 }
+
+/// `athenz-sia status --sds-socket` is an SDS client an operator or an init container can run:
+/// it reports what the socket serves (the files' principal, verified to the served CA), waits
+/// for a socket that is not there yet with `--wait`, and names a socket that never comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_what_the_sds_socket_serves() {
+    let node = node("p256").await;
+    let sia = start(&node, 7, "1h").await;
+    let (_, cert, _) = files(&sia.out);
+    let principal = CertInfo::from_pem(&cert).unwrap().common_name;
+    let status = |args: &[&str]| {
+        std::process::Command::new(SIA)
+            .arg("status")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let socket = sia.socket.to_str().unwrap();
+    let out = status(&["--sds-socket", socket, "--json"]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success(), "{report}");
+    assert_eq!(report["principal"], principal.as_str());
+    assert_eq!(report["chain_verified"], true);
+    assert_eq!(report["key_matches"], true);
+    assert_eq!(report["out_dir"], format!("sds:{socket}"));
+
+    let missing = node.dir.path().join("not-yet.sock");
+    let started = std::time::Instant::now();
+    let out = status(&["--sds-socket", missing.to_str().unwrap(), "--wait", "2s"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(started.elapsed() >= Duration::from_secs(2), "it waited");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("healthy:     NO") && text.contains("not-yet.sock"),
+        "{text}"
+    );
+}
