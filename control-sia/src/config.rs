@@ -8,6 +8,7 @@ use athenz_core::telemetry::LogFormat;
 use athenz_core::zts::PRINCIPAL_AUTH_HEADER;
 use clap::{Args, Parser, Subcommand};
 use rustls_pki_types::CertificateDer;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
@@ -31,7 +32,39 @@ pub enum Command {
     /// Get a certificate and ntoken, write them, exit (an init container).
     Init(Settings),
     /// Keep the certificate and ntoken fresh until SIGTERM (a sidecar).
-    Refresh(Settings),
+    Refresh(RefreshSettings),
+}
+
+/// The setting named in errors about the operations address.
+pub const OPS_SETTING: &str = "--ops-listen (OPS_LISTEN)";
+
+/// `refresh`'s settings: those of `init`, and the operations endpoint only a long-running
+/// process has.
+#[derive(Debug, Clone, Args)]
+pub struct RefreshSettings {
+    /// Everything `init` takes too.
+    #[command(flatten)]
+    pub settings: Settings,
+    /// Address of /healthz, /readyz and /metrics (the manifests: 0.0.0.0:9091); unset, none is
+    /// served.
+    ///
+    /// No default, unlike the daemons' 0.0.0.0:9090: this sidecar shares its pod's network
+    /// namespace with the daemon already listening there, and several run side by side on one
+    /// host in the devstack, so each is given an address of its own.
+    #[arg(long, env = "OPS_LISTEN")]
+    pub ops_listen: Option<SocketAddr>,
+}
+
+/// Binds the operations address of `refresh`, if one is set. Done before anything else runs,
+/// so an address that is taken is a start-up error naming the setting, like any bad setting.
+pub fn bind_ops(addr: Option<SocketAddr>) -> Result<Option<std::net::TcpListener>, SettingError> {
+    let Some(addr) = addr else {
+        return Ok(None);
+    };
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .map_err(|e| bad(OPS_SETTING, format!("{addr}: {e}")))?;
+    Ok(Some(listener))
 }
 
 /// Every setting.
@@ -238,5 +271,77 @@ impl Settings {
             zts_cas,
             gid,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `verb` with every required setting as a flag (so the environment cannot supply them).
+    fn parse(verb: &str, extra: &[&str]) -> Result<Cli, clap::Error> {
+        let mut args = vec![
+            "athenz-control-sia",
+            verb,
+            "--key-dir=/k",
+            "--domain=k8s.admin",
+            "--service=athenz-callback",
+            "--zts-url=https://zts/zts/v1",
+            "--zts-ca=/ca.pem",
+            "--dns-suffix=athenz.cloud",
+        ];
+        args.extend_from_slice(extra);
+        Cli::try_parse_from(args)
+    }
+
+    fn refresh(extra: &[&str]) -> RefreshSettings {
+        match parse("refresh", extra).unwrap().command {
+            Command::Refresh(r) => r,
+            Command::Init(_) => panic!("parsed as init"),
+        }
+    }
+
+    #[test]
+    fn ops_listen_is_refresh_only_and_checked_as_an_address() {
+        assert_eq!(
+            refresh(&["--ops-listen=0.0.0.0:9091"]).ops_listen,
+            Some("0.0.0.0:9091".parse().unwrap())
+        );
+        assert_eq!(
+            refresh(&["--ops-listen=[::1]:9091"]).ops_listen,
+            Some("[::1]:9091".parse().unwrap())
+        );
+
+        for bad in ["9091", "localhost:9091", "0.0.0.0", "0.0.0.0:99999", ""] {
+            let err = parse("refresh", &[&format!("--ops-listen={bad}")]).unwrap_err();
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}: {err}"
+            );
+            assert!(err.to_string().contains("--ops-listen"), "{bad:?}: {err}");
+        }
+
+        // init exits at once: it has no endpoint to serve
+        let err = parse("init", &["--ops-listen=0.0.0.0:9091"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::UnknownArgument, "{err}");
+    }
+
+    #[test]
+    fn an_address_already_taken_is_a_setting_error_naming_ops_listen() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = bind_ops(refresh(&[&format!("--ops-listen={addr}")]).ops_listen).unwrap_err();
+        assert_eq!(err.setting, OPS_SETTING);
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+
+        drop(taken);
+        let listener = bind_ops(refresh(&[&format!("--ops-listen={addr}")]).ops_listen)
+            .unwrap()
+            .expect("a listener when the address is set");
+        assert_eq!(listener.local_addr().unwrap(), addr);
+        // no address, no endpoint
+        assert!(bind_ops(None).unwrap().is_none());
     }
 }

@@ -98,6 +98,14 @@ impl ControlSia {
         .sign(&self.loaded.key, now)?)
     }
 
+    /// When an ntoken [`Self::ntoken`] issues at `issued` expires (Unix time): what the
+    /// ntoken gauge reports, without parsing the secret back.
+    pub fn ntoken_expires(&self, issued: OffsetDateTime) -> i64 {
+        let lifetime =
+            i64::try_from(self.loaded.settings.ntoken_lifetime.as_secs()).unwrap_or(i64::MAX);
+        issued.unix_timestamp().saturating_add(lifetime)
+    }
+
     /// Asks ZTS for a certificate, authenticating with an ntoken issued at `now`.
     pub async fn request_certificate(&self, now: OffsetDateTime) -> Result<Issued, IdentityError> {
         let s = &self.loaded.settings;

@@ -8,13 +8,27 @@
 
 pub mod config;
 pub mod identity;
+pub mod metrics;
+pub mod ops;
 pub mod run;
 
-pub use config::{Cli, Command, Settings};
+pub use config::{Cli, Command, RefreshSettings, Settings};
 pub use identity::ControlSia;
 
+/// Why `init` or `refresh` failed (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Getting or writing the identity.
+    #[error(transparent)]
+    Identity(#[from] identity::IdentityError),
+    /// Serving the operations endpoint.
+    #[error(transparent)]
+    Ops(#[from] ops::OpsError),
+}
+
 /// The `athenz-control-sia` command: parses `args` (the program name first), runs `init` or
-/// `refresh` and says how it ended: 0 done (or SIGTERM during refresh), 1 failed, 2 bad settings.
+/// `refresh` and says how it ended: 0 done (or SIGTERM during refresh), 1 failed, 2 bad settings
+/// (an operations address that cannot be bound included).
 /// `main` runs it, and so does `athenz-devstack` when it re-executes itself under this name.
 pub fn main_with_args(
     args: impl IntoIterator<Item = std::ffi::OsString>,
@@ -23,26 +37,33 @@ pub fn main_with_args(
     use std::process::ExitCode;
     athenz_core::install_crypto_provider();
     let cli = Cli::parse_from(args);
+    // refresh: Some(its operations address, if any)
     let (settings, refresh) = match cli.command {
-        Command::Init(s) => (s, false),
-        Command::Refresh(s) => (s, true),
+        Command::Init(s) => (s, None),
+        Command::Refresh(RefreshSettings {
+            settings,
+            ops_listen,
+        }) => (settings, Some(ops_listen)),
     };
     let _ = athenz_core::telemetry::init_logging(settings.log_format);
-    let loaded = match settings.load() {
-        Ok(l) => l,
+    // a configuration error: exit 2 like any usage error
+    let started = settings
+        .load()
+        .and_then(|loaded| Ok((loaded, config::bind_ops(refresh.flatten())?)));
+    let (loaded, ops) = match started {
+        Ok(s) => s,
         Err(e) => {
-            // a configuration error: exit 2 like any usage error
             tracing::error!("{e}");
             return ExitCode::from(2);
         }
     };
     athenz_core::daemon::run_to_completion(|| async {
         let sia = ControlSia::new(loaded)?;
-        if refresh {
-            run::refresh(&sia, athenz_core::http::termination_signal()).await;
-            Ok(())
+        if refresh.is_some() {
+            ops::refresh_serving(&sia, ops, athenz_core::http::termination_signal()).await?;
+            Ok::<(), RunError>(())
         } else {
-            run::init(&sia).await
+            Ok(run::init(&sia).await?)
         }
     })
 }

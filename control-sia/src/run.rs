@@ -4,8 +4,14 @@
 //! never later than `--refresh-interval`) and the ntoken's (half its lifetime — the ntoken is
 //! signed locally with the service key, so rewriting it needs no ZTS call). A failed certificate
 //! refresh keeps the files already written and retries with exponential backoff.
+//!
+//! Every outcome is also recorded in [`Metrics`]: the expiry of what is on disk, each ZTS call,
+//! and readiness while the certificate is valid. The loop wakes when the certificate expires, so
+//! readiness drops then even while a retry is still waiting.
 
 use crate::identity::{ControlSia, IdentityError, Issued};
+use crate::metrics::Metrics;
+use athenz_core::crypto::CertInfo;
 use athenz_core::refresh::{Backoff, RefreshPolicy, random_unit};
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -18,7 +24,7 @@ pub async fn init(sia: &ControlSia) -> Result<(), IdentityError> {
     let mut attempt = 0;
     loop {
         match obtain_and_write(sia).await {
-            Ok(issued) => {
+            Ok((issued, _)) => {
                 tracing::info!(
                     serial = %issued.info.serial_hex,
                     expires = %issued.info.not_after,
@@ -41,11 +47,13 @@ pub async fn init(sia: &ControlSia) -> Result<(), IdentityError> {
     }
 }
 
-async fn obtain_and_write(sia: &ControlSia) -> Result<Issued, IdentityError> {
+/// Gets a certificate and writes it with a fresh ntoken; returns it and the ntoken's expiry
+/// (Unix time).
+async fn obtain_and_write(sia: &ControlSia) -> Result<(Issued, i64), IdentityError> {
     let now = OffsetDateTime::now_utc();
     let issued = sia.request_certificate(now).await?;
     sia.write(&issued, &sia.ntoken(now)?)?;
-    Ok(issued)
+    Ok((issued, sia.ntoken_expires(now)))
 }
 
 /// The two deadlines of the refresh loop.
@@ -62,8 +70,16 @@ pub fn ntoken_due(written: Instant, lifetime: Duration) -> Instant {
     written + lifetime / 2
 }
 
-/// Keeps the certificate and ntoken fresh until `shutdown` completes.
-pub async fn refresh(sia: &ControlSia, shutdown: impl Future<Output = ()>) {
+/// How long `info` stays valid after `now`; `None` once it has expired.
+pub fn valid_for(info: &CertInfo, now: OffsetDateTime) -> Option<Duration> {
+    Duration::try_from(info.not_after - now)
+        .ok()
+        .filter(|left| !left.is_zero())
+}
+
+/// Keeps the certificate and ntoken fresh until `shutdown` completes, recording each outcome in
+/// `metrics`.
+pub async fn refresh(sia: &ControlSia, metrics: &Metrics, shutdown: impl Future<Output = ()>) {
     let policy = RefreshPolicy {
         max_delay: sia.settings().refresh_interval,
         ..RefreshPolicy::default()
@@ -86,8 +102,10 @@ pub async fn refresh(sia: &ControlSia, shutdown: impl Future<Output = ()>) {
     loop {
         let now = Instant::now();
         if now >= deadlines.cert {
-            match obtain_and_write(sia).await {
-                Ok(issued) => {
+            let outcome = obtain_and_write(sia).await;
+            metrics.refreshed(outcome.is_ok());
+            match outcome {
+                Ok((issued, ntoken_expires)) => {
                     tracing::info!(
                         serial = %issued.info.serial_hex,
                         expires = %issued.info.not_after,
@@ -95,6 +113,7 @@ pub async fn refresh(sia: &ControlSia, shutdown: impl Future<Output = ()>) {
                     );
                     deadlines.cert = Instant::now() + cert_delay(&policy, &issued);
                     deadlines.ntoken = ntoken_due(Instant::now(), token_lifetime);
+                    metrics.ntoken_written(ntoken_expires);
                     current = Some(issued);
                     failures = 0;
                 }
@@ -116,12 +135,14 @@ pub async fn refresh(sia: &ControlSia, shutdown: impl Future<Output = ()>) {
         } else if now >= deadlines.ntoken {
             match &current {
                 Some(issued) => {
+                    let issued_at = OffsetDateTime::now_utc();
                     let written = sia
-                        .ntoken(OffsetDateTime::now_utc())
+                        .ntoken(issued_at)
                         .and_then(|token| sia.write(issued, &token));
                     match written {
                         Ok(()) => {
                             tracing::debug!("ntoken rewritten");
+                            metrics.ntoken_written(sia.ntoken_expires(issued_at));
                             deadlines.ntoken = ntoken_due(Instant::now(), token_lifetime);
                         }
                         Err(e) => {
@@ -134,7 +155,14 @@ pub async fn refresh(sia: &ControlSia, shutdown: impl Future<Output = ()>) {
                 None => deadlines.ntoken = deadlines.cert,
             }
         }
-        let next = deadlines.cert.min(deadlines.ntoken);
+        // readiness follows the certificate on disk: wake when it expires to drop it
+        let wall = OffsetDateTime::now_utc();
+        let info = current.as_ref().map(|issued| &issued.info);
+        metrics.certificate(info, wall);
+        let mut next = deadlines.cert.min(deadlines.ntoken);
+        if let Some(left) = info.and_then(|info| valid_for(info, wall)) {
+            next = next.min(Instant::now() + left);
+        }
         tokio::select! {
             _ = &mut shutdown => {
                 tracing::info!("stopping");
@@ -157,6 +185,25 @@ fn cert_delay(policy: &RefreshPolicy, issued: &Issued) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn validity_left_is_none_once_expired() {
+        let issued = athenz_testbed::pki::CertAuthority::new_root("test CA")
+            .unwrap()
+            .issue(
+                &athenz_testbed::pki::LeafSpec::service("k8s.admin.athenz-callback", &[]),
+                athenz_core::crypto::KeyAlgorithm::P256,
+            )
+            .unwrap();
+        let info = CertInfo::from_pem(&issued.cert_pem).unwrap();
+        let before_end = info.not_after - time::Duration::seconds(30);
+        assert_eq!(valid_for(&info, before_end), Some(Duration::from_secs(30)));
+        assert_eq!(valid_for(&info, info.not_after), None);
+        assert_eq!(
+            valid_for(&info, info.not_after + time::Duration::seconds(1)),
+            None
+        );
+    }
 
     #[test]
     fn ntoken_is_rewritten_at_half_life() {
