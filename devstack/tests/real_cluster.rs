@@ -63,6 +63,67 @@ fn build_image() -> std::path::PathBuf {
     archive
 }
 
+/// The features pod, with no mode annotation under Pod Security `restricted`, used each feature
+/// (run_all checked each from inside the pod; here what it found is held to the row).
+fn check_features(features: &athenz_devstack::cluster::features::Features) {
+    use athenz_devstack::cluster::features::{FEATURES, ROLE, ROLE_DOMAIN};
+    assert_eq!(features.identity.namespace, RESTRICTED_NAMESPACE);
+    assert_eq!(
+        features.identity.mode,
+        Mode::CsiSocket,
+        "the template's default"
+    );
+    let principal = format!("bank.vault.{}", FEATURES.service_account);
+    assert_eq!(features.identity.principal, principal);
+    assert_eq!(
+        features.role_certificate,
+        format!("{ROLE_DOMAIN}:role.{ROLE}")
+    );
+    assert_eq!(features.access_token_scope, vec![ROLE.to_owned()]);
+    assert_eq!(features.sds_principal, principal);
+}
+
+/// Every Secret Helm keeps of its releases, decoded (base64, gzip, JSON), holds no private key.
+fn check_no_key_in_helm_releases(kubectl: &athenz_devstack::cluster::kubectl::Kubectl) {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    let secrets = kubectl
+        .get_json(&["secrets", "-A", "-l", "owner=helm"])
+        .unwrap();
+    let items = secrets["items"].as_array().unwrap();
+    assert!(!items.is_empty(), "no Helm release Secret: {secrets}");
+    for item in items {
+        let name = item["metadata"]["name"].as_str().unwrap();
+        // the Secret's data is base64 (the API), of Helm's base64 of a gzip of the release JSON
+        let outer = base64::engine::general_purpose::STANDARD
+            .decode(item["data"]["release"].as_str().unwrap())
+            .unwrap();
+        let gzipped = base64::engine::general_purpose::STANDARD
+            .decode(&outer)
+            .unwrap();
+        let mut gunzip = Command::new("gzip")
+            .arg("-dc")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("gzip (Debian's) decodes Helm's release");
+        std::io::Write::write_all(&mut gunzip.stdin.take().unwrap(), &gzipped).unwrap();
+        let mut release = String::new();
+        gunzip
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut release)
+            .unwrap();
+        assert!(gunzip.wait().unwrap().success(), "{name}: not gzip");
+        assert!(release.contains("\"config\""), "{name}: not a release");
+        assert!(
+            !release.contains("PRIVATE KEY"),
+            "{name} holds a private key"
+        );
+    }
+}
+
 /// One cluster per host (`cluster up` holds the node's lock): the tests here take turns.
 static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -102,13 +163,16 @@ fn the_helm_chart_installs_the_same_release() {
         .unwrap();
     assert!(releases.contains("\"name\":\"athenz\""), "{releases}");
     Scenario::import_app_image(&layout).unwrap();
-    let identities = scenario.run_all().unwrap();
+    let outcome = scenario.run_all().unwrap();
+    let identities = outcome.identities;
     for mode in [Mode::Flex, Mode::CsiSocket, Mode::CsiFiles] {
         assert!(
             identities.iter().any(|i| i.mode == mode),
             "no {mode:?} identity: {identities:#?}"
         );
     }
+    check_features(&outcome.features);
+    check_no_key_in_helm_releases(kubectl);
     check_metrics_reference(kubectl);
     uninstall_as_documented(
         kubectl,
@@ -162,7 +226,11 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let zts = info.zts.clone().expect("cluster.json names the dev ZTS");
     let image = info.image.clone().expect("cluster.json names the image");
     assert_eq!(
-        image, "ghcr.io/athenz-k8s-identity/athenz-k8s-identity:0.1.0",
+        image,
+        concat!(
+            "ghcr.io/athenz-k8s-identity/athenz-k8s-identity:",
+            env!("CARGO_PKG_VERSION")
+        ),
         "the overlay keeps deploy/base's image name"
     );
     assert!(
@@ -233,20 +301,24 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
 
     // every mode, through the real kubelet and API server
     let started = Instant::now();
-    let identities = scenario.run_all().unwrap();
+    let outcome = scenario.run_all().unwrap();
+    let identities = outcome.identities.clone();
     let modes = |mode: Mode| identities.iter().filter(|i| i.mode == mode).count();
+    // flex only once the operator allowed it (a template change the initializer picked up with
+    // no restart, pods admitted throughout: run_all's allow_volume)
     assert_eq!(
         modes(Mode::Flex),
-        4,
-        "two Deployments of two pods: {identities:#?}"
+        2,
+        "a Deployment of two pods asking for flex: {identities:#?}"
     );
-    // the CSI modes' pods were admitted, through the webhook, in a namespace that enforces
-    // Pod Security "restricted"
-    assert_eq!(modes(Mode::CsiSocket), 1);
+    // the template's default, csi-socket: a Deployment of two pods with no annotation, one pod
+    // naming it and the features pod, both under Pod Security "restricted"
+    assert_eq!(modes(Mode::CsiSocket), 4, "{identities:#?}");
     assert_eq!(modes(Mode::CsiFiles), 1);
-    for id in identities.iter().filter(|i| i.mode != Mode::Flex) {
+    for id in identities.iter().filter(|i| i.mode == Mode::CsiFiles) {
         assert_eq!(id.namespace, RESTRICTED_NAMESPACE, "{id:#?}");
     }
+    check_features(&outcome.features);
     let enforced = kubectl
         .get_json(&["namespace", RESTRICTED_NAMESPACE])
         .unwrap();
@@ -278,15 +350,15 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         refusal.contains("violates PodSecurity") && refusal.contains("athenz-identity"),
         "{refusal}"
     );
-    let flex_namespaces: std::collections::BTreeSet<_> = identities
+    let injected_namespaces: std::collections::BTreeSet<_> = identities
         .iter()
-        .filter(|i| i.mode == Mode::Flex)
+        .filter(|i| i.mode != Mode::CsiFiles)
         .map(|i| i.namespace.clone())
         .collect();
     assert_eq!(
-        flex_namespaces.len(),
-        2,
-        "the webhook served two namespaces"
+        injected_namespaces.len(),
+        3,
+        "the webhook served three namespaces"
     );
     for id in &identities {
         let mut expected: Vec<String> = std::iter::once(id.pod_ip.clone())

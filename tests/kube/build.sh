@@ -172,6 +172,13 @@ if [[ $with_tools == 1 ]]; then
   echo "build.sh: helm $helm_version (for Kubernetes 1.$helm_k8s_minor) -> $out"
   gobuild -ldflags "$helm_ldflags" -o "$out/helm" helm.sh/helm/v3/cmd/helm
   binaries+=(helm)
+
+  # the kustomize CLI (`kustomize edit set image`, which kubectl's kustomize lacks), from its own
+  # module (tests/kustomize)
+  cd "$repo/tests/kustomize"
+  echo "build.sh: kustomize $(go list -m -f '{{.Version}}' sigs.k8s.io/kustomize/kustomize/v5) -> $out"
+  gobuild -ldflags "-s -w" -o "$out/kustomize" sigs.k8s.io/kustomize/kustomize/v5
+  binaries+=(kustomize)
   cd "$tools"
 
 fi

@@ -141,6 +141,96 @@ fn the_local_overlay_changes_only_what_an_operator_sets() {
     assert_eq!(hook, base[&webhook]);
 }
 
+/// `kustomize edit set image` (README, docs/operating.md) in an overlay changes every image of
+/// ours, the one the initializer injects included (SIA_IMAGE, through the base's image
+/// configuration), and the initializer started with that setting injects it.
+#[test]
+fn kustomize_edit_set_image_reaches_the_injected_containers() {
+    let kustomize_bin = athenz_devstack::cluster::default_kube_bin().join("kustomize");
+    assert!(
+        kustomize_bin.is_file(),
+        "{} is missing: build it with tests/kube/build.sh (tests/kustomize)",
+        kustomize_bin.display()
+    );
+    let local = LocalOverlay::new();
+    let digest = format!("sha256:{}", "0f".repeat(32));
+    let image = format!("registry.example/athenz/identity@{digest}");
+    let status = std::process::Command::new(&kustomize_bin)
+        .args(["edit", "set", "image"])
+        .arg(format!(
+            "ghcr.io/athenz-k8s-identity/athenz-k8s-identity=registry.example/athenz/identity@{digest}"
+        ))
+        .current_dir(&local.overlay)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let rendered = kustomize::kustomize(&local.overlay);
+    let mut images = std::collections::BTreeSet::new();
+    for object in rendered.values() {
+        let spec = &object["spec"]["template"]["spec"];
+        for list in ["containers", "initContainers"] {
+            for c in spec[list].as_array().into_iter().flatten() {
+                images.insert(c["image"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    assert_eq!(images, [image.clone()].into(), "every workload's image");
+    let settings = &rendered[&key("ConfigMap", "k8s-admin", "athenz-cluster")]["data"];
+    assert_eq!(settings["SIA_IMAGE"], image.as_str());
+    // the initializer, given that ConfigMap as its environment, injects that image
+    let template_text = rendered[&key("ConfigMap", "k8s-admin", "athenz-initializer-template")]
+        ["data"]["template.yaml"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &template_text).unwrap();
+    let install = athenz_initializer::template::InstallSettings {
+        sia_image: settings["SIA_IMAGE"].as_str().map(str::to_owned),
+        zts_url: settings["ZTS_URL"].as_str().map(str::to_owned),
+    };
+    let template =
+        athenz_initializer::template::Template::from_file(file.path(), &install).unwrap();
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "namespace": "media-sports"},
+        "spec": {"containers": [{"name": "app", "image": "app"}]}
+    }))
+    .unwrap();
+    let injected = athenz_initializer::mutate::inject(&template, &pod).unwrap();
+    let inits = injected.spec.unwrap().init_containers.unwrap();
+    assert_eq!(
+        inits.len(),
+        2,
+        "the SIA's init container and native sidecar"
+    );
+    for c in &inits {
+        assert_eq!(c.image.as_deref(), Some(image.as_str()), "{}", c.name);
+        let zts = c
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "ZTS_URL")
+            .unwrap();
+        assert_eq!(zts.value.as_deref(), Some(kustomize::STAND_IN_ZTS_URL));
+    }
+    // the base's default: csi-socket, admitted by Pod Security restricted
+    assert!(injected_volume_is_csi(&pod, &template));
+}
+
+fn injected_volume_is_csi(
+    pod: &k8s_openapi::api::core::v1::Pod,
+    template: &athenz_initializer::template::Template,
+) -> bool {
+    let injected = athenz_initializer::mutate::inject(template, pod).unwrap();
+    injected
+        .spec
+        .unwrap()
+        .volumes
+        .unwrap()
+        .iter()
+        .any(|v| v.name == "athenz-identity" && v.csi.is_some() && v.flex_volume.is_none())
+}
+
 /// The base never says `caBundle`, so applying the base again (an upgrade) keeps the bundle an
 /// overlay or an operator set: `kubectl apply` only removes fields it applied before.
 #[test]

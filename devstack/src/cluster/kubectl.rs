@@ -78,9 +78,20 @@ impl Kubectl {
 
     /// `kubectl apply -f -` of `manifest`; `what` names it in errors.
     pub fn apply_manifest(&self, manifest: &str, what: &str) -> anyhow::Result<String> {
+        self.apply_with(manifest, &[], what)
+    }
+
+    /// `kubectl apply --dry-run=server -f -` of `manifest`: admitted (mutating webhooks, Pod
+    /// Security and validation included) without being stored.
+    pub fn dry_run(&self, manifest: &str, what: &str) -> anyhow::Result<String> {
+        self.apply_with(manifest, &["--dry-run=server"], what)
+    }
+
+    fn apply_with(&self, manifest: &str, extra: &[&str], what: &str) -> anyhow::Result<String> {
         let mut child = self
             .command()
             .args(["apply", "-f", "-"])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

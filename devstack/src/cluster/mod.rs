@@ -19,6 +19,7 @@ pub mod bench;
 pub mod components;
 pub mod config;
 pub mod dns;
+pub mod features;
 pub mod health;
 pub mod host;
 pub mod images;
@@ -301,23 +302,25 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
     ));
     let outcome = run_scenario(&cluster);
     let stopped = cluster.stop(&mut |_| {}).await;
-    let identities = match outcome {
-        Ok(identities) => identities,
+    // what the scenario found is printed whatever the teardown says; a teardown that leaves
+    // something behind then fails the command, naming it
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
         Err(e) => {
             eprintln!("cluster demo failed: {e:#}");
             stopped?;
             return Ok(false);
         }
     };
-    stopped?;
+    let identities = &outcome.identities;
     if json {
-        println!("{}", serde_json::to_string_pretty(&identities)?);
+        println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else {
         println!(
             "{:<11} {:<30} {:<12} {:<20} expires",
             "mode", "pod", "pod IP", "principal"
         );
-        for id in &identities {
+        for id in identities {
             println!(
                 "{:<11} {:<30} {:<12} {:<20} {}",
                 serde_json::to_value(id.mode)?.as_str().unwrap_or_default(),
@@ -327,12 +330,27 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
                 id.not_after
             );
         }
+        let features = &outcome.features;
+        println!(
+            "{}/{} (no mode annotation, Pod Security restricted): role certificate {}, access \
+             token from its token server (scp {}), SDS served {}",
+            features.identity.namespace,
+            features.identity.pod,
+            features.role_certificate,
+            features.access_token_scope.join(" "),
+            features.sds_principal
+        );
+        println!(
+            "the template change allowing flex reached the initializer in {:.1} s, no restart",
+            outcome.template_change.as_secs_f64()
+        );
         println!(
             "every app container read a certificate naming its pod, verified to the ZTS CA \
              ({:.1} s in all)",
             started.elapsed().as_secs_f64()
         );
     }
+    stopped?;
     Ok(true)
 }
 
@@ -364,7 +382,7 @@ pub async fn bench_command(
 }
 
 /// Imports the apps' image and runs every workload of the scenario.
-fn run_scenario(cluster: &Cluster) -> anyhow::Result<Vec<scenario::PodIdentity>> {
+fn run_scenario(cluster: &Cluster) -> anyhow::Result<scenario::Outcome> {
     let zts = cluster
         .info
         .zts

@@ -61,7 +61,9 @@ pub struct Workload {
     pub service: bool,
 }
 
-/// The demo's workloads.
+/// The demo's workloads: Deployments in opted-in namespaces (flex asked for with
+/// `athenz.io/volume`, which the operator allows first; the template's default otherwise), and
+/// pods of a namespace enforcing Pod Security `restricted` naming their mode.
 pub const WORKLOADS: [Workload; 4] = [
     Workload {
         namespace: "media-sports",
@@ -69,10 +71,11 @@ pub const WORKLOADS: [Workload; 4] = [
         mode: Mode::Flex,
         service: true,
     },
+    // the template's default mode: no annotation
     Workload {
         namespace: "news-feed",
         service_account: "web",
-        mode: Mode::Flex,
+        mode: Mode::CsiSocket,
         service: false,
     },
     Workload {
@@ -123,6 +126,22 @@ pub struct PodIdentity {
     pub not_after: String,
 }
 
+/// What [`Scenario::run_all`] found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// Every pod's identity, the features pod's last.
+    pub identities: Vec<PodIdentity>,
+    /// What the features pod showed.
+    pub features: super::features::Features,
+    /// How long the template change allowing flex took to reach the initializer.
+    #[serde(serialize_with = "seconds")]
+    pub template_change: Duration,
+}
+
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
 /// The scenario's handles: kubectl, and the ZTS CA that must verify every certificate.
 pub struct Scenario {
     kubectl: Kubectl,
@@ -141,6 +160,11 @@ impl Scenario {
     /// The kubectl it uses.
     pub fn kubectl(&self) -> &Kubectl {
         &self.kubectl
+    }
+
+    /// The ZTS CA every certificate must verify to.
+    pub fn zts_ca(&self) -> &Path {
+        &self.zts_ca
     }
 
     /// Builds and imports [`APP_IMAGE`].
@@ -164,10 +188,11 @@ impl Scenario {
     pub fn deploy(&self, workload: &Workload) -> anyhow::Result<Vec<String>> {
         let ns = workload.namespace;
         let sa = workload.service_account;
-        if workload.mode == Mode::Flex {
-            self.ensure_namespace(ns, true)?;
-        } else {
+        let restricted = ns == RESTRICTED_NAMESPACE;
+        if restricted {
             self.ensure_restricted_namespace(ns)?;
+        } else {
+            self.ensure_namespace(ns, true)?;
         }
         self.ensure_service_account(ns, sa)?;
         if workload.service {
@@ -183,15 +208,18 @@ impl Scenario {
                 &format!("service {ns}/{sa}"),
             )?;
         }
-        match workload.mode {
-            Mode::Flex => {
-                self.kubectl
-                    .apply_manifest(&app_deployment(ns, sa), &format!("deployment {ns}/{sa}"))?;
+        match restricted {
+            false => {
+                let asked = (workload.mode == Mode::Flex).then_some(Mode::Flex);
+                self.kubectl.apply_manifest(
+                    &app_deployment(ns, sa, asked),
+                    &format!("deployment {ns}/{sa}"),
+                )?;
                 self.kubectl
                     .wait_rolled_out(ns, &format!("deployment/{sa}"), READY)?;
                 self.pods_of(ns, sa)
             }
-            Mode::CsiSocket | Mode::CsiFiles => {
+            true => {
                 let pod = restricted_pod(workload).to_string();
                 self.kubectl
                     .apply_manifest(&pod, &format!("pod {ns}/{sa}"))?;
@@ -290,7 +318,16 @@ impl Scenario {
         }))
         .context("the app pod")?;
         match mode {
-            None | Some(Mode::Flex) => {}
+            None => {}
+            Some(Mode::Flex) => {
+                pod.metadata.annotations = Some(
+                    [(
+                        athenz_initializer::mutate::VOLUME_ANNOTATION.to_owned(),
+                        mode_name(Mode::Flex).to_owned(),
+                    )]
+                    .into(),
+                );
+            }
             Some(Mode::CsiSocket) => {
                 let mut template = self.installed_template()?;
                 template.volume = VolumeKind::CsiSocket;
@@ -452,8 +489,17 @@ impl Scenario {
     }
 
     /// Deploys every workload of [`WORKLOADS`] and checks each pod's identity.
-    pub fn run_all(&self) -> anyhow::Result<Vec<PodIdentity>> {
+    /// Flex is a volume the operator chooses: the template is changed to allow it first (see
+    /// [`Scenario::allow_volume`]). Then the pod asking for every SIA feature
+    /// ([`Scenario::check_features`]).
+    pub fn run_all(&self) -> anyhow::Result<Outcome> {
         let mut identities = Vec::new();
+        let flex_ns = WORKLOADS
+            .iter()
+            .find(|w| w.mode == Mode::Flex)
+            .map_or("media-sports", |w| w.namespace);
+        self.ensure_namespace(flex_ns, true)?;
+        let template_change = self.allow_volume(mode_name(Mode::Flex), flex_ns)?;
         for workload in &WORKLOADS {
             let started = Instant::now();
             let pods = self.deploy(workload)?;
@@ -469,7 +515,13 @@ impl Scenario {
             }
             tracing::debug!(elapsed = ?started.elapsed(), "workload checked");
         }
-        Ok(identities)
+        let features = self.check_features()?;
+        identities.push(features.identity.clone());
+        Ok(Outcome {
+            identities,
+            features,
+            template_change,
+        })
     }
 }
 
@@ -487,12 +539,8 @@ pub fn app_container() -> serde_json::Value {
 /// runs as a non-root user with no privilege escalation, no capabilities and the runtime's
 /// seccomp profile; the pod asks for its mode with `athenz.io/volume`; its fsGroup is the key's
 /// group in files mode. The webhook adds the rest.
-fn restricted_pod(workload: &Workload) -> serde_json::Value {
-    let mode = match workload.mode {
-        Mode::Flex => "flex",
-        Mode::CsiSocket => "csi-socket",
-        Mode::CsiFiles => "csi-files",
-    };
+pub fn restricted_pod(workload: &Workload) -> serde_json::Value {
+    let mode = mode_name(workload.mode);
     let mut app = app_container();
     app["securityContext"] = serde_json::json!({
         "allowPrivilegeEscalation": false,
@@ -525,8 +573,24 @@ fn restricted_pod(workload: &Workload) -> serde_json::Value {
     })
 }
 
-/// A Deployment of `replicas` app pods running as `sa` (the webhook adds the rest).
-fn app_deployment(ns: &str, sa: &str) -> String {
+/// The name of `mode` in the template and the `athenz.io/volume` annotation.
+pub fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Flex => "flex",
+        Mode::CsiSocket => "csi-socket",
+        Mode::CsiFiles => "csi-files",
+    }
+}
+
+/// A Deployment of two app pods running as `sa`, asking for `mode` when given (else the
+/// template's); the webhook adds the rest.
+fn app_deployment(ns: &str, sa: &str, mode: Option<Mode>) -> String {
+    let annotations = match mode {
+        Some(mode) => serde_json::json!({
+            athenz_initializer::mutate::VOLUME_ANNOTATION: mode_name(mode)
+        }),
+        None => serde_json::json!({}),
+    };
     serde_json::json!({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -535,7 +599,7 @@ fn app_deployment(ns: &str, sa: &str) -> String {
             "replicas": 2,
             "selector": {"matchLabels": {"app": sa}},
             "template": {
-                "metadata": {"labels": {"app": sa}},
+                "metadata": {"labels": {"app": sa}, "annotations": annotations},
                 "spec": {
                     "serviceAccountName": sa,
                     "terminationGracePeriodSeconds": 2,

@@ -209,8 +209,11 @@ pub fn mounts_under(prefixes: &[&Path]) -> Vec<PathBuf> {
 fn unmount_all(prefixes: &[&Path]) -> (usize, Vec<String>) {
     use nix::mount::{MntFlags, umount2};
     let mut count = 0;
-    let mut failed = Vec::new();
-    // a mount may be stacked on another at the same point: go round until none is left
+    let mut last_error = std::collections::HashMap::new();
+    // a mount may be stacked on another at the same point: go round until none is left. With
+    // shared propagation, unmounting one mount also removes its peers (a pod's view of a flex
+    // volume's `connect` bind and the agent's): those then answer EINVAL, which is not a
+    // failure. Only what is still mounted after the last round is one.
     for _ in 0..4 {
         let mounts = mounts_under(prefixes);
         if mounts.is_empty() {
@@ -221,10 +224,19 @@ fn unmount_all(prefixes: &[&Path]) -> (usize, Vec<String>) {
                 .or_else(|_| umount2(&mount, MntFlags::MNT_DETACH))
             {
                 Ok(()) => count += 1,
-                Err(e) => failed.push(format!("{}: {e}", mount.display())),
+                Err(e) => {
+                    last_error.insert(mount, e);
+                }
             }
         }
     }
+    let failed = mounts_under(prefixes)
+        .into_iter()
+        .map(|mount| match last_error.get(&mount) {
+            Some(e) => format!("{} (still mounted: {e})", mount.display()),
+            None => format!("{} (still mounted)", mount.display()),
+        })
+        .collect();
     (count, failed)
 }
 

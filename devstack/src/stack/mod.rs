@@ -41,14 +41,16 @@ const DEPLOY_TEMPLATE: &str = include_str!("../../../deploy/base/initializer-tem
 /// The roles the dev ZTS knows (DESIGN.md 4.11): every service of `media.sports` reads it, only
 /// `media.sports.api` writes it; what the demo and scripts use to show authorization.
 pub fn demo_roles() -> Vec<athenz_testbed::zts::authz::RoleEntry> {
-    let role = |role: &str, members: &[&str]| athenz_testbed::zts::authz::RoleEntry {
-        domain: "media.sports".into(),
+    let role = |domain: &str, role: &str, members: &[&str]| athenz_testbed::zts::authz::RoleEntry {
+        domain: domain.into(),
         role: role.into(),
         members: members.iter().map(|m| (*m).to_owned()).collect(),
     };
     vec![
-        role("readers", &["media.sports.*"]),
-        role("writers", &["media.sports.api"]),
+        role("media.sports", "readers", &["media.sports.*"]),
+        role("media.sports", "writers", &["media.sports.api"]),
+        // the real node's tenant that enforces Pod Security "restricted" (cluster::features)
+        role("bank.vault", "auditors", &["bank.vault.*"]),
     ]
 }
 

@@ -342,6 +342,12 @@ impl<'a> Start<'a> {
             &files[INITIALIZER],
         );
         args.push(path_arg("template", &template));
+        // what deploy/'s athenz-cluster ConfigMap gives it: the release's image, ZTS's URL
+        args.push(format!(
+            "--sia-image=ghcr.io/athenz-k8s-identity/athenz-k8s-identity:{}",
+            env!("CARGO_PKG_VERSION")
+        ));
+        args.push(format!("--zts-url={}", zts.url));
         let initializer = run_daemon(
             &self.bin,
             "initializer",

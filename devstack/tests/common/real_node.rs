@@ -81,6 +81,13 @@ pub fn check_metrics_reference(kubectl: &Kubectl) {
             "athenz-initializer",
             9090,
         ),
+        // the callback pod's control-sia sidecar (the three pods' sidecars serve the same)
+        (
+            "athenz-control-sia",
+            CONTROL_NAMESPACE,
+            "athenz-callback",
+            9091,
+        ),
     ];
     assert_eq!(reference.len(), daemons.len());
     for (daemon, ns, app, port) in daemons {
