@@ -63,6 +63,98 @@ fn build_image() -> std::path::PathBuf {
     archive
 }
 
+/// README.md's real-node command, exactly as it shows it (`athenz-devstack cluster demo
+/// --state-dir DIR`, the image from `deploy/image.sh`): exits 0, prints every mode's pods and
+/// the features pod, says nothing of a teardown problem, and leaves nothing mounted.
+#[test]
+fn the_readmes_cluster_demo_exits_0_and_prints_its_identities() {
+    let _node = ONE_NODE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    require_prerequisites();
+    build_image();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let shown = "athenz-devstack cluster demo --state-dir DIR";
+    assert!(
+        readme.contains(&format!("`{shown}`")),
+        "README.md no longer shows {shown}"
+    );
+    let temp = tempfile::Builder::new()
+        .prefix("athenz-demo-")
+        .tempdir()
+        .unwrap();
+    let state_dir = temp.path().join("state");
+    let args: Vec<String> = shown
+        .split_whitespace()
+        .skip(1)
+        .map(|a| {
+            if a == "DIR" {
+                state_dir.display().to_string()
+            } else {
+                a.to_owned()
+            }
+        })
+        .collect();
+    let mut child = Command::new(common::DEVSTACK)
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // bounded: the demo's own waits are each bounded, this bounds their sum
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(1200) {
+            let _ = child.kill();
+            let _ = Command::new(common::DEVSTACK)
+                .args(["cluster", "down", "--state-dir"])
+                .arg(&state_dir)
+                .status();
+            panic!("cluster demo still running after 20 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        status.success(),
+        "cluster demo: {status}\n{stdout}\n{stderr}"
+    );
+    for needle in [
+        "flex ",
+        "csi-socket ",
+        "csi-files ",
+        "role certificate bank.vault:role.auditors",
+        "access token from its token server",
+        "SDS served bank.vault.auditor",
+        "verified to the ZTS CA",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "the demo did not print {needle:?}:\n{stdout}"
+        );
+    }
+    assert!(
+        !stdout.contains("not entirely down") && !stderr.contains("not entirely down"),
+        "{stdout}\n{stderr}"
+    );
+    let left = athenz_devstack::cluster::teardown::mounts_under(&[
+        Path::new("/var/athenz"),
+        Path::new("/var/lib/kubelet/pods"),
+    ]);
+    assert!(left.is_empty(), "left mounted: {left:?}");
+    eprintln!(
+        "cluster demo as README.md shows it: exit 0 in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 /// The features pod, with no mode annotation under Pod Security `restricted`, used each feature
 /// (run_all checked each from inside the pod; here what it found is held to the row).
 fn check_features(features: &athenz_devstack::cluster::features::Features) {
@@ -81,6 +173,78 @@ fn check_features(features: &athenz_devstack::cluster::features::Features) {
     );
     assert_eq!(features.access_token_scope, vec![ROLE.to_owned()]);
     assert_eq!(features.sds_principal, principal);
+}
+
+/// An Athenz CA change reaches new pods with no restart and no failed pod: a second CA appended
+/// to the install's `athenz-zts-ca` (both namespaces, as an operator edits them), then removed
+/// again. The agent publishes each bundle beside its socket (the file every SIA pod reads), and
+/// a new pod asking for every feature works with each. (The dev ZTS cannot move to another CA,
+/// so the CA appended and removed is the extra one, not ZTS's own.)
+fn rotate_the_athenz_ca_and_check_new_pods(scenario: &Scenario) {
+    use athenz_devstack::cluster::features::FEATURES;
+    let kubectl = scenario.kubectl();
+    let published = Path::new(athenz_core::volume::DEFAULT_AGENT_DIR).join("zts-ca.pem");
+    let certificates = || {
+        athenz_core::tls::read_certs_file(&published)
+            .map(|c| c.len())
+            .unwrap_or(0)
+    };
+    let original = kubectl
+        .get_json(&["configmap", "-n", NODE_NAMESPACE, "athenz-zts-ca"])
+        .unwrap()["data"]["ca.pem"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let before = certificates();
+    assert!(before >= 1, "{} holds no certificate", published.display());
+    let extra = athenz_testbed::pki::CertAuthority::new_root("Athenz Next Root")
+        .unwrap()
+        .cert_pem()
+        .to_owned();
+    for (bundle, expected) in [
+        (format!("{original}{extra}"), before + 1),
+        (original, before),
+    ] {
+        let patch = serde_json::json!({"data": {"ca.pem": bundle}}).to_string();
+        for ns in [NODE_NAMESPACE, CONTROL_NAMESPACE] {
+            kubectl
+                .run(&[
+                    "patch",
+                    "configmap",
+                    "-n",
+                    ns,
+                    "athenz-zts-ca",
+                    "--type",
+                    "merge",
+                    "-p",
+                    &patch,
+                ])
+                .unwrap();
+        }
+        let started = Instant::now();
+        while certificates() != expected {
+            assert!(
+                started.elapsed() < Duration::from_secs(240),
+                "the agent did not publish the {expected}-certificate bundle"
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        eprintln!(
+            "the CA bundle change ({expected} certificates) reached the pods' copy in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+        kubectl
+            .run(&[
+                "delete",
+                "pod",
+                "-n",
+                FEATURES.namespace,
+                FEATURES.service_account,
+                "--wait=true",
+            ])
+            .unwrap();
+        check_features(&scenario.check_features().unwrap());
+    }
 }
 
 /// Every Secret Helm keeps of its releases, decoded (base64, gzip, JSON), holds no private key.
@@ -319,6 +483,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         assert_eq!(id.namespace, RESTRICTED_NAMESPACE, "{id:#?}");
     }
     check_features(&outcome.features);
+    rotate_the_athenz_ca_and_check_new_pods(&scenario);
     let enforced = kubectl
         .get_json(&["namespace", RESTRICTED_NAMESPACE])
         .unwrap();
@@ -613,12 +778,12 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         .pids["containerd"];
     assert_ne!(restarted, containerd, "containerd was not restarted");
 
-    // the sidecar refreshes a flex pod's certificate, the agent rotates a files-mode volume's
+    // the sidecar refreshes a flex and a csi-socket pod's certificate, the agent rotates a
+    // files-mode volume's
     let refreshed_at = Instant::now();
-    for before in identities
-        .iter()
-        .filter(|i| i.namespace == "news-feed" || i.mode == Mode::CsiFiles)
-    {
+    for before in identities.iter().filter(|i| {
+        ["media-sports", "news-feed"].contains(&i.namespace.as_str()) || i.mode == Mode::CsiFiles
+    }) {
         loop {
             let now = scenario
                 .check_identity(&before.namespace, &before.pod, before.mode)
@@ -730,16 +895,17 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     )
     .unwrap();
     assert_eq!(webhook_ca_bundle(kubectl), bundle_before);
+    // (the steps put the base's template back: the template's default mode, csi-socket)
     let after_reapply = Workload {
         namespace: "news-feed",
         service_account: "after-reapply",
-        mode: Mode::Flex,
+        mode: Mode::CsiSocket,
         service: false,
     };
     let pods = scenario.deploy(&after_reapply).unwrap();
     for pod in &pods {
         scenario
-            .check_identity(after_reapply.namespace, pod, Mode::Flex)
+            .check_identity(after_reapply.namespace, pod, Mode::CsiSocket)
             .unwrap();
     }
 

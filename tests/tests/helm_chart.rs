@@ -118,6 +118,28 @@ fn each_component_renders_what_kustomize_renders_with_it() {
     }
 }
 
+/// deploy/monitoring (alerts, PodMonitors), switched on in the chart, is exactly what
+/// `kubectl kustomize deploy/monitoring` renders, Prometheus's own `{{ $labels.x }}` included.
+#[test]
+fn the_monitoring_objects_render_what_kustomize_renders() {
+    let expected = kustomize::kustomize(&deploy_dir().join("monitoring"));
+    assert!(expected.len() >= 6, "{:?}", expected.keys());
+    let chart = helm_template(&[
+        "--set",
+        "monitoring.prometheusRule=true",
+        "--set",
+        "monitoring.podMonitors=true",
+    ]);
+    for (k, object) in &expected {
+        assert_eq!(chart.get(k), Some(object), "{k:?} differs");
+    }
+    let defaults = helm_template(&[]);
+    assert!(
+        expected.keys().all(|k| !defaults.contains_key(k)),
+        "off by default: they need the Prometheus Operator's CRDs"
+    );
+}
+
 fn camel(kebab: &str) -> String {
     let mut out = String::new();
     let mut upper = false;

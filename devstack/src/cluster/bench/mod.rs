@@ -133,6 +133,10 @@ pub async fn run(
     for kind in Kind::ALL.into_iter().filter(measured) {
         let ns = format!("bench-{}", kind.name());
         scenario.ensure_namespace(&ns, kind.mode() == Some(Mode::Flex))?;
+        if kind.mode() == Some(Mode::Flex) {
+            // flex is the operator's choice (the template's allowedVolumes), made before the run
+            scenario.allow_volume(super::scenario::mode_name(Mode::Flex), &ns)?;
+        }
         scenario.ensure_service_account(&ns, SERVICE_ACCOUNT)?;
         let spiffe_id = match (&spire, kind) {
             (Some(spire), Kind::Spire) => Some(spire.register_workload(&ns, SERVICE_ACCOUNT)?),
