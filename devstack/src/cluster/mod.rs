@@ -33,6 +33,7 @@ pub mod runbook;
 pub mod scenario;
 pub mod spire;
 pub mod teardown;
+pub mod tenant_pods;
 
 pub use info::ClusterInfo;
 pub use layout::{Layout, NodeLock};

@@ -14,6 +14,8 @@ use super::Layout;
 use super::images::{self, ImageSpec};
 use super::install::CONTROL_NAMESPACE;
 use super::kubectl::Kubectl;
+use super::tenant_pods::app_deployment;
+pub use super::tenant_pods::{app_container, mode_name, restricted_pod};
 use anyhow::{Context, bail};
 use athenz_core::crypto::CertInfo;
 use athenz_initializer::template::{Template, VolumeKind};
@@ -95,9 +97,6 @@ pub const WORKLOADS: [Workload; 4] = [
 /// The tenant namespace that enforces Pod Security `restricted` (domain `bank.vault`), where the
 /// CSI modes' pods run.
 pub const RESTRICTED_NAMESPACE: &str = "bank-vault";
-/// The user the restricted pods' app containers run as, and their fsGroup (the files-mode key's
-/// group).
-const APP_USER: u32 = 65532;
 
 /// What a pod's app container read, checked against the pod.
 #[derive(Debug, Clone, Serialize)]
@@ -535,90 +534,4 @@ impl Scenario {
             template_change,
         })
     }
-}
-
-/// The app container: sleeps; reads its files when exec'd.
-pub fn app_container() -> serde_json::Value {
-    serde_json::json!({
-        "name": "app",
-        "image": APP_IMAGE,
-        "imagePullPolicy": "Never",
-        "command": [BUSYBOX, "sleep", "3600"],
-    })
-}
-
-/// A pod of `workload` (a CSI mode) as a tenant of a `restricted` namespace writes it: the app
-/// runs as a non-root user with no privilege escalation, no capabilities and the runtime's
-/// seccomp profile; the pod asks for its mode with `athenz.io/volume`; its fsGroup is the key's
-/// group in files mode. The webhook adds the rest.
-pub fn restricted_pod(workload: &Workload) -> serde_json::Value {
-    let mode = mode_name(workload.mode);
-    let mut app = app_container();
-    app["securityContext"] = serde_json::json!({
-        "allowPrivilegeEscalation": false,
-        "capabilities": {"drop": ["ALL"]},
-        "runAsNonRoot": true,
-        "runAsUser": APP_USER,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    });
-    let sa = workload.service_account;
-    let mut annotations = serde_json::Map::new();
-    annotations.insert(
-        athenz_initializer::mutate::VOLUME_ANNOTATION.to_owned(),
-        mode.into(),
-    );
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": sa,
-            "namespace": workload.namespace,
-            "labels": {"app": sa},
-            "annotations": annotations,
-        },
-        "spec": {
-            "serviceAccountName": sa,
-            "terminationGracePeriodSeconds": 2,
-            "securityContext": {"fsGroup": APP_USER},
-            "containers": [app],
-        }
-    })
-}
-
-/// The name of `mode` in the template and the `athenz.io/volume` annotation.
-pub fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Flex => "flex",
-        Mode::CsiSocket => "csi-socket",
-        Mode::CsiFiles => "csi-files",
-    }
-}
-
-/// A Deployment of two app pods running as `sa`, asking for `mode` when given (else the
-/// template's); the webhook adds the rest.
-fn app_deployment(ns: &str, sa: &str, mode: Option<Mode>) -> String {
-    let annotations = match mode {
-        Some(mode) => serde_json::json!({
-            athenz_initializer::mutate::VOLUME_ANNOTATION: mode_name(mode)
-        }),
-        None => serde_json::json!({}),
-    };
-    serde_json::json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": sa, "namespace": ns},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": sa}},
-            "template": {
-                "metadata": {"labels": {"app": sa}, "annotations": annotations},
-                "spec": {
-                    "serviceAccountName": sa,
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [app_container()],
-                }
-            }
-        }
-    })
-    .to_string()
 }
