@@ -171,13 +171,14 @@ mod tests {
     }
 
     #[test]
-    fn the_reference_covers_the_four_daemons() {
+    fn the_reference_covers_the_four_daemons_and_the_control_sia() {
         let reference = metrics_reference(OPERATING);
         let daemons: Vec<_> = reference.keys().cloned().collect();
         assert_eq!(
             daemons,
             [
                 "athenz-callback",
+                "athenz-control-sia",
                 "athenz-identity-agent",
                 "athenz-initializer",
                 "athenz-jwt-service"
