@@ -279,3 +279,66 @@ fn reload_identity_serves_as_client_certificate_too() {
     let leaf = &id.current().cert[0];
     assert_eq!(tls::principal_of(leaf).as_deref(), Some("k8s.nodes.node-1"));
 }
+
+/// A server's client CA bundle read again as its file changes: a CA appended is trusted from the
+/// next handshake, the old one removed is refused from then on, and a bundle that does not parse
+/// (or is empty) is refused while the last good one keeps serving.
+#[tokio::test]
+async fn the_client_ca_bundle_follows_its_file() {
+    athenz_core::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let old = CertAuthority::new_root("Athenz Old Root").unwrap();
+    let new = CertAuthority::new_root("Athenz New Root").unwrap();
+    let server_files = old
+        .write_service_cert(
+            dir.path(),
+            "server",
+            &LeafSpec::service("k8s.admin.athenz-callback", &["localhost"]),
+        )
+        .unwrap();
+    let bundle = dir.path().join("client-ca.pem");
+    std::fs::write(&bundle, old.root_pem()).unwrap();
+    let identity = ReloadingIdentity::load(&server_files.cert, &server_files.key).unwrap();
+    let client_ca = tls::ReloadingClientCa::load(&bundle).unwrap();
+    let config = tls::server_config_reloading(identity, client_ca.clone()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = Server::new(Listener::Tcp(listener), Arc::new(WhoAmI::default())).with_tls(config);
+    tokio::spawn(server.serve(std::future::pending()));
+    let ask = |ca: &CertAuthority| {
+        let c = client(old.root_pem(), Some(client_identity(ca, "sys.auth.zts")));
+        async move {
+            c.get(url(addr))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    };
+    assert!(ask(&old).await);
+    assert!(!ask(&new).await, "the new CA is not trusted yet");
+
+    replace_atomically(&bundle, &format!("{}{}", old.root_pem(), new.root_pem()));
+    assert!(client_ca.reload().unwrap());
+    assert_eq!(client_ca.len(), 2);
+    assert!(
+        ask(&old).await && ask(&new).await,
+        "both during the rotation"
+    );
+
+    replace_atomically(&bundle, new.root_pem());
+    assert!(client_ca.reload().unwrap());
+    assert!(ask(&new).await);
+    assert!(!ask(&old).await, "the old CA is refused once removed");
+
+    for bad in [
+        "",
+        "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+    ] {
+        replace_atomically(&bundle, bad);
+        assert!(client_ca.reload().is_err(), "{bad:?}");
+        assert!(ask(&new).await, "the last good bundle serves");
+    }
+    std::fs::remove_file(&bundle).unwrap();
+    assert!(client_ca.reload().is_err(), "a missing file");
+    assert!(ask(&new).await && !ask(&old).await);
+}

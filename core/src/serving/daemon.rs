@@ -124,6 +124,8 @@ pub struct TlsServerSetup {
     pub config: Arc<rustls::ServerConfig>,
     /// The server identity (reloaded in the background once [`Self::watch`] runs).
     pub identity: Arc<ReloadingIdentity>,
+    /// The client CA bundle (reloaded likewise).
+    pub client_ca: Arc<tls::ReloadingClientCa>,
     /// Who may call.
     pub allowed: PrincipalAllowList,
     /// Limits.
@@ -136,9 +138,9 @@ impl TlsServerArgs {
     pub async fn load(&self) -> Result<TlsServerSetup, StartError> {
         let identity = ReloadingIdentity::load(&self.tls_cert, &self.tls_key)
             .map_err(|e| StartError::new("--tls-cert/--tls-key (TLS_CERT_FILE/TLS_KEY_FILE)", e))?;
-        let cas = tls::read_certs_file(&self.client_ca)
+        let client_ca = tls::ReloadingClientCa::load(&self.client_ca)
             .map_err(|e| StartError::new("--client-ca (CLIENT_CA_FILE)", e))?;
-        let config = tls::server_config(identity.clone(), &cas)
+        let config = tls::server_config_reloading(identity.clone(), client_ca.clone())
             .map_err(|e: TlsError| StartError::new("--client-ca (CLIENT_CA_FILE)", e))?;
         let allowed = PrincipalAllowList::new(&self.allowed_principals)
             .map_err(|e| StartError::new("--allowed-principals (ALLOWED_PRINCIPALS)", e))?;
@@ -155,6 +157,7 @@ impl TlsServerArgs {
             listener,
             config,
             identity,
+            client_ca,
             allowed,
             limits: ServerLimits {
                 max_connections: self.max_connections,
@@ -171,9 +174,13 @@ impl TlsServerSetup {
         self.listener.local_addr()
     }
 
-    /// Starts reloading the certificate in the background.
-    pub fn watch(&self) -> tokio::task::JoinHandle<()> {
-        self.identity.spawn_watcher(self.reload_interval)
+    /// Starts reloading the certificate and the client CA bundle in the background, every
+    /// --tls-reload-interval.
+    pub fn watch(&self) -> [tokio::task::JoinHandle<()>; 2] {
+        [
+            self.identity.spawn_watcher(self.reload_interval),
+            self.client_ca.clone().spawn_watcher(self.reload_interval),
+        ]
     }
 
     /// Serves `handler` until `shutdown`, recording request metrics in `metrics`.
@@ -183,13 +190,16 @@ impl TlsServerSetup {
         metrics: HttpMetrics,
         shutdown: impl Future<Output = ()>,
     ) {
-        let _watcher = self.watch();
+        let watchers = self.watch();
         Server::new(Listener::Tcp(self.listener), handler)
             .with_tls(self.config)
             .with_limits(self.limits)
             .with_metrics(metrics)
             .serve(shutdown)
             .await;
+        for watcher in watchers {
+            watcher.abort();
+        }
     }
 }
 

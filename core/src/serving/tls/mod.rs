@@ -25,7 +25,9 @@ use std::time::{Duration, SystemTime};
 use thiserror::Error;
 
 mod expect_principal;
+mod reloading_client_ca;
 pub use expect_principal::{client_config_expecting, client_config_expecting_cn_only};
+pub use reloading_client_ca::ReloadingClientCa;
 
 /// Largest certificate or key file read.
 const MAX_TLS_FILE_LEN: u64 = 256 * 1024;
@@ -425,6 +427,21 @@ pub fn server_config_with(
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
         .with_client_cert_verifier(verifier)
+        .with_cert_resolver(identity);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A server config that requires a client certificate verified by `client_ca`, whose bundle is
+/// read again as its file changes ([`ReloadingClientCa::spawn_watcher`]).
+pub fn server_config_reloading(
+    identity: Arc<ReloadingIdentity>,
+    client_ca: Arc<ReloadingClientCa>,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let mut config = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_client_cert_verifier(client_ca)
         .with_cert_resolver(identity);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
