@@ -487,4 +487,63 @@ mod tests {
         assert_eq!(all.last().map(PathBuf::as_path), Some(Path::new("/")));
         assert!(mounts_under(&[Path::new("/nonexistent-athenz")]).is_empty());
     }
+
+    /// A mount that went with its peer (shared propagation, as a flex volume's `connect` bind in
+    /// the kubelet's pod dir and under /var/athenz are) is not a failure: only what is still
+    /// mounted after the last round is. Needs root, as the cluster does.
+    #[test]
+    fn a_mount_gone_with_its_peer_is_not_a_failure() {
+        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts: run it as root (the cluster's tests all do)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let none: Option<&str> = None;
+        // root a shared mount of its own, so the binds under it are peers
+        mount(Some(root), root, none, MsFlags::MS_BIND, none).unwrap();
+        mount(none, root, none, MsFlags::MS_SHARED, none).unwrap();
+        for d in ["a", "c"] {
+            std::fs::create_dir(root.join(d)).unwrap();
+        }
+        mount(
+            Some("tmpfs"),
+            &root.join("a"),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            none,
+        )
+        .unwrap();
+        mount(none, &root.join("a"), none, MsFlags::MS_SHARED, none).unwrap();
+        mount(
+            Some(&root.join("a")),
+            &root.join("c"),
+            none,
+            MsFlags::MS_BIND,
+            none,
+        )
+        .unwrap();
+        std::fs::create_dir(root.join("a/x")).unwrap();
+        mount(
+            Some("tmpfs"),
+            &root.join("a/x"),
+            Some("tmpfs"),
+            MsFlags::empty(),
+            none,
+        )
+        .unwrap();
+        let under = |p: &str| root.join(p);
+        assert!(
+            mounts_under(&[root]).contains(&under("c/x")),
+            "propagated to the peer"
+        );
+
+        let (count, failed) = unmount_all(&[&under("a"), &under("c")]);
+        assert!(failed.is_empty(), "{failed:?}");
+        assert!(count >= 3, "{count}");
+        assert!(mounts_under(&[&under("a"), &under("c")]).is_empty());
+
+        umount2(root, MntFlags::MNT_DETACH).unwrap();
+    }
 }
