@@ -99,10 +99,12 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     // a pod of the previous release, then the upgrade: this release's deploy/ under the same
     // overlay, this release's steps; the pod keeps its identity, new pods get theirs (below)
     Scenario::import_app_image(&layout).unwrap();
+    // (no mode annotation: whatever the previous release's template injects by default, which
+    // it allows whatever its allowedVolumes say; csi-socket from 0.2.0, flex before)
     let before_upgrade = Workload {
         namespace: "news-feed",
         service_account: "before-upgrade",
-        mode: Mode::Flex,
+        mode: Mode::CsiSocket,
         service: false,
     };
     let old_pods = scenario.deploy(&before_upgrade).unwrap();
@@ -123,7 +125,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     }
     for pod in &old_pods {
         scenario
-            .check_identity(before_upgrade.namespace, pod, Mode::Flex)
+            .check_identity(before_upgrade.namespace, pod, before_upgrade.mode)
             .unwrap();
     }
     eprintln!("upgraded from {} (its deploy/ and steps)", previous.commit);
