@@ -246,7 +246,8 @@ async fn initializer_injection_is_what_the_driver_and_sia_expect() {
     let stack = Devstack::start();
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web-i", "namespace": "media-sports", "labels": {"app": "web"}},
+        "metadata": {"name": "web-i", "namespace": "media-sports", "labels": {"app": "web"},
+                     "annotations": {"athenz.io/volume": "flex"}},
         "spec": {"serviceAccountName": "web", "nodeName": stack.info.node_name,
                  "containers": [{"name": "app", "image": "registry.example/app:1"}]}
     });

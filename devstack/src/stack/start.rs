@@ -332,9 +332,14 @@ impl<'a> Start<'a> {
                 .await?,
         );
 
-        // initializer, with deploy/'s template.
+        // initializer, with deploy/'s template, flex allowed as an operator would for nodes that
+        // run the flex driver (this stack's kubelet stand-ins do)
         let template = self.state.join("initializer-template.yaml");
-        std::fs::write(&template, deploy_template()?)
+        let text = crate::cluster::features::with_allowed_volumes(
+            &deploy_template()?,
+            &["csi-socket", "csi-files", "flex"],
+        );
+        std::fs::write(&template, text)
             .with_context(|| format!("writing {}", template.display()))?;
         let mut args = tls_args(
             ports.initializer,
