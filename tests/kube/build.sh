@@ -8,6 +8,7 @@
 #                            dependency versions never move Kubernetes' ones)
 #   coredns                  cluster DNS (tests/kube-dns, a module of its own too)
 #   helm                     the Helm CLI for deploy/helm (tests/helm, a module of its own)
+#   kustomize                the kustomize CLI, for `kustomize edit set image` (tests/kustomize)
 # (No csi-node-driver-registrar: the module proxy answers 403 for it, and the
 # agent registers its CSI driver with kubelet itself.)
 # plus one symlink per kube component, so each can be started under its name.
