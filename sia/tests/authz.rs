@@ -662,11 +662,23 @@ async fn after_a_rotation_tokens_carry_the_new_certificates_thumbprint() {
 #[tokio::test]
 async fn the_agents_published_ca_verifies_zts_when_the_pod_has_none() {
     let node = authz_node().await;
-    let n = 41;
-    pod_with_volume(&node, &format!("web-{n}"), &uid(n), &format!("10.9.0.{n}"));
-    let id = volume_for(&node, &format!("web-{n}"), &uid(n));
-    let out = node.dir.path().join(format!("out-{n}"));
     let url = zts_url(&node);
+    // `athenz-sia init` for a new pod `n`, given ZTS's URL and a role, but no CA bundle
+    let init_without_ca = |n: usize| {
+        let (node, url) = (&node, url.clone());
+        async move {
+            pod_with_volume(node, &format!("web-{n}"), &uid(n), &format!("10.9.0.{n}"));
+            let id = volume_for(node, &format!("web-{n}"), &uid(n));
+            let out = node.dir.path().join(format!("out-{n}"));
+            let env = [("ZTS_URL", url.as_str()), ("TARGET_DOMAIN_ROLES", READERS)];
+            let done = sia(node, "init", &id, &out, &env)
+                .await
+                .output()
+                .await
+                .unwrap();
+            (done, out)
+        }
+    };
     let published = node.socket.parent().unwrap().join("zts-ca.pem");
     assert_eq!(
         std::fs::read_to_string(&published).unwrap().trim(),
@@ -675,17 +687,7 @@ async fn the_agents_published_ca_verifies_zts_when_the_pod_has_none() {
             .trim(),
         "the agent publishes its --zts-ca"
     );
-    let done = sia(
-        &node,
-        "init",
-        &id,
-        &out,
-        &[("ZTS_URL", url.as_str()), ("TARGET_DOMAIN_ROLES", READERS)],
-    )
-    .await
-    .output()
-    .await
-    .unwrap();
+    let (done, out) = init_without_ca(41).await;
     assert!(
         done.status.success(),
         "{}",
@@ -695,21 +697,7 @@ async fn the_agents_published_ca_verifies_zts_when_the_pod_has_none() {
 
     // the published copy gone: the SIA names the file it looked for
     std::fs::remove_file(&published).unwrap();
-    let n = 42;
-    pod_with_volume(&node, &format!("web-{n}"), &uid(n), &format!("10.9.0.{n}"));
-    let id = volume_for(&node, &format!("web-{n}"), &uid(n));
-    let out = node.dir.path().join(format!("out-{n}"));
-    let done = sia(
-        &node,
-        "init",
-        &id,
-        &out,
-        &[("ZTS_URL", url.as_str()), ("TARGET_DOMAIN_ROLES", READERS)],
-    )
-    .await
-    .output()
-    .await
-    .unwrap();
+    let (done, _) = init_without_ca(42).await;
     assert!(!done.status.success());
     let err = String::from_utf8_lossy(&done.stderr);
     assert!(

@@ -22,14 +22,19 @@ fn helm() -> PathBuf {
     helm
 }
 
-/// `helm template` of the chart with `args` (e.g. `--set k=v`), parsed by [`Key`].
-fn helm_template(args: &[&str]) -> BTreeMap<Key, Value> {
-    let out = std::process::Command::new(helm())
+/// `helm template athenz <chart> <args>`, run.
+fn run_helm_template(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(helm())
         .args(["template", "athenz"])
         .arg(deploy_dir().join("helm/athenz-k8s-identity"))
         .args(args)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// `helm template` of the chart with `args` (e.g. `--set k=v`), parsed by [`Key`].
+fn helm_template(args: &[&str]) -> BTreeMap<Key, Value> {
+    let out = run_helm_template(args);
     assert!(
         out.status.success(),
         "helm template {args:?}: {}",
@@ -51,12 +56,7 @@ fn helm_template(args: &[&str]) -> BTreeMap<Key, Value> {
 
 /// `helm template` with `args` that must fail: its stderr.
 fn helm_template_error(args: &[&str]) -> String {
-    let out = std::process::Command::new(helm())
-        .args(["template", "athenz"])
-        .arg(deploy_dir().join("helm/athenz-k8s-identity"))
-        .args(args)
-        .output()
-        .unwrap();
+    let out = run_helm_template(args);
     assert!(!out.status.success(), "helm template {args:?} succeeded");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
