@@ -100,6 +100,20 @@ impl Metrics {
     }
 }
 
+/// A service certificate of the callback, issued now by a throwaway CA (the unit tests').
+#[cfg(test)]
+pub(crate) fn test_certificate() -> CertInfo {
+    let issued = athenz_testbed::pki::CertAuthority::new_root("test CA")
+        .and_then(|ca| {
+            ca.issue(
+                &athenz_testbed::pki::LeafSpec::service("k8s.admin.athenz-callback", &[]),
+                athenz_core::crypto::KeyAlgorithm::P256,
+            )
+        })
+        .expect("a test certificate");
+    CertInfo::from_pem(&issued.cert_pem).expect("a test certificate")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,14 +148,7 @@ mod tests {
     #[test]
     fn ready_only_while_the_certificate_is_valid() {
         let (metrics, registry) = Metrics::new("k8s.admin.athenz-callback".into());
-        let issued = athenz_testbed::pki::CertAuthority::new_root("test CA")
-            .unwrap()
-            .issue(
-                &athenz_testbed::pki::LeafSpec::service("k8s.admin.athenz-callback", &[]),
-                athenz_core::crypto::KeyAlgorithm::P256,
-            )
-            .unwrap();
-        let info = CertInfo::from_pem(&issued.cert_pem).unwrap();
+        let info = test_certificate();
         metrics.certificate(Some(&info), OffsetDateTime::now_utc());
         assert!(metrics.readiness().is_ready());
         let text = encode_metrics(&registry).unwrap();

@@ -188,14 +188,7 @@ mod tests {
 
     #[test]
     fn validity_left_is_none_once_expired() {
-        let issued = athenz_testbed::pki::CertAuthority::new_root("test CA")
-            .unwrap()
-            .issue(
-                &athenz_testbed::pki::LeafSpec::service("k8s.admin.athenz-callback", &[]),
-                athenz_core::crypto::KeyAlgorithm::P256,
-            )
-            .unwrap();
-        let info = CertInfo::from_pem(&issued.cert_pem).unwrap();
+        let info = crate::metrics::test_certificate();
         let before_end = info.not_after - time::Duration::seconds(30);
         assert_eq!(valid_for(&info, before_end), Some(Duration::from_secs(30)));
         assert_eq!(valid_for(&info, info.not_after), None);
