@@ -28,13 +28,8 @@ pub enum ZtsCaError {
     #[error("--zts-ca (ZTS_CA_FILE): {0}")]
     Source(#[from] athenz_core::tls::TlsError),
     /// The copy in the agent dir could not be written.
-    #[error("publishing the ZTS CA bundle at {path}: {source}")]
-    Publish {
-        /// The file written.
-        path: PathBuf,
-        /// What failed.
-        source: std::io::Error,
-    },
+    #[error("publishing the ZTS CA bundle: {0}")]
+    Publish(athenz_core::volume::VolumeError),
 }
 
 /// The current bundle, its source and where it is published.
@@ -98,27 +93,11 @@ impl ZtsCa {
         })
     }
 
-    /// Writes `pem` next to the socket: a temporary file, then a rename, so a pod never reads
-    /// half a bundle. World-readable: it is public, and pods of any uid read it.
+    /// Writes `pem` next to the socket, whole (a temporary file, then a rename), so a pod never
+    /// reads half a bundle. World-readable: it is public, and pods of any uid read it.
     fn publish(&self, pem: &str) -> Result<(), ZtsCaError> {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let error = |source| ZtsCaError::Publish {
-            path: self.published.clone(),
-            source,
-        };
-        let temp = self.published.with_extension("pem.tmp");
-        let _ = std::fs::remove_file(&temp);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&temp)
-            .map_err(error)?;
-        file.write_all(pem.as_bytes()).map_err(error)?;
-        file.sync_all().map_err(error)?;
-        drop(file);
-        std::fs::rename(&temp, &self.published).map_err(error)
+        athenz_core::volume::write_file_atomic(&self.published, pem.as_bytes(), 0o644)
+            .map_err(ZtsCaError::Publish)
     }
 }
 
