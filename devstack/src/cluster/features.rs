@@ -136,14 +136,25 @@ impl Scenario {
         })
     }
 
-    /// The image the installed initializer injects (`SIA_IMAGE` of `athenz-cluster`).
-    pub fn installed_sia_image(&self) -> anyhow::Result<String> {
+    /// What the installed initializer gives every template: `SIA_IMAGE` and `ZTS_URL` of its
+    /// `athenz-cluster` ConfigMap (its environment).
+    pub fn installed_settings(
+        &self,
+    ) -> anyhow::Result<athenz_initializer::template::InstallSettings> {
         let map =
             self.kubectl()
                 .get_json(&["configmap", "-n", CONTROL_NAMESPACE, "athenz-cluster"])?;
-        map["data"]["SIA_IMAGE"]
-            .as_str()
-            .map(str::to_owned)
+        let setting = |key: &str| map["data"][key].as_str().map(str::to_owned);
+        Ok(athenz_initializer::template::InstallSettings {
+            sia_image: setting("SIA_IMAGE"),
+            zts_url: setting("ZTS_URL"),
+        })
+    }
+
+    /// The image the installed initializer injects (`SIA_IMAGE` of `athenz-cluster`).
+    pub fn installed_sia_image(&self) -> anyhow::Result<String> {
+        self.installed_settings()?
+            .sia_image
             .context("the athenz-cluster ConfigMap names no SIA_IMAGE")
     }
 

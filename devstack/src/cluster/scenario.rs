@@ -329,17 +329,7 @@ impl Scenario {
             }
             Some(Mode::CsiSocket) => {
                 // as the installed initializer reads it, with the install's image and ZTS
-                let cluster = self.kubectl.get_json(&[
-                    "configmap",
-                    "-n",
-                    CONTROL_NAMESPACE,
-                    "athenz-cluster",
-                ])?;
-                let setting = |key: &str| cluster["data"][key].as_str().map(str::to_owned);
-                let install = athenz_initializer::template::InstallSettings {
-                    sia_image: setting("SIA_IMAGE"),
-                    zts_url: setting("ZTS_URL"),
-                };
+                let install = self.installed_settings()?;
                 let mut template = self.installed_template()?.with_install(&install)?;
                 template.volume = VolumeKind::CsiSocket;
                 pod = athenz_initializer::mutate::inject(&template, &pod)
