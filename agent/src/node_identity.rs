@@ -11,10 +11,8 @@
 //!
 //! A pod that asks while no valid certificate is held does not wait for the task's next attempt:
 //! after a long outage that attempt can be a full backoff (a minute) away, and the pod's own retry
-//! another backoff after that, so the two waits would stack. The pod's request makes the attempt
-//! itself ([`NodeIdentity::ensure_valid`]); attempts are one at a time, and callers that queued
-//! behind one take its outcome instead of starting another, so ZTS sees at most one node
-//! renewal per node at a time and no more attempts than the pods' own retries.
+//! another backoff after that, so the two waits would stack. The pod's request starts the attempt
+//! itself ([`NodeIdentity::ensure_valid`]). How attempts are shared and spaced is `renewal`'s job.
 
 use athenz_core::crypto::{
     CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert, leaf_with_chain,
@@ -29,10 +27,10 @@ use athenz_core::zts::{
     ZtsClient, ZtsError,
 };
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use time::OffsetDateTime;
+
+mod renewal;
 
 /// Largest token file read (a projected token is about 1 KiB).
 const MAX_TOKEN_FILE: u64 = 16 * 1024;
@@ -118,11 +116,8 @@ pub struct NodeIdentity {
     zts: ZtsClient,
     tls: Arc<InMemoryIdentity>,
     held: Mutex<Option<Arc<Held>>>,
-    /// Held for the length of one renewal attempt: attempts are one at a time.
-    attempting: tokio::sync::Mutex<()>,
-    /// Renewal attempts finished so far: a caller that waited for the lock and finds this moved
-    /// on takes that attempt's outcome rather than making another.
-    attempts_finished: AtomicU64,
+    /// The attempt under way and the backoff gate after the last failure.
+    attempts: Mutex<renewal::Attempts>,
     /// Tells the task that a caller's attempt installed a new certificate, so its pending
     /// backoff is moot.
     renewed_on_demand: tokio::sync::Notify,
@@ -168,8 +163,7 @@ impl NodeIdentity {
             zts,
             tls: Arc::default(),
             held: Mutex::new(None),
-            attempting: tokio::sync::Mutex::new(()),
-            attempts_finished: AtomicU64::new(0),
+            attempts: Mutex::default(),
             renewed_on_demand: tokio::sync::Notify::new(),
             readiness,
             expiry: Default::default(),
@@ -199,44 +193,6 @@ impl NodeIdentity {
     pub fn is_valid(&self) -> bool {
         self.held()
             .is_some_and(|h| h.info.is_valid_at(OffsetDateTime::now_utc()))
-    }
-
-    /// Whether a valid certificate is held, after one renewal attempt if none is: for a pod's
-    /// request, which needs the node's identity now. Waits for an attempt already under way
-    /// and takes its outcome; otherwise attempts at once (bounded by the ZTS client's timeout).
-    pub async fn ensure_valid(&self) -> bool {
-        if self.is_valid() {
-            return true;
-        }
-        let seen = self.attempts_finished.load(Ordering::SeqCst);
-        let _attempt = self.attempting.lock().await;
-        if self.is_valid() {
-            return true;
-        }
-        if self.attempts_finished.load(Ordering::SeqCst) != seen {
-            // an attempt finished while this caller waited: its outcome stands
-            return false;
-        }
-        let renewed = self.renew_once().await;
-        self.attempts_finished.fetch_add(1, Ordering::SeqCst);
-        match renewed {
-            Ok(()) => {
-                tracing::info!("node identity renewed for a pod's request");
-                self.renewed_on_demand.notify_one();
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not renew the node identity for a pod's request")
-            }
-        }
-        self.is_valid()
-    }
-
-    /// One attempt of the renewal task, in turn with callers' attempts.
-    async fn scheduled_attempt(&self) -> Result<(), NodeIdentityError> {
-        let _attempt = self.attempting.lock().await;
-        let renewed = self.renew_once().await;
-        self.attempts_finished.fetch_add(1, Ordering::SeqCst);
-        renewed
     }
 
     /// The node name.
@@ -490,70 +446,6 @@ impl NodeIdentity {
                 tracing::info!(dir = %dir.display(), reason = %why, "not using the kept node identity");
                 false
             }
-        }
-    }
-
-    /// How long until the next renewal.
-    fn next_renewal(&self) -> Duration {
-        match self.held() {
-            Some(h) => self.settings.policy.delay(
-                h.info.not_before,
-                h.info.not_after,
-                OffsetDateTime::now_utc(),
-                athenz_core::random::unit(),
-            ),
-            None => Duration::ZERO,
-        }
-    }
-
-    /// Keeps the identity until `shutdown`: renew when due, back off after failures.
-    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
-        tokio::pin!(shutdown);
-        let mut failures: u32 = 0;
-        let mut wait = if self.is_valid() {
-            self.next_renewal()
-        } else {
-            Duration::ZERO
-        };
-        loop {
-            tokio::select! {
-                _ = &mut shutdown => return,
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.renewed_on_demand.notified() => {
-                    // a pod's request renewed it meanwhile: the next renewal is due as usual
-                    failures = 0;
-                    wait = self.next_renewal();
-                    continue;
-                }
-            }
-            wait = match self.scheduled_attempt().await {
-                Ok(()) => {
-                    failures = 0;
-                    self.next_renewal()
-                }
-                Err(e) => {
-                    let random = athenz_core::random::unit();
-                    let backoff = match self.held() {
-                        Some(h) => self.settings.backoff.delay_before_expiry(
-                            failures,
-                            random,
-                            h.info.not_after,
-                            OffsetDateTime::now_utc(),
-                        ),
-                        None => self.settings.backoff.delay(failures, random),
-                    };
-                    failures = failures.saturating_add(1);
-                    tracing::warn!(
-                        error = %e,
-                        retry_in = ?backoff,
-                        still_valid = self.is_valid(),
-                        "could not renew the node identity"
-                    );
-                    backoff
-                }
-            };
-            // readiness also falls when the held certificate expires while waiting
-            self.readiness.set(self.is_valid());
         }
     }
 }

@@ -221,8 +221,10 @@ async fn pods_asking_without_a_node_identity_renew_it_at_once_in_one_attempt() {
     }
     assert!(!readiness.is_ready());
 
-    // ZTS back: eight pods asking at once, one registration
+    // ZTS back: eight pods asking at once, once the failure's backoff has passed (until then
+    // they are answered from it), one registration
     node.zts_proxy.set_down(false).await;
+    tokio::time::sleep(Backoff::default().delay(0, 1.0)).await;
     let registers = node.zts.requests("register");
     let answers: Vec<_> = (0..8).map(|_| asking(&id)).collect();
     for answer in answers {
@@ -233,4 +235,92 @@ async fn pods_asking_without_a_node_identity_renew_it_at_once_in_one_attempt() {
     // held and valid: asking costs ZTS nothing
     assert!(id.ensure_valid().await);
     assert_eq!(node.zts.requests("register") - registers, 1);
+}
+
+/// A pod that hangs up mid-request can neither cancel the node's registration nor make the agent
+/// start another: while the agent holds no node certificate and ZTS is slow (300 ms) and failing,
+/// 100 requests each abandoned after 50 ms (the client's future dropped, its socket closed) when
+/// not answered by then leave ZTS with one register at a time, each run to its end, and each new one no sooner than
+/// the backoff the last failure earned.
+/// (Broken on purpose: `ensure_valid` awaiting `attempt` itself, as before → 100 registers, two
+/// at once, each ended after 50 ms; `not_before` never set → "register 1 started 7 ms after
+/// failure 0, within its backoff 250 ms".)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_that_hang_up_cannot_stack_node_registrations() {
+    const SLOW: Duration = Duration::from_millis(300);
+    let node = node("p256").await;
+    node.zts.registers().set_delay(SLOW);
+    node.zts
+        .set_instance_fault(Some(http::StatusCode::SERVICE_UNAVAILABLE));
+    let since = std::time::Instant::now();
+    let mut config = node.agent_config.clone();
+    config.agent_dir = node.dir.path().join("agent-hangups");
+    let (bound, _) = athenz_identity_agent::start(config, node.shutdown.clone())
+        .await
+        .unwrap();
+    let id = pod_with_volume(&node, "web-41", &uid(41), "10.1.2.41");
+    let client =
+        athenz_sia::client::AgentClient::new(bound.socket.clone(), id, Duration::from_secs(10));
+    // each request either hangs up after 50 ms (an attempt is under way) or is told at once to
+    // come back (the last failure's backoff lasts); one request every 50 ms either way
+    let mut hung_up = 0;
+    for _ in 0..100 {
+        let asked = tokio::time::Instant::now();
+        match tokio::time::timeout(Duration::from_millis(50), client.init()).await {
+            Err(_) => hung_up += 1,
+            Ok(answer) => {
+                let err = answer.unwrap_err().to_string();
+                assert!(
+                    err.contains("503") && err.contains("node identity"),
+                    "{err}"
+                );
+                tokio::time::sleep_until(asked + Duration::from_millis(50)).await;
+            }
+        }
+    }
+    assert!(hung_up >= 5, "only {hung_up} requests hung up mid-request");
+    // the last attempt ends
+    tokio::time::sleep(SLOW * 2).await;
+
+    let calls: Vec<_> = node
+        .zts
+        .registers()
+        .calls()
+        .into_iter()
+        .filter(|c| c.started >= since)
+        .collect();
+    // each register as (start, length) in ms since the agent started
+    let shown: Vec<_> = calls
+        .iter()
+        .take(12)
+        .map(|c| {
+            (
+                (c.started - since).as_millis(),
+                (c.ended - c.started).as_millis(),
+            )
+        })
+        .collect();
+    let calls_shown = format!("{} registers, the first: {shown:?}", calls.len());
+    assert!(
+        calls.len() >= 2,
+        "5 s of pods asking made the agent try more than once: {calls_shown}"
+    );
+    assert_eq!(node.zts.registers().most_at_once(), 1, "{calls_shown}");
+    for call in &calls {
+        assert!(
+            call.ended - call.started >= SLOW,
+            "a register was abandoned: {calls_shown}"
+        );
+    }
+    for (failures, pair) in calls.windows(2).enumerate() {
+        let gap = pair[1].started - pair[0].ended;
+        let step = Backoff::default().delay(failures as u32, 0.0);
+        assert!(
+            gap >= step,
+            "register {} started {gap:?} after failure {failures}, within its backoff {step:?}",
+            failures + 1
+        );
+    }
+    node.zts.set_instance_fault(None);
+    node.zts.registers().set_delay(Duration::ZERO);
 }

@@ -13,6 +13,7 @@ pub mod instance_refresh;
 pub mod instance_refresh_request;
 pub mod instances;
 pub mod provider_answer;
+pub mod register_log;
 pub mod registry;
 pub mod server;
 pub mod x509_cert_request;
@@ -267,6 +268,7 @@ impl DevZts {
             },
             roles: config.roles.clone(),
             instance_fault: std::sync::atomic::AtomicU16::new(0),
+            registers: register_log::RegisterLog::default(),
         });
 
         let listener = tokio::net::TcpListener::bind(config.listen)
@@ -398,6 +400,11 @@ impl DevZts {
             status.map_or(0, |s| s.as_u16()),
             std::sync::atomic::Ordering::SeqCst,
         );
+    }
+
+    /// Every instance register so far (arrival and end) and the most under way at once.
+    pub fn registers(&self) -> &register_log::RegisterLog {
+        &self.state.registers
     }
 
     /// What ZTS remembers of an instance.

@@ -80,6 +80,8 @@ pub struct ZtsState {
     /// A status every instance register and refresh is answered with (0: none): a fault a
     /// chaos run injects.
     pub instance_fault: std::sync::atomic::AtomicU16,
+    /// Every instance register's arrival and end, and a delay a test may put before each.
+    pub registers: super::register_log::RegisterLog,
 }
 
 /// A refusal: status and message.
@@ -137,6 +139,13 @@ impl Handler for ZtsHandler {
             return error_response(StatusCode::NOT_FOUND, "no such route");
         };
         let segments: Vec<&str> = rest.split('/').collect();
+        let _register = if req.method() == Method::POST && segments.as_slice() == ["instance"] {
+            let (guard, delay) = self.state.registers.enter();
+            tokio::time::sleep(delay).await;
+            Some(guard)
+        } else {
+            None
+        };
         let fault = self
             .state
             .instance_fault
