@@ -242,8 +242,14 @@ impl<I: Issuer> Driver<I> {
         if volume_path.is_empty() {
             return Err(Status::invalid_argument("volume_path is required"));
         }
-        mount_dir::check_form(volume_path)
-            .map_err(|e| Status::invalid_argument(format!("volume_path: {e}")))?;
+        // A path that is no possible target (relative, `..`, too long) names no published volume:
+        // the CSI spec's answer for "volume_id does not exist on volume_path" is NOT_FOUND, and
+        // csi-sanity checks exactly that. The form is still checked before the path is used.
+        mount_dir::check_form(volume_path).map_err(|e| {
+            Status::not_found(format!(
+                "no volume {volume_id} is published at volume_path ({e})"
+            ))
+        })?;
         let (id, paths) = self.volume_id_of(volume_path)?;
         let data: VolumeData = read_json_file(&paths.data_json).map_err(|_| {
             Status::not_found(format!("no volume {volume_id} is published at volume_path"))

@@ -1,6 +1,6 @@
 //! What kubelet asks in `NodePublishVolume`, checked before anything touches a path
-//! (DESIGN.md 4.10): an inline ephemeral, read-only, mount-access volume with the pod's info, a
-//! known `mode`, and nothing else. Every refusal names the field.
+//! (DESIGN.md 4.10): an inline ephemeral, mount-access volume with the pod's info, a known
+//! `mode`, and nothing else; it is always mounted read-only. Every refusal names the field.
 
 use athenz_core::csi::v1::{NodePublishVolumeRequest, volume_capability};
 use athenz_core::names::Quoted;
@@ -106,11 +106,10 @@ impl Publish {
             }
             None => return Err(invalid("volume_capability.access_mode is required")),
         }
-        if !req.readonly {
-            return Err(invalid(
-                "readonly must be true (the pod spec must say csi: {readOnly: true})",
-            ));
-        }
+        // `readonly` is not required: the volume is mounted read-only whatever the pod spec says
+        // (`read_write: false` below), since its content is the agent's alone. Refusing `false`
+        // would only fail pods (and Kubernetes' own storage e2e suite, which never sets
+        // `csi.readOnly`) at mount time for a flag that changes nothing.
         let context = &req.volume_context;
         if context.len() > MAX_CONTEXT_ENTRIES {
             return Err(invalid(format!(
@@ -247,6 +246,23 @@ mod tests {
         assert_eq!(p.request.csi.unwrap().group, Some(2000));
     }
 
+    /// A pod spec without `csi.readOnly: true` still gets a read-only volume: the flag is
+    /// accepted either way and never makes the mount writable.
+    #[test]
+    fn readonly_false_is_accepted_and_still_mounts_read_only() {
+        let mut writable = kubelet_request();
+        writable.readonly = false;
+        let p = Publish::from_request(&writable).unwrap();
+        assert!(
+            !p.request.read_write,
+            "the identity volume is never writable"
+        );
+        assert_eq!(
+            p.request,
+            Publish::from_request(&kubelet_request()).unwrap().request
+        );
+    }
+
     #[test]
     fn every_refusal_names_its_field_and_code() {
         type Change = Box<dyn Fn(&mut NodePublishVolumeRequest)>;
@@ -334,11 +350,6 @@ mod tests {
                 }),
                 Code::InvalidArgument,
                 "volume_mount_group",
-            ),
-            (
-                Box::new(|r| r.readonly = false),
-                Code::InvalidArgument,
-                "readonly",
             ),
             (
                 Box::new(|r| {
