@@ -9,6 +9,9 @@
 #   coredns                  cluster DNS (tests/kube-dns, a module of its own too)
 #   helm                     the Helm CLI for deploy/helm (tests/helm, a module of its own)
 #   kustomize                the kustomize CLI, for `kustomize edit set image` (tests/kustomize)
+#   csi-sanity, csi-sanity-controller
+#                            the CSI driver conformance suite and the controller it needs
+#                            (tests/csi-sanity)
 # (No csi-node-driver-registrar: the module proxy answers 403 for it, and the
 # agent registers its CSI driver with kubelet itself.)
 # plus one symlink per kube component, so each can be started under its name.
@@ -180,6 +183,14 @@ if [[ $with_tools == 1 ]]; then
   echo "build.sh: kustomize $(go list -m -f '{{.Version}}' sigs.k8s.io/kustomize/kustomize/v5) -> $out"
   gobuild -ldflags "-s -w" -o "$out/kustomize" sigs.k8s.io/kustomize/kustomize/v5
   binaries+=(kustomize)
+
+  # csi-sanity, the CSI community's driver conformance suite, and the stand-in controller its
+  # volume-creating node specs need, from their own module (tests/csi-sanity)
+  cd "$repo/tests/csi-sanity"
+  echo "build.sh: csi-sanity $(go list -m -f '{{.Version}}' github.com/kubernetes-csi/csi-test/v5) -> $out"
+  gobuild -ldflags "-s -w" -o "$out/csi-sanity" github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity
+  gobuild -ldflags "-s -w" -o "$out/csi-sanity-controller" ./controller
+  binaries+=(csi-sanity csi-sanity-controller)
   cd "$tools"
 
 fi

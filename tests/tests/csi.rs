@@ -11,39 +11,13 @@ mod common;
 use athenz_core::crypto::CertInfo;
 use athenz_core::files::{CA_FILE, CERT_FILE, FileSet, KEY_FILE, NTOKEN_FILE};
 use athenz_devstack::kube::NewPod;
-use athenz_testbed::csi_kubelet::{CsiPod, CsiVolume, KubeletCsi};
-use common::Devstack;
+use athenz_testbed::csi_kubelet::{CsiVolume, KubeletCsi};
+use common::{Devstack, pending_pod};
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::path::Path;
 use std::time::{Duration, Instant};
 use tonic::Code;
-
-/// Creates pod `name` on node-1 as the API holds it while kubelet sets up its volumes: no IP.
-async fn pending_pod(stack: &Devstack, name: &str) -> (Pod, CsiPod) {
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("media-sports".into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            service_account_name: Some("web".into()),
-            node_name: Some(stack.info.node_name.clone()),
-            ..Default::default()
-        }),
-        status: None,
-    };
-    let created = stack.kube.create_pod(&pod).await.unwrap();
-    let csi = CsiPod {
-        namespace: "media-sports".into(),
-        name: name.into(),
-        uid: created.metadata.uid.clone().unwrap(),
-        service_account: "web".into(),
-        fs_group: None,
-    };
-    (created, csi)
-}
 
 async fn kubelet(stack: &Devstack) -> KubeletCsi {
     let socket = stack.info.nodes[0].agent.csi_socket.clone().unwrap();

@@ -6,6 +6,9 @@
 use athenz_devstack::kube::{KubeClient, NewPod};
 use athenz_devstack::node::{self, PodVolume};
 use athenz_devstack::stack::StackInfo;
+use athenz_testbed::csi_kubelet::CsiPod;
+use k8s_openapi::api::core::v1::{Pod, PodSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use std::path::{Path, PathBuf};
@@ -151,4 +154,30 @@ impl Drop for Devstack {
         }
         let _ = self.up.kill();
     }
+}
+
+/// Creates pod `name` on node-1 as the API holds it while kubelet sets up its volumes: no IP.
+pub async fn pending_pod(stack: &Devstack, name: &str) -> (Pod, CsiPod) {
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("media-sports".into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            service_account_name: Some("web".into()),
+            node_name: Some(stack.info.node_name.clone()),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let created = stack.kube.create_pod(&pod).await.unwrap();
+    let csi = CsiPod {
+        namespace: "media-sports".into(),
+        name: name.into(),
+        uid: created.metadata.uid.clone().unwrap(),
+        service_account: "web".into(),
+        fs_group: None,
+    };
+    (created, csi)
 }
