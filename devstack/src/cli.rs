@@ -387,6 +387,27 @@ pub enum ClusterCommand {
         #[arg(long)]
         json: bool,
     },
+    /// `cluster up`, then Kubernetes' own storage e2e suite (`e2e.test`, built by
+    /// `tests/kube/build.sh --e2e`) against csi.athenz.io: "External Storage [Driver:
+    /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
+    /// down. Exits 1 if a spec failed or none passed.
+    StorageE2e {
+        /// Where everything lives.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// The release image's OCI archive (as for `cluster up`).
+        #[arg(long, value_name = "FILE")]
+        image_archive: Option<PathBuf>,
+        /// The binaries (as for `cluster up`).
+        #[arg(long, value_name = "DIR")]
+        kube_bin: Option<PathBuf>,
+        /// The suite; default: target/kube/<version>/e2e/e2e.test of this workspace.
+        #[arg(long, value_name = "FILE")]
+        e2e_test: Option<PathBuf>,
+        /// Where the driver file, junit report and log go; default: STATE_DIR/storage-e2e.
+        #[arg(long, value_name = "DIR")]
+        report_dir: Option<PathBuf>,
+    },
     /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
     /// chains, bridge and IPAM state. Safe to run again.
     Down {

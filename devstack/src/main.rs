@@ -209,6 +209,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     };
                     runtime()?.block_on(cluster::bench_command(options, bench, json))?;
                 }
+                ClusterCommand::StorageE2e {
+                    state_dir,
+                    image_archive,
+                    kube_bin,
+                    e2e_test,
+                    report_dir,
+                } => {
+                    let options = with_release(
+                        state_dir,
+                        kube_bin,
+                        cluster::install::Release::new(image_archive, None),
+                    )?;
+                    let e2e_test = e2e_test.unwrap_or_else(cluster::storage_e2e::default_e2e_test);
+                    if !runtime()?.block_on(cluster::storage_e2e::storage_e2e(
+                        options, e2e_test, report_dir,
+                    ))? {
+                        return Ok(ExitCode::FAILURE);
+                    }
+                }
                 ClusterCommand::Down { state_dir } => {
                     runtime()?.block_on(cluster::down(&state_dir))?;
                 }

@@ -16,7 +16,7 @@
 # agent registers its CSI driver with kubelet itself.)
 # plus one symlink per kube component, so each can be started under its name.
 #
-# Usage: tests/kube/build.sh [--kube-version vX.Y.Z] [--out DIR] [--update-pin] [--no-tools]
+# Usage: tests/kube/build.sh [--kube-version vX.Y.Z] [--out DIR] [--update-pin] [--no-tools] [--e2e]
 #
 #   --kube-version  Kubernetes release; default: the one tests/kube/go.mod pins.
 #                   Another version gets a go.mod generated from that release's
@@ -26,6 +26,10 @@
 #                   --kube-version instead (to move the pin).
 #   --out           output directory; default target/kube/<version>/bin.
 #   --no-tools      build kube only.
+#   --e2e           also build Kubernetes' e2e suite, e2e.test (the test binary of
+#                   k8s.io/kubernetes/test/e2e, from tests/kube-e2e at the pinned version) into
+#                   target/kube/<version>/e2e: `athenz-devstack cluster storage-e2e` runs it.
+#                   About 9 minutes on 2 cores once kube is built; not part of tests/setup.
 #
 # Go's module and build caches are kept (never cleaned), so a rebuild with
 # nothing changed only re-checks them. Builds run at nice 19: the machines are
@@ -40,6 +44,7 @@ kube_version=""
 out=""
 update_pin=0
 with_tools=1
+with_e2e=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --kube-version) kube_version=${2:?--kube-version needs a value}; shift 2 ;;
@@ -48,6 +53,7 @@ while [[ $# -gt 0 ]]; do
     --out=*) out=${1#*=}; shift ;;
     --update-pin) update_pin=1; shift ;;
     --no-tools) with_tools=0; shift ;;
+    --e2e) with_e2e=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -104,6 +110,10 @@ if [[ $kube_version != "$pin" ]]; then
     echo "build.sh: moving the pin from $pin to $kube_version in tests/kube/go.mod"
     cp "$moddir/go.mod.gen" go.mod
     nice -n 19 go mod tidy
+    # the e2e suite's module (--e2e) follows the same pin
+    go run ./internal/genmod -version "$kube_version" \
+      -module github.com/athenz-k8s-identity/tests/kube-e2e -o ../kube-e2e/go.mod
+    (cd ../kube-e2e && nice -n 19 go mod tidy)
   else
     if ! cmp -s "$moddir/go.mod.gen" "$moddir/go.mod.src" || [[ ! -s $moddir/go.sum ]]; then
       echo "build.sh: generating $moddir/go.mod for $kube_version"
@@ -193,6 +203,25 @@ if [[ $with_tools == 1 ]]; then
   binaries+=(csi-sanity csi-sanity-controller)
   cd "$tools"
 
+fi
+
+if [[ $with_e2e == 1 ]]; then
+  if [[ $kube_version != "$pin" ]]; then
+    echo "build.sh: --e2e builds the pinned version ($pin) only" >&2
+    exit 2
+  fi
+  e2e_pin=$(cd "$here" && go run ./internal/genmod -pin -modfile ../kube-e2e/go.mod)
+  if [[ $e2e_pin != "$pin" ]]; then
+    echo "build.sh: tests/kube-e2e pins $e2e_pin, tests/kube $pin: run --update-pin" >&2
+    exit 1
+  fi
+  cd "$repo/tests/kube-e2e"
+  mkdir -p "$out/../e2e"
+  echo "build.sh: e2e.test $kube_version -> $out/../e2e"
+  started=$SECONDS
+  nice -n 19 go test -c -trimpath -buildvcs=false -ldflags "$kube_ldflags" \
+    -o "$out/../e2e/e2e.test" k8s.io/kubernetes/test/e2e
+  echo "build.sh:   built in $((SECONDS - started)) s"
 fi
 
 echo

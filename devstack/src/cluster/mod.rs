@@ -32,6 +32,7 @@ pub mod pki;
 pub mod runbook;
 pub mod scenario;
 pub mod spire;
+pub mod storage_e2e;
 pub mod teardown;
 pub mod tenant_pods;
 
