@@ -102,6 +102,12 @@ pub struct Limits {
     pub name: &'static str,
 }
 
+/// The largest header list (RFC 9113 6.5.2: names, values and 32 per field) these servers
+/// accept (the gRPC requests they serve carry a few hundred bytes of headers). The
+/// `:authority` normalizer in front of the registration server stops decoding at the same
+/// number, so it never decodes what the server would refuse.
+pub const MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
+
 /// Serves `service` (HTTP/2 only: gRPC) on `listener` within `limits` until `stop` completes, then
 /// lets open calls finish for at most `limits.grace`.
 pub async fn serve_http2<S, B>(
@@ -125,7 +131,8 @@ pub async fn serve_http2<S, B>(
 
 /// [`serve_http2`] for clients that send a socket path as `:authority` (a kubelet's
 /// plugin-registration client): each connection goes through
-/// [`super::h2_authority::normalize`] first.
+/// [`super::h2_authority::normalize`] first, which decodes header lists only up to the server's
+/// own [`MAX_HEADER_LIST_SIZE`].
 pub async fn serve_http2_normalizing_authority<S, B>(
     listener: tokio::net::UnixListener,
     service: S,
@@ -142,13 +149,12 @@ pub async fn serve_http2_normalizing_authority<S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve_http2_adapted(
-        listener,
-        service,
-        limits,
-        stop,
-        super::h2_authority::normalize,
-    )
+    serve_http2_adapted(listener, service, limits, stop, |stream| {
+        super::h2_authority::normalize(
+            stream,
+            super::h2_authority::Bounds::new(MAX_HEADER_LIST_SIZE),
+        )
+    })
     .await;
 }
 
@@ -177,7 +183,7 @@ async fn serve_http2_adapted<S, B, A, IO>(
         let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         b.http2()
             .max_concurrent_streams(limits.streams_per_connection)
-            .max_header_list_size(16 * 1024);
+            .max_header_list_size(MAX_HEADER_LIST_SIZE);
         b.http2_only()
     };
     tokio::pin!(stop);
