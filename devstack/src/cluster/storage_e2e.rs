@@ -21,6 +21,8 @@ use std::time::Instant;
 /// (test/utils/image/manifest.go: `registry.k8s.io/e2e-test-images`, busybox, its tag).
 pub const E2E_BUSYBOX: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-2";
 
+/// How the suite names this driver in each of its specs.
+const DRIVER_TAG: &str = "[Driver: csi.athenz.io]";
 /// What selects the suite's specs for this driver.
 const FOCUS: &str = r"External.Storage \[Driver: csi\.athenz\.io\]";
 
@@ -32,12 +34,13 @@ pub fn default_e2e_test() -> PathBuf {
 /// What the run found.
 #[derive(Debug, Serialize)]
 pub struct Outcome {
-    /// Specs that ran and passed, by name.
+    /// This driver's specs that ran and passed, by name.
     pub passed: Vec<String>,
-    /// Specs that failed, with the suite's message.
+    /// Anything that failed (a spec, or the suite's own setup), with the suite's message.
     pub failed: Vec<(String, String)>,
-    /// Specs the suite skipped (not applicable to this driver).
-    pub skipped: usize,
+    /// This driver's specs the suite skipped, with its reason (what they need that a
+    /// read-only inline driver does not offer).
+    pub skipped: Vec<(String, String)>,
     /// The suite's wall time, seconds.
     pub seconds: f64,
 }
@@ -169,35 +172,49 @@ fn read_junit(text: &str, seconds: f64) -> Outcome {
     let mut outcome = Outcome {
         passed: Vec::new(),
         failed: Vec::new(),
-        skipped: 0,
+        skipped: Vec::new(),
         seconds,
     };
     for case in text.split("<testcase ").skip(1) {
-        let attribute = |name: &str| {
-            case.split(&format!("{name}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-                .unwrap_or_default()
-                .replace("&#39;", "'")
-                .replace("&quot;", "\"")
-                .replace("&amp;", "&")
+        let attribute = |within: &str, name: &str| {
+            unescape(
+                within
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default(),
+            )
         };
-        let name = attribute("name");
-        match attribute("status").as_str() {
-            "passed" => outcome.passed.push(name),
-            "skipped" => outcome.skipped += 1,
+        let name = attribute(case, "name");
+        // the suite's other specs (focus-filtered) and its report hooks say nothing of the driver
+        let ours = name.contains(DRIVER_TAG);
+        match attribute(case, "status").as_str() {
+            "passed" if ours => outcome.passed.push(name),
+            "skipped" if ours => {
+                let reason = attribute(case, "<skipped message");
+                outcome.skipped.push((name, reason));
+            }
+            "passed" | "skipped" => {}
             _ => {
                 let message = case
                     .split("<failure message=\"")
                     .nth(1)
                     .and_then(|rest| rest.split('"').next())
-                    .unwrap_or("(no message)")
-                    .to_owned();
+                    .map_or_else(|| "(no message)".to_owned(), unescape);
                 outcome.failed.push((name, message));
             }
         }
     }
     outcome
+}
+
+/// What the report's attributes escape.
+fn unescape(text: &str) -> String {
+    text.replace("&#39;", "'")
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&")
 }
 
 /// `cluster storage-e2e`: up, the suite, down. `Ok(false)` when a spec failed or none passed.
@@ -229,14 +246,17 @@ pub async fn storage_e2e(
     for name in &outcome.passed {
         println!("passed  {name}");
     }
+    for (name, reason) in &outcome.skipped {
+        println!("skipped {name}: {reason}");
+    }
     for (name, message) in &outcome.failed {
         println!("FAILED  {name}: {message}");
     }
     println!(
-        "storage e2e for csi.athenz.io: {} passed, {} failed, {} skipped (not applicable) in {:.0} s; report in {}",
+        "storage e2e for csi.athenz.io: {} passed, {} failed, {} skipped by the suite in {:.0} s; report in {}",
         outcome.passed.len(),
         outcome.failed.len(),
-        outcome.skipped,
+        outcome.skipped.len(),
         outcome.seconds,
         report_dir.display()
     );
@@ -250,15 +270,30 @@ mod tests {
 
     #[test]
     fn junit_verdicts_are_read_per_case() {
-        let text = r#"<testsuite><testcase name="[It] a &#39;ro&#39; volume" classname="x" status="passed" time="1"></testcase>
-<testcase name="[It] skipped one" status="skipped"><skipped message="no"></skipped></testcase>
-<testcase name="[It] broken" status="failed"><failure message="mount is rw" type="failed">x</failure></testcase></testsuite>"#;
+        let text = r#"<testsuite><testcase name="[ReportBeforeSuite]" status="passed"></testcase>
+<testcase name="[It] a &#39;ro&#39; volume [Driver: csi.athenz.io]" classname="x" status="passed" time="1"></testcase>
+<testcase name="[It] another driver&#39;s [Driver: other]" status="passed"></testcase>
+<testcase name="[It] rw one [Driver: csi.athenz.io]" status="skipped"><skipped message="needs &quot;rw&quot;"></skipped></testcase>
+<testcase name="[It] not ours" status="skipped"><skipped message="focus"></skipped></testcase>
+<testcase name="[SynchronizedBeforeSuite]" status="failed"><failure message="no node &lt;ready&gt;" type="failed">x</failure></testcase></testsuite>"#;
         let outcome = read_junit(text, 1.0);
-        assert_eq!(outcome.passed, ["[It] a 'ro' volume"]);
-        assert_eq!(outcome.skipped, 1);
+        assert_eq!(
+            outcome.passed,
+            ["[It] a 'ro' volume [Driver: csi.athenz.io]"]
+        );
+        assert_eq!(
+            outcome.skipped,
+            [(
+                "[It] rw one [Driver: csi.athenz.io]".to_owned(),
+                "needs \"rw\"".to_owned()
+            )]
+        );
         assert_eq!(
             outcome.failed,
-            [("[It] broken".to_owned(), "mount is rw".to_owned())]
+            [(
+                "[SynchronizedBeforeSuite]".to_owned(),
+                "no node <ready>".to_owned()
+            )]
         );
     }
 }
