@@ -11,7 +11,7 @@ mod common;
 use athenz_core::crypto::CertInfo;
 use athenz_core::files::{CA_FILE, CERT_FILE, FileSet, KEY_FILE, NTOKEN_FILE};
 use athenz_devstack::kube::NewPod;
-use athenz_testbed::csi_kubelet::{CsiVolume, KubeletCsi};
+use athenz_testbed::csi_kubelet::{CsiPod, CsiVolume, KubeletCsi};
 use common::{Devstack, pending_pod};
 use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
