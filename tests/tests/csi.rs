@@ -204,8 +204,9 @@ async fn socket_mode_serves_the_real_sia() {
     unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
 }
 
-/// Refusals carry their gRPC code and name the field; a pod the node may not have an identity
-/// for is refused and everything the publish made is gone again.
+/// Refusals carry their gRPC code and name the field (and `readonly: false` is not one: the
+/// volume is read-only regardless); a pod the node may not have an identity for is refused and
+/// everything the publish made is gone again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_and_rollback() {
     let stack = Devstack::start_with(&["--volume", "csi-files", "--nodes", "2"]);
@@ -214,11 +215,6 @@ async fn refusals_and_rollback() {
     let good = kubelet.publish_request(&csi_pod, &[("mode", "files")], false);
     type Change = Box<dyn Fn(&mut athenz_core::csi::v1::NodePublishVolumeRequest)>;
     let cases: Vec<(Change, Code, &str)> = vec![
-        (
-            Box::new(|r| r.readonly = false),
-            Code::InvalidArgument,
-            "readonly",
-        ),
         (
             Box::new(|r| r.volume_capability = None),
             Code::InvalidArgument,
@@ -258,6 +254,24 @@ async fn refusals_and_rollback() {
         assert_eq!(err.code(), Some(code), "{field}: {err}");
         assert!(err.to_string().contains(field), "{field}: {err}");
     }
+    // a pod spec without `csi.readOnly: true` is not refused, and its volume is read-only all
+    // the same
+    let mut writable = good.clone();
+    writable.readonly = false;
+    // kubelet makes the target's parent
+    std::fs::create_dir_all(Path::new(&good.target_path).parent().unwrap()).unwrap();
+    kubelet.raw_publish(writable).await.unwrap();
+    let volume = CsiVolume {
+        volume_id: good.volume_id.clone(),
+        target: good.target_path.clone().into(),
+    };
+    let planted = std::fs::write(volume.target.join("planted"), b"x").unwrap_err();
+    assert_eq!(
+        planted.raw_os_error(),
+        Some(nix::errno::Errno::EROFS as i32),
+        "readonly=false still mounts read-only"
+    );
+    unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
     // a pod scheduled on node-2: node-1's agent may not get its identity
     let elsewhere = Pod {
         metadata: ObjectMeta {
