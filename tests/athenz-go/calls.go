@@ -7,7 +7,10 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/AthenZ/athenz/clients/go/zts"
 	"github.com/ardielle/ardielle-go/rdl"
@@ -53,8 +56,11 @@ func send(client *zts.ZTSClient, r *request) (map[string]any, int, error) {
 			return nil, 0, err
 		}
 		decoded, err := instanceIdentity(identity)
-		if err == nil && location == "" {
-			err = errors.New("a 201 without Location")
+		if err == nil {
+			decoded["location"] = "absent"
+			if location != "" {
+				decoded["location"] = "present"
+			}
 		}
 		return decoded, 201, err
 	case "refresh":
@@ -78,8 +84,11 @@ func send(client *zts.ZTSClient, r *request) (map[string]any, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		cn, err := commonName("certificate", identity.Certificate)
-		return map[string]any{"name": string(identity.Name), "certificateCn": cn}, 200, err
+		if identity.Name == "" || identity.CaCertBundle == "" {
+			return nil, 0, errors.New("an Identity without name or caCertBundle")
+		}
+		decoded := map[string]any{"name": string(identity.Name)}
+		return decoded, 200, certificate(decoded, "certificate", identity.Certificate, identity.CaCertBundle)
 	case "access_token":
 		response, err := client.PostAccessTokenRequest(zts.AccessTokenRequest(r.Form))
 		if err != nil {
@@ -92,10 +101,8 @@ func send(client *zts.ZTSClient, r *request) (map[string]any, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		if !strings.HasPrefix(token.Token, "v=Z1;") {
-			return nil, 0, fmt.Errorf("a role token not of version Z1: %.20q", token.Token)
-		}
-		return map[string]any{"expiryTime": token.ExpiryTime}, 200, nil
+		decoded, err := roleToken(token)
+		return decoded, 200, err
 	case "role_cert":
 		var req zts.RoleCertificateRequest
 		if err := r.into(&req); err != nil {
@@ -105,8 +112,8 @@ func send(client *zts.ZTSClient, r *request) (map[string]any, int, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		cn, err := commonName("x509Certificate", cert.X509Certificate)
-		return map[string]any{"certificateCn": cn}, 200, err
+		decoded := map[string]any{}
+		return decoded, 200, certificate(decoded, "x509Certificate", cert.X509Certificate, "")
 	case "jwks":
 		rfc := true
 		keys, err := client.GetJWKList(&rfc, "")
@@ -125,27 +132,80 @@ func send(client *zts.ZTSClient, r *request) (map[string]any, int, error) {
 	return nil, 0, fmt.Errorf("unknown op %q", r.Op)
 }
 
-func commonName(field, certPEM string) (string, error) {
+// parsePEM is the first certificate of a PEM text.
+func parsePEM(field, certPEM string) (*x509.Certificate, error) {
 	block, _ := pem.Decode([]byte(certPEM))
 	if block == nil {
-		return "", fmt.Errorf("the answer's %s is not PEM", field)
+		return nil, fmt.Errorf("the answer's %s is not PEM", field)
 	}
 	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
-		return "", fmt.Errorf("the answer's %s: %w", field, err)
+		return nil, fmt.Errorf("the answer's %s: %w", field, err)
 	}
-	return cert.Subject.CommonName, nil
+	return cert, nil
+}
+
+// certificate adds what tests/athenz-java's Decoded reports of a certificate, under the same
+// names: its CN, the whole minutes left until it expires, and (with a signer bundle) whether a
+// certificate of the bundle signed it.
+func certificate(decoded map[string]any, field, certPEM, signers string) error {
+	cert, err := parsePEM(field, certPEM)
+	if err != nil {
+		return err
+	}
+	decoded["certificateCn"] = cert.Subject.CommonName
+	decoded["expiresInMinutes"] = int64(math.Round(time.Until(cert.NotAfter).Minutes()))
+	if signers == "" {
+		return nil
+	}
+	signed := false
+	for rest := []byte(signers); ; {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil {
+			break
+		}
+		ca, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return fmt.Errorf("the signer bundle: %w", err)
+		}
+		if cert.CheckSignatureFrom(ca) == nil {
+			signed = true
+		}
+	}
+	decoded["signerIsIssuer"] = signed
+	return nil
 }
 
 func instanceIdentity(identity *zts.InstanceIdentity) (map[string]any, error) {
-	cn, err := commonName("x509Certificate", identity.X509Certificate)
-	if err != nil {
-		return nil, err
+	if identity.InstanceId == "" || identity.Provider == "" || identity.Name == "" || identity.X509CertificateSigner == "" {
+		return nil, errors.New("an InstanceIdentity without provider, name, instanceId or x509CertificateSigner")
 	}
-	if identity.InstanceId == "" || identity.Provider == "" || identity.Name == "" {
-		return nil, errors.New("an InstanceIdentity without provider, name or instanceId")
+	decoded := map[string]any{"provider": string(identity.Provider), "name": string(identity.Name), "instanceId": string(identity.InstanceId)}
+	return decoded, certificate(decoded, "x509Certificate", identity.X509Certificate, identity.X509CertificateSigner)
+}
+
+// roleToken reads the model, then the token's fields as Athenz's Java RoleToken class names
+// them (d, r, p, t, e of "v=Z1;...").
+func roleToken(token *zts.RoleToken) (map[string]any, error) {
+	if !strings.HasPrefix(token.Token, "v=Z1;") {
+		return nil, fmt.Errorf("a role token not of version Z1: %.20q", token.Token)
 	}
-	return map[string]any{"provider": string(identity.Provider), "name": string(identity.Name), "instanceId": string(identity.InstanceId), "certificateCn": cn}, nil
+	fields := map[string]string{}
+	for _, item := range strings.Split(token.Token, ";") {
+		if name, value, ok := strings.Cut(item, "="); ok {
+			fields[name] = value
+		}
+	}
+	issued, err1 := strconv.ParseInt(fields["t"], 10, 64)
+	expires, err2 := strconv.ParseInt(fields["e"], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, fmt.Errorf("the role token's times: %w", err)
+	}
+	if expires != token.ExpiryTime {
+		return nil, fmt.Errorf("expiryTime %d is not the token's %d", token.ExpiryTime, expires)
+	}
+	return map[string]any{"domain": fields["d"], "principal": fields["p"], "roles": fields["r"], "lifetimeSeconds": expires - issued}, nil
 }
 
 // accessToken reads the model, then the token's claims (Java's harness verifies its signature).
@@ -159,8 +219,12 @@ func accessToken(response *zts.AccessTokenResponse) (map[string]any, error) {
 		return nil, fmt.Errorf("the access token's claims: %w", err)
 	}
 	var claims struct {
-		ClientID string `json:"client_id"`
-		Aud      string `json:"aud"`
+		ClientID string   `json:"client_id"`
+		Aud      string   `json:"aud"`
+		Sub      string   `json:"sub"`
+		Scp      []string `json:"scp"`
+		Iat      int64    `json:"iat"`
+		Exp      int64    `json:"exp"`
 	}
 	if err := json.Unmarshal(payload, &claims); err != nil {
 		return nil, fmt.Errorf("the access token's claims: %w", err)
@@ -169,5 +233,5 @@ func accessToken(response *zts.AccessTokenResponse) (map[string]any, error) {
 	if response.Expires_in != nil {
 		expires = *response.Expires_in
 	}
-	return map[string]any{"token_type": response.Token_type, "expires_in": expires, "scope": response.Scope, "client_id": claims.ClientID, "audience": claims.Aud}, nil
+	return map[string]any{"token_type": response.Token_type, "expires_in": expires, "scope": response.Scope, "client_id": claims.ClientID, "audience": claims.Aud, "subject": claims.Sub, "roles": strings.Join(claims.Scp, ","), "lifetimeSeconds": claims.Exp - claims.Iat}, nil
 }

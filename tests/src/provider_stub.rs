@@ -41,6 +41,13 @@ pub enum Decision {
         /// The body.
         body: String,
     },
+    /// Holds the call this long, then allows it as [`Decision::Allow`] without a lifetime: a
+    /// provider slower than its client's read timeout, so that what the client reports is its
+    /// own giving up (a confirmation if it waited).
+    Stall {
+        /// How long, milliseconds.
+        millis: u64,
+    },
 }
 
 /// One call the provider received.
@@ -97,17 +104,11 @@ impl Handler for Script {
         match decision {
             Decision::Allow {
                 cert_expiry_minutes,
-            } => match serde_json::from_slice::<InstanceConfirmation>(req.body()) {
-                Ok(mut confirmation) => {
-                    if let Some(minutes) = cert_expiry_minutes {
-                        confirmation
-                            .attributes
-                            .insert(attr::CERT_EXPIRY_TIME.to_owned(), minutes.to_string());
-                    }
-                    json_response(StatusCode::OK, &confirmation)
-                }
-                Err(e) => error_response(StatusCode::BAD_REQUEST, e.to_string()),
-            },
+            } => allow(req.body(), cert_expiry_minutes),
+            Decision::Stall { millis } => {
+                tokio::time::sleep(std::time::Duration::from_millis(millis)).await;
+                allow(req.body(), None)
+            }
             Decision::Deny { status, message } => error_response(
                 StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN),
                 message,
@@ -129,6 +130,21 @@ impl Handler for Script {
                 response
             }
         }
+    }
+}
+
+/// The confirmation echoed, with `certExpiryTime` when given (minutes).
+fn allow(body: &[u8], cert_expiry_minutes: Option<u32>) -> Response<Body> {
+    match serde_json::from_slice::<InstanceConfirmation>(body) {
+        Ok(mut confirmation) => {
+            if let Some(minutes) = cert_expiry_minutes {
+                confirmation
+                    .attributes
+                    .insert(attr::CERT_EXPIRY_TIME.to_owned(), minutes.to_string());
+            }
+            json_response(StatusCode::OK, &confirmation)
+        }
+        Err(e) => error_response(StatusCode::BAD_REQUEST, e.to_string()),
     }
 }
 

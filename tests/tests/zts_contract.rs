@@ -1,7 +1,9 @@
 //! The dev ZTS held to `tests/data/zts-contract.tsv`: for every row, the request the row describes
 //! is sent over real mutual TLS and the answer must have Athenz's status and start with Athenz's
-//! message. The table cites the Athenz source that decides each row; a row without a request
-//! here, or a request here without a row, fails the test, so the two cannot drift apart.
+//! message. Sent through Athenz's own Java and Go clients, a success must also decode, in their
+//! models, to the row's written answer, field by field. The table cites the Athenz source that
+//! decides each row; a row without a request here, or a request here without a row, fails the
+//! test, so the two cannot drift apart.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,8 +28,8 @@ mod delivery;
 #[path = "zts_contract/instance_rows.rs"]
 mod instance_rows;
 
-use delivery::{Identity, ZtsCall, client, deliver};
-use instance_rows::run;
+use delivery::{Identity, Reply, ZtsCall, client, deliver};
+use instance_rows::{Sent, run};
 
 const TABLE: &str = include_str!("../data/zts-contract.tsv");
 const BASE: &str = "/callback";
@@ -46,6 +48,9 @@ struct Row {
     case: String,
     status: u16,
     message_prefix: Option<String>,
+    /// A success's fields as Athenz's clients decode it (`name=value`; `{instance}` stands for
+    /// the instance the request was about).
+    answer: Vec<(String, String)>,
     source: String,
     /// Which of Athenz's clients send this row (`java`, `go`).
     athenz_clients: Vec<String>,
@@ -58,22 +63,71 @@ fn rows() -> Vec<Row> {
     let header = lines.next().unwrap();
     assert_eq!(
         header,
-        "case\troute\trequest\tstatus\tmessage_prefix\tathenz_source\tathenz_client"
+        "case\troute\trequest\tstatus\tmessage_prefix\tanswer\tathenz_source\tathenz_client"
     );
     lines
         .map(|line| {
             let cols: Vec<&str> = line.split('\t').collect();
-            assert_eq!(cols.len(), 7, "seven columns: {line}");
+            assert_eq!(cols.len(), 8, "eight columns: {line}");
             Row {
                 case: cols[0].to_owned(),
                 status: cols[3].parse().unwrap(),
                 message_prefix: (cols[4] != "-").then(|| cols[4].to_owned()),
-                source: cols[5].to_owned(),
-                athenz_clients: cols[6]
+                answer: parse_answer(cols[0], cols[5]),
+                source: cols[6].to_owned(),
+                athenz_clients: cols[7]
                     .split(' ')
                     .filter(|c| *c != "-")
                     .map(str::to_owned)
                     .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The answer column: `-`, or `name=value` fields separated by `; `.
+fn parse_answer(case: &str, column: &str) -> Vec<(String, String)> {
+    if column == "-" {
+        return Vec::new();
+    }
+    column
+        .split("; ")
+        .map(|field| {
+            let (name, value) = field
+                .split_once('=')
+                .unwrap_or_else(|| panic!("{case}: answer field {field:?} is not name=value"));
+            (name.to_owned(), value.to_owned())
+        })
+        .collect()
+}
+
+/// A decoded field as the table writes it: text as is, numbers and booleans as written, a list
+/// joined with commas; `None` when the client did not decode it.
+fn field_text(decoded: &Value, name: &str) -> Option<String> {
+    let text = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    decoded.get(name).map(|value| match value {
+        Value::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(","),
+        other => text(other),
+    })
+}
+
+/// Where a success's decoding misses the row's answer, field by field (empty: it meets it).
+fn answer_misses(row: &Row, sent: &Sent) -> Vec<String> {
+    let Some(decoded) = &sent.reply.decoded else {
+        return vec!["no decoded answer".to_owned()];
+    };
+    row.answer
+        .iter()
+        .filter_map(|(name, want)| {
+            let want = want.replace("{instance}", &sent.instance);
+            match field_text(decoded, name) {
+                Some(got) if got == want => None,
+                Some(got) => Some(format!("{name} is {got:?}, want {want:?}")),
+                None => Some(format!("{name} not decoded (decoded: {decoded})")),
             }
         })
         .collect()
@@ -233,7 +287,7 @@ fn register_body(provider: &str, domain: &str, csr: &str, attestation: Option<&s
     body
 }
 
-async fn register(bed: &Bed, body: Value) -> (u16, String) {
+async fn register(bed: &Bed, body: Value) -> Reply {
     deliver(bed, ZtsCall::Register(body)).await
 }
 
@@ -259,7 +313,7 @@ async fn refresh(
     presenting: Option<(&str, &PrivateKey)>,
     path_uid: &str,
     body: Value,
-) -> (u16, String) {
+) -> Reply {
     let identity = presenting.map(|(cert, key)| {
         (
             cert.to_owned(),
@@ -282,8 +336,8 @@ async fn refresh(
 async fn with_decision(
     bed: &Bed,
     decision: Decision,
-    call: impl std::future::Future<Output = (u16, String)>,
-) -> (u16, String) {
+    call: impl std::future::Future<Output = Reply>,
+) -> Reply {
     bed.stub.set_decision(decision);
     let answer = call.await;
     bed.stub.set_decision(Decision::Allow {
@@ -299,7 +353,7 @@ fn deny(status: u16) -> Decision {
     }
 }
 
-async fn key_refresh(bed: &Bed, token_service: &str, csr: String) -> (u16, String) {
+async fn key_refresh(bed: &Bed, token_service: &str, csr: String) -> Reply {
     let token = NTokenBuilder {
         domain: KEY_SERVICE.0.into(),
         service: token_service.into(),
@@ -348,7 +402,9 @@ async fn the_dev_zts_answers_every_row_as_athenz_does() {
     let mut failures = Vec::new();
     for row in &rows {
         assert!(!row.source.is_empty(), "{}: no Athenz source", row.case);
-        let (status, message) = run(&bed, &row.case).await;
+        let Reply {
+            status, message, ..
+        } = run(&bed, &row.case).await.reply;
         let prefix_ok = row
             .message_prefix
             .as_ref()
@@ -429,47 +485,79 @@ async fn openid_scope_gives_an_id_token_when_configured() {
 }
 
 /// Athenz's own clients send every row they can express, through their models, and get the
-/// table's answer; the table's `athenz_client` column says which did, and a client it leaves out
-/// must really be unable to send the row (so the column cannot go stale). Each checked row prints
-/// `athenz-client: <client> <case> ok|FAILED` (tests/athenz/run counts them).
+/// table's answer: its status; a refusal's message starting with the row's reason; a success
+/// decoded, field by field, to the row's answer (a row that does not state one fails). The table's
+/// `athenz_client` column says which sent the row, and a client it leaves out must really be
+/// unable to send it (so the column cannot go stale). Each checked row prints
+/// `athenz-contract: <client> <case> ok|FAILED` (tests/athenz/run counts them).
+///
+/// Each verdict was seen to fail by breaking the dev ZTS on purpose (then restored):
+/// - a refusal's reason: answer a refresh without a client certificate "a client certificate is
+///   required" (the dev ZTS's old words; ZTS's authentication says "Invalid credentials") →
+///   refresh_no_client_certificate fails in both clients;
+/// - a success's answer: take a registered instance's id from its DNS name instead of its URI →
+///   register_uri_wins_over_dns fails on instanceId; grant an access token's roles as "writers"
+///   → access_token_ok fails on roles; ignore a role certificate request's expiryTime →
+///   role_cert_every_optional_field fails on expiresInMinutes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn athenz_clients_get_every_row_the_table_gives() {
     let rows = rows();
+    for row in rows.iter().filter(|r| !r.athenz_clients.is_empty()) {
+        if row.status >= 300 {
+            assert!(
+                row.message_prefix.is_some(),
+                "{}: a refusal Athenz's clients send states its reason",
+                row.case
+            );
+        } else {
+            assert!(
+                !row.answer.is_empty(),
+                "{}: a success Athenz's clients send states its answer",
+                row.case
+            );
+        }
+    }
     let mut failures = Vec::new();
     for harness in [Harness::Java, Harness::Go] {
         let bed = bed_via(Some(harness)).await;
         for row in &rows {
-            let (status, message) = run(&bed, &row.case).await;
+            let sent = run(&bed, &row.case).await;
+            let Reply {
+                status, message, ..
+            } = &sent.reply;
             let listed = row.athenz_clients.iter().any(|c| c == harness.name());
-            let verdict = if listed {
-                let prefix_ok = row
-                    .message_prefix
-                    .as_ref()
-                    .is_none_or(|prefix| message.starts_with(prefix.as_str()));
-                (status == row.status && prefix_ok)
-                    .then_some(())
-                    .ok_or_else(|| {
-                        format!(
-                            "{} {}: want {} {:?}, got {status} {message:?}",
-                            harness.name(),
-                            row.case,
-                            row.status,
-                            row.message_prefix
-                        )
-                    })
-            } else {
-                (status == 0).then_some(()).ok_or_else(|| {
+            let verdict = if !listed {
+                (*status == 0).then_some(()).ok_or_else(|| {
                     format!(
-                        "{} {}: the table says it cannot send this row, but it got {status} {message:?}",
-                        harness.name(),
-                        row.case
+                        "the table says it cannot send this row, but it got {status} {message:?}"
                     )
                 })
+            } else if *status != row.status {
+                Err(format!(
+                    "want {} {:?}, got {status} {message:?}",
+                    row.status, row.message_prefix
+                ))
+            } else if let Some(prefix) = row
+                .message_prefix
+                .as_ref()
+                .filter(|p| !message.starts_with(p.as_str()))
+            {
+                Err(format!("want the reason {prefix:?}, got {message:?}"))
+            } else {
+                let misses = if row.status < 300 {
+                    answer_misses(row, &sent)
+                } else {
+                    Vec::new()
+                };
+                misses
+                    .is_empty()
+                    .then_some(())
+                    .ok_or_else(|| format!("the answer is not the row's: {}", misses.join("; ")))
             };
             let outcome = if verdict.is_ok() { "ok" } else { "FAILED" };
-            println!("athenz-client: {} {} {outcome}", harness.name(), row.case);
+            println!("athenz-contract: {} {} {outcome}", harness.name(), row.case);
             if let Err(failure) = verdict {
-                failures.push(failure);
+                failures.push(format!("{} {}: {failure}", harness.name(), row.case));
             }
         }
     }

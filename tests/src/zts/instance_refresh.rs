@@ -6,6 +6,7 @@
 //!
 //! | check | status | message |
 //! |---|---|---|
+//! | no client certificate | 401 | `Invalid credentials` |
 //! | no CSR | 400 | `no csr provided` |
 //! | the client certificate's principal is not the path's | 400 | `Principal mismatch: <path> vs. <cert>` |
 //! | the provider may not launch the service | 403 | `provider '<p>' not authorized to launch ...` |
@@ -29,6 +30,10 @@ use athenz_core::names;
 use athenz_core::zts::{InstanceConfirmation, InstanceIdentity, InstanceRefreshInformation};
 use bytes::Bytes;
 use http::{Request, StatusCode};
+
+/// What ZTS's authentication (`Http.authenticate` in `libs/java/server_common`) answers a request
+/// to an authenticated route without credentials it accepts, before the route runs: 401.
+const INVALID_CREDENTIALS: &str = "Invalid credentials";
 
 /// Where a refresh is addressed: the path's parts.
 pub struct RefreshPath<'a> {
@@ -61,10 +66,12 @@ impl ZtsHandler {
             .and_then(|()| names::validate_service("service", service))
             .and_then(|()| names::validate_instance_id("instance id", instance_id))
             .map_err(|e| Refusal::bad_request(e.to_string()))?;
+        // an authenticated route: without a client certificate, ZTS's authentication
+        // (`Http.authenticate`) refuses before the route runs, in its own words
         let presented = conn
             .principal
             .as_deref()
-            .ok_or_else(|| Refusal::unauthorized("a client certificate is required"))?;
+            .ok_or_else(|| Refusal::unauthorized(INVALID_CREDENTIALS))?;
         let info: InstanceRefreshInformation = parse_json(req, "InstanceRefreshInformation")?;
         let csr_pem = info
             .csr
@@ -85,7 +92,7 @@ impl ZtsHandler {
             .peer_certificate
             .as_ref()
             .and_then(|der| CertInfo::from_der(der).ok())
-            .ok_or_else(|| Refusal::unauthorized("a client certificate is required"))?;
+            .ok_or_else(|| Refusal::unauthorized(INVALID_CREDENTIALS))?;
         if !validate_instance_id(&csr_instance, instance_id, &cert) {
             return Err(Refusal::bad_request(
                 "CSR validation failed - instance id mismatch",

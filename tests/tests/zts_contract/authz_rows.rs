@@ -3,12 +3,7 @@
 
 use super::*;
 
-async fn token(
-    bed: &Bed,
-    principal: &str,
-    content_type: &str,
-    body: &'static str,
-) -> (u16, String) {
+async fn token(bed: &Bed, principal: &str, content_type: &str, body: &'static str) -> Reply {
     let (identity, _) = service_identity(bed, principal);
     deliver(
         bed,
@@ -28,11 +23,7 @@ fn role_csr(key: &PrivateKey, sans: Vec<SanType>) -> String {
     raw_csr(key, "media.sports:role.readers", sans)
 }
 
-async fn role_cert(
-    bed: &Bed,
-    principal: &str,
-    body: impl FnOnce(&PrivateKey) -> Value,
-) -> (u16, String) {
+async fn role_cert(bed: &Bed, principal: &str, body: impl FnOnce(&PrivateKey) -> Value) -> Reply {
     let (identity, key) = service_identity(bed, principal);
     deliver(
         bed,
@@ -44,7 +35,7 @@ async fn role_cert(
     .await
 }
 
-pub(super) async fn run_token(bed: &Bed, case: &str) -> (u16, String) {
+pub(super) async fn run_token(bed: &Bed, case: &str) -> Reply {
     let web = "media.sports.web";
     let form = |body: &'static str| token(bed, web, FORM, body);
     match case {
@@ -106,7 +97,7 @@ pub(super) async fn run_token(bed: &Bed, case: &str) -> (u16, String) {
     }
 }
 
-pub(super) async fn run_role_cert(bed: &Bed, case: &str) -> (u16, String) {
+pub(super) async fn run_role_cert(bed: &Bed, case: &str) -> Reply {
     let web = "media.sports.web";
     let principal_uri = |p: &str| uri(&format!("athenz://principal/{p}"));
     match case {

@@ -18,13 +18,26 @@ pub(super) fn client(bed: &Bed, identity: Option<(&str, &str)>) -> reqwest::Clie
     builder.build().unwrap()
 }
 
+/// What a row's request got: status and message (empty for an answer without one), and a
+/// success as Athenz's client decoded it (none when sent with reqwest).
+#[derive(Debug)]
+pub(super) struct Reply {
+    pub(super) status: u16,
+    pub(super) message: String,
+    pub(super) decoded: Option<Value>,
+}
+
 /// Status and message (empty for an answer without one).
-pub(super) async fn send(request: reqwest::RequestBuilder) -> (u16, String) {
+pub(super) async fn send(request: reqwest::RequestBuilder) -> Reply {
     let response = request.send().await.unwrap();
     let status = response.status().as_u16();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     let message = body["message"].as_str().unwrap_or_default().to_owned();
-    (status, message)
+    Reply {
+        status,
+        message,
+        decoded: None,
+    }
 }
 
 /// A client identity: certificate chain PEM and key PEM.
@@ -61,14 +74,14 @@ pub(super) enum ZtsCall {
 }
 
 /// Sends `call` with reqwest, or through the bed's Athenz client when it has one.
-pub(super) async fn deliver(bed: &Bed, call: ZtsCall) -> (u16, String) {
+pub(super) async fn deliver(bed: &Bed, call: ZtsCall) -> Reply {
     match &bed.athenz {
         Some(athenz) => deliver_via_athenz(bed, &mut *athenz.lock().await, call).await,
         None => deliver_via_reqwest(bed, call).await,
     }
 }
 
-pub(super) async fn deliver_via_reqwest(bed: &Bed, call: ZtsCall) -> (u16, String) {
+pub(super) async fn deliver_via_reqwest(bed: &Bed, call: ZtsCall) -> Reply {
     let url = bed.zts.url();
     let with = |identity: &Option<Identity>| {
         client(
@@ -117,12 +130,13 @@ pub(super) async fn deliver_via_reqwest(bed: &Bed, call: ZtsCall) -> (u16, Strin
 }
 
 /// The same request through Athenz's client: its model carries the body, its client sends it,
-/// and a success must decode in its model. An unsendable request is status 0.
+/// and a success must decode in its model (the decoded fields are the reply's, for the row's
+/// answer to be compared with). An unsendable request is status 0.
 pub(super) async fn deliver_via_athenz(
     bed: &Bed,
     athenz: &mut AthenzClient,
     call: ZtsCall,
-) -> (u16, String) {
+) -> Reply {
     let ca = athenz.file(bed.zts.root_pem()).unwrap();
     let mut fields = json!({"url": bed.zts.url(), "ca": ca});
     let present = |athenz: &mut AthenzClient, fields: &mut Value, (cert, key): Identity| {
@@ -195,5 +209,14 @@ pub(super) async fn deliver_via_athenz(
             athenz.harness().name()
         );
     }
-    answer.status_and_message()
+    let (status, message) = answer.status_and_message();
+    let decoded = match answer {
+        ClientAnswer::Answered { decoded, .. } => decoded,
+        ClientAnswer::Unsendable(_) => None,
+    };
+    Reply {
+        status,
+        message,
+        decoded,
+    }
 }

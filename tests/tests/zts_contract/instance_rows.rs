@@ -3,13 +3,20 @@
 
 use super::*;
 
+/// What a row's request got, and the instance it was about (the row's answer names it as
+/// `{instance}`).
+pub(super) struct Sent {
+    pub(super) reply: Reply,
+    pub(super) instance: String,
+}
+
 /// Sends the request row `case` describes.
-pub(super) async fn run(bed: &Bed, case: &str) -> (u16, String) {
+pub(super) async fn run(bed: &Bed, case: &str) -> Sent {
     let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
     let uid = fresh_uid();
     let ok_csr = pod_csr(&key, &uid, |_| {});
     let jwt = Some("jwt");
-    match case {
+    let reply = match case {
         "register_ok" => register(bed, register_body(PROVIDER, DOMAIN, &ok_csr, jwt)).await,
         "register_unknown_provider" => {
             register(
@@ -124,7 +131,10 @@ pub(super) async fn run(bed: &Bed, case: &str) -> (u16, String) {
             let body = register_body(PROVIDER, DOMAIN, &ok_csr, jwt);
             with_decision(bed, raw, register(bed, body)).await
         }
-        case if case.starts_with("refresh_") => run_refresh(bed, case).await,
+        case if case.starts_with("refresh_") => {
+            let (reply, instance) = run_refresh(bed, case).await;
+            return Sent { reply, instance };
+        }
         case if case.starts_with("key_refresh_") => run_key_refresh(bed, case).await,
         case if case.starts_with("access_token_")
             || case.starts_with("role_token_")
@@ -134,16 +144,21 @@ pub(super) async fn run(bed: &Bed, case: &str) -> (u16, String) {
         }
         case if case.starts_with("role_cert_") => authz_rows::run_role_cert(bed, case).await,
         other => panic!("the table has a case with no request here: {other}"),
+    };
+    Sent {
+        reply,
+        instance: uid,
     }
 }
 
-async fn run_refresh(bed: &Bed, case: &str) -> (u16, String) {
+/// A refresh row's reply, and the instance refreshed.
+async fn run_refresh(bed: &Bed, case: &str) -> (Reply, String) {
     let (uid, cert, key) = registered(bed).await;
     let new_key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
     let csr = pod_csr(&new_key, &uid, |_| {});
     let body = json!({"csr": csr, "attestationData": "jwt"});
     let me = Some((cert.as_str(), &key));
-    match case {
+    let reply = match case {
         "refresh_ok" => refresh(bed, me, &uid, body).await,
         "refresh_no_client_certificate" => refresh(bed, None, &uid, body).await,
         "refresh_no_csr" => refresh(bed, me, &uid, json!({"attestationData": "jwt"})).await,
@@ -265,10 +280,11 @@ async fn run_refresh(bed: &Bed, case: &str) -> (u16, String) {
             refresh(bed, me, &uid, body).await
         }
         other => panic!("the table has a case with no request here: {other}"),
-    }
+    };
+    (reply, uid)
 }
 
-async fn run_key_refresh(bed: &Bed, case: &str) -> (u16, String) {
+async fn run_key_refresh(bed: &Bed, case: &str) -> Reply {
     let key = &bed.service_key;
     match case {
         "key_refresh_ok" => key_refresh(bed, KEY_SERVICE.1, service_csr(key, |_| {})).await,

@@ -62,13 +62,16 @@ final class AccessTokens {
         ObjectNode decoded = JsonNodeFactory.instance.objectNode();
         decoded.put("token_type", response.getToken_type());
         decoded.put("expires_in", response.getExpires_in());
-        decoded.put("scope", response.getScope());
+        // absent and empty are one to Go's model, so to both harnesses
+        decoded.put("scope", response.getScope() == null ? "" : response.getScope());
         X509Certificate cert = Crypto.loadX509Certificate(certPem);
         JwtsSigningKeyResolver keys = new JwtsSigningKeyResolver(url + "/oauth2/keys?rfc=true", tls);
         AccessToken token = new AccessToken(response.getAccess_token(), keys, cert);
         decoded.put("client_id", token.getClientId());
         decoded.put("audience", token.getAudience());
         decoded.put("roles", String.join(",", token.getScope()));
+        decoded.put("subject", token.getSubject());
+        decoded.put("lifetimeSeconds", token.getExpiryTime() - token.getIssueTime());
         return decoded;
     }
 }

@@ -12,10 +12,14 @@ import javax.net.ssl.SSLContext;
  * ZTS calling an HTTP instance provider, as ZTSImpl does for each launch and refresh: a new
  * InstanceHttpProvider initialized with the provider's name and endpoint and ZTS's own
  * SSLContext (so Athenz's ProviderHostnameVerifier requires the provider's CN), then
- * confirmInstance or refreshInstance, then close.
+ * confirmInstance or refreshInstance, then close. A request's "read_timeout_ms" is ZTS's
+ * athenz.instance.provider.client.read_timeout (30 s unset).
  */
 final class ProviderCalls {
     private static final ObjectMapper JSON = new ObjectMapper();
+
+    /** ZTS's setting for how long InstanceHttpProvider waits on a provider's answer (ms). */
+    private static final String READ_TIMEOUT = "athenz.instance.provider.client.read_timeout";
 
     private ProviderCalls() {}
 
@@ -27,6 +31,11 @@ final class ProviderCalls {
                         Requests.file(request, "key"));
         InstanceConfirmation confirmation =
                 JSON.treeToValue(request.get("confirmation"), InstanceConfirmation.class);
+        JsonNode readTimeout = request.get("read_timeout_ms");
+        if (readTimeout != null) {
+            // how ZTS is configured: InstanceHttpProvider.initialize reads the system property
+            System.setProperty(READ_TIMEOUT, Integer.toString(readTimeout.asInt()));
+        }
         InstanceHttpProvider provider = new InstanceHttpProvider();
         provider.initialize(
                 Requests.text(request, "provider"), Requests.text(request, "url"), zts, null);
