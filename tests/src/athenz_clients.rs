@@ -1,7 +1,7 @@
 //! Athenz's own client code as a test's peer: the Java harness (`tests/athenz-java`: ZTS's
 //! `InstanceHttpProvider`, `ZTSClient`, the ZTS model and token classes, from Maven Central) and
 //! the Go harness (`tests/athenz-go`: `clients/go/zts` from the Go module proxy), both built by
-//! `tests/athenz/build`.
+//! `tests/athenz/build`, which also builds Athenz's command-line tools ([`cli`]).
 //!
 //! A harness is a long-lived child process speaking one JSON object per line: a request naming an
 //! operation and its material (a CSR, a body, file paths of a certificate and key), an answer
@@ -50,6 +50,14 @@ pub enum HarnessError {
         /// Which harness.
         harness: &'static str,
         /// The file it would run from.
+        missing: PathBuf,
+    },
+    /// One of Athenz's command-line tools is not built ([`cli`]).
+    #[error("Athenz's {tool} is not built: {} is missing (run tests/athenz/build; it needs go)", missing.display())]
+    ToolNotBuilt {
+        /// Which tool (`zts-svccert`, ...).
+        tool: String,
+        /// Where tests/athenz/build puts it.
         missing: PathBuf,
     },
     /// Its process did not start (`java` missing, say).
@@ -106,6 +114,21 @@ pub fn build_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     target.join("athenz-clients")
+}
+
+/// One of Athenz's command-line tools (`zts-svccert`, `zts-rolecert`, `zts-accesstoken`), as
+/// tests/athenz/build builds it from the `utils/` programs of the Athenz Go module the Go harness
+/// pins: its path, or which is missing and how to build it.
+pub fn cli(tool: &str) -> Result<PathBuf, HarnessError> {
+    let path = build_dir().join("go").join(tool);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(HarnessError::ToolNotBuilt {
+            tool: tool.to_owned(),
+            missing: path,
+        })
+    }
 }
 
 /// A running harness. Requests are answered in order, one at a time.
@@ -299,6 +322,13 @@ mod tests {
         ] {
             assert!(parse_answer(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn a_missing_tool_is_named_with_how_to_build_it() {
+        let err = cli("zts-no-such-tool").unwrap_err().to_string();
+        assert!(err.contains("zts-no-such-tool"), "{err}");
+        assert!(err.contains("run tests/athenz/build"), "{err}");
     }
 
     #[test]
