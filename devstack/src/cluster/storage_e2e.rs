@@ -211,6 +211,8 @@ fn read_junit(text: &str, seconds: f64) -> Outcome {
 /// What the report's attributes escape.
 fn unescape(text: &str) -> String {
     text.replace("&#39;", "'")
+        .replace("&#34;", "\"")
+        .replace("&#xA;", "\n")
         .replace("&quot;", "\"")
         .replace("&lt;", "<")
         .replace("&gt;", ">")
@@ -275,7 +277,7 @@ mod tests {
 <testcase name="[It] another driver&#39;s [Driver: other]" status="passed"></testcase>
 <testcase name="[It] rw one [Driver: csi.athenz.io]" status="skipped"><skipped message="needs &quot;rw&quot;"></skipped></testcase>
 <testcase name="[It] not ours" status="skipped"><skipped message="focus"></skipped></testcase>
-<testcase name="[SynchronizedBeforeSuite]" status="failed"><failure message="no node &lt;ready&gt;" type="failed">x</failure></testcase></testsuite>"#;
+<testcase name="[SynchronizedBeforeSuite]" status="failed"><failure message="no node &lt;ready&gt;&#xA;Got &#34;x&#34;" type="failed">x</failure></testcase></testsuite>"#;
         let outcome = read_junit(text, 1.0);
         assert_eq!(
             outcome.passed,
@@ -292,7 +294,7 @@ mod tests {
             outcome.failed,
             [(
                 "[SynchronizedBeforeSuite]".to_owned(),
-                "no node <ready>".to_owned()
+                "no node <ready>\nGot \"x\"".to_owned()
             )]
         );
     }
