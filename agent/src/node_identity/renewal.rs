@@ -8,10 +8,12 @@
 //!   caller that goes away (a pod that closes its socket, so hyper drops the request's future)
 //!   stops waiting, but the attempt goes on: were it cancelled, the next caller would start a new
 //!   one while ZTS still works on the old, and a close-and-retry loop would stack registrations.
-//! - **One per backoff step.** After a failure no attempt starts until the backoff that failure
-//!   earned has passed; a caller that asks meanwhile is answered from the failure at once. The
-//!   renewal task waits for the same moment, so pods cannot make a node retry faster than its
-//!   own backoff.
+//! - **One per backoff step.** After a failure no attempt starts until one backoff step has
+//!   passed, for pods or the renewal task. The step grows with the failures of attempts pods
+//!   made (the renewal task's own, longer backoff does not lengthen it: once ZTS is back, the
+//!   next pod is served within a step, not after the task's minute). A pod that asks within
+//!   the step waits for its end when that is near ([`POD_GATE_WAIT`]) and then joins or makes
+//!   the next attempt; otherwise it is answered from the failure at once.
 
 use super::NodeIdentity;
 use std::sync::Arc;
@@ -20,15 +22,25 @@ use time::OffsetDateTime;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The longest a pod's request waits for the backoff step after a failure to end before it
+/// makes the next attempt; a longer step answers it at once (503, come back). Two first steps
+/// (0.25–0.5 s each by default): a pod that retries within a step right after an outage gets
+/// its identity from the first attempt allowed rather than a 503 and a backoff of its own.
+const POD_GATE_WAIT: Duration = Duration::from_secs(1);
+
 /// The attempt under way and what the last one left behind.
 #[derive(Default)]
 pub(super) struct Attempts {
     /// The outcome of the attempt under way (`Some(renewed)` once it ends); `None`: none runs.
     running: Option<watch::Receiver<Option<bool>>>,
-    /// Attempts that failed since the last success.
-    failures: u32,
-    /// No attempt starts before this: the backoff earned by the last failure.
+    /// Attempts made for pods that failed since the last success: the step after a failure.
+    pod_failures: u32,
+    /// Attempts of the renewal task that failed since the last success: its own backoff.
+    scheduled_failures: u32,
+    /// No attempt starts before this: one step after the last failure.
     not_before: Option<Instant>,
+    /// When the renewal task tries again after its own last failure.
+    scheduled_retry: Option<Instant>,
 }
 
 /// Whom an attempt is for.
@@ -49,13 +61,20 @@ impl NodeIdentity {
         if self.is_valid() {
             return true;
         }
-        match self.join_or_start(Caller::Pod) {
-            Ok(outcome) => {
-                outcome_of(outcome).await;
-                self.is_valid()
+        let outcome = match self.join_or_start(Caller::Pod) {
+            Ok(outcome) => outcome,
+            Err(until) if until.saturating_duration_since(Instant::now()) <= POD_GATE_WAIT => {
+                tokio::time::sleep_until(until).await;
+                match self.join_or_start(Caller::Pod) {
+                    Ok(outcome) => outcome,
+                    // another failure meanwhile: its step stands
+                    Err(_) => return self.is_valid(),
+                }
             }
-            Err(_backoff_until) => false,
-        }
+            Err(_) => return false,
+        };
+        outcome_of(outcome).await;
+        self.is_valid()
     }
 
     /// The attempt under way, or a new one; `Err(until)` while the last failure's backoff lasts.
@@ -88,15 +107,17 @@ impl NodeIdentity {
     }
 
     /// One attempt, on the task [`join_or_start`](Self::join_or_start) spawned; records its
-    /// outcome (and on failure the backoff gate) before any caller hears it.
+    /// outcome (and on failure the next step's start) before any caller hears it.
     async fn attempt(&self, caller: Caller) -> bool {
         let result = self.renew_once().await;
         let mut attempts = self.attempts();
         attempts.running = None;
         match result {
             Ok(()) => {
-                attempts.failures = 0;
+                attempts.pod_failures = 0;
+                attempts.scheduled_failures = 0;
                 attempts.not_before = None;
+                attempts.scheduled_retry = None;
                 drop(attempts);
                 if caller == Caller::Pod {
                     tracing::info!("node identity renewed for a pod's request");
@@ -105,22 +126,37 @@ impl NodeIdentity {
                 true
             }
             Err(e) => {
-                let random = athenz_core::random::unit();
-                let backoff = match self.held() {
+                let step = self
+                    .settings
+                    .backoff
+                    .delay(attempts.pod_failures, athenz_core::random::unit());
+                // the renewal task's own backoff: while a certificate is held, short enough
+                // that it gets more attempts before it expires
+                let scheduled = match self.held() {
                     Some(h) => self.settings.backoff.delay_before_expiry(
-                        attempts.failures,
-                        random,
+                        attempts.scheduled_failures,
+                        athenz_core::random::unit(),
                         h.info.not_after,
                         OffsetDateTime::now_utc(),
                     ),
-                    None => self.settings.backoff.delay(attempts.failures, random),
+                    None => self
+                        .settings
+                        .backoff
+                        .delay(attempts.scheduled_failures, athenz_core::random::unit()),
                 };
-                attempts.failures = attempts.failures.saturating_add(1);
-                attempts.not_before = Some(Instant::now() + backoff);
+                match caller {
+                    Caller::Pod => attempts.pod_failures = attempts.pod_failures.saturating_add(1),
+                    Caller::Schedule => {
+                        attempts.scheduled_failures = attempts.scheduled_failures.saturating_add(1);
+                        attempts.scheduled_retry = Some(Instant::now() + scheduled);
+                    }
+                }
+                attempts.not_before = Some(Instant::now() + step);
                 drop(attempts);
                 tracing::warn!(
                     error = %e,
-                    retry_in = ?backoff,
+                    next_attempt_in = ?step,
+                    scheduled_retry_in = ?scheduled,
                     still_valid = self.is_valid(),
                     for_pod = caller == Caller::Pod,
                     "could not renew the node identity"
@@ -174,7 +210,10 @@ impl NodeIdentity {
                     if outcome_of(outcome).await {
                         self.next_renewal()
                     } else {
-                        self.attempts().not_before.map_or(Duration::ZERO, |t| {
+                        // its own backoff, and never within the step after the last failure
+                        let attempts = self.attempts();
+                        let until = attempts.scheduled_retry.max(attempts.not_before);
+                        until.map_or(Duration::ZERO, |t| {
                             t.saturating_duration_since(Instant::now())
                         })
                     }
