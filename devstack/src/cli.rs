@@ -332,18 +332,11 @@ pub enum ClusterCommand {
     /// their identity through the real kubelet and API server; prints what each app container
     /// read (checked against its pod); takes the cluster down. Exits 1 if any check fails.
     Demo {
-        /// Where everything lives.
-        #[arg(long)]
-        state_dir: PathBuf,
-        /// The release image's OCI archive (as for `cluster up`).
-        #[arg(long, value_name = "FILE")]
-        image_archive: Option<PathBuf>,
+        #[command(flatten)]
+        release: ReleaseArgs,
         /// The deploy/ to install (as for `cluster up`).
         #[arg(long, value_name = "DIR")]
         deploy: Option<PathBuf>,
-        /// The binaries (as for `cluster up`).
-        #[arg(long, value_name = "DIR")]
-        kube_bin: Option<PathBuf>,
         /// Print the identities as JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -352,15 +345,8 @@ pub enum ClusterCommand {
     /// app container holding its certificate, per mode and for the same pod without identity,
     /// pods one per interval then a burst; the agent's RSS and CPU. Takes the cluster down.
     Bench {
-        /// Where everything lives.
-        #[arg(long)]
-        state_dir: PathBuf,
-        /// The release image's OCI archive (as for `cluster up`).
-        #[arg(long, value_name = "FILE")]
-        image_archive: Option<PathBuf>,
-        /// The binaries (as for `cluster up`).
-        #[arg(long, value_name = "DIR")]
-        kube_bin: Option<PathBuf>,
+        #[command(flatten)]
+        release: ReleaseArgs,
         /// Pods created one per --interval, per mode.
         #[arg(long, default_value_t = 50)]
         sequential: usize,
@@ -392,15 +378,8 @@ pub enum ClusterCommand {
     /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
     /// down. Exits 1 if a spec failed or none passed.
     StorageE2e {
-        /// Where everything lives.
-        #[arg(long)]
-        state_dir: PathBuf,
-        /// The release image's OCI archive (as for `cluster up`).
-        #[arg(long, value_name = "FILE")]
-        image_archive: Option<PathBuf>,
-        /// The binaries (as for `cluster up`).
-        #[arg(long, value_name = "DIR")]
-        kube_bin: Option<PathBuf>,
+        #[command(flatten)]
+        release: ReleaseArgs,
         /// The suite; default: target/kube/<version>/e2e/e2e.test of this workspace.
         #[arg(long, value_name = "FILE")]
         e2e_test: Option<PathBuf>,
@@ -423,4 +402,19 @@ fn parse_arrival(text: &str) -> Result<std::time::Duration, String> {
         return Ok(std::time::Duration::ZERO);
     }
     athenz_core::refresh::parse_duration(text)
+}
+
+/// Where a `cluster` command that installs our release keeps its state, and what it installs
+/// and runs (the same options as `cluster up`'s).
+#[derive(Debug, clap::Args)]
+pub struct ReleaseArgs {
+    /// Where everything lives.
+    #[arg(long)]
+    pub state_dir: PathBuf,
+    /// The release image's OCI archive (as for `cluster up`).
+    #[arg(long, value_name = "FILE")]
+    pub image_archive: Option<PathBuf>,
+    /// The binaries (as for `cluster up`).
+    #[arg(long, value_name = "DIR")]
+    pub kube_bin: Option<PathBuf>,
 }

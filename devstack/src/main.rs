@@ -65,14 +65,14 @@ fn prepare(prefix: &str) -> anyhow::Result<Prepared> {
 /// The options of a cluster command that installs `release` (checked, or built, first) on a
 /// node with the default address and name.
 fn with_release(
-    state_dir: std::path::PathBuf,
-    kube_bin: Option<std::path::PathBuf>,
-    release: cluster::install::Release,
+    args: crate::cli::ReleaseArgs,
+    deploy: Option<std::path::PathBuf>,
 ) -> anyhow::Result<cluster::ClusterOptions> {
+    let release = cluster::install::Release::new(args.image_archive, deploy);
     release.check()?;
     Ok(cluster::ClusterOptions {
-        state_dir,
-        kube_bin: kube_bin.unwrap_or_else(cluster::default_kube_bin),
+        state_dir: args.state_dir,
+        kube_bin: args.kube_bin.unwrap_or_else(cluster::default_kube_bin),
         node_ip: None,
         node_name: None,
         release: Some(release),
@@ -160,25 +160,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     runtime()?.block_on(cluster::up(options))?;
                 }
                 ClusterCommand::Demo {
-                    state_dir,
-                    image_archive,
+                    release,
                     deploy,
-                    kube_bin,
                     json,
                 } => {
-                    let options = with_release(
-                        state_dir,
-                        kube_bin,
-                        cluster::install::Release::new(image_archive, deploy),
-                    )?;
+                    let options = with_release(release, deploy)?;
                     if !runtime()?.block_on(cluster::demo(options, json))? {
                         return Ok(ExitCode::FAILURE);
                     }
                 }
                 ClusterCommand::Bench {
-                    state_dir,
-                    image_archive,
-                    kube_bin,
+                    release,
                     sequential,
                     interval,
                     burst,
@@ -188,11 +180,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     systems,
                     json,
                 } => {
-                    let options = with_release(
-                        state_dir,
-                        kube_bin,
-                        cluster::install::Release::new(image_archive, None),
-                    )?;
+                    let options = with_release(release, None)?;
                     let bench = cluster::bench::BenchOptions {
                         sequential,
                         interval,
@@ -210,17 +198,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     runtime()?.block_on(cluster::bench_command(options, bench, json))?;
                 }
                 ClusterCommand::StorageE2e {
-                    state_dir,
-                    image_archive,
-                    kube_bin,
+                    release,
                     e2e_test,
                     report_dir,
                 } => {
-                    let options = with_release(
-                        state_dir,
-                        kube_bin,
-                        cluster::install::Release::new(image_archive, None),
-                    )?;
+                    let options = with_release(release, None)?;
                     let e2e_test = e2e_test.unwrap_or_else(cluster::storage_e2e::default_e2e_test);
                     if !runtime()?.block_on(cluster::storage_e2e::storage_e2e(
                         options, e2e_test, report_dir,
