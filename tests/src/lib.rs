@@ -28,6 +28,7 @@ pub mod dns;
 pub mod faults;
 pub mod fixtures;
 pub mod grpc;
+pub mod junit;
 pub mod kube_api;
 pub mod kubelet;
 pub mod load;

@@ -117,11 +117,11 @@ async fn csi_sanity_passes_every_spec_that_applies() {
     // the verdicts, read from the suite's own report rather than trusted from its exit status
     let junit = std::fs::read_to_string(&report).unwrap();
     assert!(!junit.contains("<failure"), "{junit}");
-    let passed: Vec<&str> = junit
-        .split("<testcase ")
-        .skip(1)
-        .filter(|case| case.contains("status=\"passed\""))
-        .filter_map(|case| case.split("name=\"").nth(1)?.split('"').next())
+    let cases = athenz_testbed::junit::cases(&junit);
+    let passed: Vec<&str> = cases
+        .iter()
+        .filter(|case| case.passed())
+        .map(|case| case.name.as_str())
         .collect();
     assert!(
         passed.len() >= 15,

@@ -167,7 +167,7 @@ fn run_suite(cluster: &Cluster, e2e_test: &Path, report_dir: &Path) -> anyhow::R
     Ok(outcome)
 }
 
-/// The verdicts in a ginkgo junit report (each `<testcase name=… status=…>`).
+/// This driver's verdicts in the suite's junit report.
 fn read_junit(text: &str, seconds: f64) -> Outcome {
     let mut outcome = Outcome {
         passed: Vec::new(),
@@ -175,48 +175,28 @@ fn read_junit(text: &str, seconds: f64) -> Outcome {
         skipped: Vec::new(),
         seconds,
     };
-    for case in text.split("<testcase ").skip(1) {
-        let attribute = |within: &str, name: &str| {
-            unescape(
-                within
-                    .split(&format!("{name}=\""))
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                    .unwrap_or_default(),
-            )
-        };
-        let name = attribute(case, "name");
+    for case in athenz_testbed::junit::cases(text) {
         // the suite's other specs (focus-filtered) and its report hooks say nothing of the driver
-        let ours = name.contains(DRIVER_TAG);
-        match attribute(case, "status").as_str() {
-            "passed" if ours => outcome.passed.push(name),
-            "skipped" if ours => {
-                let reason = attribute(case, "<skipped message");
-                outcome.skipped.push((name, reason));
+        let ours = case.name.contains(DRIVER_TAG);
+        if case.passed() || case.skipped() {
+            if !ours {
+                continue;
             }
-            "passed" | "skipped" => {}
-            _ => {
-                let message = case
-                    .split("<failure message=\"")
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                    .map_or_else(|| "(no message)".to_owned(), unescape);
-                outcome.failed.push((name, message));
+            if case.passed() {
+                outcome.passed.push(case.name);
+            } else {
+                outcome.skipped.push((case.name, case.message));
             }
+        } else {
+            let message = if case.message.is_empty() {
+                "(no message)".to_owned()
+            } else {
+                case.message
+            };
+            outcome.failed.push((case.name, message));
         }
     }
     outcome
-}
-
-/// What the report's attributes escape.
-fn unescape(text: &str) -> String {
-    text.replace("&#39;", "'")
-        .replace("&#34;", "\"")
-        .replace("&#xA;", "\n")
-        .replace("&quot;", "\"")
-        .replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&amp;", "&")
 }
 
 /// `cluster storage-e2e`: up, the suite, down. `Ok(false)` when a spec failed or none passed.
