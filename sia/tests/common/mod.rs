@@ -5,6 +5,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+pub mod authz;
+
 use athenz_core::agent_api::KeySource;
 use athenz_core::daemon::Shutdown;
 use athenz_core::volume::{VolumeData, VolumeId, VolumesDir, write_json_file};
