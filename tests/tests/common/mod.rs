@@ -181,3 +181,21 @@ pub async fn pending_pod(stack: &Devstack, name: &str) -> (Pod, CsiPod) {
     };
     (created, csi)
 }
+
+/// openssl verifies the pod's chain to the ZTS root (intermediates untrusted) and the files are
+/// one consistent set.
+pub fn openssl_verifies(stack: &StackInfo, volume: &PodVolume) -> athenz_core::crypto::CertInfo {
+    let dir = &volume.credentials_dir;
+    let chain = std::fs::read_to_string(dir.join("service.cert.pem")).unwrap();
+    let certs = athenz_core::crypto::pem_certificates(&chain).unwrap();
+    let intermediates: String = certs[1..]
+        .iter()
+        .map(|c| athenz_core::crypto::der_to_pem(c))
+        .collect();
+    let leaf = athenz_core::crypto::der_to_pem(&certs[0]);
+    let root = std::fs::read_to_string(&stack.zts.ca).unwrap();
+    athenz_testbed::openssl::verify(&root, &intermediates, &leaf).unwrap();
+    // the key, certificate, CA and ntoken belong together (checked by the devstack's checker)
+    athenz_devstack::identity::check(dir).unwrap();
+    athenz_core::crypto::CertInfo::from_pem(&leaf).unwrap()
+}
