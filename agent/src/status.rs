@@ -8,9 +8,10 @@
 
 use athenz_core::agent_api::KeySource;
 use athenz_core::volume::{
-    CsiMode, DEFAULT_VOLUMES_DIR, VolumeData, VolumeId, VolumeState, VolumeStatusRecord,
-    VolumesDir, read_json_file,
+    DEFAULT_VOLUMES_DIR, VolumeData, VolumeId, VolumeState, VolumeStatusRecord, VolumesDir,
+    read_json_file,
 };
+use athenz_core::volume_mode::VolumeMode;
 use clap::Parser;
 use serde::Serialize;
 use std::path::PathBuf;
@@ -45,8 +46,8 @@ pub struct VolumeReport {
     pub pod: String,
     /// The pod's UID.
     pub pod_uid: String,
-    /// `flex`, `csi-socket` or `csi-files`.
-    pub mode: &'static str,
+    /// How the volume was made.
+    pub mode: VolumeMode,
     /// `domain.service`, once an identity was issued.
     pub principal: Option<String>,
     /// Serial of the certificate issued last, lowercase hex.
@@ -88,22 +89,17 @@ fn rfc3339(t: OffsetDateTime) -> String {
 /// volume without `data.json` (a mount in progress), is skipped.
 pub fn report(volumes: &VolumesDir, now: OffsetDateTime) -> std::io::Result<NodeReport> {
     let mut reports = Vec::new();
-    for entry in std::fs::read_dir(volumes.root())? {
-        let entry = entry?;
-        let Some(id) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| VolumeId::parse(n).ok())
-        else {
-            continue;
-        };
-        let paths = volumes.volume(&id);
-        let Ok(data) = read_json_file::<VolumeData>(&paths.data_json) else {
-            continue;
-        };
+    for volume in volumes.recorded()? {
+        let paths = &volume.paths;
         let state = read_json_file::<VolumeState>(&paths.state_json).ok();
         let record = VolumeStatusRecord::read(&paths.status_json);
-        reports.push(volume_report(&id, &data, state.as_ref(), &record, now));
+        reports.push(volume_report(
+            &volume.id,
+            &volume.data,
+            state.as_ref(),
+            &record,
+            now,
+        ));
     }
     reports.sort_by(|a, b| a.pod.cmp(&b.pod).then(a.id.cmp(&b.id)));
     Ok(NodeReport {
@@ -120,11 +116,8 @@ fn volume_report(
     record: &VolumeStatusRecord,
     now: OffsetDateTime,
 ) -> VolumeReport {
-    let (mode, refreshed_by) = match data.csi.as_ref().map(|c| c.mode) {
-        None => ("flex", "pod"),
-        Some(CsiMode::Socket) => ("csi-socket", "pod"),
-        Some(CsiMode::Files) => ("csi-files", "agent"),
-    };
+    let mode = data.mode();
+    let refreshed_by = if mode.runs_sia() { "pod" } else { "agent" };
     let next_refresh = match (refreshed_by, state) {
         ("agent", _) => record.next_refresh,
         (_, Some(s)) => Some(s.updated_at + (s.cert_expiry - s.updated_at) * SIA_REFRESH_FRACTION),
@@ -171,7 +164,7 @@ pub fn to_text(report: &NodeReport) -> String {
         out.push_str(&format!(
             "{:<40} {:<10} {:<28} {:<34} {:<20} {:<20} {:<6} {:<6} {}\n",
             v.pod,
-            v.mode,
+            v.mode.name(),
             dash(&v.principal),
             dash(&v.cert_serial),
             dash(&v.not_after),

@@ -5,15 +5,15 @@
 
 use athenz_core::agent_api::KeySource;
 use athenz_core::volume::{
-    CsiMode, CsiVolume, VolumeData, VolumeId, VolumeState, VolumeStatusRecord, VolumesDir,
-    write_json_file,
+    CsiVolume, VolumeData, VolumeId, VolumeState, VolumeStatusRecord, VolumesDir, write_json_file,
 };
+use athenz_core::volume_mode::VolumeMode;
 use std::process::Command;
 use time::{Duration, OffsetDateTime};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_athenz-identity-agent");
 
-fn volume(volumes: &VolumesDir, n: u8, csi: Option<CsiMode>, expires_in: Duration) -> VolumeId {
+fn volume(volumes: &VolumesDir, n: u8, csi: Option<VolumeMode>, expires_in: Duration) -> VolumeId {
     let id = VolumeId::parse(&format!("{n:02x}").repeat(32)).unwrap();
     let paths = volumes.volume(&id);
     std::fs::create_dir_all(&paths.dir).unwrap();
@@ -54,7 +54,7 @@ fn volume(volumes: &VolumesDir, n: u8, csi: Option<CsiMode>, expires_in: Duratio
             // before the setting existed (shown as agent)
             key_source: match (n, csi) {
                 (3, _) => None,
-                (_, Some(CsiMode::Files)) => Some(KeySource::Agent),
+                (_, Some(VolumeMode::CsiFiles)) => Some(KeySource::Agent),
                 _ => Some(KeySource::Pod),
             },
         },
@@ -98,14 +98,19 @@ fn status_lists_every_volume_and_exits_by_their_health() {
     assert_eq!(v["healthy"], true);
 
     // a files-mode volume whose last rotation failed, and an expired one
-    let files = volume(&volumes, 2, Some(CsiMode::Files), Duration::hours(1));
+    let files = volume(&volumes, 2, Some(VolumeMode::CsiFiles), Duration::hours(1));
     let next = OffsetDateTime::now_utc() + Duration::minutes(3);
     VolumeStatusRecord::update(&volumes.volume(&files).status_json, |r| {
         r.next_refresh = Some(next);
         r.set_error("503 ZTS unavailable", OffsetDateTime::now_utc());
     })
     .unwrap();
-    volume(&volumes, 3, Some(CsiMode::Socket), Duration::minutes(-1));
+    volume(
+        &volumes,
+        3,
+        Some(VolumeMode::CsiSocket),
+        Duration::minutes(-1),
+    );
     // not volumes: skipped
     std::fs::create_dir(dir.path().join("not-a-volume")).unwrap();
     std::fs::create_dir(dir.path().join("ab".repeat(32))).unwrap();

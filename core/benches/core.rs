@@ -296,7 +296,8 @@ fn file_set_on_tmpfs(c: &mut Criterion) {
 /// (DESIGN.md 4.10). Real mounts, so only as root; otherwise it says so and measures nothing.
 fn files_volume_lifecycle(c: &mut Criterion) {
     use athenz_core::pod_info::PodInfo;
-    use athenz_core::volume::{CsiMode, CsiVolume, VolumesDir};
+    use athenz_core::volume::{CsiVolume, VolumesDir};
+    use athenz_core::volume_mode::VolumeMode;
     use athenz_core::volume_mount::files_mode;
     use athenz_core::volume_mount::{HostDirs, VolumeRequest, unmount_volume};
     if !nix::unistd::geteuid().is_root() {
@@ -324,7 +325,7 @@ fn files_volume_lifecycle(c: &mut Criterion) {
         read_write: false,
         csi: Some(CsiVolume {
             volume_id: "csi-0123".into(),
-            mode: CsiMode::Files,
+            mode: VolumeMode::CsiFiles,
             group: None,
         }),
     };

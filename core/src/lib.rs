@@ -46,7 +46,7 @@ pub use contracts::csi;
 pub use contracts::{
     agent_api, identity_jwt, names, ntoken, pod_fields, pod_info, role_token, subject, zts,
 };
-pub use node::{files, peer, volume, volume_mount};
+pub use node::{files, peer, volume, volume_mode, volume_mount};
 pub use serving::{client, daemon, http, periodic, telemetry, tls, unix_socket};
 
 /// Installs aws-lc-rs as the process-wide rustls crypto provider.

@@ -20,9 +20,8 @@ use athenz_core::csi::v1::{
     NodeGetVolumeStatsResponse, NodePublishVolumeRequest, VolumeCondition, VolumeUsage,
     volume_usage::Unit,
 };
-use athenz_core::volume::{
-    CsiMode, VolumeData, VolumeError, VolumeId, VolumePaths, read_json_file,
-};
+use athenz_core::volume::{VolumeData, VolumeError, VolumeId, VolumePaths, read_json_file};
+use athenz_core::volume_mode::VolumeMode;
 use athenz_core::volume_mount::mountinfo::MountTable;
 use athenz_core::volume_mount::{HostDirs, files_mode, mount_dir, mount_volume, unmount_volume};
 use std::collections::HashMap;
@@ -126,10 +125,10 @@ impl<I: Issuer> Driver<I> {
                     existing.namespace,
                     existing.pod_name,
                     existing.pod_uid,
-                    existing.csi.as_ref().map_or("flex", |c| c.mode.as_str()),
+                    existing.mode().name(),
                 )));
             }
-            Ok(_) if publish.mode() == CsiMode::Files => {
+            Ok(_) if publish.mode() == VolumeMode::CsiFiles => {
                 let table = MountTable::read().map_err(internal)?;
                 if files_mode::is_complete(&table, target, &paths) {
                     if !self.rotation.is_tracked(&id) {
@@ -162,11 +161,14 @@ impl<I: Issuer> Driver<I> {
         let host = &self.config.host;
         mount_dir::check_on_disk(Path::new(&publish.target), host.volumes.root(), &host.agent)
             .map_err(|e| Status::invalid_argument(format!("target_path: {e}")))?;
+        // a publish is socket or files mode; socket mode is the flex layout
         match publish.mode() {
-            CsiMode::Socket => mount_volume(host, &publish.target, &publish.request)
-                .map(|_| ())
-                .map_err(internal),
-            CsiMode::Files => self.publish_files(id, publish).await,
+            VolumeMode::Flex | VolumeMode::CsiSocket => {
+                mount_volume(host, &publish.target, &publish.request)
+                    .map(|_| ())
+                    .map_err(internal)
+            }
+            VolumeMode::CsiFiles => self.publish_files(id, publish).await,
         }
     }
 
@@ -264,11 +266,11 @@ impl<I: Issuer> Driver<I> {
         let usage = usage(Path::new(volume_path))?;
         let now = time::OffsetDateTime::now_utc();
         let abnormal = match csi.mode {
-            CsiMode::Files => match self.rotation.health(&id) {
+            VolumeMode::CsiFiles => match self.rotation.health(&id) {
                 Some(health) => health.abnormal(now),
                 None => Some("the agent is not rotating this volume".to_owned()),
             },
-            CsiMode::Socket => socket_health(&paths, now),
+            VolumeMode::Flex | VolumeMode::CsiSocket => socket_health(&paths, now),
         };
         Ok(NodeGetVolumeStatsResponse {
             usage,

@@ -5,7 +5,8 @@
 use athenz_core::csi::v1::{NodePublishVolumeRequest, volume_capability};
 use athenz_core::names::Quoted;
 use athenz_core::pod_info::{CSI_KEYS, PodInfo, PodInfoError};
-use athenz_core::volume::{CsiMode, CsiVolume};
+use athenz_core::volume::CsiVolume;
+use athenz_core::volume_mode::VolumeMode;
 use athenz_core::volume_mount::VolumeRequest;
 use athenz_core::volume_mount::mount_dir;
 use tonic::{Code, Status};
@@ -32,8 +33,11 @@ pub struct Publish {
 
 impl Publish {
     /// The mode asked for.
-    pub fn mode(&self) -> CsiMode {
-        self.request.csi.as_ref().map_or(CsiMode::Files, |c| c.mode)
+    pub fn mode(&self) -> VolumeMode {
+        self.request
+            .csi
+            .as_ref()
+            .map_or(VolumeMode::CsiFiles, |c| c.mode)
     }
 }
 
@@ -131,16 +135,13 @@ impl Publish {
                 Quoted::new(key)
             )));
         }
-        let mode = match context.get(MODE_KEY).map(String::as_str) {
-            None | Some("files") => CsiMode::Files,
-            Some("socket") => CsiMode::Socket,
-            Some(other) => {
-                return Err(invalid(format!(
+        let mode = VolumeMode::from_csi_attribute(context.get(MODE_KEY).map(String::as_str))
+            .map_err(|e| {
+                invalid(format!(
                     "volume_context {MODE_KEY:?} must be \"files\" or \"socket\" (got {})",
-                    Quoted::new(other)
-                )));
-            }
-        };
+                    Quoted::new(&e.given)
+                ))
+            })?;
         let pod = PodInfo::from_attributes(&CSI_KEYS, |k| context.get(k).map(String::as_str))
             .map_err(|e| match e {
                 PodInfoError::Missing(key) => Status::failed_precondition(format!(
@@ -217,7 +218,7 @@ mod tests {
     #[test]
     fn kubelet_publish_is_accepted() {
         let p = Publish::from_request(&kubelet_request()).unwrap();
-        assert_eq!(p.mode(), CsiMode::Files);
+        assert_eq!(p.mode(), VolumeMode::CsiFiles);
         assert_eq!(p.request.pod.pod_uid, UID);
         assert_eq!(p.request.csi.as_ref().unwrap().group, None);
         let mut socket = kubelet_request();
@@ -226,13 +227,13 @@ mod tests {
             .insert(MODE_KEY.into(), "socket".into());
         assert_eq!(
             Publish::from_request(&socket).unwrap().mode(),
-            CsiMode::Socket
+            VolumeMode::CsiSocket
         );
         let mut default = kubelet_request();
         default.volume_context.remove(MODE_KEY);
         assert_eq!(
             Publish::from_request(&default).unwrap().mode(),
-            CsiMode::Files
+            VolumeMode::CsiFiles
         );
         let mut grouped = kubelet_request();
         grouped.volume_capability = Some(VolumeCapability {

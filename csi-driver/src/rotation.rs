@@ -18,9 +18,8 @@ use athenz_core::crypto::CertInfo;
 use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
 use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::secret::Secret;
-use athenz_core::volume::{
-    CsiMode, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir, read_json_file,
-};
+use athenz_core::volume::{RecordedVolume, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir};
+use athenz_core::volume_mode::VolumeMode;
 use athenz_core::volume_mount::mountinfo::MountTable;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -284,7 +283,7 @@ impl<I: Issuer> Rotation<I> {
     /// cannot be resumed (lost mounts after a reboot, an unreadable set) are left for kubelet's
     /// next publish or unpublish, and logged.
     pub fn resume(self: &Arc<Self>, volumes: &VolumesDir) -> usize {
-        let Ok(entries) = std::fs::read_dir(volumes.root()) else {
+        let Ok(recorded) = volumes.recorded() else {
             return 0;
         };
         let table = match MountTable::read() {
@@ -295,19 +294,8 @@ impl<I: Issuer> Rotation<I> {
             }
         };
         let mut resumed = 0;
-        for entry in entries.flatten() {
-            let Some(id) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| VolumeId::parse(n).ok())
-            else {
-                continue;
-            };
-            let paths = volumes.volume(&id);
-            let Ok(data) = read_json_file::<VolumeData>(&paths.data_json) else {
-                continue;
-            };
-            if data.csi.as_ref().map(|c| c.mode) != Some(CsiMode::Files) {
+        for RecordedVolume { id, paths, data } in recorded {
+            if data.mode() != VolumeMode::CsiFiles {
                 continue;
             }
             if !table.is_mounted(&paths.files) {

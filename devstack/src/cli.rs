@@ -1,7 +1,8 @@
 //! The command line of `athenz-devstack`: its commands and their options (what `--help` shows).
 
 use athenz_core::agent_api::KeySource;
-use athenz_devstack::{chaos, kube, stack};
+use athenz_core::volume_mode::VolumeMode;
+use athenz_devstack::{chaos, kube};
 use athenz_testbed::runtime::RuntimeKind;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -29,8 +30,8 @@ pub enum Command {
         state_dir: Option<PathBuf>,
         /// Which volume the pods get: flex (with the in-pod SIA), csi-socket (the same through
         /// the agent's CSI driver) or csi-files (nothing in the pod).
-        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
-        volume: stack::VolumeKind,
+        #[arg(long, value_enum, default_value_t = VolumeMode::Flex)]
+        volume: VolumeMode,
         /// Where socket-mode pods' keys are made (the agents' and SIAs' --key-source).
         #[arg(long, value_enum, default_value_t = KeySource::Pod)]
         key_source: KeySource,
@@ -59,8 +60,8 @@ pub enum Command {
         peer_check: Option<athenz_core::peer::PeerCheck>,
         /// Which volume pods get; with csi-socket or csi-files every agent also serves the CSI
         /// driver at nodes[].agent.csi_socket.
-        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
-        volume: stack::VolumeKind,
+        #[arg(long, value_enum, default_value_t = VolumeMode::Flex)]
+        volume: VolumeMode,
         /// The dev ZTS and the Kubernetes stand-ins follow DIR/faults.json, so a script or test
         /// can inject faults into the running stack (the fields of `chaos`'s faults file).
         #[arg(long)]
@@ -105,8 +106,8 @@ pub enum Command {
         peer_check: Option<athenz_core::peer::PeerCheck>,
         /// The pods' volume; several (comma-separated) are measured one after the other, each
         /// on a fresh stack, and compared.
-        #[arg(long, value_enum, value_delimiter = ',', default_value = "flex")]
-        volume: Vec<stack::VolumeKind>,
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [VolumeMode::Flex])]
+        volume: Vec<VolumeMode>,
         /// Where socket-mode pods' keys are made; several (e.g. pod,agent) are measured one
         /// after the other, each on a fresh stack, and compared.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "pod")]
@@ -168,8 +169,8 @@ pub enum Command {
         #[arg(long, default_value_t = 10.0)]
         growth_percent: f64,
         /// The pods' volume.
-        #[arg(long, value_enum, default_value_t = stack::VolumeKind::Flex)]
-        volume: stack::VolumeKind,
+        #[arg(long, value_enum, default_value_t = VolumeMode::Flex)]
+        volume: VolumeMode,
         /// Run each component from its own binary in DIR instead of this one.
         #[arg(long, value_name = "DIR")]
         components: Option<PathBuf>,

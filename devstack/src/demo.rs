@@ -8,9 +8,10 @@ use crate::kube::{KubeClient, NewPod};
 use crate::node::{self, PodVolume};
 use crate::pod_volume::{MountedVolume, NodeKubelet};
 use crate::pods::PodRuntime;
-use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
+use crate::stack::{Stack, StackInfo, StackOptions};
 use anyhow::{Context, bail};
 use athenz_core::volume::VolumeId;
+use athenz_core::volume_mode::VolumeMode;
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -49,7 +50,7 @@ pub struct PodReport {
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
     /// The pods' volume.
-    pub volume: VolumeKind,
+    pub volume: VolumeMode,
     /// How the pods' processes ran: runc, crun or process.
     pub runtime: athenz_testbed::runtime::RuntimeKind,
     /// The pods and their identities.
@@ -117,7 +118,7 @@ const DEMO_CSI_REFRESH: Duration = Duration::from_secs(1);
 /// Runs the demo in `state_dir` with `volume`; `print` gets each human line as it happens.
 pub async fn run(
     state_dir: &Path,
-    volume: VolumeKind,
+    volume: VolumeMode,
     key_source: athenz_core::agent_api::KeySource,
     runtime: Option<athenz_testbed::runtime::RuntimeKind>,
     print: &mut dyn FnMut(String),
@@ -132,7 +133,7 @@ pub async fn run(
     let stack = Stack::start(&StackOptions {
         nodes: 2,
         volume,
-        csi_refresh_interval: (volume == VolumeKind::CsiFiles).then_some(DEMO_CSI_REFRESH),
+        csi_refresh_interval: (volume == VolumeMode::CsiFiles).then_some(DEMO_CSI_REFRESH),
         key_source,
         runtime,
         ..StackOptions::new(state_dir.to_owned(), "p256")
@@ -181,7 +182,7 @@ fn describe_stack(info: &StackInfo, print: &mut dyn FnMut(String)) {
 
 async fn play(
     stack: &Stack,
-    volume: VolumeKind,
+    volume: VolumeMode,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<DemoReport> {
     let info = &stack.info;

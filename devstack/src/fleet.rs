@@ -6,10 +6,11 @@ use crate::bench::bench_pod;
 use crate::kube::{KubeClient, NewPod, PodSize};
 use crate::pod_volume::{MountedVolume, NodeKubelet};
 use crate::pods::PodContainer;
-use crate::stack::{Stack, VolumeKind};
+use crate::stack::Stack;
 use anyhow::Context;
 use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
 use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE};
+use athenz_core::volume_mode::VolumeMode;
 use std::time::{Duration, Instant};
 
 /// Kubelet's crash-loop backoff: the first restart of a container that exited waits 10 s, each
@@ -102,7 +103,7 @@ impl Fleet {
     pub async fn start(
         stack: &Stack,
         pods: std::ops::Range<usize>,
-        volume: VolumeKind,
+        volume: VolumeMode,
     ) -> anyhow::Result<Self> {
         let info = &stack.info;
         let kube = KubeClient::new(&info.kube_api.url)?;

@@ -1,4 +1,4 @@
-//! A pod's identity volume of whichever kind the stack gives ([`VolumeKind`]), set up as a node
+//! A pod's identity volume of whichever kind the stack gives ([`VolumeMode`]), set up as a node
 //! does it and read where the pod reads its credentials:
 //!
 //! - flex: kubelet execs the flex driver, then the pod's `athenz-sia init` writes the files into
@@ -9,19 +9,12 @@
 
 use crate::kube::NewPod;
 use crate::node::{self, NodeDirs, PodVolume};
-use crate::stack::{StackInfo, VolumeKind};
+use crate::stack::StackInfo;
 use anyhow::Context;
+use athenz_core::volume_mode::VolumeMode;
 use athenz_testbed::csi_kubelet::{CsiPod, CsiVolume, KubeletCsi};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-
-/// The mode attribute a pod's CSI volume names.
-fn csi_mode(kind: VolumeKind) -> &'static str {
-    match kind {
-        VolumeKind::CsiSocket => "socket",
-        _ => "files",
-    }
-}
 
 /// Where one pod's mount → files time went.
 #[derive(Debug, Clone, Copy)]
@@ -96,14 +89,14 @@ impl MountedVolume {
 /// Kubelet on the stack's first node, for pods with `kind`'s volume.
 #[derive(Debug, Clone)]
 pub struct NodeKubelet {
-    kind: VolumeKind,
+    kind: VolumeMode,
     kubelet_root: PathBuf,
     csi: Option<KubeletCsi>,
 }
 
 impl NodeKubelet {
     /// The volume kind it mounts.
-    pub fn kind(&self) -> VolumeKind {
+    pub fn kind(&self) -> VolumeMode {
         self.kind
     }
 
@@ -117,7 +110,7 @@ impl NodeKubelet {
     /// Registers the node's CSI driver when `kind` is a CSI kind (the stack must serve it).
     pub async fn new(
         info: &StackInfo,
-        kind: VolumeKind,
+        kind: VolumeMode,
         kubelet_root: &Path,
     ) -> anyhow::Result<Self> {
         let csi = if kind.is_csi() {
@@ -154,12 +147,17 @@ impl NodeKubelet {
                 (Mount::Flex(volume), Some(driver), Some(sia))
             }
             Some(kubelet) => {
+                // a kubelet with the CSI driver serves the CSI modes only
+                let mode = self
+                    .kind
+                    .csi_attribute()
+                    .context("a flex volume on a CSI kubelet")?;
                 let csi = kubelet
                     .clone()
-                    .publish(&csi_pod(pod, uid), &[("mode", csi_mode(self.kind))])
+                    .publish(&csi_pod(pod, uid), &[("mode", mode)])
                     .await
                     .with_context(|| format!("publishing the volume of {}", pod.name))?;
-                if self.kind == VolumeKind::CsiSocket {
+                if self.kind == VolumeMode::CsiSocket {
                     let sia = PodVolume {
                         pod: pod.clone(),
                         uid: uid.to_owned(),

@@ -15,8 +15,9 @@
 
 use crate::fleet::Fleet;
 use crate::procs::Usage;
-use crate::stack::{Stack, StackOptions, VolumeKind};
+use crate::stack::{Stack, StackOptions};
 use anyhow::{Context, bail};
+use athenz_core::volume_mode::VolumeMode;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,7 +39,7 @@ pub struct SoakOptions {
     /// Growth allowed over the baseline, as a fraction (0.10 = 10 %).
     pub growth: f64,
     /// Which volume the pods get.
-    pub volume: VolumeKind,
+    pub volume: VolumeMode,
     /// Separately built component binaries to run instead of this one.
     pub components: Option<PathBuf>,
     /// Where to write the series as CSV.
@@ -64,7 +65,7 @@ pub struct SoakReport {
     /// Pods.
     pub pods: usize,
     /// Volume kind.
-    pub volume: VolumeKind,
+    pub volume: VolumeMode,
     /// Certificate lifetime, seconds.
     pub lifetime_seconds: u64,
     /// Seconds run.
@@ -362,7 +363,7 @@ mod tests {
     fn the_csv_has_one_row_per_process_and_sample() {
         let report = SoakReport {
             pods: 1,
-            volume: VolumeKind::Flex,
+            volume: VolumeMode::Flex,
             lifetime_seconds: 60,
             seconds: 60,
             series: [("zts".to_owned(), vec![at(0, 1, 2, 3), at(60, 4, 5, 6)])].into(),

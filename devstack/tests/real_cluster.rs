@@ -22,11 +22,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::Layout;
 use athenz_devstack::cluster::components::AUDIT_LOG;
 use athenz_devstack::cluster::install::{self, CONTROL_NAMESPACE, NODE_NAMESPACE, WORKLOADS};
 use athenz_devstack::cluster::runbook;
-use athenz_devstack::cluster::scenario::{self, Mode, RESTRICTED_NAMESPACE, Scenario, Workload};
+use athenz_devstack::cluster::scenario::{self, RESTRICTED_NAMESPACE, Scenario, Workload};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -104,7 +105,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let before_upgrade = Workload {
         namespace: "news-feed",
         service_account: "before-upgrade",
-        mode: Mode::CsiSocket,
+        mode: VolumeMode::CsiSocket,
         service: false,
     };
     let old_pods = scenario.deploy(&before_upgrade).unwrap();
@@ -159,19 +160,19 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let started = Instant::now();
     let outcome = scenario.run_all().unwrap();
     let identities = outcome.identities.clone();
-    let modes = |mode: Mode| identities.iter().filter(|i| i.mode == mode).count();
+    let modes = |mode: VolumeMode| identities.iter().filter(|i| i.mode == mode).count();
     // flex only once the operator allowed it (a template change the initializer picked up with
     // no restart, pods admitted throughout: run_all's allow_volume)
     assert_eq!(
-        modes(Mode::Flex),
+        modes(VolumeMode::Flex),
         2,
         "a Deployment of two pods asking for flex: {identities:#?}"
     );
     // the template's default, csi-socket: a Deployment of two pods with no annotation, one pod
     // naming it and the features pod, both under Pod Security "restricted"
-    assert_eq!(modes(Mode::CsiSocket), 4, "{identities:#?}");
-    assert_eq!(modes(Mode::CsiFiles), 1);
-    for id in identities.iter().filter(|i| i.mode == Mode::CsiFiles) {
+    assert_eq!(modes(VolumeMode::CsiSocket), 4, "{identities:#?}");
+    assert_eq!(modes(VolumeMode::CsiFiles), 1);
+    for id in identities.iter().filter(|i| i.mode == VolumeMode::CsiFiles) {
         assert_eq!(id.namespace, RESTRICTED_NAMESPACE, "{id:#?}");
     }
     check_features(&outcome.features);
@@ -209,7 +210,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     );
     let injected_namespaces: std::collections::BTreeSet<_> = identities
         .iter()
-        .filter(|i| i.mode != Mode::CsiFiles)
+        .filter(|i| i.mode != VolumeMode::CsiFiles)
         .map(|i| i.namespace.clone())
         .collect();
     assert_eq!(
@@ -236,7 +237,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let doomed = Workload {
         namespace: "media-sports",
         service_account: "api",
-        mode: Mode::Flex,
+        mode: VolumeMode::Flex,
         service: true,
     };
     let pod = scenario
@@ -364,7 +365,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let late = Workload {
         namespace: "news-feed",
         service_account: "late",
-        mode: Mode::Flex,
+        mode: VolumeMode::Flex,
         service: false,
     };
     kubectl
@@ -402,7 +403,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
             evil,
             "evil",
             "app",
-            Some(Mode::Flex),
+            Some(VolumeMode::Flex),
             scenario::app_container(),
         )
         .unwrap();
@@ -459,7 +460,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let after_restart = Workload {
         namespace: RESTRICTED_NAMESPACE,
         service_account: "after-restart",
-        mode: Mode::CsiFiles,
+        mode: VolumeMode::CsiFiles,
         service: false,
     };
     let pods = scenario.deploy(&after_restart).unwrap();
@@ -476,7 +477,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let refreshed_at = Instant::now();
     for before in identities.iter().filter(|i| {
         (["media-sports", "news-feed"].contains(&i.namespace.as_str()) && i.pod != doomed_pod)
-            || i.mode == Mode::CsiFiles
+            || i.mode == VolumeMode::CsiFiles
     }) {
         loop {
             let now = scenario
@@ -593,13 +594,13 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let after_reapply = Workload {
         namespace: "news-feed",
         service_account: "after-reapply",
-        mode: Mode::CsiSocket,
+        mode: VolumeMode::CsiSocket,
         service: false,
     };
     let pods = scenario.deploy(&after_reapply).unwrap();
     for pod in &pods {
         scenario
-            .check_identity(after_reapply.namespace, pod, Mode::CsiSocket)
+            .check_identity(after_reapply.namespace, pod, VolumeMode::CsiSocket)
             .unwrap();
     }
 

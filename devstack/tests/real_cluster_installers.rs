@@ -5,9 +5,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::Layout;
 use athenz_devstack::cluster::install;
-use athenz_devstack::cluster::scenario::{Mode, RESTRICTED_NAMESPACE, Scenario};
+use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -150,7 +151,11 @@ fn the_helm_chart_installs_the_same_release() {
     Scenario::import_app_image(&layout).unwrap();
     let outcome = scenario.run_all().unwrap();
     let identities = outcome.identities;
-    for mode in [Mode::Flex, Mode::CsiSocket, Mode::CsiFiles] {
+    for mode in [
+        VolumeMode::Flex,
+        VolumeMode::CsiSocket,
+        VolumeMode::CsiFiles,
+    ] {
         assert!(
             identities.iter().any(|i| i.mode == mode),
             "no {mode:?} identity: {identities:#?}"

@@ -116,7 +116,7 @@ fn read(path: &Path) -> Result<String, TemplateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::template::VolumeKind;
+    use athenz_core::volume_mode::VolumeMode;
 
     fn install() -> InstallSettings {
         InstallSettings {
@@ -132,7 +132,7 @@ mod tests {
         std::fs::write(&path, "volume: csi-socket\n").unwrap();
         let live = LiveTemplate::load(&path, install()).unwrap();
         let first = live.get();
-        assert_eq!(first.volume, VolumeKind::CsiSocket);
+        assert_eq!(first.volume, VolumeMode::CsiSocket);
         assert_eq!(
             first.image, "registry.example/athenz:2",
             "the install's image"
@@ -143,7 +143,7 @@ mod tests {
 
         std::fs::write(&path, "volume: csi-files\nallowedVolumes: [csi-files]\n").unwrap();
         assert!(live.reload().unwrap());
-        assert_eq!(live.get().volume, VolumeKind::CsiFiles);
+        assert_eq!(live.get().volume, VolumeMode::CsiFiles);
         assert!(live.get().image.is_empty(), "nothing runs in the pod");
 
         for bad in [
@@ -155,7 +155,7 @@ mod tests {
             std::fs::write(&path, bad).unwrap();
             let err = live.reload().unwrap_err().to_string();
             assert!(err.contains("template"), "{bad}: {err}");
-            assert_eq!(live.get().volume, VolumeKind::CsiFiles, "{bad}");
+            assert_eq!(live.get().volume, VolumeMode::CsiFiles, "{bad}");
         }
         std::fs::write(&path, "x".repeat(crate::template::MAX_TEMPLATE + 1)).unwrap();
         assert!(
@@ -166,7 +166,7 @@ mod tests {
         );
         std::fs::remove_file(&path).unwrap();
         assert!(live.reload().is_err());
-        assert_eq!(live.get().volume, VolumeKind::CsiFiles);
+        assert_eq!(live.get().volume, VolumeMode::CsiFiles);
     }
 
     #[test]

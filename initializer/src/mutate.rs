@@ -3,7 +3,8 @@
 //! with the CSI driver's files mode, the identity volume alone, mounted read-only in every app
 //! container. Pure functions of (template, pod), so every case is tested without a server.
 
-use crate::template::{Template, VolumeKind};
+use crate::template::Template;
+use athenz_core::volume_mode::VolumeMode;
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, FlexVolumeSource,
     ObjectFieldSelector, Pod, Volume, VolumeMount,
@@ -245,18 +246,15 @@ fn wants_sds(pod: &Pod) -> Result<bool, Conflict> {
 /// The identity volume `pod` gets: its [`VOLUME_ANNOTATION`], else the template's. The
 /// annotation may ask only for a volume the operator allows ([`Template::allows`]); a mode that
 /// runs the SIA needs the template's image; any other value is refused, naming it.
-fn volume_kind(t: &Template, pod: &Pod) -> Result<VolumeKind, Conflict> {
+fn volume_kind(t: &Template, pod: &Pod) -> Result<VolumeMode, Conflict> {
     let kind = match annotation(pod, VOLUME_ANNOTATION) {
         None => return Ok(t.volume),
-        Some("flex") => VolumeKind::Flex,
-        Some("csi-socket") => VolumeKind::CsiSocket,
-        Some("csi-files") => VolumeKind::CsiFiles,
-        Some(other) => {
-            return Err(Conflict(format!(
-                "annotation {VOLUME_ANNOTATION} must be flex, csi-socket or csi-files, not {:?}",
-                other.chars().take(64).collect::<String>()
-            )));
-        }
+        Some(name) => name.parse::<VolumeMode>().map_err(|e| {
+            Conflict(format!(
+                "annotation {VOLUME_ANNOTATION} must be {}, not {:?}",
+                e.expected, e.given
+            ))
+        })?,
     };
     if !t.allows(kind) {
         return Err(Conflict(format!(
@@ -296,7 +294,7 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
         )));
     }
     volumes.push(identity_volume(kind));
-    if kind == VolumeKind::CsiFiles {
+    if kind == VolumeMode::CsiFiles {
         if sds {
             return Err(Conflict(format!(
                 "{SDS_ANNOTATION}: SDS is served by the SIA refresher, and the pod's volume \
@@ -383,7 +381,7 @@ fn memory_volume(name: &str) -> Volume {
 }
 
 /// The identity volume of `kind`: read-only; for CSI, the mode as its one attribute.
-fn identity_volume(kind: VolumeKind) -> Volume {
+fn identity_volume(kind: VolumeMode) -> Volume {
     let csi = |mode: &str| CSIVolumeSource {
         driver: CSI_DRIVER.to_owned(),
         read_only: Some(true),
@@ -394,16 +392,15 @@ fn identity_volume(kind: VolumeKind) -> Volume {
         name: IDENTITY_VOLUME.to_owned(),
         ..Volume::default()
     };
-    match kind {
-        VolumeKind::Flex => {
+    match kind.csi_attribute() {
+        None => {
             volume.flex_volume = Some(FlexVolumeSource {
                 driver: DRIVER.to_owned(),
                 read_only: Some(true),
                 ..FlexVolumeSource::default()
             });
         }
-        VolumeKind::CsiSocket => volume.csi = Some(csi("socket")),
-        VolumeKind::CsiFiles => volume.csi = Some(csi("files")),
+        Some(mode) => volume.csi = Some(csi(mode)),
     }
     volume
 }

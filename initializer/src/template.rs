@@ -1,6 +1,7 @@
 //! The injection template (YAML, from a ConfigMap): what to add to pods. Validated at start with
 //! errors naming the field, so a bad ConfigMap stops the webhook instead of breaking pods.
 
+use athenz_core::volume_mode::VolumeMode;
 use k8s_openapi::api::core::v1::{
     Capabilities, EnvVar, ResourceRequirements, SeccompProfile, SecurityContext,
 };
@@ -15,11 +16,11 @@ pub struct Template {
     /// Which identity volume pods get when they do not ask (and so whether the SIA runs in
     /// them). A CSI mode by default: flex volumes are refused by Pod Security `baseline`.
     #[serde(default)]
-    pub volume: VolumeKind,
+    pub volume: VolumeMode,
     /// The volumes a pod's `athenz.io/volume` annotation may ask for; `volume` is always one.
     /// Default: the two CSI modes (and `volume`): flex only where the operator lists it.
     #[serde(default)]
-    pub allowed_volumes: Option<Vec<VolumeKind>>,
+    pub allowed_volumes: Option<Vec<VolumeMode>>,
     /// Image with `athenz-sia`. Default: the install's (`SIA_IMAGE` in the `athenz-cluster`
     /// ConfigMap, which `kustomize edit set image` and the chart's `image` values set), so the
     /// injected containers always run the release the operator installed.
@@ -84,37 +85,6 @@ pub fn restricted_security_context() -> SecurityContext {
             localhost_profile: None,
         }),
         ..SecurityContext::default()
-    }
-}
-
-/// The identity volume the initializer injects (docs/binaries/athenz-initializer.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum VolumeKind {
-    /// The flex volume `athenz/volume-driver`, the SIA init container and refresher.
-    Flex,
-    /// The CSI volume `csi.athenz.io` in socket mode (the flex layout), the same SIA containers.
-    /// The default: every SIA feature, and admitted by Pod Security `restricted`.
-    #[default]
-    CsiSocket,
-    /// The CSI volume `csi.athenz.io` in files mode, mounted read-only where the apps read their
-    /// credentials: the agent writes and rotates them, no container is added.
-    CsiFiles,
-}
-
-impl VolumeKind {
-    /// The name used in the template and the `athenz.io/volume` annotation.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Flex => "flex",
-            Self::CsiSocket => "csi-socket",
-            Self::CsiFiles => "csi-files",
-        }
-    }
-
-    /// Whether pods with this volume run the SIA (and so need its image).
-    pub fn runs_sia(self) -> bool {
-        self != Self::CsiFiles
     }
 }
 
@@ -211,23 +181,19 @@ impl Template {
     }
 
     /// The volumes a pod may ask for (see [`Template::allowed_volumes`]).
-    pub fn allows(&self, kind: VolumeKind) -> bool {
+    pub fn allows(&self, kind: VolumeMode) -> bool {
         kind == self.volume
             || match &self.allowed_volumes {
                 Some(allowed) => allowed.contains(&kind),
-                None => kind != VolumeKind::Flex,
+                None => kind != VolumeMode::Flex,
             }
     }
 
     /// Whether any volume a pod may get runs the SIA.
     fn any_sia(&self) -> bool {
-        [
-            VolumeKind::Flex,
-            VolumeKind::CsiSocket,
-            VolumeKind::CsiFiles,
-        ]
-        .into_iter()
-        .any(|k| k.runs_sia() && self.allows(k))
+        VolumeMode::ALL
+            .into_iter()
+            .any(|k| k.runs_sia() && self.allows(k))
     }
 
     /// The template with what the install gives: the SIA image when it names none, and ZTS's

@@ -729,7 +729,7 @@ async fn the_operators_status_shows_each_volume_and_its_last_error() {
     assert_eq!(r.volumes.len(), 2, "{r:?}");
     let mine = r.volumes.iter().find(|v| v.id == id.to_string()).unwrap();
     assert_eq!(mine.pod, format!("{}/web-20", fixtures::NAMESPACE));
-    assert_eq!(mine.mode, "flex");
+    assert_eq!(mine.mode, athenz_core::volume_mode::VolumeMode::Flex);
     assert_eq!(mine.refreshed_by, "pod");
     assert_eq!(
         mine.principal.as_deref(),

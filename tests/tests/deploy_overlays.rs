@@ -286,7 +286,7 @@ fn csi_only_mounts_no_flex_dir_and_injects_csi_files() {
     let parsed = athenz_initializer::template::Template::from_yaml(text).unwrap();
     assert_eq!(
         parsed.volume,
-        athenz_initializer::template::VolumeKind::CsiFiles
+        athenz_core::volume_mode::VolumeMode::CsiFiles
     );
 }
 

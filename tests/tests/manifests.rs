@@ -482,9 +482,9 @@ fn settings_agree_across_components() {
         .unwrap();
     assert_eq!(
         template.volume,
-        athenz_initializer::template::VolumeKind::CsiSocket
+        athenz_core::volume_mode::VolumeMode::CsiSocket
     );
-    assert!(!template.allows(athenz_initializer::template::VolumeKind::Flex));
+    assert!(!template.allows(athenz_core::volume_mode::VolumeMode::Flex));
     // the SIA's ZTS (role certificates, tokens) is the one every component uses
     let template_zts = template.env.iter().find(|e| e.name == "ZTS_URL");
     assert_eq!(

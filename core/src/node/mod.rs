@@ -4,4 +4,5 @@
 pub mod files;
 pub mod peer;
 pub mod volume;
+pub mod volume_mode;
 pub mod volume_mount;

@@ -17,6 +17,7 @@
 //! A pod sees only `mount/`. The id it presents is parsed by [`VolumeId::parse`] before any path is
 //! built, so nothing a pod sends can point outside `<volumes-dir>`.
 
+use super::volume_mode::VolumeMode;
 use hmac::{Hmac, KeyInit, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
@@ -183,6 +184,21 @@ impl VolumesDir {
         Ok(())
     }
 
+    /// Every volume recorded here, with its paths and `data.json`: the one walk over the
+    /// directory (the agent's status report, the CSI driver's resume after a restart). Entries
+    /// that are not volume ids are skipped before any path is built from them, and so are
+    /// volumes without a readable `data.json` (a mount in progress). An error only if the
+    /// directory itself cannot be read.
+    pub fn recorded(&self) -> std::io::Result<impl Iterator<Item = RecordedVolume> + '_> {
+        let entries = fs::read_dir(&self.root)?;
+        Ok(entries.flatten().filter_map(|entry| {
+            let id = VolumeId::parse(entry.file_name().to_str()?).ok()?;
+            let paths = self.volume(&id);
+            let data = read_json_file::<VolumeData>(&paths.data_json).ok()?;
+            Some(RecordedVolume { id, paths, data })
+        }))
+    }
+
     /// Path of the node key.
     pub fn node_key_path(&self) -> PathBuf {
         self.root.join(NODE_KEY_FILE)
@@ -292,6 +308,17 @@ const fn libc_o_nofollow() -> i32 {
     libc::O_NOFOLLOW
 }
 
+/// One volume found by [`VolumesDir::recorded`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedVolume {
+    /// Its id (the directory's name, validated).
+    pub id: VolumeId,
+    /// Its paths.
+    pub paths: VolumePaths,
+    /// Its `data.json`.
+    pub data: VolumeData,
+}
+
 /// Paths of one volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumePaths {
@@ -346,35 +373,22 @@ pub struct VolumeData {
 pub struct CsiVolume {
     /// Kubelet's `volume_id` (`csi-<sha256>` for an inline ephemeral volume).
     pub volume_id: String,
-    /// `socket` (the flex layout) or `files` (the agent writes the credentials).
-    pub mode: CsiMode,
+    /// Socket mode (the flex layout) or files mode (the agent writes the credentials); stored
+    /// as its `volumeAttributes.mode` (`socket`, `files`).
+    #[serde(with = "crate::node::volume_mode::csi_attribute")]
+    pub mode: VolumeMode,
     /// The group (kubelet's `volume_mount_group`, the pod's fsGroup) that may read the key in
     /// files mode; without it the key is readable by root only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<u32>,
 }
 
-/// The two CSI volume modes (`volumeAttributes.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CsiMode {
-    /// The flex layout: the in-pod SIA talks to the agent socket.
-    Socket,
-    /// The agent issues, writes and rotates the credential files itself.
-    Files,
-}
-
-impl CsiMode {
-    /// The attribute value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Socket => "socket",
-            Self::Files => "files",
-        }
-    }
-}
-
 impl VolumeData {
+    /// How the volume was made: flex unless the CSI driver published it.
+    pub fn mode(&self) -> VolumeMode {
+        self.csi.as_ref().map_or(VolumeMode::Flex, |csi| csi.mode)
+    }
+
     /// Checks every field against its Kubernetes rule.
     pub fn validate(&self) -> Result<(), crate::names::NameError> {
         use crate::names::*;
@@ -690,7 +704,7 @@ mod tests {
         let csi = VolumeData {
             csi: Some(CsiVolume {
                 volume_id: "csi-abc".into(),
-                mode: CsiMode::Files,
+                mode: VolumeMode::CsiFiles,
                 group: Some(2000),
             }),
             ..data.clone()

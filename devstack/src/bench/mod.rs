@@ -8,10 +8,11 @@
 use crate::kube::{KubeClient, NewPod, PodSize};
 use crate::pod_volume::{MountedVolume, NodeKubelet, PodTimes};
 use crate::procs::Usage;
-use crate::stack::{Stack, StackInfo, StackOptions, VolumeKind};
+use crate::stack::{Stack, StackInfo, StackOptions};
 use anyhow::{Context, bail};
 use athenz_core::agent_api::KeySource;
 use athenz_core::crypto::KeyAlgorithm;
+use athenz_core::volume_mode::VolumeMode;
 use nix::sys::resource::{UsageWho, getrusage};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -50,7 +51,7 @@ pub struct BenchOptions {
     /// How big the pods are as the kubelet lists them.
     pub pod_size: PodSize,
     /// The volume kinds to measure, each on a fresh stack, in this order.
-    pub volumes: Vec<VolumeKind>,
+    pub volumes: Vec<VolumeMode>,
     /// Where socket-mode pods' keys are made; each is measured for every volume kind, on a
     /// fresh stack (files mode always makes its keys on the node: measured once).
     pub key_sources: Vec<KeySource>,
@@ -109,7 +110,7 @@ impl UnmountCpu {
 #[derive(Debug, Serialize)]
 pub struct BenchReport {
     /// The pods' volume.
-    pub volume: VolumeKind,
+    pub volume: VolumeMode,
     /// Where the pods' keys were made.
     pub key_source: KeySource,
     /// How the pods' processes started: runc, crun or process.
@@ -196,7 +197,7 @@ pub async fn run(state_dir: &Path, options: &BenchOptions) -> anyhow::Result<Vec
     for &volume in &options.volumes {
         for &key_source in &options.key_sources {
             // files mode has no SIA: the agent makes its keys whatever the setting
-            if volume == VolumeKind::CsiFiles && key_source != options.key_sources[0] {
+            if volume == VolumeMode::CsiFiles && key_source != options.key_sources[0] {
                 continue;
             }
             let report = run_one(state_dir, options, algorithm, volume, key_source)
@@ -213,7 +214,7 @@ async fn run_one(
     state_dir: &Path,
     options: &BenchOptions,
     algorithm: KeyAlgorithm,
-    volume: VolumeKind,
+    volume: VolumeMode,
     key_source: KeySource,
 ) -> anyhow::Result<BenchReport> {
     // The stack's state on a tmpfs: the figures are then the system's, not those of the host
@@ -342,7 +343,7 @@ async fn measure(
     stack: &Stack,
     options: &BenchOptions,
     algorithm: KeyAlgorithm,
-    volume: VolumeKind,
+    volume: VolumeMode,
 ) -> anyhow::Result<BenchReport> {
     let info = Arc::new(stack.info.clone());
     let kube = KubeClient::new(&info.kube_api.url)?;
@@ -402,7 +403,7 @@ async fn measure(
     }
     let children_cpu = (children_cpu_after - children_cpu_before).max(0.0);
     total_cpu += children_cpu;
-    let key_source = if volume == VolumeKind::CsiFiles {
+    let key_source = if volume == VolumeMode::CsiFiles {
         KeySource::Agent
     } else {
         info.key_source
@@ -437,9 +438,9 @@ async fn measure(
         }
     };
     let per_pod_processes = match volume {
-        VolumeKind::Flex => format!("driver + sia ({} processes", options.pods * 2),
-        VolumeKind::CsiSocket => format!("sia ({} processes", options.pods),
-        VolumeKind::CsiFiles => "none (0 processes".to_owned(),
+        VolumeMode::Flex => format!("driver + sia ({} processes", options.pods * 2),
+        VolumeMode::CsiSocket => format!("sia ({} processes", options.pods),
+        VolumeMode::CsiFiles => "none (0 processes".to_owned(),
     };
     let cpu_per_identity_ms = per_identity_ms(total_cpu);
     Ok(BenchReport {
@@ -466,7 +467,7 @@ async fn measure(
             name: format!(
                 "{per_pod_processes}{})",
                 match (info.runtime.kind, volume) {
-                    (_, VolumeKind::CsiFiles) => String::new(),
+                    (_, VolumeMode::CsiFiles) => String::new(),
                     (athenz_testbed::runtime::RuntimeKind::Process, _)
                         if info.pod_cgroup_root.is_some() =>
                     {

@@ -10,8 +10,9 @@ use crate::bench::bench_pod;
 use crate::kube::{KubeClient, PodSize};
 use crate::pod_volume::NodeKubelet;
 use crate::procs::Stopped;
-use crate::stack::{FAULTS_FILE, Stack, VolumeKind};
+use crate::stack::{FAULTS_FILE, Stack};
 use anyhow::Context;
+use athenz_core::volume_mode::VolumeMode;
 use athenz_testbed::faults::Faults;
 use nix::sys::signal::Signal;
 use std::path::Path;
@@ -184,8 +185,8 @@ pub(super) async fn agent_upgraded(
     };
     let kube = KubeClient::new(&info.kube_api.url)?;
     let kubelet_dir = stack.state_dir.join("kubelet");
-    let flex = NodeKubelet::new(&info, VolumeKind::Flex, &kubelet_dir).await?;
-    let files = NodeKubelet::new(&info, VolumeKind::CsiFiles, &kubelet_dir).await?;
+    let flex = NodeKubelet::new(&info, VolumeMode::Flex, &kubelet_dir).await?;
+    let files = NodeKubelet::new(&info, VolumeMode::CsiFiles, &kubelet_dir).await?;
     let faults_file = stack.state_dir.join(FAULTS_FILE);
     let log_path = stack.state_dir.join("logs").join("agent.log");
     let log_start = std::fs::metadata(&log_path).map_or(0, |m| m.len());
@@ -313,7 +314,7 @@ pub(super) async fn control_plane_rolled(
 ) -> anyhow::Result<FaultResult> {
     let info = Arc::new(stack.info.clone());
     let kube = KubeClient::new(&info.kube_api.url)?;
-    let flex = NodeKubelet::new(&info, VolumeKind::Flex, &stack.state_dir.join("kubelet")).await?;
+    let flex = NodeKubelet::new(&info, VolumeMode::Flex, &stack.state_dir.join("kubelet")).await?;
     align_with_a_renewal(stack, pods).await?;
     let before = Effects::now(stack, pods);
     let mut tally = Tally::default();

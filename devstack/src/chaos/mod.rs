@@ -23,8 +23,9 @@
 //! they follow ([`athenz_testbed::faults`]); processes are signalled; the disk is really filled.
 
 use crate::fleet::Fleet;
-use crate::stack::{Stack, StackOptions, VolumeKind};
+use crate::stack::{Stack, StackOptions};
 use anyhow::{Context, bail};
+use athenz_core::volume_mode::VolumeMode;
 use athenz_testbed::faults::Faults;
 use serde::Serialize;
 use stand_ins::Injection;
@@ -221,7 +222,7 @@ pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<Cha
     let mut stack = Stack::start(&StackOptions {
         components: options.components.clone(),
         // the agent serves CSI too, for the files-mode pods; the others use the flex volume
-        volume: VolumeKind::CsiFiles,
+        volume: VolumeMode::CsiFiles,
         cert_expiry_minutes: Some(options.lifetime_minutes),
         fault_injection: true,
         key_source: options.key_source,
@@ -267,11 +268,11 @@ pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<Cha
 async fn faults(stack: &mut Stack, options: &ChaosOptions) -> anyhow::Result<Vec<FaultResult>> {
     let lifetime = Duration::from_secs(u64::from(options.lifetime_minutes) * 60);
     let mut pods = Pods {
-        flex: Fleet::start(stack, 0..options.pods, VolumeKind::Flex).await?,
+        flex: Fleet::start(stack, 0..options.pods, VolumeMode::Flex).await?,
         files: Fleet::start(
             stack,
             options.pods..options.pods + options.files_pods,
-            VolumeKind::CsiFiles,
+            VolumeMode::CsiFiles,
         )
         .await?,
     };

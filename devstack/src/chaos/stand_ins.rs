@@ -9,8 +9,9 @@ use super::{Fault, FaultResult};
 use crate::bench::bench_pod;
 use crate::kube::{KubeClient, PodSize};
 use crate::pod_volume::NodeKubelet;
-use crate::stack::{FAULTS_FILE, Stack, VolumeKind};
+use crate::stack::{FAULTS_FILE, Stack};
 use anyhow::Context;
+use athenz_core::volume_mode::VolumeMode;
 use athenz_testbed::faults::Faults;
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
@@ -124,7 +125,7 @@ pub(super) async fn api_server_unreachable(
         .create_running_pod_sized(&pod, &info.node_name, PodSize::Real)
         .await?;
     let kubelet =
-        NodeKubelet::new(&info, VolumeKind::Flex, &stack.state_dir.join("kubelet")).await?;
+        NodeKubelet::new(&info, VolumeMode::Flex, &stack.state_dir.join("kubelet")).await?;
     let file = stack.state_dir.join(FAULTS_FILE);
     align_with_a_renewal(stack, pods).await?;
     let before = Effects::now(stack, pods);

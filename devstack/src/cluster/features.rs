@@ -19,11 +19,12 @@
 
 use super::install::CONTROL_NAMESPACE;
 use super::scenario::{
-    BUSYBOX, CREDENTIALS, Mode, PodIdentity, RESTRICTED_NAMESPACE, Scenario, Workload,
-    app_container, restricted_pod,
+    BUSYBOX, CREDENTIALS, PodIdentity, RESTRICTED_NAMESPACE, Scenario, Workload, app_container,
+    restricted_pod,
 };
 use anyhow::{Context, bail};
 use athenz_core::crypto::CertInfo;
+use athenz_core::volume_mode::VolumeMode;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 pub const FEATURES: Workload = Workload {
     namespace: RESTRICTED_NAMESPACE,
     service_account: "auditor",
-    mode: Mode::CsiSocket,
+    mode: VolumeMode::CsiSocket,
     service: false,
 };
 /// Its role (the dev ZTS makes every `bank.vault.*` a member).
@@ -80,7 +81,7 @@ impl Scenario {
                 .unwrap_or_default();
             format!("the features pod; its containers' logs:\n{logs}")
         })?;
-        let identity = self.check_identity(ns, sa, Mode::CsiSocket)?;
+        let identity = self.check_identity(ns, sa, VolumeMode::CsiSocket)?;
         let exec = |args: &[&str]| {
             let mut all = vec!["exec", "-n", ns, sa, "-c", "app", "--", BUSYBOX];
             all.extend_from_slice(args);
@@ -163,20 +164,20 @@ impl Scenario {
     /// asking for it in `probe_ns` is admitted (a server-side dry run). Meanwhile a pod with no
     /// annotation must be admitted every time: pod creation never fails while the template
     /// changes. Returns how long the change took to reach the initializer.
-    pub fn allow_volume(&self, volume: &str, probe_ns: &str) -> anyhow::Result<Duration> {
+    pub fn allow_volume(&self, volume: VolumeMode, probe_ns: &str) -> anyhow::Result<Duration> {
         let text = self.installed_template_text()?;
         let template = athenz_initializer::template::Template::from_yaml(&text)?;
-        let kind: athenz_initializer::template::VolumeKind =
-            serde_json::from_value(serde_json::Value::String(volume.to_owned()))
-                .with_context(|| format!("volume {volume:?}"))?;
-        if template.allows(kind) {
+        if template.allows(volume) {
             return Ok(Duration::ZERO);
         }
-        let mut allowed: Vec<&str> = ["csi-socket", "csi-files", "flex"]
-            .into_iter()
-            .filter(|v| *v == volume || text.contains(v))
-            .collect();
-        allowed.dedup();
+        let allowed: Vec<VolumeMode> = [
+            VolumeMode::CsiSocket,
+            VolumeMode::CsiFiles,
+            VolumeMode::Flex,
+        ]
+        .into_iter()
+        .filter(|v| *v == volume || text.contains(v.name()))
+        .collect();
         let changed = with_allowed_volumes(&text, &allowed);
         let patch = serde_json::json!({"data": {"template.yaml": changed}}).to_string();
         self.kubectl().run(&[
@@ -208,7 +209,7 @@ impl Scenario {
         };
         loop {
             probe(None).context("a pod with no annotation while the template changed")?;
-            match probe(Some(volume)) {
+            match probe(Some(volume.name())) {
                 Ok(_) => return Ok(started.elapsed()),
                 Err(e) if started.elapsed() > TEMPLATE_PROPAGATION => {
                     return Err(e.context(format!(
@@ -237,8 +238,9 @@ impl Scenario {
 }
 
 /// `text` (a template) with its `allowedVolumes` line set to `allowed`, or one added.
-pub fn with_allowed_volumes(text: &str, allowed: &[&str]) -> String {
-    let line = format!("allowedVolumes: [{}]", allowed.join(", "));
+pub fn with_allowed_volumes(text: &str, allowed: &[VolumeMode]) -> String {
+    let names: Vec<&str> = allowed.iter().map(|mode| mode.name()).collect();
+    let line = format!("allowedVolumes: [{}]", names.join(", "));
     let mut found = false;
     let mut out: Vec<String> = text
         .lines()
@@ -339,11 +341,18 @@ mod tests {
     fn allowed_volumes_are_set_or_added() {
         let text = "volume: csi-socket\nallowedVolumes: [csi-socket, csi-files]\nimage: x\n";
         assert_eq!(
-            with_allowed_volumes(text, &["csi-socket", "csi-files", "flex"]),
+            with_allowed_volumes(
+                text,
+                &[
+                    VolumeMode::CsiSocket,
+                    VolumeMode::CsiFiles,
+                    VolumeMode::Flex
+                ]
+            ),
             "volume: csi-socket\nallowedVolumes: [csi-socket, csi-files, flex]\nimage: x\n"
         );
         assert_eq!(
-            with_allowed_volumes("volume: csi-socket", &["flex"]),
+            with_allowed_volumes("volume: csi-socket", &[VolumeMode::Flex]),
             "volume: csi-socket\nallowedVolumes: [flex]\n"
         );
     }

@@ -15,10 +15,11 @@ use super::images::{self, ImageSpec};
 use super::install::CONTROL_NAMESPACE;
 use super::kubectl::Kubectl;
 use super::tenant_pods::app_deployment;
-pub use super::tenant_pods::{app_container, mode_name, restricted_pod};
+pub use super::tenant_pods::{app_container, restricted_pod};
 use anyhow::{Context, bail};
 use athenz_core::crypto::CertInfo;
-use athenz_initializer::template::{Template, VolumeKind};
+use athenz_core::volume_mode::VolumeMode;
+use athenz_initializer::template::Template;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -37,18 +38,6 @@ const IP_SAN_WAIT: Duration = Duration::from_secs(15);
 /// The label that opts a namespace in.
 const OPT_IN: &str = "athenz.io/identity=enabled";
 
-/// How a pod gets its identity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// The flex volume, injected by the webhook.
-    Flex,
-    /// The CSI volume in socket mode with the SIA containers.
-    CsiSocket,
-    /// The CSI volume in files mode, nothing injected.
-    CsiFiles,
-}
-
 /// One workload: its namespace (the Athenz domain with dashes), service account and mode.
 #[derive(Debug, Clone, Copy)]
 pub struct Workload {
@@ -57,7 +46,7 @@ pub struct Workload {
     /// The service account (the Athenz service) and the workload's name.
     pub service_account: &'static str,
     /// How its pods get their identity.
-    pub mode: Mode,
+    pub mode: VolumeMode,
     /// Whether a Service of the same name selects its pods (their certificates then carry its
     /// ClusterIP, which the callback checks against the API).
     pub service: bool,
@@ -70,26 +59,26 @@ pub const WORKLOADS: [Workload; 4] = [
     Workload {
         namespace: "media-sports",
         service_account: "api",
-        mode: Mode::Flex,
+        mode: VolumeMode::Flex,
         service: true,
     },
     // the template's default mode: no annotation
     Workload {
         namespace: "news-feed",
         service_account: "web",
-        mode: Mode::CsiSocket,
+        mode: VolumeMode::CsiSocket,
         service: false,
     },
     Workload {
         namespace: RESTRICTED_NAMESPACE,
         service_account: "stats",
-        mode: Mode::CsiSocket,
+        mode: VolumeMode::CsiSocket,
         service: false,
     },
     Workload {
         namespace: RESTRICTED_NAMESPACE,
         service_account: "reader",
-        mode: Mode::CsiFiles,
+        mode: VolumeMode::CsiFiles,
         service: false,
     },
 ];
@@ -106,7 +95,7 @@ pub struct PodIdentity {
     /// The pod's name.
     pub pod: String,
     /// How it got its identity.
-    pub mode: Mode,
+    pub mode: VolumeMode,
     /// The pod's IP, as the API server has it.
     pub pod_ip: String,
     /// The certificate's CN: `<domain>.<service account>`.
@@ -209,7 +198,7 @@ impl Scenario {
         }
         match restricted {
             false => {
-                let asked = (workload.mode == Mode::Flex).then_some(Mode::Flex);
+                let asked = (workload.mode == VolumeMode::Flex).then_some(VolumeMode::Flex);
                 self.kubectl.apply_manifest(
                     &app_deployment(ns, sa, asked),
                     &format!("deployment {ns}/{sa}"),
@@ -302,7 +291,7 @@ impl Scenario {
         ns: &str,
         name: &str,
         sa: &str,
-        mode: Option<Mode>,
+        mode: Option<VolumeMode>,
         container: serde_json::Value,
     ) -> anyhow::Result<serde_json::Value> {
         let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
@@ -318,24 +307,24 @@ impl Scenario {
         .context("the app pod")?;
         match mode {
             None => {}
-            Some(Mode::Flex) => {
+            Some(VolumeMode::Flex) => {
                 pod.metadata.annotations = Some(
                     [(
                         athenz_initializer::mutate::VOLUME_ANNOTATION.to_owned(),
-                        mode_name(Mode::Flex).to_owned(),
+                        VolumeMode::Flex.name().to_owned(),
                     )]
                     .into(),
                 );
             }
-            Some(Mode::CsiSocket) => {
+            Some(VolumeMode::CsiSocket) => {
                 // as the installed initializer reads it, with the install's image and ZTS
                 let install = self.installed_settings()?;
                 let mut template = self.installed_template()?.with_install(&install)?;
-                template.volume = VolumeKind::CsiSocket;
+                template.volume = VolumeMode::CsiSocket;
                 pod = athenz_initializer::mutate::inject(&template, &pod)
                     .map_err(|e| anyhow::anyhow!("injecting the csi-socket template: {e:?}"))?;
             }
-            Some(Mode::CsiFiles) => {
+            Some(VolumeMode::CsiFiles) => {
                 if let Some(spec) = pod.spec.as_mut() {
                     spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
                         "name": "athenz-identity",
@@ -398,7 +387,12 @@ impl Scenario {
     /// Reads the certificate and CA the app container of `pod` sees and checks them against the
     /// pod: the chain verifies to the ZTS CA (openssl), the CN is `<domain>.<service account>`,
     /// the pod's IP is its IP SAN and its SPIFFE id names the service account.
-    pub fn check_identity(&self, ns: &str, pod: &str, mode: Mode) -> anyhow::Result<PodIdentity> {
+    pub fn check_identity(
+        &self,
+        ns: &str,
+        pod: &str,
+        mode: VolumeMode,
+    ) -> anyhow::Result<PodIdentity> {
         let json = self.kubectl.get_json(&["pod", "-n", ns, pod])?;
         let pod_ip = json["status"]["podIP"]
             .as_str()
@@ -459,7 +453,7 @@ impl Scenario {
             if ips.contains(&pod_ip) {
                 break (cert, ips);
             }
-            if mode != Mode::CsiFiles || Instant::now() >= deadline {
+            if mode != VolumeMode::CsiFiles || Instant::now() >= deadline {
                 bail!("{ns}/{pod}: the pod's IP {pod_ip} is not among the IP SANs {ips:?}");
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -497,10 +491,10 @@ impl Scenario {
         let mut identities = Vec::new();
         let flex_ns = WORKLOADS
             .iter()
-            .find(|w| w.mode == Mode::Flex)
+            .find(|w| w.mode == VolumeMode::Flex)
             .map_or("media-sports", |w| w.namespace);
         self.ensure_namespace(flex_ns, true)?;
-        let template_change = self.allow_volume(mode_name(Mode::Flex), flex_ns)?;
+        let template_change = self.allow_volume(VolumeMode::Flex, flex_ns)?;
         for workload in &WORKLOADS {
             let started = Instant::now();
             let pods = self.deploy(workload)?;

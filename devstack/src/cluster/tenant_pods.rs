@@ -3,7 +3,8 @@
 //! Deployment of an opted-in namespace, each naming its mode with `athenz.io/volume` where it
 //! asks for one.
 
-use super::scenario::{APP_IMAGE, BUSYBOX, Mode, Workload};
+use super::scenario::{APP_IMAGE, BUSYBOX, Workload};
+use athenz_core::volume_mode::VolumeMode;
 
 /// The user the restricted pods' app containers run as, and their fsGroup (the files-mode key's
 /// group).
@@ -24,7 +25,7 @@ pub fn app_container() -> serde_json::Value {
 /// seccomp profile; the pod asks for its mode with `athenz.io/volume`; its fsGroup is the key's
 /// group in files mode. The webhook adds the rest.
 pub fn restricted_pod(workload: &Workload) -> serde_json::Value {
-    let mode = mode_name(workload.mode);
+    let mode = workload.mode.name();
     let mut app = app_container();
     app["securityContext"] = serde_json::json!({
         "allowPrivilegeEscalation": false,
@@ -57,21 +58,12 @@ pub fn restricted_pod(workload: &Workload) -> serde_json::Value {
     })
 }
 
-/// The name of `mode` in the template and the `athenz.io/volume` annotation.
-pub fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Flex => "flex",
-        Mode::CsiSocket => "csi-socket",
-        Mode::CsiFiles => "csi-files",
-    }
-}
-
 /// A Deployment of two app pods running as `sa`, asking for `mode` when given (else the
 /// template's); the webhook adds the rest.
-pub fn app_deployment(ns: &str, sa: &str, mode: Option<Mode>) -> String {
+pub fn app_deployment(ns: &str, sa: &str, mode: Option<VolumeMode>) -> String {
     let annotations = match mode {
         Some(mode) => serde_json::json!({
-            athenz_initializer::mutate::VOLUME_ANNOTATION: mode_name(mode)
+            athenz_initializer::mutate::VOLUME_ANNOTATION: mode.name()
         }),
         None => serde_json::json!({}),
     };

@@ -6,11 +6,11 @@
 use crate::procs::{Process, Usage};
 use athenz_core::agent_api::KeySource;
 use athenz_core::peer::PeerCheck;
+use athenz_core::volume_mode::VolumeMode;
 use athenz_testbed::fixtures::{
     ADMIN_DOMAIN, AGENT_NAMESPACE, AGENT_PRINCIPAL, AGENT_SERVICE_ACCOUNT, DNS_SUFFIX,
     NODE_TOKEN_AUDIENCE, PROVIDER,
 };
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 mod control;
@@ -76,7 +76,7 @@ pub struct StackOptions {
     /// The agents' `--peer-check`; default `enforce` where pod cgroups can be made, else `off`.
     pub peer_check: Option<PeerCheck>,
     /// Which volume pods get; with either CSI kind every agent also serves CSI.
-    pub volume: VolumeKind,
+    pub volume: VolumeMode,
     /// The agents' `--csi-refresh-interval` (files-mode rotation); their default when none.
     pub csi_refresh_interval: Option<std::time::Duration>,
     /// The callback's `--cert-expiry-minutes`: the lifetime ZTS gives pod and node certificates
@@ -90,35 +90,6 @@ pub struct StackOptions {
     pub control_plane_replicas: usize,
 }
 
-/// The volume the demo and bench give their pods (DESIGN.md 5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum VolumeKind {
-    /// The flex driver and the in-pod SIA.
-    #[default]
-    Flex,
-    /// The CSI driver's socket mode and the in-pod SIA.
-    CsiSocket,
-    /// The CSI driver's files mode: no process in the pod.
-    CsiFiles,
-}
-
-impl VolumeKind {
-    /// Whether the agents serve CSI.
-    pub fn is_csi(self) -> bool {
-        self != Self::Flex
-    }
-
-    /// Its command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Flex => "flex",
-            Self::CsiSocket => "csi-socket",
-            Self::CsiFiles => "csi-files",
-        }
-    }
-}
-
 impl StackOptions {
     /// One node, the peer check as the host allows.
     pub fn new(state_dir: PathBuf, key_algorithm: &str) -> Self {
@@ -130,7 +101,7 @@ impl StackOptions {
             runtime: None,
             nodes: 1,
             peer_check: None,
-            volume: VolumeKind::Flex,
+            volume: VolumeMode::Flex,
             csi_refresh_interval: None,
             cert_expiry_minutes: None,
             fault_injection: false,

@@ -18,6 +18,7 @@ use crate::multicall;
 use crate::procs::{Command, Process, free_port};
 use anyhow::Context;
 use athenz_core::peer::PeerCheck;
+use athenz_core::volume_mode::VolumeMode;
 use athenz_testbed::zts::registry::{ProviderEntry, ServiceEntry};
 use athenz_testbed::zts::{DevZtsConfig, StandaloneInfo};
 use std::collections::BTreeMap;
@@ -337,7 +338,11 @@ impl<'a> Start<'a> {
         let template = self.state.join("initializer-template.yaml");
         let text = crate::cluster::features::with_allowed_volumes(
             &deploy_template()?,
-            &["csi-socket", "csi-files", "flex"],
+            &[
+                VolumeMode::CsiSocket,
+                VolumeMode::CsiFiles,
+                VolumeMode::Flex,
+            ],
         );
         std::fs::write(&template, text)
             .with_context(|| format!("writing {}", template.display()))?;
@@ -408,7 +413,7 @@ impl<'a> Start<'a> {
                     .join("csi.sock")
             });
             if let Some(socket) = &csi_socket {
-                args.push(path_arg("csi-socket", socket));
+                args.push(format!("--csi-socket={}", socket.display()));
                 if let Some(interval) = options.csi_refresh_interval {
                     args.push(format!("--csi-refresh-interval={}ms", interval.as_millis()));
                 }

@@ -4,8 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
-use athenz_devstack::cluster::scenario::{Mode, RESTRICTED_NAMESPACE, Scenario};
+use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -42,7 +43,7 @@ pub fn check_features(features: &athenz_devstack::cluster::features::Features) {
     assert_eq!(features.identity.namespace, RESTRICTED_NAMESPACE);
     assert_eq!(
         features.identity.mode,
-        Mode::CsiSocket,
+        VolumeMode::CsiSocket,
         "the template's default"
     );
     let principal = format!("bank.vault.{}", FEATURES.service_account);

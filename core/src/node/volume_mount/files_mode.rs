@@ -178,12 +178,13 @@ pub fn is_complete(table: &MountTable, target: &Path, paths: &VolumePaths) -> bo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::volume::{CsiMode, CsiVolume};
+    use crate::volume::CsiVolume;
+    use crate::volume_mode::VolumeMode;
 
     fn request() -> VolumeRequest {
         super::super::test_support::request(Some(CsiVolume {
             volume_id: "csi-0123".into(),
-            mode: CsiMode::Files,
+            mode: VolumeMode::CsiFiles,
             group: None,
         }))
     }

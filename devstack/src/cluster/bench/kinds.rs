@@ -2,8 +2,9 @@
 //! kind's pod looks like. Every kind's app container is a probe that prints `ready <unix ns>`
 //! (CLOCK_REALTIME, the clock the bench reads too) once it holds a credential.
 
-use super::super::scenario::{APP_IMAGE, BUSYBOX, CREDENTIALS, Mode, Scenario};
+use super::super::scenario::{APP_IMAGE, BUSYBOX, CREDENTIALS, Scenario};
 use super::super::spire;
+use athenz_core::volume_mode::VolumeMode;
 use serde_json::{Value, json};
 
 /// Our probe's image: [`PROBE_C`], static.
@@ -64,7 +65,7 @@ pub enum Kind {
     /// charges for that shape, whoever fills it.
     SameShape,
     /// An identity in this mode of ours.
-    Identity(Mode),
+    Identity(VolumeMode),
     /// A SPIRE SVID through the SPIFFE CSI driver's Workload API socket.
     Spire,
 }
@@ -75,11 +76,11 @@ impl Kind {
     /// during the run falls on all of them.
     pub const ALL: [Kind; 6] = [
         Kind::Bare,
-        Kind::Identity(Mode::CsiFiles),
+        Kind::Identity(VolumeMode::CsiFiles),
         Kind::Spire,
         Kind::SameShape,
-        Kind::Identity(Mode::CsiSocket),
-        Kind::Identity(Mode::Flex),
+        Kind::Identity(VolumeMode::CsiSocket),
+        Kind::Identity(VolumeMode::Flex),
     ];
 
     /// Its name in the report (and its namespace's suffix).
@@ -87,9 +88,7 @@ impl Kind {
         match self {
             Kind::Bare => "none",
             Kind::SameShape => "none-same-shape",
-            Kind::Identity(Mode::Flex) => "flex",
-            Kind::Identity(Mode::CsiSocket) => "csi-socket",
-            Kind::Identity(Mode::CsiFiles) => "csi-files",
+            Kind::Identity(mode) => mode.name(),
             Kind::Spire => "spire",
         }
     }
@@ -97,9 +96,9 @@ impl Kind {
     /// Its key under `systems` in the report, for the kinds that get a credential.
     pub fn system_key(self) -> Option<&'static str> {
         match self {
-            Kind::Identity(Mode::CsiFiles) => Some("athenz"),
-            Kind::Identity(Mode::CsiSocket) => Some("athenz-sia-csi-socket"),
-            Kind::Identity(Mode::Flex) => Some("athenz-sia-flex"),
+            Kind::Identity(VolumeMode::CsiFiles) => Some("athenz"),
+            Kind::Identity(VolumeMode::CsiSocket) => Some("athenz-sia-csi-socket"),
+            Kind::Identity(VolumeMode::Flex) => Some("athenz-sia-flex"),
             Kind::Spire => Some("spire"),
             Kind::Bare | Kind::SameShape => None,
         }
@@ -115,7 +114,7 @@ impl Kind {
     }
 
     /// Our mode, for ours.
-    pub fn mode(self) -> Option<Mode> {
+    pub fn mode(self) -> Option<VolumeMode> {
         match self {
             Kind::Identity(mode) => Some(mode),
             _ => None,
@@ -125,15 +124,15 @@ impl Kind {
     /// What the report says the kind's configuration is.
     pub fn configuration(self) -> &'static str {
         match self {
-            Kind::Identity(Mode::CsiFiles) => {
+            Kind::Identity(VolumeMode::CsiFiles) => {
                 "csi.athenz.io files mode: the agent makes the key and writes key, certificate, CA \
                  and token into the pod's volume; nothing of ours runs in the pod"
             }
-            Kind::Identity(Mode::CsiSocket) => {
+            Kind::Identity(VolumeMode::CsiSocket) => {
                 "csi.athenz.io socket mode: the webhook injects the SIA as an init container and a \
                  native sidecar; the SIA makes the key in the pod and asks the agent's socket"
             }
-            Kind::Identity(Mode::Flex) => {
+            Kind::Identity(VolumeMode::Flex) => {
                 "flex volume driver: the SIA init container and sidecar as in socket mode, the \
                  agent's socket bind-mounted by the driver"
             }
@@ -174,7 +173,7 @@ impl Kind {
 }
 
 /// Our probe: waits for the certificate the mode delivers (none: starts at once).
-fn probe_container(mode: Option<Mode>) -> Value {
+fn probe_container(mode: Option<VolumeMode>) -> Value {
     json!({
         "name": "app",
         "image": PROBE_IMAGE,
@@ -220,6 +219,9 @@ mod tests {
             );
         }
         assert_eq!(Kind::Spire.system(), Some(System::Spire));
-        assert_eq!(Kind::Identity(Mode::CsiFiles).system_key(), Some("athenz"));
+        assert_eq!(
+            Kind::Identity(VolumeMode::CsiFiles).system_key(),
+            Some("athenz")
+        );
     }
 }

@@ -18,11 +18,12 @@ use super::health::Checker;
 use super::images::{self, ImageSpec};
 use super::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
 use super::layout::Processes;
-use super::scenario::{Mode, Scenario};
+use super::scenario::Scenario;
 use super::spire::{self, Spire};
 use super::{ClusterInfo, Layout};
 use crate::bench::Latency;
 use anyhow::Context;
+use athenz_core::volume_mode::VolumeMode;
 use costs::{AuditLog, Cgroups, CpuSource, SystemMeter};
 use kinds::{Kind, PROBE_C, PROBE_IMAGE, System};
 pub use pods::Churn;
@@ -132,10 +133,10 @@ pub async fn run(
     let mut workloads = Vec::new();
     for kind in Kind::ALL.into_iter().filter(measured) {
         let ns = format!("bench-{}", kind.name());
-        scenario.ensure_namespace(&ns, kind.mode() == Some(Mode::Flex))?;
-        if kind.mode() == Some(Mode::Flex) {
+        scenario.ensure_namespace(&ns, kind.mode() == Some(VolumeMode::Flex))?;
+        if kind.mode() == Some(VolumeMode::Flex) {
             // flex is the operator's choice (the template's allowedVolumes), made before the run
-            scenario.allow_volume(super::scenario::mode_name(Mode::Flex), &ns)?;
+            scenario.allow_volume(VolumeMode::Flex, &ns)?;
         }
         scenario.ensure_service_account(&ns, SERVICE_ACCOUNT)?;
         let spiffe_id = match (&spire, kind) {

@@ -211,7 +211,7 @@ impl BenchReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::scenario::Mode;
+    use athenz_core::volume_mode::VolumeMode;
 
     #[test]
     fn a_systems_figures_are_per_credential_over_every_phase() {
@@ -239,8 +239,11 @@ mod tests {
         totals.cpu.control.insert("dev-zts".into(), 0.008);
         totals.cpu.control.insert("athenz-callback".into(), 0.004);
         totals.api_requests = 6;
-        let report =
-            totals.system_report(Kind::Identity(Mode::CsiSocket), 14.5, IdleRates::default());
+        let report = totals.system_report(
+            Kind::Identity(VolumeMode::CsiSocket),
+            14.5,
+            IdleRates::default(),
+        );
         assert!((totals.per_pod_cpu_ms() - 2.0).abs() < 1e-9);
         assert_eq!(report.credentials, 4);
         assert!((report.node_parts_ms["athenz-agent"] - 10.0).abs() < 1e-9);
