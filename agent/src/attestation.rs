@@ -1,5 +1,5 @@
-//! The socket calls of pod-made keys (DESIGN.md 4.6) besides init: `GET /v1/csr/{id}` (what the
-//! pod's CSR must say), `POST /v1/attestation/{id}` (the JWT a pod needs to refresh with ZTS
+//! The socket calls of pod-made keys (docs/design.md §4.6) besides init: `GET /v1/csr/{id}` (what
+//! the pod's CSR must say), `POST /v1/attestation/{id}` (the JWT a pod needs to refresh with ZTS
 //! itself) and `POST /v1/certificate/{id}` (the certificate the pod holds now, so the agent's
 //! state and `status` stay true). Each is bound to the calling pod like every socket call, and
 //! none carries a key: the agent keeps serials and times only.

@@ -1,6 +1,6 @@
-//! The agent's side of the CSI driver (DESIGN.md 4.10): how a files-mode volume gets and renews
-//! its identity. The CSI caller is the kubelet, which vouches for the pod (its pod info names
-//! the volume's pod), so there is no peer check; everything else is the socket API's path:
+//! The agent's side of the CSI driver (docs/design.md §4.10): how a files-mode volume gets and
+//! renews its identity. The CSI caller is the kubelet, which vouches for the pod (its pod info
+//! names the volume's pod), so there is no peer check; everything else is the socket API's path:
 //! the pod as the kubelet lists it, the jwt-service, ZTS, the refresh checks and state.json.
 //! [`start`] binds the CSI socket (and kubelet's registration socket) for the agent.
 

@@ -1,4 +1,4 @@
-//! A pod-made CSR, checked against what the agent derives for the pod (DESIGN.md 4.6): the
+//! A pod-made CSR, checked against what the agent derives for the pod (docs/design.md §4.6): the
 //! subject and every SAN exactly, and a key type and size that are allowed. Anything else is a
 //! 400 naming each difference, before a JWT is asked for or ZTS is called, so a pod cannot use
 //! the agent's attestation for a name it is not entitled to (the callback would refuse it too,

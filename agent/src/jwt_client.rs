@@ -1,5 +1,6 @@
-//! The agent's calls to the jwt-service (DESIGN.md 4.3): an identity JWT for one pod, over mutual
-//! TLS with the node's own certificate; its refusal is final (403), its trouble "try again" (503).
+//! The agent's calls to the jwt-service (docs/design.md §4.3): an identity JWT for one pod,
+//! over mutual TLS with the node's own certificate; its refusal is final (403), its trouble
+//! "try again" (503).
 
 use crate::service::{Agent, Failure, fail};
 use athenz_core::identity_jwt::{JwtRequest, JwtResponse};

@@ -1,5 +1,5 @@
-//! `athenz-identity-agent`: the node daemon (DESIGN.md 4.2). Pods reach it through the socket the
-//! flex driver binds into their volume; for each volume it finds the pod in the kubelet's list,
+//! `athenz-identity-agent`: the node daemon (docs/design.md §4.2). Pods reach it through the socket
+//! the flex driver binds into their volume; for each volume it finds the pod in the kubelet's list,
 //! gets an identity JWT from the jwt-service, makes a key and CSR, and registers or refreshes the
 //! instance with ZTS.
 

@@ -1,5 +1,5 @@
-//! The agent's own identity (DESIGN.md 4.9): one per node, attested by the agent pod's projected
-//! service-account token, so no key is shared between nodes or kept in a Secret.
+//! The agent's own identity (docs/design.md §4.9): one per node, attested by the agent pod's
+//! projected service-account token, so no key is shared between nodes or kept in a Secret.
 //!
 //! One task owns it: register with ZTS (instance id = the node name), then refresh at the usual
 //! fraction of the lifetime with the current certificate and a fresh token (the kubelet rotates

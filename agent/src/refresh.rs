@@ -31,10 +31,10 @@ pub(crate) fn check_volume_identity(info: &CertInfo, state: &VolumeState) -> Res
 
 impl Agent {
     /// A certificate presented for refresh is one this agent got from Athenz for this volume and
-    /// may still use (DESIGN.md 6): valid now, chaining to the Athenz CA, and the latest issued
-    /// for the volume or the one presented for the last refresh. Checked before anything leaves the node, so a pod
-    /// cannot use the agent to show ZTS a certificate it made itself, or one it was issued long
-    /// ago, and a refusal is final (403), not "try again".
+    /// may still use (docs/design.md §6): valid now, chaining to the Athenz CA, and the latest
+    /// issued for the volume or the one presented for the last refresh. Checked before anything
+    /// leaves the node, so a pod cannot use the agent to show ZTS a certificate it made itself, or
+    /// one it was issued long ago, and a refusal is final (403), not "try again".
     fn check_presented(
         &self,
         chain: &[rustls_pki_types::CertificateDer<'static>],
@@ -209,7 +209,7 @@ impl PresentedPair {
     }
 }
 
-/// Reads a refresh body (DESIGN.md 4.2): strict JSON, 400 naming the fault otherwise.
+/// Reads a refresh body (docs/design.md §4.2): strict JSON, 400 naming the fault otherwise.
 pub fn parse_refresh_request(body: &[u8]) -> Result<RefreshRequest, Failure> {
     serde_json::from_slice(body).map_err(|e| {
         fail(

@@ -1,5 +1,5 @@
-//! The socket's routes (DESIGN.md 4.2): which call a request is, who is calling, and the answer
-//! it gets. The work of each call lives with the agent (`service`, `refresh`, `attestation`,
+//! The socket's routes (docs/design.md §4.2): which call a request is, who is calling, and the
+//! answer it gets. The work of each call lives with the agent (`service`, `refresh`, `attestation`,
 //! `tunnel`).
 
 use crate::service::{Agent, Failure};

@@ -1,4 +1,4 @@
-//! The agent's socket API (DESIGN.md 4.2): `POST /v1/init/{id}`, `POST /v1/refresh/{id}`,
+//! The agent's socket API (docs/design.md §4.2): `POST /v1/init/{id}`, `POST /v1/refresh/{id}`,
 //! `GET /healthz`. Every id is parsed before any file is touched; calls for one id are serialised;
 //! ZTS calls across ids are bounded.
 
@@ -193,7 +193,7 @@ impl Agent {
         Ok((paths, data))
     }
 
-    /// The caller is a process of the volume's pod (DESIGN.md 4.2): its cgroup names the pod
+    /// The caller is a process of the volume's pod (docs/design.md §4.2): its cgroup names the pod
     /// UID the volume was mounted for. `log` mode lets a mismatch through and logs it.
     pub(crate) fn check_peer(
         &self,
@@ -339,7 +339,7 @@ impl Agent {
         ip
     }
 
-    /// What the certificate of `subject` must say (DESIGN.md section 3).
+    /// What the certificate of `subject` must say (docs/design.md §3).
     pub(crate) fn expected_identity(
         &self,
         subject: &PodSubject,

@@ -1,4 +1,4 @@
-//! `CONNECT <zts host:port>` on the agent socket (DESIGN.md 4.6): a byte tunnel to the
+//! `CONNECT <zts host:port>` on the agent socket (docs/design.md §4.6): a byte tunnel to the
 //! configured ZTS only, so a pod that makes its own key can refresh with ZTS itself (ZTS
 //! authenticates a refresh by the instance's current certificate and key, which stay in the pod)
 //! without a route of its own to ZTS. The agent splices bytes and decrypts nothing.

@@ -1,7 +1,8 @@
 //! An agent that cannot see its callers' pids (it runs in its own pid namespace: a DaemonSet
-//! without `hostPID`) refuses every call in `enforce`, saying it needs `hostPID` (DESIGN.md 4.2).
-//! The real agent binary runs under `unshare --pid --fork --mount-proc` (root, as CI runs), the
-//! caller is this test process in the host's namespace, which the kernel reports to it as pid 0.
+//! without `hostPID`) refuses every call in `enforce`, saying it needs `hostPID`
+//! (docs/design.md §4.2). The real agent binary runs under `unshare --pid --fork --mount-proc`
+//! (root, as CI runs), the caller is this test process in the host's namespace, which the kernel
+//! reports to it as pid 0.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

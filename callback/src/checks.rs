@@ -1,4 +1,4 @@
-//! Every check of a confirmation (DESIGN.md 4.4), one named function each. A check that fails
+//! Every check of a confirmation (docs/design.md §4.4), one named function each. A check that fails
 //! returns a [`Deny`] carrying its name, which is both the metric label and the start of the 403
 //! message, so an operator sees at once which rule refused a pod.
 
@@ -315,7 +315,7 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&PodFacts>) -> Result<(), Den
             Err(deny("pod_ip", format!("the pod does not have IP {ip}")))
         }
         // An identity without an IP is for a pod whose network does not exist yet (a CSI
-        // files-mode volume is published before the sandbox has an IP, DESIGN.md 4.10). Once
+        // files-mode volume is published before the sandbox has an IP, docs/design.md §4.10). Once
         // the pod has an IP, every identity must carry it.
         None if !ips.is_empty() => Err(deny(
             "pod_ip",
@@ -329,7 +329,8 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&PodFacts>) -> Result<(), Den
 }
 
 /// The pod is scheduled on the node whose agent asked for the JWT (`spec.nodeName` equals the
-/// JWT's `node`): a node's agent obtains identities only for its own pods (DESIGN.md 4.4, 4.9).
+/// JWT's `node`): a node's agent obtains identities only for its own pods
+/// (docs/design.md §4.4, §4.9).
 pub fn check_pod_node(
     subject: &PodSubject,
     claims: &ReceivedClaims,

@@ -52,7 +52,7 @@ pub struct Policy {
     pub mapper: DomainMapper,
     /// DNS suffix of pod SANs.
     pub dns_suffix: String,
-    /// Who node agents are, and how their tokens are checked (DESIGN.md 4.9).
+    /// Who node agents are, and how their tokens are checked (docs/design.md §4.9).
     pub node: NodePolicy,
 }
 

@@ -107,7 +107,8 @@ impl CallbackHandler {
         }
     }
 
-    /// Runs every check on `c`: a node agent's registration (DESIGN.md 4.9) or a pod's (4.4).
+    /// Runs every check on `c`: a node agent's registration (docs/design.md §4.9) or a pod's
+    /// launch or refresh (docs/design.md §4.4).
     async fn confirm(&self, c: &InstanceConfirmation) -> Result<(), Refusal> {
         let p = &self.policy;
         checks::check_provider(p, c)?;
@@ -143,7 +144,7 @@ impl CallbackHandler {
     }
 
     /// A node agent's registration or refresh: its projected service-account token, reviewed by
-    /// the API server, must be its own pod's on the node it names (DESIGN.md 4.9).
+    /// the API server, must be its own pod's on the node it names (docs/design.md §4.9).
     async fn confirm_node(&self, c: &InstanceConfirmation) -> Result<(), Refusal> {
         let p = &self.policy.node;
         let token = c.attestation_data.expose();

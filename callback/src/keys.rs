@@ -1,6 +1,6 @@
 //! The JWT public keys: a directory of `v<N>.pem` (SubjectPublicKeyInfo PEM), re-read periodically
-//! so added and removed versions take effect within seconds (DESIGN.md 4.4). Each key remembers its
-//! family, so a token's `alg` must match the key its `kid` names.
+//! so added and removed versions take effect within seconds (docs/design.md §4.4). Each key
+//! remembers its family, so a token's `alg` must match the key its `kid` names.
 
 use athenz_core::crypto::{KeyKind, PublicKey};
 use jsonwebtoken::{Algorithm, DecodingKey};

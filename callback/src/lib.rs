@@ -1,5 +1,5 @@
-//! `athenz-callback`: the Athenz instance-provider endpoint (DESIGN.md 4.4). ZTS asks it, over
-//! mutual TLS, whether a launch or refresh is genuine; it verifies the identity JWT the node's
+//! `athenz-callback`: the Athenz instance-provider endpoint (docs/design.md §4.4). ZTS asks it,
+//! over mutual TLS, whether a launch or refresh is genuine; it verifies the identity JWT the node's
 //! jwt-service signed, reads the pod from the Kubernetes API, and checks every requested name.
 
 pub mod checks;
@@ -71,8 +71,9 @@ pub struct Config {
     /// Certificate lifetime granted (certExpiryTime), minutes.
     #[arg(long, env = "CERT_EXPIRY_MINUTES", default_value_t = 1440)]
     pub cert_expiry_minutes: u32,
-    /// The node agents' Athenz principal (DESIGN.md 4.9); default `<admin-domain>.athenz-agent`.
-    /// A registration for it is attested by a service-account token, not an identity JWT.
+    /// The node agents' Athenz principal (docs/design.md §4.9); default
+    /// `<admin-domain>.athenz-agent`. A registration for it is attested by a service-account token,
+    /// not an identity JWT.
     #[arg(long, env = "AGENT_PRINCIPAL")]
     pub agent_principal: Option<String>,
     /// Audience the agents' projected service-account tokens are minted for.

@@ -1,4 +1,4 @@
-//! The checks of a node agent's registration or refresh (DESIGN.md 4.9), one named function
+//! The checks of a node agent's registration or refresh (docs/design.md §4.9), one named function
 //! each, like the pod checks: the attestation is the agent pod's projected service-account token;
 //! the API server reviews it; the pod it is bound to must be the agent's, on the node the
 //! certificate will name. So a node's agent can only ever be that node — and the JWTs it asks

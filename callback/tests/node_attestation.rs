@@ -1,7 +1,7 @@
-//! Node agents' registrations (DESIGN.md 4.9) through the dev ZTS and the real callback over mutual
-//! TLS, against the Kubernetes API stand-in's TokenRequest and TokenReview: a genuine agent gets
-//! its node certificate and refreshes it; every kind of wrong token, pod, node or name is refused
-//! with its own named reason.
+//! Node agents' registrations (docs/design.md §4.9) through the dev ZTS and the real callback over
+//! mutual TLS, against the Kubernetes API stand-in's TokenRequest and TokenReview: a genuine agent
+//! gets its node certificate and refreshes it; every kind of wrong token, pod, node or name is
+//! refused with its own named reason.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,5 +1,5 @@
 //! Settings: every one a flag with an environment fallback, checked at start with errors that name
-//! the setting (DESIGN.md 4.8).
+//! the setting (docs/design.md §4.8).
 
 use athenz_core::crypto::{PrivateKey, pem_certificates};
 use athenz_core::names;

@@ -1,4 +1,4 @@
-//! `athenz-control-sia`: identity for the control-plane services themselves (DESIGN.md 4.6).
+//! `athenz-control-sia`: identity for the control-plane services themselves (docs/design.md §4.6).
 //!
 //! The callback, the jwt-service, the initializer and the node agents are part of the pod identity
 //! path, so they cannot use it; they prove ownership of a service key registered in Athenz instead.

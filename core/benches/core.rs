@@ -1,9 +1,9 @@
 //! `cargo bench -p athenz-core`: the cryptography and file work every identity costs.
 //!
 //! Key generation, CSR building, ntoken sign/verify, a mutual-TLS handshake on loopback, the
-//! atomic file-set swap — the numbers STACK.md lists, measured on this code — and, as root, the
-//! mounts and files of one CSI files-mode volume's life: the node's share of an identity that no
-//! implementation of DESIGN.md 4.10 can avoid.
+//! atomic file-set swap — the operations docs/benchmarks.md compares with the crates' own costs —
+//! and, as root, the mounts and files of one CSI files-mode volume's life: the node's share of an
+//! identity that no implementation of docs/design.md §4.10 can avoid.
 
 #![allow(
     missing_docs,
@@ -293,7 +293,7 @@ fn file_set_on_tmpfs(c: &mut Criterion) {
 
 /// One files-mode volume from publish to unpublish, without its identity: the tmpfs, `data.json`,
 /// the first credential set, the read-only bind at the target, and the unmount and removal
-/// (DESIGN.md 4.10). Real mounts, so only as root; otherwise it says so and measures nothing.
+/// (docs/design.md §4.10). Real mounts, so only as root; otherwise it says so and measures nothing.
 fn files_volume_lifecycle(c: &mut Criterion) {
     use athenz_core::pod_info::PodInfo;
     use athenz_core::volume::{CsiVolume, VolumesDir};

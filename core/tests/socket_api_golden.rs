@@ -1,4 +1,4 @@
-//! The agent's socket API across versions (DESIGN.md 4.2; README "Upgrades"), against golden
+//! The agent's socket API across versions (docs/design.md §4.2; README "Upgrades"), against golden
 //! files: `golden/socket-api/<major.minor>/<call>.json`, one per call of each version, holding
 //! its method, path, request body, status and answer as that version sends them.
 //!

@@ -1,4 +1,4 @@
-//! Publish, unpublish and stats of `csi.athenz.io` volumes (DESIGN.md 4.10).
+//! Publish, unpublish and stats of `csi.athenz.io` volumes (docs/design.md §4.10).
 //!
 //! Publish, for target `<t>` (kubelet made its parent; the driver makes `<t>` and removes it at
 //! unpublish, as the CSI spec says):

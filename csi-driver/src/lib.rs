@@ -1,5 +1,5 @@
-//! `athenz-csi-driver`: the CSI node plugin `csi.athenz.io` (DESIGN.md 4.10), a library the node
-//! agent serves on its CSI socket.
+//! `athenz-csi-driver`: the CSI node plugin `csi.athenz.io` (docs/design.md §4.10), a library the
+//! node agent serves on its CSI socket.
 //!
 //! | module | job |
 //! |---|---|

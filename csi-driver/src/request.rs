@@ -1,5 +1,5 @@
 //! What kubelet asks in `NodePublishVolume`, checked before anything touches a path
-//! (DESIGN.md 4.10): an inline ephemeral, mount-access volume with the pod's info, a known
+//! (docs/design.md §4.10): an inline ephemeral, mount-access volume with the pod's info, a known
 //! `mode`, and nothing else; it is always mounted read-only. Every refusal names the field.
 
 use athenz_core::csi::v1::{NodePublishVolumeRequest, volume_capability};

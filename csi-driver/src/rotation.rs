@@ -1,5 +1,5 @@
-//! Files mode keeps a pod's credentials fresh with no process in the pod (DESIGN.md 4.10): one
-//! task per published volume re-issues the identity
+//! Files mode keeps a pod's credentials fresh with no process in the pod (docs/design.md §4.10):
+//! one task per published volume re-issues the identity
 //!
 //! - at the usual fraction of the certificate's lifetime (with jitter), retrying failures with
 //!   exponential backoff while the old set stays in place;

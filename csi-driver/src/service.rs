@@ -1,4 +1,4 @@
-//! The CSI Identity and Node gRPC services (DESIGN.md 4.10) over a [`Driver`].
+//! The CSI Identity and Node gRPC services (docs/design.md §4.10) over a [`Driver`].
 
 use crate::driver::Driver;
 use crate::{DRIVER_NAME, Issuer};

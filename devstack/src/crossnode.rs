@@ -1,7 +1,7 @@
-//! What a compromised node can try for a pod scheduled elsewhere (DESIGN.md 4.9, 6): bypass its
-//! agent and use its own node certificate directly — ask the jwt-service for the pod's JWT, then
-//! register the pod's identity with ZTS. The jwt-service writes the caller's node into the JWT,
-//! so the callback refuses (`pod_node`). The demo shows it; the end-to-end tests assert it.
+//! What a compromised node can try for a pod scheduled elsewhere (docs/design.md §4.9, §6): bypass
+//! its agent and use its own node certificate directly — ask the jwt-service for the pod's JWT,
+//! then register the pod's identity with ZTS. The jwt-service writes the caller's node into the
+//! JWT, so the callback refuses (`pod_node`). The demo shows it; the end-to-end tests assert it.
 
 use crate::kube::NewPod;
 use crate::stack::{NodeInfo, StackInfo};

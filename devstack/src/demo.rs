@@ -69,7 +69,7 @@ pub struct DemoReport {
     pub seconds: f64,
 }
 
-/// What the demo pod got for its roles (DESIGN.md 4.11).
+/// What the demo pod got for its roles (docs/design.md §4.11).
 #[derive(Debug, Serialize)]
 pub struct AuthorizationReport {
     /// `<namespace>/<name>`.

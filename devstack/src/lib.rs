@@ -1,4 +1,4 @@
-//! `athenz-devstack`: the whole athenz-k8s-identity system on one machine (DESIGN.md 5).
+//! `athenz-devstack`: the whole athenz-k8s-identity system on one machine (docs/design.md §5).
 //!
 //! - `demo`: three pods in two namespaces get identities through every real component; one is
 //!   refreshed, one deleted and refused; everything is unmounted and stopped.
@@ -7,8 +7,8 @@
 //!   --volume flex,csi-socket,csi-files`: the full path for N pods, measured, per volume kind.
 //! - `zts --state-dir DIR`: the development ZTS alone.
 //! - `cluster up|demo|bench|down --state-dir DIR`: a real single-node Kubernetes cluster from
-//!   Kubernetes' own modules with our release installed as an operator installs it (DESIGN.md
-//!   5.1).
+//!   Kubernetes' own modules with our release installed as an operator installs it
+//!   (docs/design.md §5.1).
 //!
 //! Every component runs as its own process: this binary executed under the component's name.
 //!

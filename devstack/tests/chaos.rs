@@ -93,7 +93,7 @@ fn load_reports_what_an_identity_costs_the_shared_parts() {
     assert_eq!(report["api_requests"]["GET pods"], 120, "{report}");
 }
 
-/// Chaos's day-two faults (issue 39) on two flex pods and one files-mode pod: the API server
+/// Chaos's day-two faults on two flex pods and one files-mode pod: the API server
 /// down while a pod starts (the callback answers 504, the pod gets its identity once the API is
 /// back, nothing expires), and the agent replaced by another build while pods renew and start
 /// (the old one drains what it had and exits by itself; every pod whole through the new one),

@@ -1,4 +1,4 @@
-//! Our release on a real node (DESIGN.md 5.1): `cluster up` installs it as an operator does
+//! Our release on a real node (docs/design.md §5.1): `cluster up` installs it as an operator does
 //! (the image from `deploy/image.sh` imported, `kubectl apply -k deploy/overlays/local`), and the
 //! real kubelet and API server judge the driver, CSI, webhook, RBAC, tokens and manifests:
 //!

@@ -1,5 +1,5 @@
-//! The initializer's reading of an AdmissionReview (DESIGN.md 4.7) and the patch it answers with,
-//! against the deploy template's settings (roles need ZTS_URL, so that path is reachable).
+//! The initializer's reading of an AdmissionReview (docs/design.md §4.7) and the patch it answers
+//! with, against the deploy template's settings (roles need ZTS_URL, so that path is reachable).
 #![no_main]
 
 use athenz_initializer::review::review;

@@ -1,4 +1,4 @@
-//! The agent socket API's request parsing (DESIGN.md 4.2): the path (first line of the input)
+//! The agent socket API's request parsing (docs/design.md §4.2): the path (first line of the input)
 //! and the body (the rest) as every route reads it: a refresh's strict JSON and presented key
 //! and certificate, an init's pod-made CSR and its check against a pod's identity, and the
 //! certificate report of the attestation and certificate routes.

@@ -1,4 +1,4 @@
-//! The callback's whole decision on a confirmation ZTS sends (DESIGN.md 4.4), with the claims
+//! The callback's whole decision on a confirmation ZTS sends (docs/design.md §4.4), with the claims
 //! signed by the key it trusts so every check after the signature is reached. The input is NUL
 //! separated: the InstanceConfirmation JSON, the JWT claims JSON (signed into its
 //! attestationData), and the pod JSON as the API would return it.

@@ -1,4 +1,4 @@
-//! The callback's reading of an attestation JWT (DESIGN.md 4.4): header, algorithm, kid and
+//! The callback's reading of an attestation JWT (docs/design.md §4.4): header, algorithm, kid and
 //! signature, against a real ES256 key; and the node-agent token's shape check.
 #![no_main]
 

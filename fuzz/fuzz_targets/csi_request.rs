@@ -1,5 +1,5 @@
-//! The CSI driver's validation of kubelet's requests (DESIGN.md 4.10), from the protobuf bytes
-//! gRPC would hand it: the first byte picks NodePublishVolume, NodeUnpublishVolume or
+//! The CSI driver's validation of kubelet's requests (docs/design.md §4.10), from the protobuf
+//! bytes gRPC would hand it: the first byte picks NodePublishVolume, NodeUnpublishVolume or
 //! NodeGetVolumeStats, the rest is the message.
 #![no_main]
 

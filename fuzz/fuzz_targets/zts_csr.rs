@@ -1,4 +1,4 @@
-//! The dev ZTS's handling of a CSR (DESIGN.md 4.5): PEM, DER, signature, then ZTS's rules for
+//! The dev ZTS's handling of a CSR (docs/design.md §4.5): PEM, DER, signature, then ZTS's rules for
 //! an instance CSR and a service (key-based) CSR.
 #![no_main]
 

@@ -1,7 +1,7 @@
-//! `athenz-initializer`: the mutating admission webhook (DESIGN.md 4.7) that adds the identity
-//! volume, the credentials volume and the SIA containers to pods as they are created. It sits on
-//! the pod-creation path of the whole cluster, so it never patches a pod that did not ask for it,
-//! and injecting twice changes nothing.
+//! `athenz-initializer`: the mutating admission webhook (docs/design.md §4.7) that adds the
+//! identity volume, the credentials volume and the SIA containers to pods as they are created. It
+//! sits on the pod-creation path of the whole cluster, so it never patches a pod that did not ask
+//! for it, and injecting twice changes nothing.
 
 pub mod live_template;
 pub mod mutate;

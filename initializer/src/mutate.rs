@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{
     ObjectFieldSelector, Pod, Volume, VolumeMount,
 };
 
-/// Name of the identity volume (DESIGN.md 4.7), flex or CSI.
+/// Name of the identity volume (docs/design.md §4.7), flex or CSI.
 pub const IDENTITY_VOLUME: &str = "athenz-identity";
-/// The CSI driver (DESIGN.md 4.10).
+/// The CSI driver (docs/design.md §4.10).
 pub const CSI_DRIVER: &str = "csi.athenz.io";
 /// Name of the memory-backed credentials volume.
 pub const CREDENTIALS_VOLUME: &str = "athenz-credentials";
@@ -40,7 +40,7 @@ pub const TOKEN_SERVER_PORT_ANNOTATION: &str = "athenz.io/token-server-port";
 /// not allowed, asks for a CSI mode with it.
 pub const VOLUME_ANNOTATION: &str = "athenz.io/volume";
 
-/// What the pod asks of the SIA for authorization (DESIGN.md 4.11).
+/// What the pod asks of the SIA for authorization (docs/design.md §4.11).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct AuthzRequest {
     /// `TARGET_DOMAIN_ROLES`, as given (validated).

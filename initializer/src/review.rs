@@ -1,5 +1,5 @@
 //! `admission.k8s.io/v1` AdmissionReview in, AdmissionReview out (the response written by hand:
-//! the patch must be a base64 string, STACK.md).
+//! the patch must be a base64 string, which kube's types would write as a byte array).
 
 use crate::mutate::{self, Skip};
 use crate::template::Template;

@@ -1,6 +1,6 @@
 //! `athenz-jwt-service`: signs the pod subjects that node agents attest into short-lived identity
-//! JWTs (DESIGN.md 4.3). Mutual TLS only; callers must be on the allow-list (node agents). The
-//! callback later verifies these JWTs with the matching public keys.
+//! JWTs (docs/design.md §4.3). Mutual TLS only; callers must be on the allow-list (node agents).
+//! The callback later verifies these JWTs with the matching public keys.
 
 pub mod keys;
 pub mod service;
@@ -40,7 +40,7 @@ pub struct Config {
     #[arg(long, env = "JWT_AUDIENCE", default_value = athenz_core::identity_jwt::DEFAULT_AUDIENCE)]
     pub audience: String,
     /// The provider that issues node agents their identities: the caller's node is read from its
-    /// certificate's `athenz://instanceid/<provider>/<node>` URI (DESIGN.md 4.3, 4.9).
+    /// certificate's `athenz://instanceid/<provider>/<node>` URI (docs/design.md §4.3, §4.9).
     #[arg(long, env = "PROVIDER")]
     pub provider: String,
     /// JWT lifetime.

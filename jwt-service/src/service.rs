@@ -1,5 +1,5 @@
 //! `POST /v1/jwt`: the allow-listed caller (a node agent) names a pod; the answer is a signed
-//! identity JWT vouching for it (DESIGN.md 4.3).
+//! identity JWT vouching for it (docs/design.md §4.3).
 
 use crate::keys::KeyDir;
 use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};

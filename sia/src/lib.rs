@@ -1,7 +1,7 @@
-//! `athenz-sia`: runs in the pod (DESIGN.md 4.6). `init` (an init container) asks the node agent
-//! for the pod's identity and writes key, certificate, CA and ntoken as one atomic set; `refresh`
-//! (a sidecar) keeps them fresh until SIGTERM. It talks to the agent over the socket the flex
-//! volume brings into the pod, presenting the volume's opaque id.
+//! `athenz-sia`: runs in the pod (docs/design.md §4.6). `init` (an init container) asks the node
+//! agent for the pod's identity and writes key, certificate, CA and ntoken as one atomic set;
+//! `refresh` (a sidecar) keeps them fresh until SIGTERM. It talks to the agent over the socket the
+//! flex volume brings into the pod, presenting the volume's opaque id.
 
 pub mod authz;
 pub mod client;

@@ -1,5 +1,5 @@
-//! The pod's own key and CSR (DESIGN.md 4.6, pod-made keys): the key is made here, in the pod,
-//! and only the CSR built from the agent's template leaves the process. A new key per issue.
+//! The pod's own key and CSR (docs/design.md §4.6, pod-made keys): the key is made here, in the
+//! pod, and only the CSR built from the agent's template leaves the process. A new key per issue.
 
 use athenz_core::agent_api::CsrTemplate;
 use athenz_core::crypto::{CertInfo, KeyAlgorithm, PrivateKey, build_csr, key_matches_cert};

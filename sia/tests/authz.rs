@@ -1,7 +1,7 @@
-//! Athenz authorization from the SIA (DESIGN.md 4.11): the real `athenz-sia` process on a whole
-//! node, getting role certificates and tokens from the dev ZTS with the pod's own certificate.
-//! Tokens are verified by PyJWT against the dev ZTS's JWKS and role certificates by `openssl
-//! verify`. The token server's tests are in token_server.rs.
+//! Athenz authorization from the SIA (docs/design.md §4.11): the real `athenz-sia` process on a
+//! whole node, getting role certificates and tokens from the dev ZTS with the pod's own
+//! certificate. Tokens are verified by PyJWT against the dev ZTS's JWKS and role certificates by
+//! `openssl verify`. The token server's tests are in token_server.rs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

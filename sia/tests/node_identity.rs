@@ -1,5 +1,5 @@
-//! The agent's own node identity (DESIGN.md 4.9) against the dev ZTS, the real callback and the
-//! API stand-in's token review: registered with the pod's token, refreshed with the current
+//! The agent's own node identity (docs/design.md §4.9) against the dev ZTS, the real callback and
+//! the API stand-in's token review: registered with the pod's token, refreshed with the current
 //! certificate and the token file as it is *now* (the kubelet rotates it), not ready until it
 //! holds one, serving on while ZTS is away, and resumed from the kept pair after a restart.
 

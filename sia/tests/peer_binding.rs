@@ -1,5 +1,5 @@
-//! Peer binding on the agent socket (DESIGN.md 4.2), for real: as root, kubelet-shaped pod cgroups
-//! are made in this host's cgroup hierarchies (the systemd driver's
+//! Peer binding on the agent socket (docs/design.md §4.2), for real: as root, kubelet-shaped pod
+//! cgroups are made in this host's cgroup hierarchies (the systemd driver's
 //! `kubepods-burstable-pod<uid_>.slice/cri-containerd-<id>.scope` under cgroup v2 and the cgroupfs
 //! driver's `kubepods/burstable/pod<uid>/<id>` under v1 where it is mounted), the real
 //! `athenz-sia` is started inside one and asks the real agent; the same SIA outside the pod's

@@ -1,6 +1,6 @@
-//! Pod-made keys (DESIGN.md 4.6) against the real agent, jwt-service, callback and dev ZTS: the
-//! agent checks a pod's CSR exactly and refuses anything else with 400 naming it, before a JWT is
-//! asked for or ZTS called; a pod refreshes with ZTS itself through the agent's tunnel; an agent
+//! Pod-made keys (docs/design.md §4.6) against the real agent, jwt-service, callback and dev ZTS:
+//! the agent checks a pod's CSR exactly and refuses anything else with 400 naming it, before a JWT
+//! is asked for or ZTS called; a pod refreshes with ZTS itself through the agent's tunnel; an agent
 //! and a SIA that disagree on `--key-source` refuse each other with 400 naming the setting.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

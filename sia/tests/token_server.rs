@@ -1,4 +1,4 @@
-//! The SIA's token server (DESIGN.md 4.11) on a whole node: the real `athenz-sia refresh`
+//! The SIA's token server (docs/design.md §4.11) on a whole node: the real `athenz-sia refresh`
 //! serving role and access tokens from the dev ZTS, driven with k8s-athenz-sia's own request
 //! examples and answering in its shapes; one ZTS call for many concurrent misses; a ZTS outage
 //! past a token's life; tokens bound to the new certificate after a rotation.

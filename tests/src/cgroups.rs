@@ -1,5 +1,5 @@
 //! Kubelet-shaped pod cgroups for the processes that play pods, so the agent's peer check
-//! (DESIGN.md 4.2) runs in `enforce` here as on a node: the stack makes one cgroup directory
+//! (docs/design.md §4.2) runs in `enforce` here as on a node: the stack makes one cgroup directory
 //! (`pod_cgroup_root` in stack.json) in a writable hierarchy, and every pod process is started
 //! inside `<root>/kubepods-pod<uid_>.slice/cri-containerd-<id>.scope` (the systemd driver's
 //! shape), which is removed when the pod goes.

@@ -1,6 +1,7 @@
 //! A scripted instance provider: a mutual-TLS server that answers ZTS's `/instance` and `/refresh`
 //! calls as told, and records exactly what it was sent (route, caller principal, body) so tests can
-//! assert the dev ZTS speaks the contract of DESIGN.md 4.4. The real provider is the callback.
+//! assert the dev ZTS speaks the contract of docs/design.md §4.4. The real provider is the
+//! callback itself.
 
 use crate::pki::{CertAuthority, LeafSpec, PkiError};
 use athenz_core::crypto::pem_certificates;

@@ -1,6 +1,6 @@
 //! The development ZTS through athenz-core's ZTS client over real TLS, with a real mutual-TLS
 //! provider that records what ZTS sent it: register, refresh with the client certificate,
-//! key-based refresh with an ntoken, and every rejection of DESIGN.md 4.5.
+//! key-based refresh with an ntoken, and every rejection of docs/design.md §4.5.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,5 +1,5 @@
-//! The dev ZTS's authorization routes (DESIGN.md 4.11) over real mutual TLS: access tokens for
-//! the roles a principal is in, verified by PyJWT (an implementation that shares no code with
+//! The dev ZTS's authorization routes (docs/design.md §4.11) over real mutual TLS: access tokens
+//! for the roles a principal is in, verified by PyJWT (an implementation that shares no code with
 //! ours) against the dev ZTS's own JWKS, and every refusal with ZTS's status code.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

@@ -218,9 +218,9 @@ async fn zts_outage_keeps_the_files_and_refresh_recovers() {
     node::unmount(&stack.info, &volume).await.unwrap();
 }
 
-/// stack.json is DESIGN.md 5's contract: its precise points hold, and its three credentials are
-/// what they say — ZTS's is served by the callback, the node's by the jwt-service, the stranger's
-/// by neither.
+/// stack.json is the contract of docs/design.md §5: its precise points (docs/development.md,
+/// "Local stack") hold, and its three credentials are what they say — ZTS's is served by the
+/// callback, the node's by the jwt-service, the stranger's by neither.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stack_json_is_the_contract() {
     let stack = Devstack::start();
@@ -343,7 +343,7 @@ async fn stack_json_is_the_contract() {
     }
 }
 
-/// DESIGN.md 4.9, 6: with two nodes, node 2 — through its agent's socket, or with its own
+/// docs/design.md §4.9, §6: with two nodes, node 2 — through its agent's socket, or with its own
 /// certificate used directly against the jwt-service and ZTS — obtains no identity for a pod
 /// scheduled on node 1, nor refreshes one; a JWT node 1 asked for cannot serve a pod on node 2;
 /// and each node still serves its own pods.

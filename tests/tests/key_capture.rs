@@ -1,7 +1,7 @@
-//! Where a pod's private key travels (DESIGN.md 4.6), through the real binaries: `athenz-devstack
-//! up`, the real driver, `athenz-sia init` and `athenz-sia refresh` as processes of the pod. The
-//! SIA talks to the agent through a recording relay (a process in the pod's cgroup, so the
-//! agent's peer check is unchanged) that keeps every byte both ways, during init and three
+//! Where a pod's private key travels (docs/design.md §4.6), through the real binaries:
+//! `athenz-devstack up`, the real driver, `athenz-sia init` and `athenz-sia refresh` as processes
+//! of the pod. The SIA talks to the agent through a recording relay (a process in the pod's cgroup,
+//! so the agent's peer check is unchanged) that keeps every byte both ways, during init and three
 //! refreshes. With pod-made keys no key the pod held (as PEM, as DER, or as a line of its
 //! base64) and no `PRIVATE KEY` block is in the capture; with agent-made keys, the same check
 //! finds them, so it can fail.

@@ -300,7 +300,7 @@ async fn bad_writes_are_refused_and_change_nothing() {
 }
 
 /// TokenRequest, TokenReview and nodes on their real routes, with the API server's codes and
-/// shapes (DESIGN.md 5): what the callback's node checks and the devstack rely on.
+/// shapes (docs/design.md §5): what the callback's node checks and the devstack rely on.
 #[tokio::test]
 async fn service_account_tokens_are_minted_and_reviewed_as_the_api_server_does() {
     use base64::Engine;

@@ -252,9 +252,9 @@ fn every_document_is_a_valid_kubernetes_object() {
     assert!(top.contains("resources:\n  - base\n"), "{top}");
 }
 
-/// The CSI driver as kubelet needs it (DESIGN.md 4.10): the CSIDriver object, the agent serving
-/// the socket and registering it with kubelet itself, kubelet's dirs at kubelet's paths with
-/// Bidirectional propagation where the driver mounts.
+/// The CSI driver as kubelet needs it (docs/design.md §4.10): the CSIDriver object, the agent
+/// serving the socket and registering it with kubelet itself, kubelet's dirs at kubelet's paths
+/// with Bidirectional propagation where the driver mounts.
 #[test]
 fn the_csi_driver_is_wired_as_kubelet_expects() {
     use k8s_openapi::api::core::v1::{PodSpec, Volume};
@@ -593,7 +593,7 @@ fn settings_agree_across_components() {
             .contains_key("memory")
     );
 
-    // The agent's identity (DESIGN.md 4.9): no key, no control-sia; a projected token for the
+    // The agent's identity (docs/design.md §4.9): no key, no control-sia; a projected token for the
     // audience the callback checks, of the account and namespace the callback expects; hostPID
     // for the peer check; the node name from the downward API.
     let callback_defaults = <athenz_callback::Config as clap::Parser>::try_parse_from([
@@ -959,8 +959,8 @@ fn every_environment_variable_is_read_by_its_binary() {
     }
 }
 
-/// DESIGN.md 4.9, 6: no secret is shared between nodes. No file in deploy/ holds a private key,
-/// the agent mounts no Secret and no Secret named for the agent is referred to anywhere.
+/// docs/design.md §4.9, §6: no secret is shared between nodes. No file in deploy/ holds a private
+/// key, the agent mounts no Secret and no Secret named for the agent is referred to anywhere.
 #[test]
 fn no_file_holds_or_mounts_a_key_for_the_agent() {
     let mut files = vec![

@@ -1,6 +1,6 @@
-//! Pods made by the real runc and crun (issue 35): a sandbox and containers from OCI bundles in
-//! kubelet's cgroupfs layout. The agent's peer parser reads the cgroup paths the runtime wrote,
-//! on every hierarchy line of `/proc/<pid>/cgroup`; `SO_PEERCRED` on a socket bound into the
+//! Pods made by the real runc and crun (docs/design.md §5): a sandbox and containers from OCI
+//! bundles in kubelet's cgroupfs layout. The agent's peer parser reads the cgroup paths the runtime
+//! wrote, on every hierarchy line of `/proc/<pid>/cgroup`; `SO_PEERCRED` on a socket bound into the
 //! container gives a host pid the peer check maps to the pod; init containers are retried with
 //! back-off until they succeed; deletion leaves nothing in any hierarchy.
 //!

@@ -1,4 +1,4 @@
-//! `athenz-volume-driver`: the kubelet flex volume driver (DESIGN.md 4.1).
+//! `athenz-volume-driver`: the kubelet flex volume driver (docs/design.md §4.1).
 //!
 //! Kubelet execs it once per pod volume — `init`, `mount <dir> <json>`, `unmount <dir>` — and
 //! reads its stdout and stderr together with no timeout. [`run`] turns the arguments into exactly

@@ -1,4 +1,4 @@
-//! The one JSON object the driver prints, and its exit code (DESIGN.md 4.1).
+//! The one JSON object the driver prints, and its exit code (docs/design.md §4.1).
 
 use serde::Serialize;
 

@@ -1,11 +1,11 @@
-//! Wire types of the node agent's socket API (DESIGN.md 4.2), used by the agent (server) and the
-//! SIA (client).
+//! Wire types of the node agent's socket API (docs/design.md §4.2), used by the agent (server) and
+//! the SIA (client).
 //!
 //! `POST /v1/init/{id}` (with [`InitRequest`]) and `POST /v1/refresh/{id}` (with
 //! [`RefreshRequest`]) answer with [`IdentityResponse`]; errors are [`crate::http::ErrorBody`].
 //!
-//! With pod-made keys ([`KeySource::Pod`], DESIGN.md 4.6) no key crosses the socket: the SIA asks
-//! `GET /v1/csr/{id}` what its CSR must say ([`CsrTemplate`]), sends only the CSR to init, and
+//! With pod-made keys ([`KeySource::Pod`], docs/design.md §4.6) no key crosses the socket: the SIA
+//! asks `GET /v1/csr/{id}` what its CSR must say ([`CsrTemplate`]), sends only the CSR to init, and
 //! refreshes with ZTS itself: `POST /v1/attestation/{id}` ([`AttestationRequest`] →
 //! [`AttestationResponse`]) gives it the JWT, `CONNECT <zts host:port>` (header
 //! [`VOLUME_HEADER`]) a byte tunnel to ZTS, and `POST /v1/certificate/{id}`
@@ -195,7 +195,7 @@ pub struct CertificateReport {
 /// A request body of a call that takes no key, read with a `keyPEM` beside its fields. Both
 /// ends ignore fields they do not know (a newer peer may add some), except this one: a key in
 /// such a body is a client that would hand its pod's key to the agent, which pod-made keys
-/// exist to prevent (DESIGN.md 4.6), so it is refused, naming the field.
+/// exist to prevent (docs/design.md §4.6), so it is refused, naming the field.
 #[derive(Deserialize)]
 struct NoKey<T> {
     #[serde(flatten)]

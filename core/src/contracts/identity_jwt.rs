@@ -1,5 +1,5 @@
-//! Wire types of the identity JWT (DESIGN.md 4.3), shared by the jwt-service (which signs), the
-//! agent (which asks) and the callback (which verifies).
+//! Wire types of the identity JWT (docs/design.md §4.3), shared by the jwt-service (which signs),
+//! the agent (which asks) and the callback (which verifies).
 
 use crate::secret::Secret;
 use crate::subject::PodSubject;
@@ -46,7 +46,7 @@ pub struct IdentityClaims {
     pub jti: String,
     /// The node whose agent asked: taken by the jwt-service from the caller's certificate
     /// (its `athenz://instanceid/<provider>/<node>` URI), never from the request; the callback
-    /// requires the pod to be scheduled there (DESIGN.md 4.3, 4.4).
+    /// requires the pod to be scheduled there (docs/design.md §4.3, §4.4).
     pub node: String,
 }
 

@@ -1,4 +1,4 @@
-//! Name rules (DESIGN.md section 3): Athenz names, Kubernetes names, the namespace ↔ domain
+//! Name rules (docs/design.md §3): Athenz names, Kubernetes names, the namespace ↔ domain
 //! mapping, and the one builder of a pod's CSR identity.
 //!
 //! Every boundary that receives a name calls a validator from here, so the rules exist once. Errors
@@ -120,7 +120,7 @@ pub fn validate_role(field: &'static str, value: &str) -> Result<(), NameError> 
     validate_domain(field, value)
 }
 
-/// The CSR identity of a role certificate (DESIGN.md 4.11): CN `<domain>:role.<role>`, URIs
+/// The CSR identity of a role certificate (docs/design.md §3): CN `<domain>:role.<role>`, URIs
 /// `spiffe://<domain>/ra/<role>` and `athenz://principal/<principal>` (who asks, and whom ZTS
 /// checks membership for).
 pub fn role_csr_identity(
@@ -275,7 +275,7 @@ pub fn validate_dns_name(field: &'static str, value: &str) -> Result<(), NameErr
     Ok(())
 }
 
-/// Maps Kubernetes namespaces to Athenz domains and back (DESIGN.md section 3).
+/// Maps Kubernetes namespaces to Athenz domains and back (docs/design.md §3).
 ///
 /// A system namespace (`kube-*` or one of the configured list) maps to `<admin-domain>.<ns>`. Any
 /// other namespace maps by turning each `-` into `.` and then each `..` into `-`
@@ -428,7 +428,7 @@ pub fn validate_instance_id(field: &'static str, value: &str) -> Result<(), Name
 }
 
 /// A Kubernetes node name: a DNS subdomain that is also a valid instance id (it is the node
-/// agent's instance id, DESIGN.md 4.9).
+/// agent's instance id, docs/design.md §4.9).
 pub fn validate_node_name(field: &'static str, value: &str) -> Result<(), NameError> {
     validate_dns_subdomain(field, value)?;
     validate_instance_id(field, value)
@@ -482,7 +482,7 @@ pub struct PodIdentityInput<'a> {
 }
 
 impl CsrIdentity {
-    /// The identity a pod's certificate carries (DESIGN.md section 3); validates every input.
+    /// The identity a pod's certificate carries (docs/design.md §3); validates every input.
     pub fn for_pod(input: &PodIdentityInput<'_>) -> Result<Self, NameError> {
         let mut ip_addresses: Vec<IpAddr> = input.pod_ip.into_iter().collect();
         if let Some(ip) = input.service_ip.filter(|ip| Some(*ip) != input.pod_ip) {
@@ -498,7 +498,7 @@ impl CsrIdentity {
         )
     }
 
-    /// The identity of a node agent (DESIGN.md 4.9): the pod shape with the node name as the
+    /// The identity of a node agent (docs/design.md §4.9): the pod shape with the node name as the
     /// instance id and no IP. `principal` is `<admin-domain>.athenz-agent` (or as configured).
     pub fn for_node(
         principal: &str,

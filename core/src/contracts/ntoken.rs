@@ -1,4 +1,4 @@
-//! Athenz principal tokens ("ntokens"), DESIGN.md 4.5.
+//! Athenz principal tokens ("ntokens"), docs/design.md §4.5.
 //!
 //! `v=S1;d=<domain>;n=<service>;h=<host>;a=<salt>;t=<issued>;e=<expires>;k=<key version>;s=<sig>`
 //!

@@ -1,7 +1,7 @@
 //! The pod a volume is mounted for, as the kubelet names it: the flex driver gets it in its
 //! mount options (`kubernetes.io/pod.namespace`, …) and the CSI driver in the volume context
-//! (`csi.storage.k8s.io/pod.namespace`, …). The same rules apply to both (DESIGN.md 4.1, 4.10),
-//! so they live here once.
+//! (`csi.storage.k8s.io/pod.namespace`, …). The same rules apply to both
+//! (docs/design.md §4.1, §4.10), so they live here once.
 
 use crate::names::{self, NameError};
 use thiserror::Error;

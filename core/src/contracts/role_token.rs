@@ -1,8 +1,8 @@
 //! Athenz role tokens (`v=Z1;d=<domain>;r=<role,…>;p=<principal>;a=<salt>;t=<issued>;e=<expires>;
-//! k=<key id>;s=<signature>`, DESIGN.md 4.11): what ZTS's `GET /domain/{d}/token` returns and a
-//! service checks in its `Athenz-Role-Auth` header. Like the ntoken, the signature (SHA-256 with
-//! ZTS's key, ybase64) covers the exact text before `;s=`, so a parsed token keeps the bytes it
-//! was given and verification uses them, never a re-serialisation.
+//! k=<key id>;s=<signature>`, docs/design.md §4.11): what ZTS's `GET /domain/{d}/token` returns
+//! and a service checks in its `Athenz-Role-Auth` header. Like the ntoken, the signature (SHA-256
+//! with ZTS's key, ybase64) covers the exact text before `;s=`, so a parsed token keeps the bytes
+//! it was given and verification uses them, never a re-serialisation.
 
 use crate::crypto::{PrivateKey, PublicKey};
 use crate::names::{self, NameError, Quoted};

@@ -1,9 +1,9 @@
 //! [`PodSubject`]: what the agent saw of a pod, and what the identity JWT vouches for.
 //!
 //! Its URI form `pod:<ns>/<name>?d=<domain>&n=<service>&i=<ip>&u=<uid>` is the JWT `sub` claim
-//! (DESIGN.md 4.3). Parsing is strict: every field is validated, every key must appear exactly once,
-//! unknown keys are refused and percent-escapes must be well formed. Because each field is validated
-//! after decoding, an escape can never smuggle a `/`, `&` or NUL into a field.
+//! (docs/design.md §4.3). Parsing is strict: every field is validated, every key must appear
+//! exactly once, unknown keys are refused and percent-escapes must be well formed. Because each
+//! field is validated after decoding, an escape can never smuggle a `/`, `&` or NUL into a field.
 
 use crate::names::{self, NameError, Quoted};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
@@ -40,7 +40,7 @@ pub struct PodSubject {
     /// Athenz service: the pod's service account.
     pub service: String,
     /// Pod IP; `None` only for a pod that has none yet (a CSI files-mode volume is published
-    /// before the pod's network exists, DESIGN.md 4.10). Absent from the JSON form and empty
+    /// before the pod's network exists, docs/design.md §4.10). Absent from the JSON form and empty
     /// (`i=`) in the URI form.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<IpAddr>,

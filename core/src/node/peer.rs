@@ -1,4 +1,4 @@
-//! Which pod a process on the agent's Unix socket belongs to (DESIGN.md 4.2, peer binding).
+//! Which pod a process on the agent's Unix socket belongs to (docs/design.md §4.2, peer binding).
 //!
 //! The kernel tells the agent the caller's pid (`SO_PEERCRED`, fixed at `connect()`); the kubelet
 //! put every container of a pod in a cgroup whose path carries the pod UID. So the agent reads

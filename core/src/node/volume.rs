@@ -1,5 +1,5 @@
 //! The identity volume on the host, shared by the flex driver (which creates it) and the agent
-//! (which reads it) — DESIGN.md 4.1.
+//! (which reads it) — docs/design.md §4.1.
 //!
 //! ```text
 //! <volumes-dir>/                 0700, created if missing
@@ -366,8 +366,8 @@ pub struct VolumeData {
     pub csi: Option<CsiVolume>,
 }
 
-/// How a CSI volume was published (DESIGN.md 4.10): what a repeated publish of the same target
-/// must match, and what the agent needs to find its files-mode volumes again after a restart.
+/// How a CSI volume was published (docs/design.md §4.10): what a repeated publish of the same
+/// target must match, and what a restarted agent needs to find its files-mode volumes again.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CsiVolume {

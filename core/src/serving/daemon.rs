@@ -1,6 +1,6 @@
-//! What every TLS daemon shares (DESIGN.md 4.8): the settings of its server certificate, client
-//! CA, allow-list and operations address (clap argument groups, each flag with an environment
-//! fallback), and starting the TLS server and the ops server from them.
+//! What every TLS daemon shares (docs/design.md §4.8): the settings of its server certificate,
+//! client CA, allow-list and operations address (clap argument groups, each flag with an
+//! environment fallback), and starting the TLS server and the ops server from them.
 
 use crate::http::{Handler, HttpMetrics, Listener, OpsHandler, Readiness, Server, ServerLimits};
 use crate::tls::{self, PrincipalAllowList, ReloadingIdentity, TlsError};

@@ -1,4 +1,4 @@
-//! Logging and metrics setup shared by every daemon (DESIGN.md 4.8).
+//! Logging and metrics setup shared by every daemon (docs/design.md §4.8).
 //!
 //! Logs go through `tracing`: human-readable by default, one JSON object per line with
 //! `--log-format json`; the level comes from `RUST_LOG` (default `info`), as a list of

@@ -11,7 +11,7 @@
 //! certificate expired), the pods whose files expired, torn sets seen, and the recovery time
 //! against the bound: the longest renewal backoff (60 s) plus one refresh round.
 //!
-//! Bounds (issue 18, DESIGN.md 6): no torn set ever; no pod's files expire while ZTS can issue
+//! Bounds (docs/design.md §5, "chaos"): no torn set ever; no pod's files expire while ZTS can issue
 //! (the error faults last a quarter of the lifetime: renewal starts at 60–70 % of it, so that
 //! is inside the margin every certificate has); after any fault every pod is healthy within the
 //! bound. Under `zts-stopped` (SIGSTOP for three lifetimes) and `agent-node-cert-expired` ZTS is

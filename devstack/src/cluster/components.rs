@@ -493,7 +493,7 @@ struct Audit {
     log: std::path::PathBuf,
 }
 
-/// The audit policy (DESIGN.md 5.1: the real API server judges our RBAC): every request of a
+/// The audit policy (docs/design.md §5.1: the real API server judges our RBAC): every request of a
 /// service account of ours (`athenz-system`, `k8s-admin`: who asked what, and the answer's code)
 /// and of SPIRE's when `cluster bench` installs it (`spire`: its API requests per credential),
 /// and every SubjectAccessReview with its answer (the kubelet asks one for each caller of its

@@ -1,5 +1,5 @@
-//! `cluster.json`: what a running cluster tells scripts and tests (DESIGN.md 5.1), written only
-//! once the node is Ready.
+//! `cluster.json`: what a running cluster tells scripts and tests (docs/design.md §5.1), written
+//! only once the node is Ready.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -1,9 +1,9 @@
-//! Our release on the real node, installed as an operator installs it (DESIGN.md 5.1): cluster
-//! DNS, the Athenz side (the dev ZTS beside the cluster, knowing the control plane's registered
-//! keys and the provider), the release image imported into containerd, and then the shell steps
-//! of docs/operating.md's "Install", verbatim ([`runbook`]), in a copy of `deploy/`, with this
-//! Athenz's URL, CA and keys as the operator's `ZTS_URL`, `ATHENZ_CA` and `KEYS`. Nothing of
-//! `deploy/base` is changed here: what the real cluster proves wrong there is fixed in the base
+//! Our release on the real node, installed as an operator installs it (docs/design.md §5.1):
+//! cluster DNS, the Athenz side (the dev ZTS beside the cluster, knowing the control plane's
+//! registered keys and the provider), the release image imported into containerd, and then the
+//! shell steps of docs/operating.md's "Install", verbatim ([`runbook`]), in a copy of `deploy/`,
+//! with this Athenz's URL, CA and keys as the operator's `ZTS_URL`, `ATHENZ_CA` and `KEYS`. Nothing
+//! of `deploy/base` is changed here: what the real cluster proves wrong there is fixed in the base
 //! itself, and what it proves wrong in the steps is fixed in the page.
 
 use super::components;

@@ -1,8 +1,8 @@
-//! `athenz-devstack cluster`: a real single-node Kubernetes cluster on this machine (DESIGN.md
-//! 5.1), built from Kubernetes' own Go modules by `tests/kube/build.sh`: embedded etcd, the API
-//! server, controller-manager, scheduler, containerd 2 with runc, the kubelet and kube-proxy, with
-//! a CNI bridge for pods. The stand-ins keep the first command fast; this is where every
-//! Kubernetes-facing claim is proven.
+//! `athenz-devstack cluster`: a real single-node Kubernetes cluster on this machine
+//! (docs/design.md §5.1), built from Kubernetes' own Go modules by `tests/kube/build.sh`: embedded
+//! etcd, the API server, controller-manager, scheduler, containerd 2 with runc, the kubelet and
+//! kube-proxy, with a CNI bridge for pods. The stand-ins keep the first command fast; this is where
+//! every Kubernetes-facing claim is proven.
 //!
 //! `cluster up --bare` starts the Kubernetes part alone (the Athenz side is not added yet), waits
 //! until the node is Ready, writes `DIR/kubeconfig` and `DIR/cluster.json`, supervises until

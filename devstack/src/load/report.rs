@@ -28,7 +28,7 @@ pub struct ReplicaLoad {
     pub peak_rss_mib: f64,
 }
 
-/// The callback's figures, named as issue 39 asks.
+/// The callback's figures, as docs/operating.md ("Capacity") reports them.
 #[derive(Debug, Clone, Serialize)]
 pub struct CallbackLoad {
     /// Confirmations answered per second of the callback's CPU.

@@ -1,4 +1,4 @@
-//! How a pod's processes are started on the stack's node — the one place that knows (issue 35):
+//! How a pod's processes are started on the stack's node — the one place that knows:
 //!
 //! - `runc` / `crun`: as kubelet has a CRI runtime do it, a sandbox per pod and each container an
 //!   OCI bundle run by the real runtime ([`athenz_testbed::runtime`]), the identity volume

@@ -64,7 +64,7 @@ pub struct Credentials {
     pub stranger: Credential,
 }
 
-/// One node of the stack (DESIGN.md 5, `up --nodes N`).
+/// One node of the stack (docs/design.md §5, `up --nodes N`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeInfo {
     /// The node's name.
@@ -94,7 +94,7 @@ pub struct NodeAgentInfo {
     pub pod: crate::kube::PodRef,
 }
 
-/// How node agents attest (DESIGN.md 4.9).
+/// How node agents attest (docs/design.md §4.9).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeAttestation {
     /// Audience of their projected tokens.
@@ -107,7 +107,7 @@ pub struct NodeAttestation {
     pub principal: String,
 }
 
-/// `<state-dir>/stack.json` (DESIGN.md 5).
+/// `<state-dir>/stack.json` (docs/design.md §5).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StackInfo {
     /// Dev ZTS; `url` ends in `/zts/v1`.

@@ -1,7 +1,7 @@
 //! The whole system on one machine: the dev ZTS, the Kubernetes stand-ins, and the real
 //! jwt-service, callback, initializer and node agent, each a process with the arguments it has in
 //! a cluster, their certificates obtained from ZTS with `athenz-control-sia` (and kept fresh by its
-//! refresh sidecars). [`StackInfo`] is the `stack.json` contract of DESIGN.md 5.
+//! refresh sidecars). [`StackInfo`] is the `stack.json` contract of docs/design.md §5.
 
 use crate::procs::{Process, Usage};
 use athenz_core::agent_api::KeySource;
@@ -38,8 +38,8 @@ const STRANGER: &str = "stranger";
 /// The injection template the initializer serves: the one deploy/ ships.
 const DEPLOY_TEMPLATE: &str = include_str!("../../../deploy/base/initializer-template.yaml");
 
-/// The roles the dev ZTS knows (DESIGN.md 4.11): every service of `media.sports` reads it, only
-/// `media.sports.api` writes it; what the demo and scripts use to show authorization.
+/// The roles the dev ZTS knows (docs/design.md §4.11): every service of `media.sports` reads it,
+/// only `media.sports.api` writes it; what the demo and scripts use to show authorization.
 pub fn demo_roles() -> Vec<athenz_testbed::zts::authz::RoleEntry> {
     let role = |domain: &str, role: &str, members: &[&str]| athenz_testbed::zts::authz::RoleEntry {
         domain: domain.into(),

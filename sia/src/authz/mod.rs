@@ -1,4 +1,4 @@
-//! Athenz authorization for the pod (DESIGN.md 4.11): role certificates and tokens for the
+//! Athenz authorization for the pod (docs/design.md §4.11): role certificates and tokens for the
 //! configured targets, fetched from ZTS with the pod's own certificate, written with the service
 //! credentials as one set, renewed before expiry, and served by the token server.
 

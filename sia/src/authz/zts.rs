@@ -1,4 +1,4 @@
-//! The SIA's calls to ZTS as its own service identity (DESIGN.md 4.11): mutual TLS with the
+//! The SIA's calls to ZTS as its own service identity (docs/design.md §4.11): mutual TLS with the
 //! pod's current certificate, which also binds every access token to it (`cnf`). The identity is
 //! replaced on every rotation; tokens fetched under an older one are known by their generation.
 

@@ -1,7 +1,8 @@
-//! Service-account tokens, as the API server mints and reviews them (DESIGN.md 5): `TokenRequest`
-//! (`POST /api/v1/namespaces/{ns}/serviceaccounts/{sa}/token` with a pod `boundObjectRef`),
-//! `TokenReview` (`POST /apis/authentication.k8s.io/v1/tokenreviews`) and the claim and `extra`
-//! shapes a real API server uses, so the callback's node checks meet what a cluster sends.
+//! Service-account tokens, as the API server mints and reviews them (docs/design.md §5):
+//! `TokenRequest` (`POST /api/v1/namespaces/{ns}/serviceaccounts/{sa}/token` with a pod
+//! `boundObjectRef`), `TokenReview` (`POST /apis/authentication.k8s.io/v1/tokenreviews`) and the
+//! claim and `extra` shapes a real API server uses, so the callback's node checks meet what a
+//! cluster sends.
 //!
 //! Tokens are ES256 JWTs signed by a key the stand-in makes at start. A review authenticates a
 //! token only if it verifies, has not expired, is for one of the requested audiences, and the pod

@@ -1,4 +1,4 @@
-//! Pods' processes as a real container runtime makes them (DESIGN.md 5; issue 35): runc or crun
+//! Pods' processes as a real container runtime makes them (docs/design.md §5): runc or crun
 //! from the distribution's packages run each container from an OCI bundle inside a pod sandbox,
 //! in kubelet's cgroupfs layout, so the agent's peer check reads cgroup paths a runtime wrote,
 //! not ours. `process` is the stand-in for hosts without a runtime: a plain process that a

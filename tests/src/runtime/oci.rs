@@ -1,10 +1,10 @@
 //! A real OCI runtime (runc or crun, from the distribution's packages) driven by its command line,
 //! as containerd's and CRI-O's shims drive it: `run` a bundle, `kill` and `delete` by id, `state`.
 //!
-//! Two lessons of this host are built in (see `../shared/STACK.md`): a container inherits the
-//! runtime's standard streams, so they are a log file and `/dev/null`, never a pipe read to its
-//! end; and containers are stopped by id (`kill`, then `delete`), never by signalling the
-//! runtime's process, which would orphan them.
+//! Two lessons of this host are built in (docs/development.md, "Dependency pitfalls"): a container
+//! inherits the runtime's standard streams, so they are a log file and `/dev/null`, never a pipe
+//! read to its end; and containers are stopped by id (`kill`, then `delete`), never by signalling
+//! the runtime's process, which would orphan them.
 
 use super::{RuntimeError, RuntimeKind};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ pub struct OciRuntime {
     state_root: PathBuf,
     /// crun on a cgroup v1 + v2 hybrid host: an empty file bound over the v2 mount's
     /// `cgroup.controllers` in a private mount namespace, for `run` only (crun 1.8 refuses a
-    /// hybrid host whose v2 mount has controllers; STACK.md).
+    /// hybrid host whose v2 mount has controllers).
     hybrid_mask: Option<(PathBuf, PathBuf)>,
 }
 

@@ -1,6 +1,6 @@
-//! The dev ZTS's authorization (DESIGN.md 4.11): roles and their members, and the OAuth2 access
-//! tokens ZTS issues for them (`POST /zts/v1/oauth2/token`, client credentials over mutual TLS)
-//! with the key set that verifies them (`GET /zts/v1/oauth2/keys`).
+//! The dev ZTS's authorization (docs/design.md §4.11): roles and their members, and the OAuth2
+//! access tokens ZTS issues for them (`POST /zts/v1/oauth2/token`, client credentials over mutual
+//! TLS) with the key set that verifies them (`GET /zts/v1/oauth2/keys`).
 
 use athenz_core::crypto::PrivateKey;
 use base64::Engine;

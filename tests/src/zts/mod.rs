@@ -1,5 +1,5 @@
 //! The development ZTS: a faithful stand-in for Athenz ZTS on the routes this system uses
-//! (DESIGN.md 4.5), with the provider call of 4.4.
+//! (docs/design.md §4.5), with the provider call of §4.4.
 //!
 //! Start it in-process with [`DevZts::start`] (ephemeral loopback port; get its URL and CA), or as
 //! a standalone server with [`run_standalone`] (what `athenz-devstack zts` will expose). It owns a

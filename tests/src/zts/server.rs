@@ -1,6 +1,6 @@
-//! The dev ZTS's routes (DESIGN.md 4.5, 4.11), with the checks, status codes and message texts of
-//! Athenz ZTS (`servers/zts/.../ZTSImpl.java`); the rules of each route that has many live in
-//! their own module, named for the Athenz class they follow:
+//! The dev ZTS's routes (docs/design.md §4.5, §4.11), with the checks, status codes and message
+//! texts of Athenz ZTS (`servers/zts/.../ZTSImpl.java`); the rules of each route that has many live
+//! in their own module, named for the Athenz class they follow:
 //!
 //! | route | auth | outcome | rules |
 //! |---|---|---|---|
@@ -307,7 +307,7 @@ impl ZtsHandler {
         Ok(provider.clone())
     }
 
-    /// The attributes ZTS sends a provider about a CSR (DESIGN.md 4.4).
+    /// The attributes ZTS sends a provider about a CSR (docs/design.md §4.4).
     pub(super) fn confirmation_attributes(
         &self,
         csr: &CsrInfo,

@@ -1,6 +1,6 @@
-//! CSI v1 wire types (DESIGN.md 4.10), defined once for both ends: the agent's CSI driver serves
-//! them (`athenz-csi-driver`) and the testbed's kubelet-faithful caller calls them. Compiled only
-//! with the `csi` feature, so binaries that do not speak CSI do not carry gRPC.
+//! CSI v1 wire types (docs/design.md §4.10), defined once for both ends: the agent's CSI driver
+//! serves them (`athenz-csi-driver`) and the testbed's kubelet-faithful caller calls them. Compiled
+//! only with the `csi` feature, so binaries that do not speak CSI do not carry gRPC.
 //!
 //! [`v1`] holds the messages and the generated `identity_server`/`node_server` (service traits
 //! and tower services) and `identity_client`/`node_client` modules, built by `build.rs` with
@@ -26,7 +26,7 @@ mod messages;
 /// kubelet's `plugins_registry` directory; kubelet asks `GetInfo` (type, name, the plugin's own
 /// endpoint, API versions), validates the plugin, and reports the outcome with
 /// `NotifyRegistrationStatus`. The node-driver-registrar sidecar does this for most CSI drivers;
-/// the agent does it itself (DESIGN.md 4.10). Names and field numbers are the proto's.
+/// the agent does it itself (docs/design.md §4.10). Names and field numbers are the proto's.
 pub mod pluginregistration {
     #![allow(missing_docs)]
 

@@ -1,4 +1,4 @@
-//! The wire types of ZTS's authorization routes (DESIGN.md 4.11): role certificates, access
+//! The wire types of ZTS's authorization routes (docs/design.md §4.11): role certificates, access
 //! tokens and role tokens, with Athenz's names.
 
 use crate::secret::Secret;

@@ -1,4 +1,4 @@
-//! ZTS wire types and client (DESIGN.md 4.4 and 4.5).
+//! ZTS wire types and client (docs/design.md §4.4 and §4.5).
 //!
 //! The types follow the Athenz RDL names exactly (camelCase JSON). Optional fields are omitted
 //! when empty; unknown fields are accepted on input, so a newer ZTS does not break us. The same
@@ -344,9 +344,9 @@ impl ZtsClient {
     }
 }
 
-/// Calls made as a service, with its certificate as the TLS client certificate (DESIGN.md 4.11):
-/// access tokens, role tokens and role certificates. Build one per certificate: after a rotation,
-/// build a new one with the new pair.
+/// Calls made as a service, with its certificate as the TLS client certificate
+/// (docs/design.md §4.11): access tokens, role tokens and role certificates. Build one per
+/// certificate: after a rotation, build a new one with the new pair.
 #[derive(Debug, Clone)]
 pub struct ServiceZtsClient {
     base: String,

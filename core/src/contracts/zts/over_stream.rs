@@ -1,7 +1,7 @@
 //! ZTS's instance refresh over a byte stream the caller already has: a pod that makes its own
-//! key refreshes through the node agent's `CONNECT` tunnel (DESIGN.md 4.6), so the TLS session
-//! (with the pod's certificate and key as the client identity) runs inside the pod and the agent
-//! sees only ciphertext.
+//! key refreshes through the node agent's `CONNECT` tunnel (docs/design.md §4.6), so the TLS
+//! session (with the pod's certificate and key as the client identity) runs inside the pod and the
+//! agent sees only ciphertext.
 
 use super::{
     InstanceIdentity, InstanceRef, InstanceRefreshInformation, MAX_RESPONSE_LEN, ZtsError,

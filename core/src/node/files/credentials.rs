@@ -1,5 +1,5 @@
-//! The credential set an SIA writes (DESIGN.md 4.6): its file names, modes and owner, written as
-//! one atomic [`FileSet`] swap. Re-exported from [`super`], where the swap lives.
+//! The credential set an SIA writes (docs/design.md §4.6): its file names, modes and owner, written
+//! as one atomic [`FileSet`] swap. Re-exported from [`super`], where the swap lives.
 
 use super::{FileSet, FileSpec, FilesError, Owner};
 
@@ -12,7 +12,7 @@ pub const CA_FILE: &str = "ca.cert.pem";
 /// File name of the ntoken in a credential set.
 pub const NTOKEN_FILE: &str = "ntoken";
 
-/// The credentials an SIA writes (DESIGN.md 4.6).
+/// The credentials an SIA writes (docs/design.md §4.6).
 #[derive(Debug, Clone, Copy)]
 pub struct Credentials<'a> {
     /// Private key PEM; `None` when the key lives elsewhere (control-plane SIA).

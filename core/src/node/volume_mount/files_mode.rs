@@ -1,5 +1,5 @@
-//! The CSI files-mode layout (DESIGN.md 4.10): the agent, not a process in the pod, writes the
-//! credential set, so the pod sees a directory of files instead of the agent socket.
+//! The CSI files-mode layout (docs/design.md §4.10): the agent, not a process in the pod, writes
+//! the credential set, so the pod sees a directory of files instead of the agent socket.
 //!
 //! ```text
 //! <volumes-dir>/<id>/            0700; <id> = HMAC-SHA256(node key, target path)

@@ -1,5 +1,5 @@
-//! Mounting identity volumes on the host (DESIGN.md 4.1, 4.10), shared by the flex driver and the
-//! CSI driver the agent serves:
+//! Mounting identity volumes on the host (docs/design.md §4.1, §4.10), shared by the flex driver
+//! and the CSI driver the agent serves:
 //!
 //! - [`steps`]: the flex layout (`data.json`, `mount/id`, the agent dir bound at `connect`, the
 //!   read-only view), each step undone on failure, and the unmount of either layout;

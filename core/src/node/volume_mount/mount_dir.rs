@@ -1,5 +1,5 @@
-//! The mount directory kubelet names (DESIGN.md 4.1): the id is computed over the string exactly as
-//! passed, so the string must already be the one true name of the directory — absolute,
+//! The mount directory kubelet names (docs/design.md §4.1): the id is computed over the string
+//! exactly as passed, so the string must already be the one true name of the directory — absolute,
 //! normalised, an existing directory, reached through no symlink — and it must not overlap the
 //! driver's own directories (mounting into or over them would hide or loop them).
 

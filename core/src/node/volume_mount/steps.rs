@@ -1,4 +1,4 @@
-//! `mount` and `unmount`: the steps of DESIGN.md 4.1, each undone on failure.
+//! `mount` and `unmount`: the steps of docs/design.md §4.1, each undone on failure.
 //!
 //! Mount, for volume id `<id>` of mount dir `<dir>`:
 //! 1. `volumes/<id>/` (0700) with `data.json` (0600), `mount/` (0755), `mount/id` (0444) and

@@ -1,4 +1,4 @@
-//! The small HTTP server layer every daemon uses (DESIGN.md 4.8).
+//! The small HTTP server layer every daemon uses (docs/design.md §4.8).
 //!
 //! One accept loop for TCP, TLS-over-TCP and Unix sockets that enforces, for every server alike:
 //! a connection bound (accepting pauses at the bound), a TLS handshake timeout, a header read

@@ -315,7 +315,7 @@ impl ResolvesClientCert for FixedClientCert {
 }
 
 /// A pair held in memory and replaced as it is renewed: an identity that never touches disk
-/// (the node agent's, DESIGN.md 4.9). Until one is set, no client certificate is presented.
+/// (the node agent's, docs/design.md §4.9). Until one is set, no client certificate is presented.
 #[derive(Debug, Default)]
 pub struct InMemoryIdentity {
     current: RwLock<Option<Arc<CertifiedKey>>>,
