@@ -4,9 +4,10 @@
 //! state and `status` stay true). Each is bound to the calling pod like every socket call, and
 //! none carries a key: the agent keeps serials and times only.
 
+use crate::failure::{Failure, fail};
 use crate::kubelet::Absent;
 use crate::refresh::check_volume_identity;
-use crate::service::{Agent, Failure, PodIp, fail};
+use crate::service::{Agent, PodIp};
 use athenz_core::agent_api::{AttestationResponse, CertificateReport, CsrTemplate, KeySource};
 use athenz_core::crypto::{CertInfo, pem_certificates};
 use athenz_core::http::ConnInfo;
@@ -73,7 +74,7 @@ impl Agent {
         let template = self.expected_identity(&subject, service_ip)?.into();
         let jwt = {
             let _slot = self.issuance_slot().await?;
-            self.jwt(&subject).await?
+            self.identity_jwt(&subject).await?
         };
         self.save_held(&paths, state.clone(), &info)?;
         self.metrics.issued("attestation", KeySource::Pod);

@@ -5,8 +5,9 @@
 //! [`start`] binds the CSI socket (and kubelet's registration socket) for the agent.
 
 use crate::Config;
+use crate::failure::Failure;
 use crate::kubelet::Absent;
-use crate::service::{Agent, Failure, KeyRequest, PodIp};
+use crate::service::{Agent, KeyRequest, PodIp, RecentInit};
 use athenz_core::daemon::StartError;
 use athenz_core::volume::VolumesDir;
 use athenz_core::volume::{VolumeData, VolumeId};
@@ -32,6 +33,12 @@ fn issue_error(f: Failure) -> IssueError {
 }
 
 impl Issuer for AgentIssuer {
+    type VolumeLock = tokio::sync::OwnedMutexGuard<RecentInit>;
+
+    async fn lock_volume(&self, id: &VolumeId) -> Self::VolumeLock {
+        self.agent.lock_for(id).await.lock_owned().await
+    }
+
     async fn issue(
         &self,
         id: &VolumeId,
@@ -39,8 +46,6 @@ impl Issuer for AgentIssuer {
         registration: Registration,
     ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
-        let lock = self.agent.lock_for(id).await;
-        let _serialised = lock.lock().await;
         let absent = match registration {
             Registration::First => Absent::MayAppear,
             Registration::Again => Absent::Gone,
@@ -59,8 +64,6 @@ impl Issuer for AgentIssuer {
         current: &CurrentPair,
     ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
-        let lock = self.agent.lock_for(id).await;
-        let _serialised = lock.lock().await;
         self.agent
             .refresh_pair(
                 id,

@@ -4,7 +4,7 @@
 //! the agent's attestation for a name it is not entitled to (the callback would refuse it too,
 //! but only after the node had vouched for the request).
 
-use crate::service::{Failure, fail};
+use crate::failure::{Failure, fail};
 use athenz_core::crypto::{CsrInfo, KeyType, public_key_type};
 use athenz_core::names::CsrIdentity;
 use http::StatusCode;

@@ -2,21 +2,34 @@
 //! over mutual TLS with the node's own certificate; its refusal is final (403), its trouble
 //! "try again" (503).
 
-use crate::service::{Agent, Failure, fail};
-use athenz_core::identity_jwt::{JwtRequest, JwtResponse};
+use crate::failure::{Failure, fail};
+use crate::node_identity::NodeIdentity;
+use athenz_core::identity_jwt::{JWT_PATH, JwtRequest, JwtResponse};
 use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
 use http::StatusCode;
+use std::sync::Arc;
 
-impl Agent {
-    pub(crate) async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
-        let started = std::time::Instant::now();
-        let result = self.jwt_call(subject).await;
-        self.metrics.observe("jwt_service", started);
-        result
+/// The jwt-service, called with the node's certificate.
+pub struct JwtClient {
+    http: reqwest::Client,
+    url: String,
+    node: Arc<NodeIdentity>,
+}
+
+impl JwtClient {
+    /// Calls the jwt-service at `base_url` with `http` (whose TLS presents `node`'s certificate).
+    pub fn new(http: reqwest::Client, base_url: &str, node: Arc<NodeIdentity>) -> Self {
+        Self {
+            http,
+            url: format!("{}{JWT_PATH}", base_url.trim_end_matches('/')),
+            node,
+        }
     }
 
-    async fn jwt_call(&self, subject: &PodSubject) -> Result<Secret, Failure> {
+    /// An identity JWT for `subject`: 503 while the node has no valid identity (the
+    /// jwt-service would refuse it) or the jwt-service is in trouble, 403 when it refuses.
+    pub async fn jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
         if !self.node.ensure_valid().await {
             return Err(fail(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -27,8 +40,8 @@ impl Agent {
             ));
         }
         let resp = self
-            .jwt_client
-            .post(&self.jwt_url)
+            .http
+            .post(&self.url)
             .json(&JwtRequest {
                 subject: subject.clone(),
             })

@@ -6,6 +6,7 @@
 pub mod attestation;
 pub mod csi;
 pub mod csr_check;
+pub mod failure;
 pub mod install;
 pub mod jwt_client;
 pub mod key_pool;
@@ -398,8 +399,7 @@ pub async fn start(
             .clone()
             .map(|domain| service::ServiceDns::new(domain, config.dns_resolver)),
         keys: Arc::clone(&keys),
-        jwt_client,
-        jwt_url: service::jwt_url(&config.jwt_service_url),
+        jwt: jwt_client::JwtClient::new(jwt_client, &config.jwt_service_url, Arc::clone(&node)),
         zts,
         athenz_ca,
         node: Arc::clone(&node),
@@ -432,7 +432,7 @@ pub async fn start(
         ));
         Server::new(
             Listener::Unix(listener),
-            Arc::new(service::AgentHandler { agent }),
+            Arc::new(routes::AgentHandler { agent }),
         )
         .with_limits(ServerLimits::default())
         .with_metrics(http_metrics)

@@ -2,8 +2,9 @@
 //! rotation): the presented pair is checked to be the volume's latest identity before anything
 //! leaves the node, then shown to ZTS as the TLS client certificate.
 
+use crate::failure::{Failure, fail, zts_failure};
 use crate::kubelet::Absent;
-use crate::service::{Agent, Failure, KeyRequest, PodIp, fail, zts_failure};
+use crate::service::{Agent, KeyRequest, PodIp};
 use athenz_core::agent_api::{IdentityResponse, KeySource, RefreshRequest};
 use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
 use athenz_core::http::ConnInfo;
@@ -152,7 +153,7 @@ impl Agent {
         }
         let _slot = self.issuance_slot().await?;
         let identity = self.expected_identity(&subject, service_ip)?;
-        let jwt = self.jwt(&subject).await?;
+        let jwt = self.identity_jwt(&subject).await?;
         let (new_key, csr) = self.csr(&identity, KeyRequest::Agent).await?;
         let started = std::time::Instant::now();
         let identity = self

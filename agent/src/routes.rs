@@ -2,9 +2,11 @@
 //! answer it gets. The work of each call lives with the agent (`service`, `refresh`, `attestation`,
 //! `tunnel`).
 
-use crate::service::{Agent, Failure};
-use athenz_core::agent_api::AgentRoute;
+use crate::failure::{Failure, fail};
+use crate::service::Agent;
+use athenz_core::agent_api::{AgentRoute, KeySource, VOLUME_HEADER};
 use athenz_core::http::{Body, ConnInfo, Handler, Peer, error_response, json_response};
+use athenz_core::volume::VolumeId;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use serde::Serialize;
@@ -31,7 +33,7 @@ struct Who {
 impl Handler for AgentHandler {
     async fn handle(&self, mut req: Request<Bytes>, conn: Arc<ConnInfo>) -> Response<Body> {
         if req.method() == Method::CONNECT {
-            return crate::tunnel::open(&self.agent, &mut req, &conn).await;
+            return open_tunnel(&self.agent, &mut req, &conn).await;
         }
         let path = req.uri().path().to_owned();
         if path == "/healthz" {
@@ -104,4 +106,65 @@ impl Handler for AgentHandler {
             _ => "other",
         }
     }
+}
+
+/// Answers a `CONNECT` (docs/design.md §4.6): the caller is checked first (the volume header
+/// names whom to check, as a route's path does), then the tunnel to ZTS is opened: 200 and the
+/// spliced connection, or a refusal naming why.
+async fn open_tunnel(agent: &Agent, req: &mut Request<Bytes>, conn: &ConnInfo) -> Response<Body> {
+    let opened = match authorize_tunnel(agent, req, conn) {
+        Ok(()) => agent.tunnel.connect(req.uri()).await,
+        Err(refused) => Err(refused),
+    };
+    match opened {
+        Ok(zts) => {
+            agent.metrics.tunnel("opened");
+            agent.tunnel.splice(hyper::upgrade::on(req), zts);
+            Response::new(Body::new(Bytes::new()))
+        }
+        Err(failure) => {
+            agent
+                .metrics
+                .tunnel(if failure.status == StatusCode::SERVICE_UNAVAILABLE {
+                    "unreachable"
+                } else {
+                    "refused"
+                });
+            tracing::info!(status = %failure.status, reason = %failure.message, "tunnel refused");
+            failure.into_response()
+        }
+    }
+}
+
+/// The caller of a `CONNECT` is its volume's pod, and this agent lets pods refresh themselves.
+fn authorize_tunnel(agent: &Agent, req: &Request<Bytes>, conn: &ConnInfo) -> Result<(), Failure> {
+    let id = req
+        .headers()
+        .get(VOLUME_HEADER)
+        .ok_or_else(|| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                format!("a tunnel needs the {VOLUME_HEADER} header naming the caller's volume"),
+            )
+        })?
+        .to_str()
+        .ok()
+        .map(VolumeId::parse)
+        .ok_or_else(|| {
+            fail(
+                StatusCode::BAD_REQUEST,
+                format!("{VOLUME_HEADER}: not text"),
+            )
+        })?
+        .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("{VOLUME_HEADER}: {e}")))?;
+    let (_, data) = agent.volume(&id)?;
+    agent.check_peer(&id, &data, conn)?;
+    if agent.key_source != KeySource::Pod {
+        return Err(fail(
+            StatusCode::BAD_REQUEST,
+            "this agent runs with --key-source agent (KEY_SOURCE): it refreshes pods itself and \
+             opens no tunnels; run the SIA with --key-source agent",
+        ));
+    }
+    Ok(())
 }

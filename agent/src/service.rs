@@ -2,79 +2,36 @@
 //! `GET /healthz`. Every id is parsed before any file is touched; calls for one id are serialised;
 //! ZTS calls across ids are bounded.
 
+use crate::failure::{Failure, fail, zts_failure};
 use crate::kubelet::{Absent, PodCache};
 pub use crate::metrics::AgentMetrics;
 use crate::metrics::PeerCheckLabels;
-pub use crate::refresh::{PresentedPair, parse_refresh_request};
-pub use crate::routes::AgentHandler;
 pub use crate::service_dns::ServiceDns;
 use athenz_core::agent_api::{IdentityResponse, InitRequest, KeySource};
 use athenz_core::crypto::{CertInfo, CsrInfo, PrivateKey, build_csr};
-use athenz_core::http::{Body, ConnInfo, error_response, unavailable_response};
-use athenz_core::identity_jwt::JWT_PATH;
+use athenz_core::http::ConnInfo;
 use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
 use athenz_core::peer::PeerCheck;
+use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
 use athenz_core::tls;
 use athenz_core::volume::{
     VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumeStatusRecord, VolumesDir,
     read_json_file, write_json_file,
 };
-use athenz_core::zts::{InstanceIdentity, InstanceRegisterInformation, ZtsClient, ZtsError};
+use athenz_core::zts::{InstanceIdentity, InstanceRegisterInformation, ZtsClient};
 use athenz_csi_driver::Issued;
-use http::{Response, StatusCode};
+use http::StatusCode;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{Mutex, Semaphore};
 
-/// How long a client is told to wait before retrying a transient failure.
-const RETRY_AFTER: Duration = Duration::from_secs(2);
 /// Inits of one volume within this time of a successful one get that answer instead of a new
 /// registration: concurrent callers (an init container retried by kubelet while the first call is
 /// still running) see one consistent identity, and ZTS sees one register.
 const COALESCE: Duration = Duration::from_secs(5);
-
-/// A failed call: status and message.
-#[derive(Debug)]
-pub struct Failure {
-    /// The HTTP status the socket API answers with.
-    pub status: StatusCode,
-    /// Why.
-    pub message: String,
-}
-
-pub(crate) fn fail(status: StatusCode, message: impl Into<String>) -> Failure {
-    Failure {
-        status,
-        message: message.into(),
-    }
-}
-
-impl Failure {
-    pub(crate) fn into_response(self) -> Response<Body> {
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            unavailable_response(self.message, RETRY_AFTER)
-        } else {
-            error_response(self.status, self.message)
-        }
-    }
-}
-
-/// What a pod is told when ZTS did not issue: a refusal (any 4xx but 429, or a client
-/// certificate refused in the handshake) is 403, final; only unavailability (no answer, 429,
-/// 5xx) is 503, "try again"; an answer that is not ZTS's API is 502.
-pub(crate) fn zts_failure(e: ZtsError) -> Failure {
-    match &e {
-        _ if e.is_transient() => fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        ZtsError::Rejected { status, .. } if (400..500).contains(status) => {
-            fail(StatusCode::FORBIDDEN, e.to_string())
-        }
-        ZtsError::CertificateRefused(_) => fail(StatusCode::FORBIDDEN, e.to_string()),
-        _ => fail(StatusCode::BAD_GATEWAY, e.to_string()),
-    }
-}
 
 /// Whether an identity may be issued to a pod that has no IP yet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,9 +66,7 @@ pub struct Agent {
     /// Pods' keys (RSA ones made ahead).
     pub keys: Arc<crate::key_pool::KeyPool>,
     /// The jwt-service client (mutual TLS with the node's certificate).
-    pub jwt_client: reqwest::Client,
-    /// `https://.../v1/jwt`.
-    pub jwt_url: String,
+    pub jwt: crate::jwt_client::JwtClient,
     /// ZTS.
     pub zts: ZtsClient,
     /// The CA bundle Athenz issues instance certificates under: presented certificates must
@@ -159,6 +114,14 @@ pub(crate) struct KeyFor {
 }
 
 impl Agent {
+    /// An identity JWT for `subject` from the jwt-service, its time observed.
+    pub(crate) async fn identity_jwt(&self, subject: &PodSubject) -> Result<Secret, Failure> {
+        let started = std::time::Instant::now();
+        let jwt = self.jwt.jwt(subject).await;
+        self.metrics.observe("jwt_service", started);
+        jwt
+    }
+
     pub(crate) async fn lock_for(&self, id: &VolumeId) -> Arc<Mutex<RecentInit>> {
         let mut locks = self.locks.lock().await;
         // forget locks nobody holds once their answer is stale, so the map does not grow with
@@ -548,7 +511,7 @@ impl Agent {
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
         let _slot = self.issuance_slot().await?;
-        let jwt = self.jwt(&subject).await?;
+        let jwt = self.identity_jwt(&subject).await?;
         let (key, csr) = self.csr(&identity, key).await?;
         let started = std::time::Instant::now();
         let registered = self
@@ -585,47 +548,5 @@ impl Agent {
         if let Err(e) = updated {
             tracing::debug!(%id, error = %e, "status record not written");
         }
-    }
-}
-
-/// The jwt-service URL for a base URL.
-pub fn jwt_url(base: &str) -> String {
-    format!("{}{JWT_PATH}", base.trim_end_matches('/'))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rejected(status: u16) -> ZtsError {
-        ZtsError::Rejected {
-            status,
-            code: i32::from(status),
-            message: format!("ZTS says {status}: pod_exists: no such pod"),
-        }
-    }
-
-    /// ZTS's own codes, as Athenz answers them: a provider's 504 or no answer is 504 and,
-    /// with overload (503, 429) and server errors (500, 502), means "try again"; every other
-    /// answer is a verdict the pod must see with ZTS's message (which names the check).
-    #[test]
-    fn zts_answers_are_sorted_into_try_again_and_final() {
-        for status in [429, 500, 502, 503, 504] {
-            let failure = zts_failure(rejected(status));
-            assert_eq!(failure.status, StatusCode::SERVICE_UNAVAILABLE, "{status}");
-        }
-        let unreachable = zts_failure(ZtsError::Unreachable("connection refused".into()));
-        assert_eq!(unreachable.status, StatusCode::SERVICE_UNAVAILABLE);
-        for status in [400, 401, 403, 404] {
-            let failure = zts_failure(rejected(status));
-            assert_eq!(failure.status, StatusCode::FORBIDDEN, "{status}");
-            assert!(
-                failure.message.contains("pod_exists"),
-                "{}",
-                failure.message
-            );
-        }
-        let refused = zts_failure(ZtsError::CertificateRefused("bad certificate".into()));
-        assert_eq!(refused.status, StatusCode::FORBIDDEN);
     }
 }

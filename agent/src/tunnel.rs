@@ -3,16 +3,13 @@
 //! authenticates a refresh by the instance's current certificate and key, which stay in the pod)
 //! without a route of its own to ZTS. The agent splices bytes and decrypts nothing.
 //!
-//! Bound like every socket call: the header [`VOLUME_HEADER`] names the caller's volume and the
-//! caller must be that volume's pod; tunnels at once are bounded, and each lives at most
-//! [`Tunnel::lifetime`].
+//! Bound like every socket call: the caller is checked first, by the route
+//! (`routes::open_tunnel`); tunnels at once are bounded, and each lives at most
+//! [`Tunnel::lifetime`]. This module knows only where tunnels go and how bytes cross.
 
-use crate::service::{Agent, fail};
-use athenz_core::agent_api::{KeySource, VOLUME_HEADER};
-use athenz_core::http::{Body, ConnInfo};
-use athenz_core::volume::VolumeId;
-use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use crate::failure::{Failure, fail};
+use http::StatusCode;
+use hyper::upgrade::OnUpgrade;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -63,119 +60,75 @@ impl Tunnel {
     }
 }
 
-/// Answers a `CONNECT`: 200 and the spliced connection, or a refusal naming why.
-pub async fn open(agent: &Agent, req: &mut Request<Bytes>, conn: &ConnInfo) -> Response<Body> {
-    match checked_connect(agent, req, conn).await {
-        Ok(zts) => {
-            let upgrade = hyper::upgrade::on(req);
-            let lifetime = agent.tunnel.lifetime;
-            agent.metrics.tunnel("opened");
-            tokio::spawn(async move {
-                let (mut zts, _slot) = zts;
-                let Ok(upgraded) = upgrade.await else {
-                    return;
-                };
-                let mut pod = hyper_util::rt::TokioIo::new(upgraded);
-                let spliced = tokio::time::timeout(
-                    lifetime,
-                    tokio::io::copy_bidirectional(&mut pod, &mut zts),
-                )
-                .await;
-                if spliced.is_err() {
-                    tracing::info!(?lifetime, "tunnel closed at its time limit");
-                }
-            });
-            Response::new(Body::new(Bytes::new()))
-        }
-        Err(failure) => {
-            agent
-                .metrics
-                .tunnel(if failure.status == StatusCode::SERVICE_UNAVAILABLE {
-                    "unreachable"
-                } else {
-                    "refused"
-                });
-            tracing::info!(status = %failure.status, reason = %failure.message, "tunnel refused");
-            failure.into_response()
-        }
-    }
+/// A connection to ZTS and the tunnel slot it holds.
+pub struct ZtsConnection {
+    stream: tokio::net::TcpStream,
+    _slot: tokio::sync::OwnedSemaphorePermit,
 }
 
-/// The connection to ZTS and the slot it holds, once the caller may have it.
-async fn checked_connect(
-    agent: &Agent,
-    req: &Request<Bytes>,
-    conn: &ConnInfo,
-) -> Result<(tokio::net::TcpStream, tokio::sync::OwnedSemaphorePermit), crate::service::Failure> {
-    let tunnel = &agent.tunnel;
-    // the caller first (the volume header names whom to check, as a route's path does); the
-    // rest of the request is read only for the pod
-    let id = req
-        .headers()
-        .get(VOLUME_HEADER)
-        .ok_or_else(|| {
+impl Tunnel {
+    /// Connects to ZTS for a `CONNECT` of `uri`, once its caller was authorized:
+    /// refused unless it names ZTS, unavailable when every slot is taken or ZTS does not answer
+    /// within [`Tunnel::connect_timeout`].
+    pub async fn connect(&self, uri: &http::Uri) -> Result<ZtsConnection, Failure> {
+        if !self.is_target(uri.authority()) {
+            return Err(fail(
+                StatusCode::FORBIDDEN,
+                format!("tunnels go to ZTS ({}) only, not {}", self.authority(), uri),
+            ));
+        }
+        let slot = Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
             fail(
-                StatusCode::BAD_REQUEST,
-                format!("a tunnel needs the {VOLUME_HEADER} header naming the caller's volume"),
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many tunnels to ZTS open on this node",
             )
-        })?
-        .to_str()
-        .ok()
-        .map(VolumeId::parse)
-        .ok_or_else(|| {
-            fail(
-                StatusCode::BAD_REQUEST,
-                format!("{VOLUME_HEADER}: not text"),
-            )
-        })?
-        .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("{VOLUME_HEADER}: {e}")))?;
-    let (_, data) = agent.volume(&id)?;
-    agent.check_peer(&id, &data, conn)?;
-    if agent.key_source != KeySource::Pod {
-        return Err(fail(
-            StatusCode::BAD_REQUEST,
-            "this agent runs with --key-source agent (KEY_SOURCE): it refreshes pods itself and \
-             opens no tunnels; run the SIA with --key-source agent",
-        ));
+        })?;
+        let target = (self.host.as_str(), self.port);
+        let stream =
+            tokio::time::timeout(self.connect_timeout, tokio::net::TcpStream::connect(target))
+                .await
+                .map_err(|_| {
+                    fail(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "ZTS ({}) did not accept a connection within {:?}",
+                            self.authority(),
+                            self.connect_timeout
+                        ),
+                    )
+                })?
+                .map_err(|e| {
+                    fail(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("ZTS ({}) unreachable: {e}", self.authority()),
+                    )
+                })?;
+        let _ = stream.set_nodelay(true);
+        Ok(ZtsConnection {
+            stream,
+            _slot: slot,
+        })
     }
-    if !tunnel.is_target(req.uri().authority()) {
-        return Err(fail(
-            StatusCode::FORBIDDEN,
-            format!(
-                "tunnels go to ZTS ({}) only, not {}",
-                tunnel.authority(),
-                req.uri()
-            ),
-        ));
+
+    /// Splices the caller's upgraded connection to `zts` in the background, for at most
+    /// [`Tunnel::lifetime`]; the slot is released when either side closes.
+    pub fn splice(&self, upgrade: OnUpgrade, zts: ZtsConnection) {
+        let lifetime = self.lifetime;
+        tokio::spawn(async move {
+            let ZtsConnection {
+                stream: mut zts,
+                _slot,
+            } = zts;
+            let Ok(upgraded) = upgrade.await else {
+                return;
+            };
+            let mut pod = hyper_util::rt::TokioIo::new(upgraded);
+            let spliced =
+                tokio::time::timeout(lifetime, tokio::io::copy_bidirectional(&mut pod, &mut zts))
+                    .await;
+            if spliced.is_err() {
+                tracing::info!(?lifetime, "tunnel closed at its time limit");
+            }
+        });
     }
-    let slot = Arc::clone(&tunnel.slots).try_acquire_owned().map_err(|_| {
-        fail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many tunnels to ZTS open on this node",
-        )
-    })?;
-    let target = (tunnel.host.as_str(), tunnel.port);
-    let zts = tokio::time::timeout(
-        tunnel.connect_timeout,
-        tokio::net::TcpStream::connect(target),
-    )
-    .await
-    .map_err(|_| {
-        fail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "ZTS ({}) did not accept a connection within {:?}",
-                tunnel.authority(),
-                tunnel.connect_timeout
-            ),
-        )
-    })?
-    .map_err(|e| {
-        fail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("ZTS ({}) unreachable: {e}", tunnel.authority()),
-        )
-    })?;
-    let _ = zts.set_nodelay(true);
-    Ok((zts, slot))
 }

@@ -8,6 +8,7 @@
 pub mod contracts;
 pub mod crypto;
 pub mod encoding;
+pub mod names;
 pub mod node;
 pub mod random;
 pub mod refresh;
@@ -16,10 +17,8 @@ pub mod serving;
 
 #[cfg(feature = "csi")]
 pub use contracts::csi;
-pub use contracts::{
-    agent_api, identity_jwt, names, ntoken, pod_fields, pod_info, role_token, subject, zts,
-};
-pub use node::{files, peer, volume, volume_mode, volume_mount};
+pub use contracts::{agent_api, identity_jwt, ntoken, pod_fields, role_token, subject, zts};
+pub use node::{files, peer, pod_info, volume, volume_mode, volume_mount};
 pub use serving::{client, daemon, http, periodic, telemetry, tls, unix_socket};
 
 /// Installs aws-lc-rs as the process-wide rustls crypto provider.

@@ -24,7 +24,6 @@ use athenz_core::volume::{VolumeData, VolumeError, VolumeId, VolumePaths, read_j
 use athenz_core::volume_mode::VolumeMode;
 use athenz_core::volume_mount::mountinfo::MountTable;
 use athenz_core::volume_mount::{HostDirs, files_mode, mount_dir, mount_volume, unmount_volume};
-use std::collections::HashMap;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -50,7 +49,6 @@ pub struct Driver<I: Issuer> {
     config: DriverConfig,
     issuer: Arc<I>,
     rotation: Arc<Rotation<I>>,
-    locks: tokio::sync::Mutex<HashMap<VolumeId, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 fn internal(what: impl std::fmt::Display) -> Status {
@@ -72,7 +70,6 @@ impl<I: Issuer> Driver<I> {
             config,
             issuer,
             rotation,
-            locks: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -96,12 +93,6 @@ impl<I: Issuer> Driver<I> {
         self.rotation.resume(&self.config.host.volumes)
     }
 
-    async fn lock_for(&self, id: &VolumeId) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self.locks.lock().await;
-        locks.retain(|_, l| Arc::strong_count(l) > 1);
-        Arc::clone(locks.entry(id.clone()).or_default())
-    }
-
     fn volume_id_of(&self, target: &str) -> Result<(VolumeId, VolumePaths), Status> {
         self.config.host.volume_of(target).map_err(internal)
     }
@@ -111,8 +102,8 @@ impl<I: Issuer> Driver<I> {
         let publish = Publish::from_request(req)?;
         self.config.host.volumes.ensure().map_err(internal)?;
         let (id, paths) = self.volume_id_of(&publish.target)?;
-        let lock = self.lock_for(&id).await;
-        let _serialised = lock.lock().await;
+        // the volume's one lock, the agent's: its socket calls and the rotation take it too
+        let _serialised = self.issuer.lock_volume(&id).await;
         let target = Path::new(&publish.target);
         match read_json_file::<VolumeData>(&paths.data_json) {
             Ok(existing) if !publish.request.matches(&existing, &publish.target) => {
@@ -213,8 +204,8 @@ impl<I: Issuer> Driver<I> {
         check_volume_id(volume_id)?;
         check_target_path(target)?;
         let (id, paths) = self.volume_id_of(target)?;
-        let lock = self.lock_for(&id).await;
-        let _serialised = lock.lock().await;
+        // the volume's one lock, the agent's: its socket calls and the rotation take it too
+        let _serialised = self.issuer.lock_volume(&id).await;
         if let Ok(data) = read_json_file::<VolumeData>(&paths.data_json)
             && let Some(csi) = &data.csi
             && csi.volume_id != volume_id

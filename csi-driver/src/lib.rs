@@ -73,6 +73,15 @@ pub enum Registration {
 
 /// What the agent does for files-mode volumes.
 pub trait Issuer: Send + Sync + 'static {
+    /// The held lock of one volume.
+    type VolumeLock: Send;
+
+    /// Takes the volume's one lock: the driver holds it across a publish or an unpublish and the
+    /// rotation across a re-issue, and the agent's own calls for the volume take the same one,
+    /// so [`Issuer::issue`] and [`Issuer::reissue`] are always called with it held and never
+    /// take another.
+    fn lock_volume(&self, id: &VolumeId) -> impl Future<Output = Self::VolumeLock> + Send;
+
     /// Issues an identity of a volume (registers the instance). `data` is the volume's
     /// `data.json`; the agent keeps its refresh state in the volume dir as for a flex volume.
     fn issue(

@@ -421,6 +421,11 @@ impl<I: Issuer> Rotation<I> {
         group: Option<u32>,
         gate: &WriteGate,
     ) -> Result<CertInfo, String> {
+        let _serialised = self.issuer.lock_volume(id).await;
+        if gate.is_closed() {
+            // unpublished while this task waited for the volume
+            return Err("the volume was unpublished".to_owned());
+        }
         let current = FileSet::new(files)
             .read(&[KEY_FILE, CERT_FILE])
             .map_err(|e| format!("reading the current set: {e}"))
@@ -468,6 +473,10 @@ mod tests {
     }
 
     impl Issuer for StalledIssuer {
+        type VolumeLock = ();
+
+        async fn lock_volume(&self, _: &VolumeId) {}
+
         async fn issue(
             &self,
             _: &VolumeId,

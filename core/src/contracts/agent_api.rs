@@ -39,32 +39,8 @@ pub const CERTIFICATE_PREFIX: &str = "/v1/certificate/";
 /// Header of a `CONNECT` naming the volume the tunnel is for (the caller must be its pod).
 pub const VOLUME_HEADER: &str = "athenz-volume-id";
 
-/// Where a pod's private key is made (`--key-source` of the agent and the SIA).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum KeySource {
-    /// In the pod, by its SIA; only CSRs and certificates cross the socket.
-    #[default]
-    Pod,
-    /// By the agent, handed to the pod over the socket (and shown back at every refresh).
-    Agent,
-}
-
-impl KeySource {
-    /// The setting's value, as metrics and `status` show it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pod => "pod",
-            Self::Agent => "agent",
-        }
-    }
-}
-
-impl std::fmt::Display for KeySource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// Where a pod's private key is made: recorded in each volume's state, so defined with it.
+pub use crate::volume::KeySource;
 
 /// The credentials handed to a pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

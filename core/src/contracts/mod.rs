@@ -6,10 +6,8 @@ pub mod agent_api;
 #[cfg(feature = "csi")]
 pub mod csi;
 pub mod identity_jwt;
-pub mod names;
 pub mod ntoken;
 pub mod pod_fields;
-pub mod pod_info;
 pub mod role_token;
 pub mod subject;
 pub mod zts;

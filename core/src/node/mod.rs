@@ -3,6 +3,7 @@
 
 pub mod files;
 pub mod peer;
+pub mod pod_info;
 pub mod volume;
 pub mod volume_mode;
 pub mod volume_mount;

@@ -399,6 +399,33 @@ impl VolumeData {
     }
 }
 
+/// Where a pod's private key is made (`--key-source` of the agent and the SIA).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    /// In the pod, by its SIA; only CSRs and certificates cross the socket.
+    #[default]
+    Pod,
+    /// By the agent, handed to the pod over the socket (and shown back at every refresh).
+    Agent,
+}
+
+impl KeySource {
+    /// The setting's value, as metrics and `status` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pod => "pod",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// `state.json`: what the agent needs to refresh a volume's certificate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -429,7 +456,7 @@ pub struct VolumeState {
     /// Where the certificate's key was made (absent in states written before the setting
     /// existed, when the agent made every key).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_source: Option<crate::agent_api::KeySource>,
+    pub key_source: Option<KeySource>,
 }
 
 /// `status.json`: what `athenz-identity-agent status` shows beyond `state.json` — the last
