@@ -93,14 +93,7 @@ pub struct Config {
     pub kube_api_timeout: Duration,
 }
 
-/// Where a started callback listens.
-#[derive(Debug, Clone, Copy)]
-pub struct Bound {
-    /// The API.
-    pub api: std::net::SocketAddr,
-    /// /healthz, /readyz, /metrics.
-    pub ops: std::net::SocketAddr,
-}
+pub use athenz_core::daemon::Bound;
 
 fn algorithms(names: &[String]) -> Result<Vec<Algorithm>, StartError> {
     let setting = "--algorithms (JWT_ALGORITHMS)";
@@ -184,15 +177,10 @@ pub async fn start(
     .await
     .map_err(|e| StartError::new("--kube-api-url (KUBE_API_URL)", e))?;
     let setup = config.tls.load().await?;
+    let api = setup
+        .local_addr()
+        .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
-    let bound = Bound {
-        api: setup
-            .local_addr()
-            .map_err(|e| StartError::new("--listen (LISTEN)", e))?,
-        ops: ops_listener
-            .local_addr()
-            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
-    };
     let http_metrics = HttpMetrics::register(&mut registry);
     let handler = Arc::new(handler::CallbackHandler {
         base_path: config.base_path.clone(),
@@ -215,31 +203,28 @@ pub async fn start(
         metrics: handler::CallbackMetrics::register(&mut registry),
     });
     let readiness = Readiness::default();
-    let registry = Arc::new(registry);
-    tracing::info!(api = %bound.api, ops = %bound.ops, kids = ?keys.kids(), "callback listening");
-    let task = tokio::spawn(async move {
-        let key_watcher = keys.spawn_watcher(config.keys_reload_interval);
-        // readiness follows whether the Kubernetes API answers
-        let probe = {
-            let readiness = readiness.clone();
-            tokio::spawn(async move {
-                loop {
-                    readiness.set(cluster.reachable().await);
-                    tokio::time::sleep(Duration::from_secs(5)).await;
-                }
-            })
-        };
-        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
-            ops_listener,
-            registry,
-            readiness,
-            shutdown.wait(),
-        ));
-        setup.serve(handler, http_metrics, shutdown.wait()).await;
-        key_watcher.abort();
-        probe.abort();
-        let _ = ops.await;
-    });
+    let kids = keys.kids();
+    let key_watcher = keys.spawn_watcher(config.keys_reload_interval);
+    // readiness follows whether the Kubernetes API answers
+    let probe = {
+        let readiness = readiness.clone();
+        tokio::spawn(async move {
+            loop {
+                readiness.set(cluster.reachable().await);
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        })
+    };
+    let (bound, task) = athenz_core::daemon::spawn_serving(
+        api,
+        ops_listener,
+        registry,
+        readiness,
+        vec![key_watcher, probe],
+        setup.serve(handler, http_metrics, shutdown.wait()),
+        &shutdown,
+    )?;
+    tracing::info!(api = %bound.api, ops = %bound.ops, ?kids, "callback listening");
     Ok((bound, task))
 }
 

@@ -15,7 +15,7 @@
 use crate::{CurrentPair, IssueError, Issuer, Registration};
 use athenz_core::agent_api::IdentityResponse;
 use athenz_core::crypto::CertInfo;
-use athenz_core::files::{CERT_FILE, Credentials, FileSet, KEY_FILE, Owner, write_credentials};
+use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE, Owner, write_credentials};
 use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::secret::Secret;
 use athenz_core::volume::{RecordedVolume, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir};
@@ -163,21 +163,11 @@ pub fn write_set(
         gid: Some(gid),
     });
     // files mode: the agent made the key, so an answer always carries it
-    let key_pem = answer
-        .key_pem
-        .as_ref()
+    let creds = answer
+        .credentials_with_key()
         .ok_or("the issuer's answer carries no key (files mode needs an agent-made key)")?;
-    write_credentials(
-        &FileSet::new(files),
-        &Credentials {
-            key_pem: Some(key_pem),
-            cert_pem: &answer.cert_pem,
-            ca_pem: &answer.ca_cert_pem,
-            ntoken: &answer.ntoken,
-        },
-        owner,
-    )
-    .map_err(|e| format!("writing the credentials into {}: {e}", files.display()))
+    write_credentials(&FileSet::new(files), &creds, owner)
+        .map_err(|e| format!("writing the credentials into {}: {e}", files.display()))
 }
 
 /// The leaf of an answer.

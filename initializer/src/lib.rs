@@ -150,14 +150,7 @@ impl Handler for WebhookHandler {
     }
 }
 
-/// Where a started webhook listens.
-#[derive(Debug, Clone, Copy)]
-pub struct Bound {
-    /// The webhook.
-    pub api: SocketAddr,
-    /// /healthz, /readyz, /metrics.
-    pub ops: SocketAddr,
-}
+pub use athenz_core::daemon::Bound;
 
 /// Starts the webhook; it runs until `shutdown` is triggered.
 pub async fn start(
@@ -201,15 +194,10 @@ pub async fn start(
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| StartError::new("--listen (LISTEN)", format!("{}: {e}", config.listen)))?;
+    let api = listener
+        .local_addr()
+        .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
-    let bound = Bound {
-        api: listener
-            .local_addr()
-            .map_err(|e| StartError::new("--listen (LISTEN)", e))?,
-        ops: ops_listener
-            .local_addr()
-            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
-    };
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_initializer");
     let http_metrics = HttpMetrics::register(&mut registry);
     let reviews = Family::<ReviewLabels, Counter>::default();
@@ -232,30 +220,26 @@ pub async fn start(
     });
     let readiness = Readiness::default();
     readiness.set(true);
-    let registry = Arc::new(registry);
+    let server = Server::new(Listener::Tcp(listener), handler)
+        .with_tls(server_config)
+        .with_limits(ServerLimits {
+            max_body: MAX_REVIEW,
+            ..ServerLimits::default()
+        })
+        .with_metrics(http_metrics);
+    let (bound, task) = athenz_core::daemon::spawn_serving(
+        api,
+        ops_listener,
+        registry,
+        readiness,
+        vec![
+            identity.spawn_watcher(config.tls_reload_interval),
+            template.spawn_watcher(config.tls_reload_interval),
+        ],
+        server.serve(shutdown.wait()),
+        &shutdown,
+    )?;
     tracing::info!(api = %bound.api, ops = %bound.ops, "initializer listening");
-    let task = tokio::spawn(async move {
-        let watcher = identity.spawn_watcher(config.tls_reload_interval);
-        let template_watcher = template.spawn_watcher(config.tls_reload_interval);
-        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
-            ops_listener,
-            registry,
-            readiness,
-            shutdown.wait(),
-        ));
-        Server::new(Listener::Tcp(listener), handler)
-            .with_tls(server_config)
-            .with_limits(ServerLimits {
-                max_body: MAX_REVIEW,
-                ..ServerLimits::default()
-            })
-            .with_metrics(http_metrics)
-            .serve(shutdown.wait())
-            .await;
-        watcher.abort();
-        template_watcher.abort();
-        let _ = ops.await;
-    });
     Ok((bound, task))
 }
 

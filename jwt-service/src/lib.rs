@@ -48,14 +48,7 @@ pub struct Config {
     pub lifetime: Duration,
 }
 
-/// Where a started service listens.
-#[derive(Debug, Clone, Copy)]
-pub struct Bound {
-    /// The API.
-    pub api: std::net::SocketAddr,
-    /// /healthz, /readyz, /metrics.
-    pub ops: std::net::SocketAddr,
-}
+pub use athenz_core::daemon::Bound;
 
 /// Starts the service; it runs until `shutdown` is triggered. Returns where it listens and the
 /// task to await.
@@ -70,15 +63,10 @@ pub async fn start(
             .map_err(|e| StartError::new("--keys-dir (SIGNING_KEYS_DIR)", e))?,
     );
     let setup = config.tls.load().await?;
+    let api = setup
+        .local_addr()
+        .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
-    let bound = Bound {
-        api: setup
-            .local_addr()
-            .map_err(|e| StartError::new("--listen (LISTEN)", e))?,
-        ops: ops_listener
-            .local_addr()
-            .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?,
-    };
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_jwt_service");
     let http_metrics = HttpMetrics::register(&mut registry);
     let handler = Arc::new(service::JwtHandler {
@@ -92,20 +80,17 @@ pub async fn start(
     });
     let readiness = Readiness::default();
     readiness.set(true);
-    let registry = Arc::new(registry);
-    tracing::info!(api = %bound.api, ops = %bound.ops, kid = %keys.active().kid, "jwt-service listening");
-    let task = tokio::spawn(async move {
-        let watcher = keys.spawn_watcher(config.keys_reload_interval);
-        let ops = tokio::spawn(athenz_core::daemon::serve_ops(
-            ops_listener,
-            registry,
-            readiness,
-            shutdown.wait(),
-        ));
-        setup.serve(handler, http_metrics, shutdown.wait()).await;
-        watcher.abort();
-        let _ = ops.await;
-    });
+    let kid = keys.active().kid.clone();
+    let (bound, task) = athenz_core::daemon::spawn_serving(
+        api,
+        ops_listener,
+        registry,
+        readiness,
+        vec![keys.spawn_watcher(config.keys_reload_interval)],
+        setup.serve(handler, http_metrics, shutdown.wait()),
+        &shutdown,
+    )?;
+    tracing::info!(api = %bound.api, ops = %bound.ops, %kid, "jwt-service listening");
     Ok((bound, task))
 }
 

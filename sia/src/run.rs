@@ -248,16 +248,10 @@ impl Sia {
     }
 
     fn write(&self, answer: &IdentityResponse) -> Result<(), String> {
-        let key_pem = answer
-            .key_pem
-            .as_ref()
+        let creds = answer
+            .credentials_with_key()
             .ok_or("the answer carries no key and none was made here")?;
-        self.write_set(&Credentials {
-            key_pem: Some(key_pem),
-            cert_pem: &answer.cert_pem,
-            ca_pem: &answer.ca_cert_pem,
-            ntoken: &answer.ntoken,
-        })
+        self.write_set(&creds)
     }
 
     /// Rewrites the set with the identity on disk and the targets' current files.

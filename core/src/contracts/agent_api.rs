@@ -62,6 +62,18 @@ pub struct IdentityResponse {
 }
 
 impl IdentityResponse {
+    /// The credential files' contents this answer gives, when it carries the key (the agent
+    /// made it); `None` for a pod-made key, which the answer never carries. The one mapping
+    /// from an answer to the files, for the SIA and the CSI driver's files mode alike.
+    pub fn credentials_with_key(&self) -> Option<crate::files::Credentials<'_>> {
+        Some(crate::files::Credentials {
+            key_pem: Some(self.key_pem.as_ref()?),
+            cert_pem: &self.cert_pem,
+            ca_pem: &self.ca_cert_pem,
+            ntoken: &self.ntoken,
+        })
+    }
+
     /// The answer for ZTS's `identity` whose leaf (`leaf_pem`, read as `leaf`) was checked to be
     /// for the key: `certPEM` is the leaf then the chain (an unreadable bundle still leaves the
     /// leaf usable), `caCertPEM` ZTS's signer bundle, `expiresAt` the leaf's expiry. Shared by

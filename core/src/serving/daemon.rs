@@ -217,6 +217,43 @@ impl OpsArgs {
     }
 }
 
+/// Where a started daemon listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The API.
+    pub api: SocketAddr,
+    /// /healthz, /readyz, /metrics.
+    pub ops: SocketAddr,
+}
+
+/// What every daemon's `start` ends with, once its API listener and handler are ready: the
+/// task that serves `api_server` and the ops endpoints (`ops_listener`, with `registry` and
+/// `readiness`) until `shutdown`, then stops `background` (its reloaders and probes) and waits
+/// for the ops server to finish. `api` is the API's bound address, for [`Bound`].
+pub fn spawn_serving(
+    api: SocketAddr,
+    ops_listener: tokio::net::TcpListener,
+    registry: Registry,
+    readiness: Readiness,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    api_server: impl Future<Output = ()> + Send + 'static,
+    shutdown: &Shutdown,
+) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
+    let ops = ops_listener
+        .local_addr()
+        .map_err(|e| StartError::new("--ops-listen (OPS_LISTEN)", e))?;
+    let ops_server = serve_ops(ops_listener, Arc::new(registry), readiness, shutdown.wait());
+    let task = tokio::spawn(async move {
+        let ops_server = tokio::spawn(ops_server);
+        api_server.await;
+        for task in background {
+            task.abort();
+        }
+        let _ = ops_server.await;
+    });
+    Ok((Bound { api, ops }, task))
+}
+
 /// Serves /healthz, /readyz and /metrics on `listener` until `shutdown`.
 pub async fn serve_ops(
     listener: tokio::net::TcpListener,
