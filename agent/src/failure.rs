@@ -14,7 +14,6 @@ const RETRY_AFTER: Duration = Duration::from_secs(2);
 pub struct Failure {
     /// The HTTP status the socket API answers with.
     pub status: StatusCode,
-    /// Why.
     pub message: String,
 }
 

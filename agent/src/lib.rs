@@ -219,135 +219,20 @@ pub async fn start(
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
     let mapper = config.identity.mapper()?;
-    if !(config.kubelet_list_rate.is_finite() && config.kubelet_list_rate > 0.0)
-        || config.kubelet_list_burst == 0
-    {
-        return Err(StartError::new(
-            "--kubelet-list-rate/--kubelet-list-burst (KUBELET_LIST_RATE/KUBELET_LIST_BURST)",
-            "both must be above zero",
-        ));
-    }
-    let zts = ZtsClient::new(ZtsClientConfig {
-        url: config.zts_url.clone(),
-        ca_certs: read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
-        timeout: config.upstream_timeout,
-        connect_timeout: config.upstream_timeout.min(Duration::from_secs(5)),
-    })
-    .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
-    let athenz_ca = match &config.athenz_ca {
-        Some(path) => read_cas(path, "--athenz-ca (ATHENZ_CA_FILE)")?,
-        None => read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
-    };
-    let athenz_ca = tls::IssuerCheck::new(&athenz_ca)
-        .map_err(|e| StartError::new("--athenz-ca (ATHENZ_CA_FILE)", e))?;
+    check_kubelet_list_rate(&config)?;
+    let (zts, athenz_ca) = zts_client(&config)?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
     let readiness = Readiness::default();
-    let node = Arc::new(
-        node_identity::NodeIdentity::new(
-            node_identity::NodeIdentitySettings {
-                principal: config.agent_principal.clone().unwrap_or_else(|| {
-                    athenz_core::names::principal(&config.identity.admin_domain, "athenz-agent")
-                }),
-                provider: config.identity.provider.clone(),
-                dns_suffix: config.identity.dns_suffix.clone(),
-                node_name: config.node_name.clone(),
-                token_file: config.node_token_file.clone(),
-                keep_dir: config.node_identity_dir.clone(),
-                policy: athenz_core::refresh::RefreshPolicy::default(),
-                backoff: athenz_core::refresh::Backoff::default(),
-            },
-            zts.clone(),
-            readiness.clone(),
-            &mut registry,
-        )
-        .map_err(|e| {
-            StartError::new(
-                "--node-name/--agent-principal (NODE_NAME/AGENT_PRINCIPAL)",
-                e,
-            )
-        })?,
-    );
-    std::fs::metadata(&config.node_token_file).map_err(|e| {
-        StartError::new(
-            "--node-token-file (NODE_TOKEN_FILE)",
-            format!("{}: {e}", config.node_token_file.display()),
-        )
-    })?;
-    node.load_kept();
-    let jwt_tls = tls::client_config(
-        &read_cas(
-            &config.jwt_service_ca,
-            "--jwt-service-ca (JWT_SERVICE_CA_FILE)",
-        )?,
-        Some(node.client_identity()),
-    )
-    .map_err(|e| StartError::new("--jwt-service-ca (JWT_SERVICE_CA_FILE)", e))?;
-    let jwt_client = reqwest::Client::builder()
-        .tls_backend_preconfigured(jwt_tls)
-        .timeout(config.upstream_timeout)
-        .build()
-        .map_err(|e| StartError::new("--jwt-service-url (JWT_SERVICE_URL)", e))?;
-    let kubelet_client = {
-        let mut b = reqwest::Client::builder().timeout(config.upstream_timeout);
-        if let Some(ca) = &config.kubelet_ca {
-            let cas = read_cas(ca, "--kubelet-ca (KUBELET_CA_FILE)")?;
-            // the kubelet authenticates the agent by its bearer token, not a certificate
-            let tls = tls::client_config(&cas, None)
-                .map_err(|e| StartError::new("--kubelet-ca (KUBELET_CA_FILE)", e))?;
-            b = b.tls_backend_preconfigured(tls);
-        }
-        b.build()
-            .map_err(|e| StartError::new("--kubelet-url (KUBELET_URL)", e))?
-    };
-    // Checked now so a wrong path stops the agent at start; read again for every list, since
-    // projected service-account tokens are rotated by the kubelet.
-    if let Some(path) = &config.kubelet_token {
-        std::fs::read_to_string(path).map_err(|e| {
-            StartError::new(
-                "--kubelet-token (KUBELET_TOKEN_FILE)",
-                format!("{}: {e}", path.display()),
-            )
-        })?;
-    }
+    let node = node_identity(&config, &zts, &readiness, &mut registry)?;
+    let jwt_client = jwt_http_client(&config, &node)?;
+    let kubelet_client = kubelet_client(&config)?;
     let token = config.kubelet_token.clone();
-    if let Some(source) = &config.driver_source {
-        match install::install_driver(source, &config.flex_plugin_dir) {
-            Ok(true) => {
-                tracing::info!(dir = %config.flex_plugin_dir.display(), "installed the volume driver")
-            }
-            Ok(false) => {}
-            Err(e) => return Err(StartError::new("--driver-source/--flex-plugin-dir", e)),
-        }
-    }
+    install_flex_driver(&config)?;
     let volumes = VolumesDir::new(&config.volumes_dir);
     volumes
         .ensure()
         .map_err(|e| StartError::new("--volumes-dir (ATHENZ_VOLUMES_DIR)", e))?;
-
-    // The socket: a stale one from a crashed run is removed; pods of any uid may connect.
-    std::fs::create_dir_all(&config.agent_dir)
-        .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
-    let socket = config.agent_dir.join(AGENT_SOCKET_NAME);
-    // The socket dir is the agent's own: whatever a crashed run left at the path goes, even a
-    // file that is not a socket (unix_socket::bind refuses those on paths it shares).
-    match std::fs::remove_file(&socket) {
-        Ok(()) => tracing::info!(socket = %socket.display(), "removed a stale socket"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(StartError::new(
-                "--agent-dir (ATHENZ_AGENT_DIR)",
-                format!("{}: {e}", socket.display()),
-            ));
-        }
-    }
-    let listener = athenz_core::unix_socket::bind(
-        &socket,
-        athenz_core::unix_socket::Access {
-            mode: 0o666,
-            gid: None,
-        },
-    )
-    .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
+    let (socket, listener) = bind_socket(&config)?;
     let ops_listener = config.ops.bind().await?;
     let bound = Bound {
         socket: socket.clone(),
@@ -448,6 +333,169 @@ pub async fn start(
         let _ = ops.await;
     });
     Ok((bound, task))
+}
+
+/// The kubelet list's token bucket must let lists through.
+fn check_kubelet_list_rate(config: &Config) -> Result<(), StartError> {
+    if !(config.kubelet_list_rate.is_finite() && config.kubelet_list_rate > 0.0)
+        || config.kubelet_list_burst == 0
+    {
+        return Err(StartError::new(
+            "--kubelet-list-rate/--kubelet-list-burst (KUBELET_LIST_RATE/KUBELET_LIST_BURST)",
+            "both must be above zero",
+        ));
+    }
+    Ok(())
+}
+
+/// The ZTS client and the CA bundle Athenz issues instance certificates under.
+fn zts_client(config: &Config) -> Result<(ZtsClient, tls::IssuerCheck), StartError> {
+    let zts = ZtsClient::new(ZtsClientConfig {
+        url: config.zts_url.clone(),
+        ca_certs: read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
+        timeout: config.upstream_timeout,
+        connect_timeout: config.upstream_timeout.min(Duration::from_secs(5)),
+    })
+    .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
+    let athenz_ca = match &config.athenz_ca {
+        Some(path) => read_cas(path, "--athenz-ca (ATHENZ_CA_FILE)")?,
+        None => read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
+    };
+    let athenz_ca = tls::IssuerCheck::new(&athenz_ca)
+        .map_err(|e| StartError::new("--athenz-ca (ATHENZ_CA_FILE)", e))?;
+    Ok((zts, athenz_ca))
+}
+
+/// The node's own identity, its kept certificate loaded; its token file must exist.
+fn node_identity(
+    config: &Config,
+    zts: &ZtsClient,
+    readiness: &Readiness,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<Arc<node_identity::NodeIdentity>, StartError> {
+    let node = Arc::new(
+        node_identity::NodeIdentity::new(
+            node_identity::NodeIdentitySettings {
+                principal: config.agent_principal.clone().unwrap_or_else(|| {
+                    athenz_core::names::principal(&config.identity.admin_domain, "athenz-agent")
+                }),
+                provider: config.identity.provider.clone(),
+                dns_suffix: config.identity.dns_suffix.clone(),
+                node_name: config.node_name.clone(),
+                token_file: config.node_token_file.clone(),
+                keep_dir: config.node_identity_dir.clone(),
+                policy: athenz_core::refresh::RefreshPolicy::default(),
+                backoff: athenz_core::refresh::Backoff::default(),
+            },
+            zts.clone(),
+            readiness.clone(),
+            registry,
+        )
+        .map_err(|e| {
+            StartError::new(
+                "--node-name/--agent-principal (NODE_NAME/AGENT_PRINCIPAL)",
+                e,
+            )
+        })?,
+    );
+    std::fs::metadata(&config.node_token_file).map_err(|e| {
+        StartError::new(
+            "--node-token-file (NODE_TOKEN_FILE)",
+            format!("{}: {e}", config.node_token_file.display()),
+        )
+    })?;
+    node.load_kept();
+    Ok(node)
+}
+
+/// The jwt-service's HTTP client, presenting the node's certificate.
+fn jwt_http_client(
+    config: &Config,
+    node: &node_identity::NodeIdentity,
+) -> Result<reqwest::Client, StartError> {
+    let jwt_tls = tls::client_config(
+        &read_cas(
+            &config.jwt_service_ca,
+            "--jwt-service-ca (JWT_SERVICE_CA_FILE)",
+        )?,
+        Some(node.client_identity()),
+    )
+    .map_err(|e| StartError::new("--jwt-service-ca (JWT_SERVICE_CA_FILE)", e))?;
+    reqwest::Client::builder()
+        .tls_backend_preconfigured(jwt_tls)
+        .timeout(config.upstream_timeout)
+        .build()
+        .map_err(|e| StartError::new("--jwt-service-url (JWT_SERVICE_URL)", e))
+}
+
+/// The kubelet's HTTP client; its token file, when given, must be readable now.
+fn kubelet_client(config: &Config) -> Result<reqwest::Client, StartError> {
+    let kubelet_client = {
+        let mut b = reqwest::Client::builder().timeout(config.upstream_timeout);
+        if let Some(ca) = &config.kubelet_ca {
+            let cas = read_cas(ca, "--kubelet-ca (KUBELET_CA_FILE)")?;
+            // the kubelet authenticates the agent by its bearer token, not a certificate
+            let tls = tls::client_config(&cas, None)
+                .map_err(|e| StartError::new("--kubelet-ca (KUBELET_CA_FILE)", e))?;
+            b = b.tls_backend_preconfigured(tls);
+        }
+        b.build()
+            .map_err(|e| StartError::new("--kubelet-url (KUBELET_URL)", e))?
+    };
+    // Checked now so a wrong path stops the agent at start; read again for every list, since
+    // projected service-account tokens are rotated by the kubelet.
+    if let Some(path) = &config.kubelet_token {
+        std::fs::read_to_string(path).map_err(|e| {
+            StartError::new(
+                "--kubelet-token (KUBELET_TOKEN_FILE)",
+                format!("{}: {e}", path.display()),
+            )
+        })?;
+    }
+    Ok(kubelet_client)
+}
+
+/// Installs the flex driver into the kubelet's plugin dir, when asked.
+fn install_flex_driver(config: &Config) -> Result<(), StartError> {
+    if let Some(source) = &config.driver_source {
+        match install::install_driver(source, &config.flex_plugin_dir) {
+            Ok(true) => {
+                tracing::info!(dir = %config.flex_plugin_dir.display(), "installed the volume driver")
+            }
+            Ok(false) => {}
+            Err(e) => return Err(StartError::new("--driver-source/--flex-plugin-dir", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Binds the agent's socket in its dir, replacing whatever a crashed run left there.
+fn bind_socket(config: &Config) -> Result<(PathBuf, tokio::net::UnixListener), StartError> {
+    // The socket: a stale one from a crashed run is removed; pods of any uid may connect.
+    std::fs::create_dir_all(&config.agent_dir)
+        .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
+    let socket = config.agent_dir.join(AGENT_SOCKET_NAME);
+    // The socket dir is the agent's own: whatever a crashed run left at the path goes, even a
+    // file that is not a socket (unix_socket::bind refuses those on paths it shares).
+    match std::fs::remove_file(&socket) {
+        Ok(()) => tracing::info!(socket = %socket.display(), "removed a stale socket"),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(StartError::new(
+                "--agent-dir (ATHENZ_AGENT_DIR)",
+                format!("{}: {e}", socket.display()),
+            ));
+        }
+    }
+    let listener = athenz_core::unix_socket::bind(
+        &socket,
+        athenz_core::unix_socket::Access {
+            mode: 0o666,
+            gid: None,
+        },
+    )
+    .map_err(|e| StartError::new("--agent-dir (ATHENZ_AGENT_DIR)", e))?;
+    Ok((socket, listener))
 }
 
 /// The `athenz-identity-agent` command: parses `args` (the program name first; a bad setting exits 2 with

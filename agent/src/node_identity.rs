@@ -46,7 +46,6 @@ pub enum NodeIdentityError {
     Token {
         /// The file.
         path: PathBuf,
-        /// Why.
         reason: String,
     },
     /// ZTS (or the callback behind it) refused or failed.

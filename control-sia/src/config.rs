@@ -136,7 +136,6 @@ pub struct Settings {
 pub struct SettingError {
     /// The flag (and its environment variable).
     pub setting: &'static str,
-    /// Why.
     pub reason: String,
 }
 

@@ -14,7 +14,6 @@ use thiserror::Error;
 pub struct OpsError {
     /// The address, as bound (or `?` when even that is unknown).
     pub addr: String,
-    /// Why.
     pub source: std::io::Error,
 }
 

@@ -5,6 +5,8 @@
 //! (`athenz_core::volume`, `athenz_core::tls`, …), the paths every crate uses. The one list of the
 //! modules, what each is for and which uses which, is in docs/architecture.md ("`athenz-core`").
 
+#![warn(missing_docs)]
+
 pub mod contracts;
 pub mod crypto;
 pub mod encoding;

@@ -14,6 +14,8 @@
 //! lookup, jwt-service, ZTS) stays in the agent, and this crate owns everything CSI and every
 //! mount.
 
+#![warn(missing_docs)]
+
 pub mod driver;
 pub mod registration;
 pub mod request;

@@ -55,7 +55,6 @@ pub struct AdmissionReviewIn {
 pub struct ResponseStatus {
     /// HTTP-like code.
     pub code: u16,
-    /// Why.
     pub message: String,
 }
 

@@ -125,7 +125,6 @@ pub enum TemplateError {
     Read {
         /// The file.
         path: String,
-        /// Why.
         reason: String,
     },
     /// A field is invalid.
@@ -133,7 +132,6 @@ pub enum TemplateError {
     Field {
         /// The field.
         field: &'static str,
-        /// Why.
         reason: String,
     },
 }

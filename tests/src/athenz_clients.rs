@@ -65,7 +65,6 @@ pub enum HarnessError {
     Start {
         /// Which harness.
         harness: &'static str,
-        /// Why.
         source: std::io::Error,
     },
     /// It answered late, nonsense, or not at all.

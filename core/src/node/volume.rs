@@ -484,7 +484,7 @@ pub struct LastError {
     /// When.
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
-    /// Why.
+    /// The failure, as the agent logged it.
     pub message: String,
 }
 

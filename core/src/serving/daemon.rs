@@ -102,7 +102,7 @@ impl PodIdentityArgs {
 pub struct StartError {
     /// The flag and its environment variable.
     pub setting: &'static str,
-    /// Why.
+    /// What is wrong with its value.
     pub reason: String,
 }
 

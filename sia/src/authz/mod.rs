@@ -47,7 +47,6 @@ struct Retry {
 pub struct TargetFailure {
     /// The file it was for, e.g. `rolecerts/media.sports:role.readers.cert.pem`.
     pub file: String,
-    /// Why.
     pub error: FetchError,
 }
 

@@ -109,20 +109,10 @@ pub enum RuntimeError {
     Invalid(String),
     /// A file or directory.
     #[error("{path}: {reason}")]
-    Io {
-        /// Which.
-        path: String,
-        /// Why.
-        reason: String,
-    },
+    Io { path: String, reason: String },
     /// A program could not be started or waited for.
     #[error("{what}: {reason}")]
-    Spawn {
-        /// Which.
-        what: String,
-        /// Why.
-        reason: String,
-    },
+    Spawn { what: String, reason: String },
     /// The runtime refused or failed; its output.
     #[error("{what} failed: {output}")]
     Failed {

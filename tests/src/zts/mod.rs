@@ -58,7 +58,6 @@ pub enum DevZtsError {
     Config {
         /// The file.
         path: PathBuf,
-        /// Why.
         reason: String,
     },
 }

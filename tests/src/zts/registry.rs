@@ -21,7 +21,6 @@ pub enum RegistryError {
         service: String,
         /// Key version.
         version: String,
-        /// Why.
         reason: String,
     },
     /// A provider entry is unusable.
@@ -29,7 +28,6 @@ pub enum RegistryError {
     BadProvider {
         /// Provider name.
         provider: String,
-        /// Why.
         reason: String,
     },
 }
