@@ -17,30 +17,13 @@
 //!   asked (`generateScopeResponse`), followed by `openid` when the ID token is on.
 
 use super::authz::{self, Scope};
-use super::server::{Refusal, ZtsHandler};
+use super::refusal::{Refusal, parse_form};
+use super::server::ZtsHandler;
 use athenz_core::http::{Body, ConnInfo, json_response};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
 use std::collections::BTreeSet;
 use time::OffsetDateTime;
-
-/// A decoded `application/x-www-form-urlencoded` body (`+` is a space). As `AccessTokenRequest`
-/// does, a component without `=` or whose key or value does not decode is skipped.
-pub fn parse_form(body: &[u8]) -> Result<Vec<(String, String)>, Refusal> {
-    let text = std::str::from_utf8(body)
-        .map_err(|_| Refusal::bad_request("the form is not UTF-8 text"))?;
-    let decode = |s: &str| {
-        percent_encoding::percent_decode_str(&s.replace('+', " "))
-            .decode_utf8()
-            .ok()
-            .map(|c| c.into_owned())
-    };
-    Ok(text
-        .split('&')
-        .filter_map(|pair| pair.split_once('='))
-        .filter_map(|(k, v)| Some((decode(k)?, decode(v)?)))
-        .collect())
-}
 
 /// What an access token scope asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]

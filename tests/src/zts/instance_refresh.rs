@@ -22,7 +22,8 @@
 
 use super::instance_provider_client::ProviderRoute;
 use super::instances::{InstanceKey, RefreshRefusal};
-use super::server::{Outcome, Refusal, ZtsHandler, parse_csr, parse_json};
+use super::refusal::{Outcome, Refusal, parse_csr, parse_json};
+use super::server::{RefreshPath, ZtsHandler};
 use super::x509_cert_request::{check_instance_csr, validate_instance_id};
 use athenz_core::crypto::CertInfo;
 use athenz_core::http::{ConnInfo, json_response};
@@ -34,18 +35,6 @@ use http::{Request, StatusCode};
 /// What ZTS's authentication (`Http.authenticate` in `libs/java/server_common`) answers a request
 /// to an authenticated route without credentials it accepts, before the route runs: 401.
 const INVALID_CREDENTIALS: &str = "Invalid credentials";
-
-/// Where a refresh is addressed: the path's parts.
-pub struct RefreshPath<'a> {
-    /// `{provider}`.
-    pub provider: &'a str,
-    /// `{domain}`.
-    pub domain: &'a str,
-    /// `{service}`.
-    pub service: &'a str,
-    /// `{instanceId}`.
-    pub instance_id: &'a str,
-}
 
 impl ZtsHandler {
     /// Serves a refresh (see the module's table).

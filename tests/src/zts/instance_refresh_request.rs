@@ -7,7 +7,8 @@
 //! `ZTSUtils.verifyCertificateRequest`), `- public key mismatch`, `- IP address mismatch`. A
 //! missing, malformed, expired or unverifiable ntoken is 401, as ZTS's authority refuses it.
 
-use super::server::{Outcome, Refusal, ZtsHandler, client_ip, parse_json};
+use super::refusal::{Outcome, Refusal, parse_json};
+use super::server::{ZtsHandler, client_ip};
 use super::x509_cert_request::check_service_csr;
 use athenz_core::crypto::CsrInfo;
 use athenz_core::http::{ConnInfo, json_response};

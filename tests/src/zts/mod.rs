@@ -13,6 +13,7 @@ pub mod instance_refresh;
 pub mod instance_refresh_request;
 pub mod instances;
 pub mod provider_answer;
+pub mod refusal;
 pub mod register_log;
 pub mod registry;
 pub mod server;

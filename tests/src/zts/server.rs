@@ -18,10 +18,9 @@
 
 use super::authz;
 use super::instance_provider_client::{ProviderClients, ProviderRefusal, ProviderRoute};
-use super::instance_refresh::RefreshPath;
 use super::instances::{InstanceKey, InstanceStore};
 use super::registry::{ProviderEntry, Registry};
-use super::x509_cert_request::{check_instance_csr, check_parsable};
+use super::x509_cert_request::check_instance_csr;
 use crate::pki::{CertAuthority, IssuedCert, LeafSpec};
 use athenz_core::crypto::{CsrInfo, PrivateKey};
 use athenz_core::http::{Body, ConnInfo, Handler, Peer, error_response, json_response};
@@ -34,7 +33,7 @@ use http::{Method, Request, Response, StatusCode, header};
 use std::sync::{Arc, RwLock};
 use time::{Duration, OffsetDateTime};
 
-pub use super::access_token_request::parse_form;
+use super::refusal::{Outcome, Refusal, parse_csr, parse_form, parse_json};
 
 /// Settings of the routes.
 #[derive(Debug, Clone)]
@@ -84,41 +83,17 @@ pub struct ZtsState {
     pub registers: super::register_log::RegisterLog,
 }
 
-/// A refusal: status and message.
-#[derive(Debug)]
-pub struct Refusal(pub StatusCode, pub String);
-
-/// An authorization refusal keeps the status and message `authz` chose.
-impl From<authz::AuthzRefusal> for Refusal {
-    fn from(authz::AuthzRefusal(code, message): authz::AuthzRefusal) -> Self {
-        Self(
-            StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST),
-            message,
-        )
-    }
+/// Where a refresh is addressed: the path's parts.
+pub struct RefreshPath<'a> {
+    /// `{provider}`.
+    pub provider: &'a str,
+    /// `{domain}`.
+    pub domain: &'a str,
+    /// `{service}`.
+    pub service: &'a str,
+    /// `{instanceId}`.
+    pub instance_id: &'a str,
 }
-
-impl Refusal {
-    /// 400.
-    pub fn bad_request(msg: impl Into<String>) -> Self {
-        Self(StatusCode::BAD_REQUEST, msg.into())
-    }
-    /// 401.
-    pub fn unauthorized(msg: impl Into<String>) -> Self {
-        Self(StatusCode::UNAUTHORIZED, msg.into())
-    }
-    /// 403.
-    pub fn forbidden(msg: impl Into<String>) -> Self {
-        Self(StatusCode::FORBIDDEN, msg.into())
-    }
-    /// 404.
-    pub fn not_found(msg: impl Into<String>) -> Self {
-        Self(StatusCode::NOT_FOUND, msg.into())
-    }
-}
-
-/// A route's answer.
-pub type Outcome = Result<Response<Body>, Refusal>;
 
 /// The route handler.
 pub struct ZtsHandler {
@@ -212,24 +187,6 @@ impl Handler for ZtsHandler {
             _ => "other",
         }
     }
-}
-
-/// The request body as JSON `T`, or 400 naming the type.
-pub fn parse_json<T: serde::de::DeserializeOwned>(
-    req: &Request<Bytes>,
-    what: &str,
-) -> Result<T, Refusal> {
-    serde_json::from_slice(req.body())
-        .map_err(|e| Refusal::bad_request(format!("Invalid {what} object: {e}")))
-}
-
-/// A CSR ZTS can read, or 400 "unable to parse PKCS10 CSR".
-pub fn parse_csr(pem: &str) -> Result<CsrInfo, Refusal> {
-    let csr = CsrInfo::from_pem(pem)
-        .map_err(|e| Refusal::bad_request(format!("unable to parse PKCS10 CSR: {e}")))?;
-    check_parsable(&csr)
-        .map_err(|e| Refusal::bad_request(format!("unable to parse PKCS10 CSR: {}", e.0)))?;
-    Ok(csr)
 }
 
 /// The client's IP address as text (empty for a Unix socket peer).

@@ -17,7 +17,8 @@
 //!   certificate if any; DNS and IP SANs as the caller likes.
 
 use super::authz;
-use super::server::{Refusal, ZtsHandler, parse_csr, parse_json};
+use super::refusal::{Refusal, parse_csr, parse_json};
+use super::server::ZtsHandler;
 use super::x509_cert_request::{check_parsable, instance_id_in, instance_id_of_certificate};
 use athenz_core::crypto::{CertInfo, CsrInfo};
 use athenz_core::http::{Body, ConnInfo, json_response};
