@@ -20,11 +20,11 @@
 #   athenz-k8s-identity-<tag>.cdx.json   the SBOM, CycloneDX 1.5, made by deploy/sbom.py from
 #                                        the dependency lists the binaries embed (.dep-v0)
 #   athenz-k8s-identity-<version>.tgz    the Helm chart (deploy/package-chart.sh), when a helm
-#                                        binary is found (HELM, or tests/kube/build.sh's); said
+#                                        binary is found (HELM, or harness/real-node/kube/build.sh's); said
 #                                        plainly when skipped. Chart.yaml's version and
 #                                        appVersion must be the workspace version, checked first.
 #
-# The layout (kept in step with deploy/Dockerfile by tests/tests/image_layout.rs):
+# The layout (kept in step with deploy/Dockerfile by harness/e2e/tests/deploy/image_layout.rs):
 #   /usr/local/bin/athenz-daemons            the five daemons in one binary (athenz-daemons)
 #   /usr/local/bin/athenz-{identity-agent,jwt-service,callback,initializer,control-sia} -> athenz-daemons
 #   /usr/local/bin/athenz-sia, athenz-volume-driver
@@ -131,6 +131,6 @@ finished=1
 size="$(du -sb "$binaries" | cut -f1)"
 echo "image.sh: $ref built in $((SECONDS - started)) s; binaries $size bytes; archive $archive;" \
   "digest $digest ($digest_file); SBOM $sbom" >&2
-# stdout: the digest, then the reference, last (tests/tests/image.rs reads the last line)
+# stdout: the digest, then the reference, last (harness/e2e/tests/deploy/image.rs reads the last line)
 echo "$digest"
 echo "$ref"

@@ -7,7 +7,7 @@
 #
 # --check: only the version check (no helm needed); deploy/image.sh runs it before its builds.
 # The helm binary: $HELM when set (it must be executable), else the repository's own, which
-# tests/kube/build.sh builds into target/kube/<KUBE_VERSION>/bin (athenz_devstack's
+# harness/real-node/kube/build.sh builds into target/kube/<KUBE_VERSION>/bin (athenz_devstack's
 # cluster::default_kube_bin(); KUBE_VERSION from devstack/src/cluster/mod.rs), else `helm` on
 # PATH. With none of them it says so and skips the packaging (exit 0): the chart is also
 # installable from the source tree.
@@ -58,7 +58,7 @@ else
 fi
 if [ -z "$helm" ]; then
   echo "package-chart.sh: SKIPPED packaging the Helm chart: no helm found (set HELM=/path/to/helm," \
-    "or build the repository's with tests/kube/build.sh, into target/kube/${kube_version:-<KUBE_VERSION>}/bin)" >&2
+    "or build the repository's with harness/real-node/kube/build.sh, into target/kube/${kube_version:-<KUBE_VERSION>}/bin)" >&2
   exit 0
 fi
 

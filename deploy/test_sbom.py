@@ -2,7 +2,7 @@
 document, with well-formed, malformed, oversized and hostile input; and the OCI archive digest.
 
     python3 -m unittest deploy/test_sbom.py        # from the repository's root
-    (tests/tests/sbom.rs runs it under `cargo test`)
+    (harness/e2e/tests/deploy/sbom.rs runs it under `cargo test`)
 """
 
 import contextlib

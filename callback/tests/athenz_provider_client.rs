@@ -1,13 +1,13 @@
 //! ZTS's own provider client against the callback: Athenz's `InstanceHttpProvider` (with its
 //! `InstanceProviderClient` and `ProviderHostnameVerifier`, built as ZTSImpl builds it, from
-//! Maven Central through tests/athenz-java) and the dev ZTS's port of it
+//! Maven Central through harness/peers/athenz/java) and the dev ZTS's port of it
 //! (`athenz_testbed::zts::instance_provider_client`) are given the same case, each with a token
 //! of its own (a JWT confirms once). Each must reach the case's written outcome ([`Want`]): the
 //! confirmation, decoded by both and compared field by field with what the case expects; the
 //! callback's refusal, its status and reason; or no answer at all, in each client's own words.
 //! Beyond that the two must agree with each other. Each case prints
 //! `athenz-callback: java <case> ok|FAILED`, each scripted provider answer
-//! `athenz-provider-answer: java <answer> ok|FAILED` (tests/athenz/run counts them).
+//! `athenz-provider-answer: java <answer> ok|FAILED` (harness/peers/athenz/run counts them).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

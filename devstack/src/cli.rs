@@ -221,7 +221,7 @@ pub enum Command {
         json: bool,
     },
     /// A real single-node Kubernetes cluster on this machine, from the binaries
-    /// tests/kube/build.sh builds (root).
+    /// harness/real-node/kube/build.sh builds (root).
     Cluster {
         #[command(subcommand)]
         command: ClusterCommand,
@@ -367,7 +367,7 @@ pub enum ClusterCommand {
         #[arg(long, default_value = "10s", value_parser = parse_arrival)]
         churn_lifetime: std::time::Duration,
         /// The identity systems measured on the node, in this run: ours, SPIRE (built by
-        /// tests/spire/build.sh), or both.
+        /// harness/peers/spire/build.sh), or both.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "athenz")]
         systems: Vec<BenchSystem>,
         /// Print JSON instead of lines.
@@ -375,7 +375,7 @@ pub enum ClusterCommand {
         json: bool,
     },
     /// `cluster up`, then Kubernetes' own storage e2e suite (`e2e.test`, built by
-    /// `tests/kube/build.sh --e2e`) against csi.athenz.io: "External Storage [Driver:
+    /// `harness/real-node/kube/build.sh --e2e`) against csi.athenz.io: "External Storage [Driver:
     /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
     /// down. Exits 1 if a spec failed or none passed.
     StorageE2e {

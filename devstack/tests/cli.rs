@@ -1,6 +1,6 @@
 //! `athenz-devstack` as a user runs it: the demo (text and JSON), the standalone dev ZTS, and
 //! bad arguments. (This file also makes `cargo test --workspace` build the binary the end-to-end
-//! tests in `tests/tests/e2e.rs` launch.)
+//! tests in `harness/e2e/tests/stack/e2e.rs` launch.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -19,7 +19,8 @@
     clippy::print_stdout
 )]
 
-#[path = "../tests/common/mod.rs"]
+// the whole node the end-to-end tests stand up (harness/e2e/tests/node/common)
+#[path = "../../harness/e2e/tests/node/common/mod.rs"]
 mod common;
 
 use athenz_testbed::zts::DevZtsConfig;

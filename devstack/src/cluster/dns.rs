@@ -1,4 +1,4 @@
-//! Cluster DNS: CoreDNS (built from its own Go module by `tests/kube/build.sh`) as a conformant
+//! Cluster DNS: CoreDNS (built from its own Go module by `harness/real-node/kube/build.sh`) as a conformant
 //! cluster runs it: a Deployment in `kube-system` behind the `kube-dns` Service at
 //! [`super::CLUSTER_DNS`], reading Services and EndpointSlices with the `system:coredns` RBAC
 //! CoreDNS's own deployment gives it. The agent (host network, `ClusterFirstWithHostNet`) finds
@@ -130,7 +130,7 @@ pub fn deploy(layout: &Layout, kubectl: &Kubectl) -> anyhow::Result<()> {
     let binary = layout.bin("coredns");
     if !binary.is_file() {
         anyhow::bail!(
-            "{} is missing: tests/kube/build.sh builds CoreDNS beside Kubernetes",
+            "{} is missing: harness/real-node/kube/build.sh builds CoreDNS beside Kubernetes",
             binary.display()
         );
     }

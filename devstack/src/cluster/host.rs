@@ -96,7 +96,12 @@ pub fn check_tools(layout: &super::Layout) -> anyhow::Result<()> {
         ]
         .iter()
         .filter(|b| !layout.bin(b).exists())
-        .map(|b| format!("{} (run tests/kube/build.sh)", layout.bin(b).display())),
+        .map(|b| {
+            format!(
+                "{} (run harness/real-node/kube/build.sh)",
+                layout.bin(b).display()
+            )
+        }),
     );
     if !missing.is_empty() {
         bail!(

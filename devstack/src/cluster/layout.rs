@@ -59,7 +59,7 @@ impl Layout {
             .with_context(|| format!("resolving {}", state_dir.display()))?;
         if !kube_bin.join("kube").is_file() {
             anyhow::bail!(
-                "no Kubernetes binaries at {} (no kube there): run tests/kube/build.sh, or pass \
+                "no Kubernetes binaries at {} (no kube there): run harness/real-node/kube/build.sh, or pass \
                  --kube-bin DIR",
                 kube_bin.display()
             );

@@ -1,5 +1,5 @@
 //! `athenz-devstack cluster`: a real single-node Kubernetes cluster on this machine
-//! (docs/design.md §5.1), built from Kubernetes' own Go modules by `tests/kube/build.sh`: embedded
+//! (docs/design.md §5.1), built from Kubernetes' own Go modules by `harness/real-node/kube/build.sh`: embedded
 //! etcd, the API server, controller-manager, scheduler, containerd 2 with runc, the kubelet and
 //! kube-proxy, with a CNI bridge for pods. The stand-ins keep the first command fast; this is where
 //! every Kubernetes-facing claim is proven.
@@ -45,7 +45,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The Kubernetes release `tests/kube/build.sh` builds by default (its pin).
+/// The Kubernetes release `harness/real-node/kube/build.sh` builds by default (its pin).
 pub const KUBE_VERSION: &str = "v1.37.2";
 /// The containerd namespace the CRI plugin (so the kubelet) uses.
 pub const CONTAINERD_NAMESPACE: &str = "k8s.io";

@@ -1,9 +1,9 @@
 //! SPIRE beside us on the real node, for `cluster bench --systems athenz,spire`: the platform
 //! teams' usual alternative, deployed as SPIRE's Kubernetes quickstart deploys it
-//! (tests/spire/deploy/spire.yaml: spire-server with SQLite and k8s_psat node attestation,
+//! (harness/peers/spire/deploy/spire.yaml: spire-server with SQLite and k8s_psat node attestation,
 //! spire-agent as a DaemonSet with the k8s workload attestor against the real kubelet, the SPIFFE
 //! CSI driver), from images built here of SPIRE's and spiffe-csi's published Go modules
-//! (tests/spire/build.sh). Registration entries are made before any pod starts (SPIRE's best
+//! (harness/peers/spire/build.sh). Registration entries are made before any pod starts (SPIRE's best
 //! case): one node alias for every agent of the cluster, and one entry per namespace and
 //! service account the bench uses.
 //!
@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The manifests.
-const MANIFEST: &str = include_str!("../../../tests/spire/deploy/spire.yaml");
+const MANIFEST: &str = include_str!("../../../harness/peers/spire/deploy/spire.yaml");
 /// The namespace the manifests put SPIRE in.
 pub const NAMESPACE: &str = "spire";
 /// SPIRE's trust domain in the manifests.
@@ -39,12 +39,12 @@ const CSI_ENDPOINT: &str = "/var/lib/kubelet/plugins/csi.spiffe.io/csi.sock";
 const PLUGINS_REGISTRY: &str = "/var/lib/kubelet/plugins_registry";
 /// Where a SPIRE pod's app container finds the Workload API (the CSI volume's mount).
 pub const WORKLOAD_API_DIR: &str = "/spiffe-workload-api";
-/// The probe image: tests/spire/probe, a Workload API client (go-spiffe).
+/// The probe image: harness/peers/spire/probe, a Workload API client (go-spiffe).
 pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/spire-probe:1";
 /// How long SPIRE may take to come up (server ready, agent attested).
 const READY_LIMIT: Duration = Duration::from_secs(180);
 
-/// The images, with their binaries from tests/spire/build.sh.
+/// The images, with their binaries from harness/peers/spire/build.sh.
 fn image_specs(bin: &Path) -> Vec<ImageSpec> {
     let image = |name: &str, binary: &str| ImageSpec {
         name: name.to_owned(),
@@ -68,7 +68,7 @@ fn image_specs(bin: &Path) -> Vec<ImageSpec> {
     ]
 }
 
-/// tests/spire/build.sh's output: static binaries.
+/// harness/peers/spire/build.sh's output: static binaries.
 pub fn default_bin_dir() -> PathBuf {
     crate::cluster::workspace_path("target/spire/static")
 }
@@ -99,7 +99,7 @@ impl Spire {
             for (file, _) in &spec.files {
                 if !file.is_file() {
                     bail!(
-                        "{} is missing: build SPIRE with tests/spire/build.sh",
+                        "{} is missing: build SPIRE with harness/peers/spire/build.sh",
                         file.display()
                     );
                 }

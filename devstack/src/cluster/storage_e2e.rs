@@ -1,6 +1,6 @@
 //! Kubernetes' own storage e2e suite against `csi.athenz.io` on the real node: `e2e.test` (the
 //! test binary of `k8s.io/kubernetes/test/e2e`, built from the pinned module by
-//! `tests/kube/build.sh --e2e`) with a test-driver file, as storage vendors run it against their
+//! `harness/real-node/kube/build.sh --e2e`) with a test-driver file, as storage vendors run it against their
 //! drivers ("External Storage [Driver: csi.athenz.io]"). The driver serves inline ephemeral
 //! volumes only, so the patterns that apply are "CSI Ephemeral-volume"; the others skip
 //! themselves from the driver file's capabilities.
@@ -207,7 +207,7 @@ pub async fn storage_e2e(
 ) -> anyhow::Result<bool> {
     if !e2e_test.is_file() {
         bail!(
-            "{} is missing: build it with tests/kube/build.sh --e2e",
+            "{} is missing: build it with harness/real-node/kube/build.sh --e2e",
             e2e_test.display()
         );
     }

@@ -4,13 +4,6 @@
 
 use std::process::Command;
 
-/// `cluster up` for the real-node tests.
-pub mod cluster;
-/// The real-node tests' checks of audit, metrics, uninstall, and the release to upgrade from.
-pub mod real_node;
-/// The release image, the features pod's verdict, a CA change, Helm's release Secrets.
-pub mod release;
-
 /// The binary under test.
 pub const DEVSTACK: &str = env!("CARGO_BIN_EXE_athenz-devstack");
 

@@ -53,7 +53,7 @@ pub struct BenchOptions {
 pub struct Systems {
     /// Ours: every volume mode, and a pod of their shape without identity.
     pub athenz: bool,
-    /// SPIRE (tests/spire).
+    /// SPIRE (harness/peers/spire).
     pub spire: bool,
 }
 

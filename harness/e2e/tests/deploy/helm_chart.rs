@@ -1,0 +1,406 @@
+//! The Helm chart (`deploy/helm/athenz-k8s-identity`) renders, with its default values, exactly
+//! the objects `kubectl kustomize deploy/` does, and its values change what they say and nothing
+//! else. Rendered by the Helm CLI that `harness/real-node/kube/build.sh` builds from Helm's own module
+//! (`harness/real-node/helm`); a missing binary fails the test naming the command that builds it.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod kustomize;
+
+use kustomize::{Key, deploy_dir, key};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+fn helm() -> PathBuf {
+    let helm = athenz_devstack::cluster::default_kube_bin().join("helm");
+    assert!(
+        helm.is_file(),
+        "{} is missing: build it with harness/real-node/kube/build.sh (Helm from its Go module, harness/real-node/helm)",
+        helm.display()
+    );
+    helm
+}
+
+/// `helm template athenz <chart> <args>`, run.
+fn run_helm_template(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(helm())
+        .args(["template", "athenz"])
+        .arg(deploy_dir().join("helm/athenz-k8s-identity"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `helm template` of the chart with `args` (e.g. `--set k=v`), parsed by [`Key`].
+fn helm_template(args: &[&str]) -> BTreeMap<Key, Value> {
+    let out = run_helm_template(args);
+    assert!(
+        out.status.success(),
+        "helm template {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let mut objects = BTreeMap::new();
+    for doc in docs.into_iter().filter(|d| !d.is_null()) {
+        let k = key(
+            doc["kind"].as_str().unwrap(),
+            doc["metadata"]["namespace"].as_str().unwrap_or(""),
+            doc["metadata"]["name"].as_str().unwrap(),
+        );
+        assert!(objects.insert(k.clone(), doc).is_none(), "{k:?} twice");
+    }
+    objects
+}
+
+/// `helm template` with `args` that must fail: its stderr.
+fn helm_template_error(args: &[&str]) -> String {
+    let out = run_helm_template(args);
+    assert!(!out.status.success(), "helm template {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn the_defaults_render_what_kustomize_renders() {
+    let chart = helm_template(&[]);
+    let base = kustomize::kustomize(&deploy_dir());
+    assert_eq!(
+        chart.keys().collect::<Vec<_>>(),
+        base.keys().collect::<Vec<_>>(),
+        "the same objects"
+    );
+    for (k, object) in &base {
+        assert_eq!(
+            &chart[k], object,
+            "{k:?} differs between the chart and the base"
+        );
+    }
+}
+
+/// Every component of the kustomize tree, switched on in the chart, renders exactly what
+/// kustomize renders with that component over the base: the chart has all of them, and each
+/// does the same thing through either installer.
+#[test]
+fn each_component_renders_what_kustomize_renders_with_it() {
+    let components = deploy_dir().join("components");
+    let mut names: Vec<String> = std::fs::read_dir(&components)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 8, "{names:?}");
+    for name in &names {
+        let copy = tempfile::tempdir().unwrap();
+        // kustomize refuses paths outside the kustomization's root: a copy of deploy/ instead
+        let tree = copy.path().join("deploy");
+        copy_dir(&deploy_dir(), &tree);
+        std::fs::create_dir_all(tree.join("overlays/with")).unwrap();
+        std::fs::write(
+            tree.join("overlays/with/kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+                 resources: [../../base]\ncomponents: [../../components/{name}]\n"
+            ),
+        )
+        .unwrap();
+        let expected = kustomize::kustomize(&tree.join("overlays/with"));
+        let value = format!("components.{}=true", camel(name));
+        let chart = helm_template(&["--set", &value]);
+        assert_eq!(
+            chart.keys().collect::<Vec<_>>(),
+            expected.keys().collect::<Vec<_>>(),
+            "{name}: the same objects"
+        );
+        for (k, object) in &expected {
+            assert_eq!(&chart[k], object, "{name}: {k:?} differs");
+        }
+    }
+}
+
+/// deploy/monitoring (alerts, PodMonitors), switched on in the chart, is exactly what
+/// `kubectl kustomize deploy/monitoring` renders, Prometheus's own `{{ $labels.x }}` included.
+#[test]
+fn the_monitoring_objects_render_what_kustomize_renders() {
+    let expected = kustomize::kustomize(&deploy_dir().join("monitoring"));
+    assert!(expected.len() >= 6, "{:?}", expected.keys());
+    let chart = helm_template(&[
+        "--set",
+        "monitoring.prometheusRule=true",
+        "--set",
+        "monitoring.podMonitors=true",
+    ]);
+    for (k, object) in &expected {
+        assert_eq!(chart.get(k), Some(object), "{k:?} differs");
+    }
+    let defaults = helm_template(&[]);
+    assert!(
+        expected.keys().all(|k| !defaults.contains_key(k)),
+        "off by default: they need the Prometheus Operator's CRDs"
+    );
+}
+
+fn camel(kebab: &str) -> String {
+    let mut out = String::new();
+    let mut upper = false;
+    for c in kebab.chars() {
+        if c == '-' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+#[test]
+fn the_values_change_what_they_name() {
+    let ca = "-----BEGIN CERTIFICATE-----\nQUJD\n-----END CERTIFICATE-----\n";
+    let ca_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca_file.path(), ca).unwrap();
+    let ca_arg = format!("ztsCa={}", ca_file.path().display());
+    let digest = format!("sha256:{}", "ab".repeat(32));
+    let digest_arg = format!("image.digest={digest}");
+    let chart = helm_template(&[
+        "--namespace",
+        "k8s-admin",
+        "--set-file",
+        &ca_arg,
+        "--set",
+        "ztsUrl=https://zts.example:4443/zts/v1",
+        "--set",
+        "image.repository=registry.example/athenz",
+        "--set",
+        &digest_arg,
+        "--set",
+        "imagePullSecrets[0].name=pull",
+        "--set",
+        "kubeletAuthorization=nodes/proxy",
+        "--set",
+        "flexPluginDir=",
+        "--set",
+        "serviceKeys.athenz-callback=stand-in key",
+        "--set",
+        "namespaces.create=false",
+        "--set",
+        "agent.priorityClassName=node-high",
+        "--set",
+        "agent.nodeSelector.pool=identity",
+        "--set",
+        "callback.tolerations[0].key=dedicated",
+        "--set",
+        "callback.tolerations[0].operator=Exists",
+        "--set",
+        "jwtService.resources.limits.memory=256Mi",
+        "--set",
+        "initializer.extraEnv[0].name=RUST_LOG",
+        "--set",
+        "initializer.extraEnv[0].value=debug",
+        "--set",
+        "components.networkPolicies=true",
+        "--set",
+        "networkPolicies.ztsCidrs[0]=192.0.2.10/32",
+        "--set",
+        "networkPolicies.apiServerCidrs[0]=198.51.100.0/24",
+    ]);
+    let webhook = &chart[&key("MutatingWebhookConfiguration", "", "athenz-initializer")];
+    let bundle = webhook["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap();
+    use base64::Engine as _;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(bundle)
+        .unwrap();
+    assert_eq!(String::from_utf8(decoded).unwrap(), ca);
+    for ns in ["athenz-system", "k8s-admin"] {
+        assert_eq!(
+            chart[&key("ConfigMap", ns, "athenz-zts-ca")]["data"]["ca.pem"],
+            ca
+        );
+        assert_eq!(
+            chart[&key("ConfigMap", ns, "athenz-cluster")]["data"]["ZTS_URL"],
+            "https://zts.example:4443/zts/v1"
+        );
+    }
+    let image = format!("registry.example/athenz@{digest}");
+    // the image the initializer injects is the workloads' image
+    assert_eq!(
+        chart[&key("ConfigMap", "k8s-admin", "athenz-cluster")]["data"]["SIA_IMAGE"],
+        image.as_str()
+    );
+    assert!(
+        !chart.contains_key(&key("Namespace", "", "k8s-admin")),
+        "namespaces.create=false"
+    );
+    let agent = &chart[&key("DaemonSet", "athenz-system", "athenz-agent")];
+    let pod = &agent["spec"]["template"];
+    assert_eq!(pod["spec"]["containers"][0]["image"], image.as_str());
+    assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "pull");
+    assert_eq!(pod["spec"]["priorityClassName"], "node-high");
+    assert_eq!(pod["spec"]["nodeSelector"]["pool"], "identity");
+    assert_eq!(pod["spec"]["nodeSelector"]["kubernetes.io/arch"], "amd64");
+    assert_eq!(
+        pod["metadata"]["annotations"]["checksum/zts-ca"]
+            .as_str()
+            .unwrap()
+            .len(),
+        64,
+        "a CA change rolls the pods"
+    );
+    let text = agent.to_string();
+    assert!(
+        !text.contains("flexvolume") && !text.contains("DRIVER_SOURCE"),
+        "{text}"
+    );
+    let callback = &chart[&key("Deployment", "k8s-admin", "athenz-callback")];
+    assert_eq!(
+        callback["spec"]["template"]["spec"]["tolerations"][0]["key"],
+        "dedicated"
+    );
+    let jwt = &chart[&key("Deployment", "k8s-admin", "athenz-jwt-service")];
+    let main = &jwt["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(main["resources"]["limits"]["memory"], "256Mi");
+    assert!(
+        main["resources"]["requests"].is_null(),
+        "replaced, not merged"
+    );
+    let initializer = &chart[&key("Deployment", "k8s-admin", "athenz-initializer")];
+    let env = initializer["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap();
+    assert_eq!(env.last().unwrap()["name"], "RUST_LOG", "appended last");
+    assert_eq!(
+        chart[&key("ClusterRole", "", "athenz-agent")]["rules"][0]["resources"],
+        serde_json::json!(["nodes/proxy"])
+    );
+    let secret = &chart[&key("Secret", "k8s-admin", "athenz-callback-key")];
+    assert_eq!(secret["stringData"]["service.key"], "stand-in key");
+    assert!(
+        !chart.contains_key(&key("Secret", "k8s-admin", "athenz-jwt-service-key")),
+        "a key not given makes no Secret"
+    );
+    let egress = &chart[&key("NetworkPolicy", "k8s-admin", "athenz-egress")]["spec"]["egress"];
+    assert_eq!(egress[1]["to"][0]["ipBlock"]["cidr"], "192.0.2.10/32");
+    assert_eq!(egress[2]["to"][0]["ipBlock"]["cidr"], "198.51.100.0/24");
+    assert!(egress[0]["to"].is_null(), "DNS stays by port");
+}
+
+/// Private keys as values only in a release of the control plane's namespace (Helm keeps values
+/// in its release Secret there); the defaults need no key at all.
+#[test]
+fn keys_as_values_are_refused_outside_the_control_planes_namespace() {
+    for (args, value) in [
+        (
+            vec!["--set", "serviceKeys.athenz-callback=a key"],
+            "serviceKeys",
+        ),
+        (
+            vec!["--set-string", "jwtSigningKeys.v1\\.pem=a key"],
+            "jwtSigningKeys",
+        ),
+    ] {
+        let err = helm_template_error(&[&["--namespace", "default"][..], &args[..]].concat());
+        assert!(
+            err.contains("serviceKeys / jwtSigningKeys") && err.contains("\"default\""),
+            "{value}: {err}"
+        );
+    }
+    let defaults = helm_template(&["--namespace", "default"]);
+    assert!(
+        !defaults.keys().any(|(kind, _, _)| kind == "Secret"),
+        "no Secret, so no key, by default"
+    );
+}
+
+/// values.schema.json refuses what the chart cannot use, naming it.
+#[test]
+fn the_schema_refuses_unknown_and_malformed_values() {
+    for (args, named) in [
+        (vec!["--set", "imagee.tag=1"], "imagee"),
+        (vec!["--set", "image.digest=sha256:short"], "digest"),
+        (vec!["--set", "ztsUrl=http://zts.example/zts/v1"], "ztsUrl"),
+        (
+            vec!["--set", "kubeletAuthorization=nodes/*"],
+            "kubeletAuthorization",
+        ),
+        (vec!["--set", "components.flex=true"], "flex"),
+        (vec!["--set", "agent.extraEnv[0].value=x"], "name"),
+        (
+            vec!["--set", "networkPolicies.ztsCidrs[0]=zts.example"],
+            "ztsCidrs",
+        ),
+        (
+            vec!["--set", "controlPlaneNamespace=K8s_Admin"],
+            "controlPlaneNamespace",
+        ),
+    ] {
+        let err = helm_template_error(&args);
+        assert!(err.contains(named), "{args:?}: {err}");
+    }
+}
+
+/// The grant the agent's kubelet reads need follows the cluster's version unless chosen.
+#[test]
+fn the_kubelet_grant_follows_the_kubernetes_version() {
+    let grant = |args: &[&str]| {
+        helm_template(args)[&key("ClusterRole", "", "athenz-agent")]["rules"][0]["resources"][0]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(grant(&["--kube-version", "1.33.0"]), "nodes/pods");
+    assert_eq!(grant(&["--kube-version", "1.37.2"]), "nodes/pods");
+    assert_eq!(grant(&["--kube-version", "1.32.4"]), "nodes/proxy");
+    assert_eq!(grant(&["--kube-version", "1.29.0"]), "nodes/proxy");
+    assert_eq!(
+        grant(&[
+            "--kube-version",
+            "1.32.4",
+            "--set",
+            "kubeletAuthorization=nodes/pods"
+        ]),
+        "nodes/pods"
+    );
+    assert_eq!(
+        grant(&[
+            "--kube-version",
+            "1.37.2",
+            "--set",
+            "components.legacyKubeletAuthz=true"
+        ]),
+        "nodes/proxy"
+    );
+    let err = helm_template_error(&["--kube-version", "1.28.9"]);
+    assert!(err.contains("kubeVersion") || err.contains("1.28"), "{err}");
+}
+
+/// The committed templates are what `deploy/helm/generate` makes of today's `deploy/base`.
+#[test]
+fn the_templates_are_generated_from_the_base() {
+    let out = std::process::Command::new("python3")
+        .arg(deploy_dir().join("helm/generate"))
+        .arg("--check")
+        .output()
+        .expect("python3 is needed to run deploy/helm/generate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

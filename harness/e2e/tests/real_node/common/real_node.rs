@@ -1,0 +1,269 @@
+//! What the real-node tests check beyond the scenario: the API server's audit log against our
+//! RBAC, each daemon's metrics against docs/operating.md, what an uninstall leaves, and the
+//! previous release to upgrade from.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use athenz_devstack::cluster::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
+use athenz_devstack::cluster::kubectl::Kubectl;
+use athenz_devstack::cluster::runbook;
+use std::path::Path;
+use std::process::Command;
+
+/// The audit log's events (JSON lines).
+pub fn audit_events(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// `verb resource[/subresource]` of an audit event.
+pub fn access(event: &serde_json::Value) -> String {
+    let object = &event["objectRef"];
+    let mut resource = object["resource"].as_str().unwrap_or("").to_owned();
+    if let Some(sub) = object["subresource"].as_str() {
+        resource = format!("{resource}/{sub}");
+    }
+    format!("{} {resource}", event["verb"].as_str().unwrap_or(""))
+}
+
+/// `verb resource` for every verb and resource the ClusterRole `name` grants.
+pub fn granted(
+    kubectl: &athenz_devstack::cluster::kubectl::Kubectl,
+    name: &str,
+) -> std::collections::BTreeSet<String> {
+    let role = kubectl.get_json(&["clusterrole", name]).unwrap();
+    let mut out = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for resource in rule["resources"].as_array().unwrap() {
+            for verb in rule["verbs"].as_array().unwrap() {
+                out.insert(format!(
+                    "{} {}",
+                    verb.as_str().unwrap(),
+                    resource.as_str().unwrap()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Scrapes each daemon's `/metrics` through the API server's pod proxy and holds the names to
+/// docs/operating.md's tables: a name served but not documented fails, and so does one
+/// documented but not served, unless it is a labelled family (served from its first sample).
+pub fn check_metrics_reference(kubectl: &Kubectl) {
+    let reference = runbook::metrics_reference(runbook::OPERATING);
+    let labelled = runbook::labelled_metrics(runbook::OPERATING);
+    let daemons = [
+        (
+            "athenz-identity-agent",
+            NODE_NAMESPACE,
+            "athenz-agent",
+            9190,
+        ),
+        (
+            "athenz-callback",
+            CONTROL_NAMESPACE,
+            "athenz-callback",
+            9090,
+        ),
+        (
+            "athenz-jwt-service",
+            CONTROL_NAMESPACE,
+            "athenz-jwt-service",
+            9090,
+        ),
+        (
+            "athenz-initializer",
+            CONTROL_NAMESPACE,
+            "athenz-initializer",
+            9090,
+        ),
+        // the callback pod's control-sia sidecar (the three pods' sidecars serve the same)
+        (
+            "athenz-control-sia",
+            CONTROL_NAMESPACE,
+            "athenz-callback",
+            9091,
+        ),
+    ];
+    assert_eq!(reference.len(), daemons.len());
+    for (daemon, ns, app, port) in daemons {
+        let pod = kubectl
+            .run(&[
+                "-n",
+                ns,
+                "get",
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/name={app}"),
+                "-o",
+                "jsonpath={.items[0].metadata.name}",
+            ])
+            .unwrap();
+        let exposition = kubectl
+            .run(&[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics"),
+            ])
+            .unwrap();
+        let served = runbook::served_metrics(&exposition);
+        let undocumented: Vec<_> = served.difference(&reference[daemon]).collect();
+        assert!(
+            undocumented.is_empty(),
+            "{daemon} serves what docs/operating.md does not list: {undocumented:?}"
+        );
+        let missing: Vec<_> = reference[daemon]
+            .difference(&served)
+            .filter(|name| !labelled.contains(*name))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{daemon} does not serve what docs/operating.md lists: {missing:?}"
+        );
+        eprintln!(
+            "{daemon}: {} metrics served, all documented; not yet sampled: {:?}",
+            served.len(),
+            reference[daemon].difference(&served).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// The webhook's caBundle, which must be set.
+pub fn webhook_ca_bundle(kubectl: &Kubectl) -> String {
+    let hook = kubectl
+        .get_json(&["mutatingwebhookconfiguration", "athenz-initializer"])
+        .unwrap();
+    let bundle = hook["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!bundle.is_empty(), "the webhook has no caBundle: {hook}");
+    bundle
+}
+
+/// Uninstalls as docs/operating.md says: the tenants' pods first (their `namespaces` deleted),
+/// then the page's "Uninstall" steps for `installer` in `checkout`; then checks that nothing is
+/// left ([`check_nothing_left`]).
+pub fn uninstall_as_documented(
+    kubectl: &Kubectl,
+    installer: athenz_devstack::cluster::install::Installer,
+    checkout: &Path,
+    namespaces: &[&str],
+) {
+    for ns in namespaces {
+        kubectl
+            .run(&[
+                "delete",
+                "namespace",
+                ns,
+                "--ignore-not-found",
+                "--timeout=120s",
+            ])
+            .unwrap();
+    }
+    athenz_devstack::cluster::install::run_uninstall_steps(installer, kubectl, checkout).unwrap();
+    check_nothing_left(kubectl);
+}
+
+/// After the documented uninstall: none of our cluster objects, and nothing on this node (the
+/// state dir, the flex driver, the CSI socket dir and registration, no mount under
+/// `/var/athenz`).
+pub fn check_nothing_left(kubectl: &Kubectl) {
+    for (kind, name) in [
+        ("mutatingwebhookconfiguration", "athenz-initializer"),
+        ("csidriver", "csi.athenz.io"),
+        ("clusterrole", "athenz-agent"),
+        ("clusterrole", "athenz-callback"),
+        ("namespace", NODE_NAMESPACE),
+        ("namespace", CONTROL_NAMESPACE),
+    ] {
+        let left = kubectl
+            .run(&["get", kind, name, "--ignore-not-found", "-o", "name"])
+            .unwrap();
+        assert!(left.is_empty(), "left after uninstall: {left}");
+    }
+    for path in [
+        "/var/athenz",
+        "/var/lib/kubelet/plugins/csi.athenz.io",
+        "/var/lib/kubelet/plugins_registry/csi.athenz.io-reg.sock",
+        "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/athenz~volume-driver",
+    ] {
+        assert!(!Path::new(path).exists(), "left after uninstall: {path}");
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains("/var/athenz"),
+        "mounts left under /var/athenz"
+    );
+}
+
+/// The release before this one, from git: the newest ancestor of HEAD whose `deploy/` differs
+/// from HEAD's (the parent of the last commit that changed it), its `deploy/` and the
+/// docs/operating.md it was installed by.
+pub struct PreviousRelease {
+    /// Its commit (short).
+    pub commit: String,
+    _dir: tempfile::TempDir,
+    /// Its `deploy/`.
+    pub deploy: std::path::PathBuf,
+    /// Its docs/operating.md.
+    pub page: std::path::PathBuf,
+}
+
+impl PreviousRelease {
+    /// Finds and extracts it; fails naming the commit when it has no install steps to run.
+    pub fn from_git() -> Self {
+        let repo = athenz_testbed::bins::repo_root();
+        let git = |args: &[&str]| {
+            let out = Command::new("git")
+                .arg("-C")
+                .arg(&repo)
+                .args(args)
+                .output()
+                .expect("git is needed to find the previous release");
+            assert!(
+                out.status.success(),
+                "git {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            out.stdout
+        };
+        let last_change = String::from_utf8(git(&["rev-list", "-n1", "HEAD", "--", "deploy"]))
+            .unwrap()
+            .trim()
+            .to_owned();
+        let commit = String::from_utf8(git(&["rev-parse", "--short", &format!("{last_change}^")]))
+            .unwrap()
+            .trim()
+            .to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let archive = git(&["archive", &commit, "deploy", "docs/operating.md"]);
+        let mut tar = Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(dir.path())
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &archive).unwrap();
+        drop(tar.stdin.take());
+        assert!(tar.wait().unwrap().success());
+        let page = dir.path().join("docs/operating.md");
+        let text = std::fs::read_to_string(&page).unwrap();
+        assert!(
+            !runbook::shell_blocks(&text, "Install", "kustomize").is_empty(),
+            "the previous release {commit} has no install steps in its docs/operating.md, so it \
+             cannot be installed as it was to test the upgrade from it"
+        );
+        Self {
+            commit,
+            deploy: dir.path().join("deploy"),
+            page,
+            _dir: dir,
+        }
+    }
+}
