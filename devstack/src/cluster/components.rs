@@ -7,12 +7,11 @@
 use super::config::{self, KubeletInputs, NodePorts};
 use super::health::{Checker, wait_for};
 use super::info::{ApiServer, ClusterInfo, Containerd};
-use super::layout::{ProcessId, Processes};
+use super::layout::{pids, write_pids};
 use super::pki::ClusterPki;
 use super::{ClusterOptions, Layout, host, images};
 use crate::procs::{Command, Process, free_port};
 use anyhow::{Context, bail};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// The components' names (their logs are `logs/<name>.log`).
@@ -42,28 +41,6 @@ const CONTAINERD_UP: Duration = Duration::from_secs(30);
 const KUBELET_UP: Duration = Duration::from_secs(60);
 const PROXY_UP: Duration = Duration::from_secs(60);
 const NODE_READY: Duration = Duration::from_secs(120);
-
-/// The pids of the processes, by name, and this process's as `supervisor`.
-pub fn pids(processes: &[Process]) -> BTreeMap<String, u32> {
-    let mut pids: BTreeMap<String, u32> = processes
-        .iter()
-        .map(|p| (p.command.name.clone(), p.pid()))
-        .collect();
-    pids.insert("supervisor".to_owned(), std::process::id());
-    pids
-}
-
-/// Records the processes in `processes.json` (`cluster down` reads it).
-pub fn write_pids(layout: &Layout, processes: &[Process]) -> anyhow::Result<()> {
-    let mut recorded = Processes::read(&layout.processes_json).unwrap_or_default();
-    recorded.kube_bin.clone_from(&layout.kube_bin);
-    for process in processes {
-        if let Some(id) = ProcessId::of(process.pid()) {
-            recorded.components.insert(process.command.name.clone(), id);
-        }
-    }
-    recorded.write(&layout.processes_json)
-}
 
 /// Starts `name` from the build (`<kube_bin>/<name>`) with `args`, and records it.
 fn start(

@@ -52,7 +52,7 @@ pub struct ClusterInfo {
     pub pids: BTreeMap<String, u32>,
     /// The dev ZTS beside the cluster (`{url, ca}`); absent with `--bare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zts: Option<crate::stack::UrlCa>,
+    pub zts: Option<crate::stack_json::UrlCa>,
     /// The release image the workloads run; absent with `--bare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

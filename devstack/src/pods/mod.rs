@@ -16,7 +16,7 @@ use crate::pod_dirs::PodVolume;
 use crate::procs::Process;
 
 mod container;
-use crate::stack::{RuntimeInfo, StackInfo};
+use crate::stack_json::{RuntimeInfo, StackInfo};
 use anyhow::Context;
 use athenz_testbed::runtime::{
     ContainerSpec, OciRuntime, Pod, Qos, Rootfs, RuntimeKind, VolumeMount,

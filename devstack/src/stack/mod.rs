@@ -14,12 +14,12 @@ use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 mod control;
-mod info;
 pub(crate) mod keys;
+mod launch;
 pub mod replicas;
 mod runtime;
 mod start;
-pub use info::{
+pub use crate::stack_json::{
     AgentInfo, CallbackInfo, Credential, Credentials, NodeAgentInfo, NodeAttestation, NodeInfo,
     RuntimeInfo, StackInfo, Url, UrlCa,
 };

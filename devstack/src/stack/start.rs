@@ -6,6 +6,7 @@
 //! (and stops) them all.
 
 use super::keys::{ServiceFiles, control_plane_certificates, generate_keys};
+use super::launch::{path_arg, run_daemon};
 use super::{
     ADMIN_DOMAIN, AGENT_NAMESPACE, AGENT_PRINCIPAL, AGENT_SERVICE_ACCOUNT, AgentInfo, CALLBACK,
     CALLBACK_BASE_PATH, CallbackInfo, Credential, Credentials, DEPLOY_TEMPLATE, DNS_SUFFIX,
@@ -335,7 +336,7 @@ impl<'a> Start<'a> {
         // initializer, with deploy/'s template, flex allowed as an operator would for nodes that
         // run the flex driver (this stack's kubelet stand-ins do)
         let template = self.state.join("initializer-template.yaml");
-        let text = crate::cluster::features::with_allowed_volumes(
+        let text = crate::initializer_template::with_allowed_volumes(
             &deploy_template()?,
             &["csi-socket", "csi-files", "flex"],
         );
@@ -481,10 +482,6 @@ fn node_dirs(state: &Path, i: usize) -> (PathBuf, PathBuf, PathBuf) {
     }
 }
 
-pub(super) fn path_arg(flag: &str, path: &Path) -> String {
-    format!("--{flag}={}", path.display())
-}
-
 /// The initializer's template from deploy/'s ConfigMap (the `template.yaml` key).
 fn deploy_template() -> anyhow::Result<String> {
     let config_map: k8s_openapi::api::core::v1::ConfigMap =
@@ -493,20 +490,4 @@ fn deploy_template() -> anyhow::Result<String> {
         .data
         .and_then(|mut d| d.remove("template.yaml"))
         .context("deploy's template ConfigMap has no template.yaml")
-}
-
-/// Starts a daemon component from `bin` and waits for its `/readyz`.
-pub(super) async fn run_daemon(
-    bin: &Path,
-    name: &str,
-    binary: &str,
-    args: Vec<String>,
-    ops_port: u16,
-    logs: &Path,
-) -> anyhow::Result<Process> {
-    let mut process = Process::start(Command::new(name, &bin.join(binary), args), logs)?;
-    process
-        .wait_http_ok(&format!("http://127.0.0.1:{ops_port}/readyz"))
-        .await?;
-    Ok(process)
 }

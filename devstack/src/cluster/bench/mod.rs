@@ -135,7 +135,7 @@ pub async fn run(
         scenario.ensure_namespace(&ns, kind.mode() == Some(Mode::Flex))?;
         if kind.mode() == Some(Mode::Flex) {
             // flex is the operator's choice (the template's allowedVolumes), made before the run
-            scenario.allow_volume(super::scenario::mode_name(Mode::Flex), &ns)?;
+            scenario.allow_volume(super::tenant_pods::mode_name(Mode::Flex), &ns)?;
         }
         scenario.ensure_service_account(&ns, SERVICE_ACCOUNT)?;
         let spiffe_id = match (&spire, kind) {

@@ -1,5 +1,8 @@
 //! `stack.json`: what a running stack tells scripts and tests (its addresses, credentials, nodes
 //! and settings). The contract of `athenz-devstack up`.
+//!
+//! Plain data, apart from [`crate::stack`] that writes it, so what reads it (the pod runtimes,
+//! the kubelet player, the pods' volumes) does not depend on the stack itself.
 
 use athenz_core::agent_api::KeySource;
 use athenz_core::peer::PeerCheck;
