@@ -23,7 +23,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use athenz_devstack::cluster::Layout;
-use athenz_devstack::cluster::components::AUDIT_LOG;
+use athenz_devstack::cluster::control_plane::AUDIT_LOG;
 use athenz_devstack::cluster::install::{self, CONTROL_NAMESPACE, NODE_NAMESPACE, WORKLOADS};
 use athenz_devstack::cluster::runbook;
 use athenz_devstack::cluster::scenario::{Mode, RESTRICTED_NAMESPACE, Scenario, Workload};

@@ -18,6 +18,7 @@
 pub mod bench;
 pub mod components;
 pub mod config;
+pub mod control_plane;
 pub mod dns;
 pub mod end_to_end;
 pub mod features;
