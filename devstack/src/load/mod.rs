@@ -42,22 +42,28 @@ const P99_BOUND_MS: f64 = 50.0;
 /// the agent's token, its reads of the node and of the agent's pod), as `api_requests` names them.
 const NODE_RENEWAL_REQUESTS: [&str; 3] = ["POST tokenreviews", "GET nodes", "GET pods"];
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run: `load`'s options, as its command line gives them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct LoadOptions {
-    /// Nodes, each with its agent.
+    /// Nodes, each with its own agent.
+    #[arg(long, default_value_t = 10)]
     pub nodes: usize,
-    /// Pods on each node.
+    /// Real-size pods on each node.
+    #[arg(long, default_value_t = 20)]
     pub pods_per_node: usize,
-    /// Identities a second.
+    /// Identities a second (three quarters launches, then a quarter refreshes).
+    #[arg(long, default_value_t = 300.0)]
     pub rate: f64,
-    /// How long.
+    /// How long to drive, seconds.
+    #[arg(long, default_value_t = 20)]
     pub seconds: u64,
-    /// Separately built component binaries to run instead of this one.
-    pub components: Option<std::path::PathBuf>,
-    /// Certificate lifetime in minutes, pods' and nodes' (`None`: the stack's default): short
-    /// enough, and the run sees the agents refresh their node identities too.
+    /// Certificate lifetime in minutes, pods' and nodes' (the stack's default otherwise);
+    /// with 1 and `--seconds 60` the agents refresh their node identities during the run.
+    #[arg(long)]
     pub lifetime_minutes: Option<u32>,
+    /// Run each component from its own binary in DIR instead of this one.
+    #[arg(long, value_name = "DIR")]
+    pub components: Option<std::path::PathBuf>,
 }
 
 /// Runs the load on a fresh stack in `state_dir`.
