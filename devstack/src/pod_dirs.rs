@@ -8,9 +8,7 @@ use std::path::PathBuf;
 /// A pod's volume on a node.
 #[derive(Debug, Clone)]
 pub struct PodVolume {
-    /// The pod.
     pub pod: NewPod,
-    /// Its uid.
     pub uid: String,
     /// The node's driver directories and agent socket.
     pub node: NodeDirs,

@@ -63,14 +63,12 @@ pub struct Point {
     pub rss_kib: u64,
     /// Open file descriptors.
     pub fds: u64,
-    /// Threads.
     pub threads: u64,
 }
 
 /// The outcome.
 #[derive(Debug, Serialize)]
 pub struct SoakReport {
-    /// Pods.
     pub pods: usize,
     /// Volume kind.
     pub volume: VolumeKind,

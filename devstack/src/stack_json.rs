@@ -119,7 +119,6 @@ pub struct StackInfo {
     pub kube_api: Url,
     /// Kubelet stand-in (plain http on loopback).
     pub kubelet: Url,
-    /// jwt-service.
     pub jwt_service: Url,
     /// Provider callback.
     pub callback: CallbackInfo,

@@ -153,7 +153,6 @@ pub struct BenchReport {
     /// The agent's calls to what it depends on during the run (its
     /// `upstream_duration_seconds` histogram), by upstream: where the SIA's init waits.
     pub agent_upstreams: BTreeMap<String, UpstreamCalls>,
-    /// Pods.
     pub pods: usize,
     /// Pods in flight at once (with `arrival_ms` 0).
     pub concurrency: usize,

@@ -201,7 +201,6 @@ impl ChaosOptions {
 /// One fault's row.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultResult {
-    /// The fault.
     pub fault: Fault,
     /// What was done, in numbers.
     pub detail: String,

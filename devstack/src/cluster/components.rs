@@ -19,19 +19,14 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 use std::time::Duration;
 
-/// The components' names (their logs are `logs/<name>.log`).
+// The components' names: their binaries under the build, their processes and their logs
+// (`logs/<name>.log`).
 pub const ETCD: &str = "etcd";
-/// The API server.
 pub const APISERVER: &str = "kube-apiserver";
-/// The controller-manager.
 pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
-/// The scheduler.
 pub const SCHEDULER: &str = "kube-scheduler";
-/// containerd.
 pub const CONTAINERD: &str = "containerd";
-/// The kubelet.
 pub const KUBELET: &str = "kubelet";
-/// kube-proxy.
 pub const KUBE_PROXY: &str = "kube-proxy";
 /// The kubelet's API port: Kubernetes' default.
 pub const KUBELET_PORT: u16 = 10250;

@@ -26,7 +26,6 @@ pub struct Containerd {
 /// `cluster.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterInfo {
-    /// The API server.
     pub api_server: ApiServer,
     /// The node's name.
     pub node_name: String,
@@ -34,7 +33,6 @@ pub struct ClusterInfo {
     pub node_ip: String,
     /// What the API server's /version says, e.g. `v1.37.2`.
     pub kubernetes_version: String,
-    /// containerd.
     pub containerd: Containerd,
     /// The directory of the binaries (`kubectl` is there).
     pub kube_bin: PathBuf,

@@ -275,7 +275,6 @@ pub fn write_pids(layout: &Layout, processes: &[Process]) -> anyhow::Result<()> 
 /// reuses the pid does not share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessId {
-    /// Its pid.
     pub pid: u32,
     /// Its start time in clock ticks after boot (`/proc/<pid>/stat` field 22).
     pub start: u64,

@@ -59,9 +59,7 @@ pub enum PodProgram {
 pub struct PodCommand<'a> {
     /// The container's name in the pod (`sia-init`, `sia-refresh`, ...).
     pub name: &'a str,
-    /// Its program.
     pub program: PodProgram,
-    /// Its arguments.
     pub args: Vec<String>,
     /// Its environment (paths as [`PodRuntime::paths`] gives them).
     pub env: Vec<(&'static str, String)>,

@@ -148,7 +148,6 @@ pub fn node_name(i: usize) -> String {
 pub struct Stack {
     /// What stack.json says.
     pub info: StackInfo,
-    /// The state dir.
     pub state_dir: PathBuf,
     processes: Vec<Process>,
     /// Deployments of more than one replica, behind their Services.
