@@ -4,7 +4,7 @@
 //! JWT, so the callback refuses (`pod_node`). The demo shows it; the end-to-end tests assert it.
 
 use crate::kube::NewPod;
-use crate::stack::{NodeInfo, StackInfo};
+use crate::stack_json::{NodeInfo, StackInfo};
 use anyhow::{Context, bail};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, build_csr, pem_certificates};
 use athenz_core::identity_jwt::{JwtRequest, JwtResponse};

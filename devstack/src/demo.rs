@@ -38,7 +38,6 @@ pub fn demo_pods() -> Vec<NewPod> {
 pub struct PodReport {
     /// `<namespace>/<name>`.
     pub pod: String,
-    /// Its uid.
     pub uid: String,
     /// The identity its files show.
     pub identity: IdentityReport,

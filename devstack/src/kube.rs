@@ -40,11 +40,8 @@ pub struct KubeNode {
 /// `{namespace, name, uid}` of a pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
-    /// Namespace.
     pub namespace: String,
-    /// Name.
     pub name: String,
-    /// UID.
     pub uid: String,
 }
 
@@ -160,9 +157,7 @@ pub async fn run_standins(
 /// A pod to create.
 #[derive(Debug, Clone)]
 pub struct NewPod {
-    /// Namespace.
     pub namespace: String,
-    /// Name.
     pub name: String,
     /// Service account (the Athenz service).
     pub service_account: String,

@@ -17,6 +17,9 @@
 
 // A command-line tool: printing reports is its job (the workspace forbids it in the components).
 #![allow(clippy::print_stdout, clippy::print_stderr)]
+// A test harness's binary and the library its own tests share, not an API for others: an item has
+// a doc where it says something (why, a unit, a format), not one that repeats its name.
+#![allow(missing_docs)]
 
 pub mod bench;
 pub mod chaos;
@@ -27,6 +30,7 @@ pub mod fleet;
 pub mod forwarder;
 pub mod handshake;
 pub mod identity;
+pub mod initializer_template;
 pub mod json_file;
 pub mod kube;
 pub mod load;
@@ -39,4 +43,5 @@ pub mod procs;
 pub mod scrape;
 pub mod soak;
 pub mod stack;
+pub mod stack_json;
 pub mod userns;

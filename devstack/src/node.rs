@@ -4,7 +4,7 @@
 use crate::kube::NewPod;
 pub use crate::pod_dirs::{NodeDirs, PodVolume};
 use crate::pods::{PodCommand, PodContainer, PodPaths, PodProgram, PodRuntime};
-use crate::stack::StackInfo;
+use crate::stack_json::StackInfo;
 use anyhow::{Context, bail};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -8,9 +8,7 @@ use std::path::PathBuf;
 /// A pod's volume on a node.
 #[derive(Debug, Clone)]
 pub struct PodVolume {
-    /// The pod.
     pub pod: NewPod,
-    /// Its uid.
     pub uid: String,
     /// The node's driver directories and agent socket.
     pub node: NodeDirs,
@@ -33,7 +31,7 @@ pub struct NodeDirs {
 
 impl NodeDirs {
     /// The first node's.
-    pub fn first(stack: &crate::stack::StackInfo) -> Self {
+    pub fn first(stack: &crate::stack_json::StackInfo) -> Self {
         Self {
             volumes_dir: stack.volumes_dir.clone(),
             agent_dir: stack.agent_dir.clone(),
@@ -42,7 +40,7 @@ impl NodeDirs {
     }
 
     /// Node `node`'s.
-    pub fn of(node: &crate::stack::NodeInfo) -> Self {
+    pub fn of(node: &crate::stack_json::NodeInfo) -> Self {
         Self {
             volumes_dir: node.volumes_dir.clone(),
             agent_dir: node.agent_dir.clone(),

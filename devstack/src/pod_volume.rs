@@ -32,9 +32,7 @@ pub struct PodTimes {
 /// One pod's mounted identity volume.
 #[derive(Debug, Clone)]
 pub struct MountedVolume {
-    /// The pod.
     pub pod: NewPod,
-    /// Its uid.
     pub uid: String,
     /// What is mounted.
     pub mount: Mount,

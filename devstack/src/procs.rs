@@ -19,7 +19,6 @@ const STOP_GRACE: Duration = Duration::from_secs(10);
 pub struct Command {
     /// Short name (log file, reports).
     pub name: String,
-    /// Executable.
     pub program: PathBuf,
     /// Arguments after the program.
     pub args: Vec<String>,

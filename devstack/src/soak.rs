@@ -23,26 +23,35 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run: `soak`'s options, as its command line gives them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct SoakOptions {
-    /// How long, after every pod has its identity.
+    /// How long to run once every pod has its identity (e.g. 30m).
+    #[arg(long, default_value = "30m", value_parser = athenz_core::refresh::parse_duration)]
     pub duration: Duration,
-    /// Pods.
+    /// Pods (each with a refresh sidecar unless the volume is csi-files).
+    #[arg(long, default_value_t = 110)]
     pub pods: usize,
-    /// Certificate lifetime, minutes (ZTS's unit).
+    /// Certificate lifetime in minutes (the pods refresh at about 70 % of it).
+    #[arg(long, default_value_t = 1)]
     pub lifetime_minutes: u32,
     /// Time between samples.
+    #[arg(long, default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
     pub sample: Duration,
-    /// Samples before this are warm-up; the first after it is the baseline.
+    /// Samples before this are warm-up; the baseline is the highest sample up to the first after it.
+    #[arg(long, default_value = "5m", value_parser = athenz_core::refresh::parse_duration)]
     pub warmup: Duration,
-    /// Growth allowed over the baseline, as a fraction (0.10 = 10 %).
-    pub growth: f64,
-    /// Which volume the pods get.
+    /// Growth allowed over the baseline, percent (plus 1 MiB, 4 fds, 2 threads).
+    #[arg(long, default_value_t = 10.0)]
+    pub growth_percent: f64,
+    /// The pods' volume.
+    #[arg(long, value_enum, default_value_t = VolumeMode::Flex)]
     pub volume: VolumeMode,
-    /// Separately built component binaries to run instead of this one.
+    /// Run each component from its own binary in DIR instead of this one.
+    #[arg(long, value_name = "DIR")]
     pub components: Option<PathBuf>,
-    /// Where to write the series as CSV.
+    /// Write the series here as CSV (process,at_seconds,rss_kib,fds,threads).
+    #[arg(long)]
     pub csv: Option<PathBuf>,
 }
 
@@ -55,14 +64,12 @@ pub struct Point {
     pub rss_kib: u64,
     /// Open file descriptors.
     pub fds: u64,
-    /// Threads.
     pub threads: u64,
 }
 
 /// The outcome.
 #[derive(Debug, Serialize)]
 pub struct SoakReport {
-    /// Pods.
     pub pods: usize,
     /// Volume kind.
     pub volume: VolumeMode,
@@ -203,7 +210,7 @@ async fn soak(stack: &mut Stack, options: &SoakOptions) -> anyhow::Result<SoakRe
     failures.extend(check_growth(
         &series,
         options.warmup.as_secs(),
-        options.growth,
+        options.growth_percent / 100.0,
     ));
     if expired_reads > 0 {
         failures.push(format!(

@@ -6,16 +6,13 @@ use athenz_testbed::stats::percentile;
 use serde::Serialize;
 use std::time::Duration;
 
-/// Percentiles.
+/// Percentiles of a set of durations, ms.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Latency {
-    /// Median.
     pub p50: f64,
-    /// 90th.
     pub p90: f64,
-    /// 99th.
     pub p99: f64,
-    /// Slowest.
+    /// The slowest pod's.
     pub max: f64,
 }
 

@@ -31,32 +31,68 @@ pub use print::{print_comparison, print_human};
 pub use upstreams::UpstreamCalls;
 use upstreams::agent_upstreams;
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run: `bench`'s options, as its command line gives them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct BenchOptions {
-    /// Pods.
+    /// Pods to give identities.
+    #[arg(long, default_value_t = 110)]
     pub pods: usize,
-    /// Pods in flight at once.
+    /// Pods in flight at once (when all exist first, i.e. `--arrival 0`).
+    #[arg(long, default_value_t = 1)]
     pub concurrency: usize,
-    /// p256 or rsa2048.
-    pub key: String,
-    /// Separately built component binaries to run instead of this one.
-    pub components: Option<std::path::PathBuf>,
-    /// The agents' peer check (default: enforce where pod cgroups can be made).
-    pub peer_check: Option<athenz_core::peer::PeerCheck>,
-    /// Pods arrive one by one this far apart, each created in the API and mounted at once (what
-    /// a node sees during a rollout); zero: every pod exists before the first mount, and
-    /// `concurrency` of them are mounted at a time.
+    /// Pods arrive one by one this far apart (e.g. 20ms), each created and mounted at once,
+    /// as during a rollout; 0: every pod exists before the first mount.
+    // what a node sees during a rollout; with zero, `concurrency` pods are mounted at a time
+    #[arg(long, default_value = "0", value_parser = parse_arrival)]
     pub arrival: Duration,
-    /// How big the pods are as the kubelet lists them.
+    /// Pods as the kubelet lists them: real (8–15 KB each: containers, probes, status,
+    /// managed fields) or minimal (a few fields).
+    #[arg(long, value_enum, default_value_t = PodSize::Real)]
     pub pod_size: PodSize,
-    /// The volume kinds to measure, each on a fresh stack, in this order.
+    /// Pod key type: p256 or rsa2048.
+    #[arg(long, default_value = "p256")]
+    pub key: String,
+    /// Run each component from its own binary in DIR (e.g. the static driver and SIA a
+    /// cluster ships) instead of this one.
+    #[arg(long, value_name = "DIR")]
+    pub components: Option<std::path::PathBuf>,
+    /// The agents' peer check; default enforce where pod cgroups can be made, else off.
+    #[arg(long, value_enum)]
+    pub peer_check: Option<athenz_core::peer::PeerCheck>,
+    /// The pods' volume; several (comma-separated) are measured one after the other, each
+    /// on a fresh stack, and compared.
+    #[arg(
+        long = "volume",
+        value_name = "VOLUME",
+        value_enum,
+        value_delimiter = ',',
+        default_values_t = [VolumeMode::Flex]
+    )]
     pub volumes: Vec<VolumeMode>,
-    /// Where socket-mode pods' keys are made; each is measured for every volume kind, on a
-    /// fresh stack (files mode always makes its keys on the node: measured once).
+    /// Where socket-mode pods' keys are made; several (e.g. pod,agent) are measured one
+    /// after the other, each on a fresh stack, and compared.
+    // files mode always makes its keys on the node: it is measured once
+    #[arg(
+        long = "key-source",
+        value_name = "KEY_SOURCE",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pod"
+    )]
     pub key_sources: Vec<KeySource>,
-    /// How pods' processes start (default: runc where installed and root).
+    /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+    /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+    /// default: runc when it is installed and this runs as root, else process.
+    #[arg(long)]
     pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
+}
+
+/// A duration like `20ms`, or `0` (what `--arrival` and `cluster bench`'s intervals take).
+pub fn parse_arrival(text: &str) -> Result<Duration, String> {
+    if text.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    athenz_core::refresh::parse_duration(text)
 }
 
 /// One process's share of the run.
@@ -118,7 +154,6 @@ pub struct BenchReport {
     /// The agent's calls to what it depends on during the run (its
     /// `upstream_duration_seconds` histogram), by upstream: where the SIA's init waits.
     pub agent_upstreams: BTreeMap<String, UpstreamCalls>,
-    /// Pods.
     pub pods: usize,
     /// Pods in flight at once (with `arrival_ms` 0).
     pub concurrency: usize,

@@ -2,8 +2,17 @@
 
 use super::{AGENT, BenchReport, CALLBACK, Latency, SIA};
 
-/// The report as a person reads it.
+/// The report as a person reads it: the run and its latencies, each process's CPU and memory,
+/// and the CPU spent per identity against the cryptography no implementation avoids.
 pub fn print_human(report: &BenchReport) {
+    print_latency(report);
+    print_processes(report);
+    print_cost(report);
+}
+
+/// What ran, its latencies (the whole mount to files written, then each part of it) and its
+/// throughput.
+fn print_latency(report: &BenchReport) {
     let l = &report.latency_ms;
     let arrival = if report.arrival_ms > 0.0 {
         format!("one pod every {:.0} ms", report.arrival_ms)
@@ -60,6 +69,10 @@ pub fn print_human(report: &BenchReport) {
         "all {} identities in {:.3} s: {:.0} identities/s",
         report.pods, report.wall_seconds, report.throughput_per_second
     );
+}
+
+/// Each long-running process's CPU seconds and memory, then the short-lived ones together.
+fn print_processes(report: &BenchReport) {
     println!(
         "{:<34} {:>10} {:>14} {:>10}",
         "process", "CPU s", "peak RSS MiB", "RSS MiB"
@@ -78,6 +91,10 @@ pub fn print_human(report: &BenchReport) {
             mib(p.rss_mib)
         );
     }
+}
+
+/// The cryptography each identity needs, and each daemon's CPU per identity against it.
+fn print_cost(report: &BenchReport) {
     println!("unavoidable cryptography per identity:");
     for s in &report.crypto_floor.steps {
         println!("  {:<12} {:<44} {:>9.1} us", s.part, s.step, s.us);

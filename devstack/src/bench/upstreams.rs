@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 /// One upstream's calls as the agent counted them.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct UpstreamCalls {
-    /// Calls.
     pub calls: u64,
     /// Their mean duration, ms.
     pub mean_ms: f64,

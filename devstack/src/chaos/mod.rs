@@ -150,34 +150,58 @@ pub const ALL_FAULTS: [Fault; 20] = [
     Fault::HostProcess,
 ];
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run: `chaos`'s options, as its command line gives them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct ChaosOptions {
-    /// Pods with the flex volume and a refresh sidecar.
+    /// Pods with the flex volume (each with its refresh sidecar).
+    #[arg(long, default_value_t = 20)]
     pub pods: usize,
-    /// Pods with the CSI files-mode volume (the agent rotates their files).
+    /// Pods with the CSI files-mode volume (the agent rotates their files); at least 1
+    /// for `disk-full`.
+    #[arg(long, default_value_t = 4)]
     pub files_pods: usize,
-    /// Certificate lifetime, minutes.
+    /// Certificate lifetime in minutes.
+    #[arg(long, default_value_t = 1)]
     pub lifetime_minutes: u32,
-    /// The faults, in this order.
+    /// The faults to inject, in order (comma-separated); all by default.
+    // none named: every fault a run with `runtime` can make (`faults_to_run`)
+    #[arg(long, value_enum, value_delimiter = ',')]
     pub faults: Vec<Fault>,
-    /// Kills of the SIA mid-write.
+    /// How many times `sia-killed-mid-write` kills the SIA.
+    #[arg(long, default_value_t = 1000)]
     pub sia_kills: usize,
-    /// Separately built component binaries to run instead of this one.
-    pub components: Option<PathBuf>,
-    /// Where the flex pods' keys are made.
+    /// Where the flex pods' keys are made (the agents' and SIAs' --key-source).
+    #[arg(long, value_enum, default_value_t = athenz_core::agent_api::KeySource::Pod)]
     pub key_source: athenz_core::agent_api::KeySource,
-    /// How pods' processes start (default: runc where installed and root).
+    /// How pods' processes start: runc or crun (a sandbox and containers, as kubelet has a
+    /// CRI runtime make them) or process (a plain process in a kubelet-shaped cgroup);
+    /// default: runc when it is installed and this runs as root, else process.
+    #[arg(long)]
     pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
-    /// `agent-upgraded`'s new build: a directory with `athenz-identity-agent` (default: a copy
-    /// of the running agent's binary).
+    /// Run each component from its own binary in DIR instead of this one.
+    #[arg(long, value_name = "DIR")]
+    pub components: Option<PathBuf>,
+    /// `agent-upgraded`'s new build: a directory holding `athenz-identity-agent` (e.g. the
+    /// image's `target/image/bin`); default: a copy of the running agent's binary.
+    #[arg(long, value_name = "DIR")]
     pub upgrade_to: Option<PathBuf>,
+}
+
+impl ChaosOptions {
+    /// The faults named, or when none are, every fault a run with this `runtime` can make
+    /// ([`default_faults`]).
+    fn faults_to_run(&self) -> Vec<Fault> {
+        if self.faults.is_empty() {
+            default_faults(self.runtime)
+        } else {
+            self.faults.clone()
+        }
+    }
 }
 
 /// One fault's row.
 #[derive(Debug, Clone, Serialize)]
 pub struct FaultResult {
-    /// The fault.
     pub fault: Fault,
     /// What was done, in numbers.
     pub detail: String,
@@ -215,6 +239,10 @@ pub struct ChaosReport {
 
 /// Runs the faults on a fresh stack in `state_dir`.
 pub async fn run(state_dir: &Path, options: &ChaosOptions) -> anyhow::Result<ChaosReport> {
+    let options = &ChaosOptions {
+        faults: options.faults_to_run(),
+        ..options.clone()
+    };
     if options.pods == 0 || options.lifetime_minutes == 0 || options.faults.is_empty() {
         bail!("--pods, --lifetime-minutes and --faults must not be empty or zero");
     }

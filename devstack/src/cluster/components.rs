@@ -5,32 +5,29 @@
 //! created).
 
 use super::config::{self, KubeletInputs, NodePorts};
+use super::control_plane::{
+    apiserver_args, controller_manager_args, flag, scheduler_args, write_audit_policy,
+};
 use super::health::{Checker, wait_for};
 use super::info::{ApiServer, ClusterInfo, Containerd};
-use super::layout::{ProcessId, Processes};
+use super::layout::{pids, write_pids};
 use super::pki::ClusterPki;
 use super::{ClusterOptions, Layout, host, images};
 use crate::procs::{Command, Process, free_port};
 use anyhow::{Context, bail};
-use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
 use std::time::Duration;
 
-/// The components' names (their logs are `logs/<name>.log`).
+// The components' names: their binaries under the build, their processes and their logs
+// (`logs/<name>.log`).
 pub const ETCD: &str = "etcd";
-/// The API server.
 pub const APISERVER: &str = "kube-apiserver";
-/// The controller-manager.
 pub const CONTROLLER_MANAGER: &str = "kube-controller-manager";
-/// The scheduler.
 pub const SCHEDULER: &str = "kube-scheduler";
-/// containerd.
 pub const CONTAINERD: &str = "containerd";
-/// The kubelet.
 pub const KUBELET: &str = "kubelet";
-/// kube-proxy.
 pub const KUBE_PROXY: &str = "kube-proxy";
-/// The API server's audit log, in the logs directory (JSON lines).
-pub const AUDIT_LOG: &str = "audit.log";
 /// The kubelet's API port: Kubernetes' default.
 pub const KUBELET_PORT: u16 = 10250;
 
@@ -42,57 +39,6 @@ const CONTAINERD_UP: Duration = Duration::from_secs(30);
 const KUBELET_UP: Duration = Duration::from_secs(60);
 const PROXY_UP: Duration = Duration::from_secs(60);
 const NODE_READY: Duration = Duration::from_secs(120);
-
-/// The pids of the processes, by name, and this process's as `supervisor`.
-pub fn pids(processes: &[Process]) -> BTreeMap<String, u32> {
-    let mut pids: BTreeMap<String, u32> = processes
-        .iter()
-        .map(|p| (p.command.name.clone(), p.pid()))
-        .collect();
-    pids.insert("supervisor".to_owned(), std::process::id());
-    pids
-}
-
-/// Records the processes in `processes.json` (`cluster down` reads it).
-pub fn write_pids(layout: &Layout, processes: &[Process]) -> anyhow::Result<()> {
-    let mut recorded = Processes::read(&layout.processes_json).unwrap_or_default();
-    recorded.kube_bin.clone_from(&layout.kube_bin);
-    for process in processes {
-        if let Some(id) = ProcessId::of(process.pid()) {
-            recorded.components.insert(process.command.name.clone(), id);
-        }
-    }
-    recorded.write(&layout.processes_json)
-}
-
-/// Starts `name` from the build (`<kube_bin>/<name>`) with `args`, and records it.
-fn start(
-    layout: &Layout,
-    processes: &mut Vec<Process>,
-    name: &str,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-) -> anyhow::Result<()> {
-    let mut command = Command::new(name, &layout.bin(name), args);
-    command.env = env;
-    command.cwd = Some(layout.dir.clone());
-    let process = Process::start(command, &layout.logs)?;
-    processes.push(process);
-    write_pids(layout, processes)
-}
-
-/// The last started process (the one a wait is about).
-fn last(processes: &mut [Process]) -> anyhow::Result<&mut Process> {
-    processes.last_mut().context("no process was started")
-}
-
-/// `--flag=<path>`.
-fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> String {
-    format!(
-        "--{name}={}",
-        std::path::Path::new(value.as_ref()).display()
-    )
-}
 
 /// A PATH for components that exec host tools (iptables, mount, conntrack) and for containerd,
 /// which finds its shim beside itself only through PATH.
@@ -116,272 +62,367 @@ pub async fn start_all(
 ) -> anyhow::Result<ClusterInfo> {
     host::check_tools(layout)?;
     host::prepare()?;
-    let node_ip = match options.node_ip {
-        Some(ip) => ip,
-        None => host::default_ipv4()?,
-    };
-    let node_name = options
-        .node_name
-        .clone()
-        .unwrap_or_else(host::default_node_name);
-    if !host::is_dns_subdomain(&node_name) {
-        bail!("--node-name {node_name}: a node name must be a lowercase RFC 1123 subdomain");
-    }
+    let node = Node::of(options)?;
     let api_port = free_port()?;
-    let api_server = format!("https://{node_ip}:{api_port}");
-    let pki = ClusterPki::create(layout, &node_name, node_ip, &api_server)?;
+    let api_server = format!("https://{}:{api_port}", node.ip);
+    let pki = ClusterPki::create(layout, &node.name, node.ip, &api_server)?;
     let checker = Checker::new(&pki.ca, &pki.admin.cert, &pki.admin.key, &api_server)?;
     report(format!(
-        "node {node_name} ({node_ip}); state in {}",
+        "node {} ({}); state in {}",
+        node.name,
+        node.ip,
         layout.dir.display()
     ));
     let pause_archive = images::build_pause(layout)?;
     report(format!("pause image {} built", images::PAUSE_IMAGE));
 
-    // etcd
-    let (etcd_client, etcd_peer) = (free_port()?, free_port()?);
-    let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-    start(
+    let mut up = Starter {
         layout,
         processes,
-        ETCD,
-        vec![
+        checker,
+        report,
+    };
+    let etcd_url = up.etcd().await?;
+    up.api_server(&pki, node.ip, api_port, &etcd_url, &api_server)
+        .await?;
+    up.controller_manager_and_scheduler(&pki).await?;
+    let lower_oom_score = up.containerd(&pause_archive).await?;
+    let ports = up.kubelet(&pki, &node, lower_oom_score).await?;
+    up.kube_proxy(&pki, &node, ports, lower_oom_score).await?;
+    up.node_ready(&node.name).await?;
+    up.default_service_account().await?;
+    Ok(up.cluster_info(api_server, &pki, node).await)
+}
+
+/// The node this cluster is: its address and name, from the options or this host.
+struct Node {
+    ip: Ipv4Addr,
+    name: String,
+}
+
+impl Node {
+    /// `--node-ip` or the default route's source address; `--node-name` or the host's name,
+    /// which must be a name Kubernetes accepts for a node.
+    fn of(options: &ClusterOptions) -> anyhow::Result<Self> {
+        let ip = match options.node_ip {
+            Some(ip) => ip,
+            None => host::default_ipv4()?,
+        };
+        let name = options
+            .node_name
+            .clone()
+            .unwrap_or_else(host::default_node_name);
+        if !host::is_dns_subdomain(&name) {
+            bail!("--node-name {name}: a node name must be a lowercase RFC 1123 subdomain");
+        }
+        Ok(Self { ip, name })
+    }
+}
+
+/// One component to start from the build (`<kube_bin>/<name>`), and how long it may take to
+/// come up.
+struct Component {
+    /// Its binary, process and log name.
+    name: &'static str,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    /// What is waited for, as an error names it (`"etcd /health"`).
+    awaited: &'static str,
+    limit: Duration,
+}
+
+/// What starting the components shares: where they live, the processes started so far (each
+/// recorded in `processes.json` as it starts, so `cluster down` finds it even if this fails),
+/// the client that asks whether they are up, and where progress goes.
+struct Starter<'a> {
+    layout: &'a Layout,
+    processes: &'a mut Vec<Process>,
+    checker: Checker,
+    report: &'a mut dyn FnMut(String),
+}
+
+impl Starter<'_> {
+    /// Starts `component`, records it, and waits until `check` passes (failing at once if the
+    /// process exits); returns how long it took.
+    async fn start_until<F, Fut>(
+        &mut self,
+        component: Component,
+        check: F,
+    ) -> anyhow::Result<Duration>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        let mut command = Command::new(
+            component.name,
+            &self.layout.bin(component.name),
+            component.args,
+        );
+        command.env = component.env;
+        command.cwd = Some(self.layout.dir.clone());
+        self.processes
+            .push(Process::start(command, &self.layout.logs)?);
+        write_pids(self.layout, self.processes)?;
+        let process = self
+            .processes
+            .last_mut()
+            .context("no process was started")?;
+        wait_for(process, component.awaited, component.limit, check).await
+    }
+
+    /// Starts `component`, waits until `GET health` answers 2xx and reports it up as `label`.
+    async fn start_healthy(
+        &mut self,
+        component: Component,
+        health: String,
+        label: &str,
+    ) -> anyhow::Result<()> {
+        let checker = self.checker.clone();
+        let took = self
+            .start_until(component, || ok_or(&checker, &health))
+            .await?;
+        (self.report)(format!("{label} up in {:.1} s", took.as_secs_f64()));
+        Ok(())
+    }
+
+    /// Waits, on the running component `name` (described as `what` if it is not running), until
+    /// `check` passes; returns how long it took.
+    async fn wait_on<F, Fut>(
+        &mut self,
+        name: &str,
+        what: &str,
+        awaited: &str,
+        limit: Duration,
+        check: F,
+    ) -> anyhow::Result<Duration>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<(), String>>,
+    {
+        let process = self
+            .processes
+            .iter_mut()
+            .find(|p| p.command.name == name)
+            .with_context(|| format!("{what} is not running"))?;
+        wait_for(process, awaited, limit, check).await
+    }
+
+    /// etcd on loopback ports, its data unsynced; returns its client URL.
+    async fn etcd(&mut self) -> anyhow::Result<String> {
+        let (client, peer) = (free_port()?, free_port()?);
+        let url = format!("http://127.0.0.1:{client}");
+        let args = vec![
             "--name=default".to_owned(),
-            flag("data-dir", &layout.etcd_data),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
+            flag("data-dir", &self.layout.etcd_data),
+            format!("--listen-client-urls={url}"),
+            format!("--advertise-client-urls={url}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
             "--quota-backend-bytes=2147483648".to_owned(),
             "--log-level=warn".to_owned(),
             // a development cluster's data dies with it; fsyncs would only slow the machine
             "--unsafe-no-fsync".to_owned(),
-        ],
-        Vec::new(),
-    )?;
-    let health = format!("{etcd_url}/health");
-    let took = wait_for(last(processes)?, "etcd /health", ETCD_UP, || {
-        ok_or(&checker, &health)
-    })
-    .await?;
-    report(format!("etcd up in {:.1} s", took.as_secs_f64()));
-
-    // the API server
-    start(
-        layout,
-        processes,
-        APISERVER,
-        apiserver_args(
-            &pki,
-            node_ip,
-            api_port,
-            &etcd_url,
-            &write_audit_policy(layout)?,
-        ),
-        Vec::new(),
-    )?;
-    let readyz = format!("{api_server}/readyz");
-    let took = wait_for(
-        last(processes)?,
-        "the API server's /readyz",
-        APISERVER_UP,
-        || ok_or(&checker, &readyz),
-    )
-    .await?;
-    report(format!("API server up in {:.1} s", took.as_secs_f64()));
-
-    // the controller-manager and the scheduler
-    let (cm_port, scheduler_port) = (free_port()?, free_port()?);
-    start(
-        layout,
-        processes,
-        CONTROLLER_MANAGER,
-        controller_manager_args(&pki, cm_port)?,
-        Vec::new(),
-    )?;
-    let cm_health = format!("https://127.0.0.1:{cm_port}/healthz");
-    let took = wait_for(
-        last(processes)?,
-        "the controller-manager's /healthz",
-        CONTROLLERS_UP,
-        || ok_or(&checker, &cm_health),
-    )
-    .await?;
-    report(format!(
-        "controller-manager up in {:.1} s",
-        took.as_secs_f64()
-    ));
-    start(
-        layout,
-        processes,
-        SCHEDULER,
-        scheduler_args(&pki, scheduler_port)?,
-        Vec::new(),
-    )?;
-    let scheduler_health = format!("https://127.0.0.1:{scheduler_port}/healthz");
-    let took = wait_for(
-        last(processes)?,
-        "the scheduler's /healthz",
-        CONTROLLERS_UP,
-        || ok_or(&checker, &scheduler_health),
-    )
-    .await?;
-    report(format!("scheduler up in {:.1} s", took.as_secs_f64()));
-
-    // containerd, with the pause image and the CNI network
-    let runc = host::find_tool("runc").context("runc is not installed")?;
-    let lower_oom_score = host::can_lower_oom_score_adj();
-    if !lower_oom_score {
-        report(
-            "this host denies CAP_SYS_RESOURCE: containers' OOM scores are clamped to 0 \
-             (containerd restrict_oom_score_adj)"
-                .to_owned(),
-        );
+        ];
+        let etcd = Component {
+            name: ETCD,
+            args,
+            env: Vec::new(),
+            awaited: "etcd /health",
+            limit: ETCD_UP,
+        };
+        self.start_healthy(etcd, format!("{url}/health"), "etcd")
+            .await?;
+        Ok(url)
     }
-    let containerd_config = layout.containerd.join("config.toml");
-    write(
-        &containerd_config,
-        &config::containerd(layout, images::PAUSE_IMAGE, &runc, !lower_oom_score)?,
-    )?;
-    write(
-        &layout.cni_conf_dir.join("10-athenz-devstack.conflist"),
-        &serde_json::to_string_pretty(&config::cni_conflist(layout))?,
-    )?;
-    start(
-        layout,
-        processes,
-        CONTAINERD,
-        vec![flag("config", &containerd_config)],
-        path_env(layout),
-    )?;
-    let ctr_version = || {
-        let layout = layout.clone();
-        async move {
-            let mut ctr = std::process::Command::new(layout.bin("ctr"));
-            ctr.arg("--address")
-                .arg(layout.containerd_socket())
-                .arg("version");
-            images::run(&mut ctr, "ctr version")
-                .map(|_| ())
-                .map_err(|e| format!("{e:#}"))
+
+    /// The API server ([`apiserver_args`]) at `url`, on `port` of `node_ip`.
+    async fn api_server(
+        &mut self,
+        pki: &ClusterPki,
+        node_ip: Ipv4Addr,
+        port: u16,
+        etcd_url: &str,
+        url: &str,
+    ) -> anyhow::Result<()> {
+        let audit = write_audit_policy(self.layout)?;
+        let api_server = Component {
+            name: APISERVER,
+            args: apiserver_args(pki, node_ip, port, etcd_url, &audit),
+            env: Vec::new(),
+            awaited: "the API server's /readyz",
+            limit: APISERVER_UP,
+        };
+        self.start_healthy(api_server, format!("{url}/readyz"), "API server")
+            .await
+    }
+
+    /// The controller-manager, then the scheduler, each on a loopback port of its own.
+    async fn controller_manager_and_scheduler(&mut self, pki: &ClusterPki) -> anyhow::Result<()> {
+        let (cm_port, scheduler_port) = (free_port()?, free_port()?);
+        let controller_manager = Component {
+            name: CONTROLLER_MANAGER,
+            args: controller_manager_args(pki, cm_port)?,
+            env: Vec::new(),
+            awaited: "the controller-manager's /healthz",
+            limit: CONTROLLERS_UP,
+        };
+        let health = format!("https://127.0.0.1:{cm_port}/healthz");
+        self.start_healthy(controller_manager, health, "controller-manager")
+            .await?;
+        let scheduler = Component {
+            name: SCHEDULER,
+            args: scheduler_args(pki, scheduler_port)?,
+            env: Vec::new(),
+            awaited: "the scheduler's /healthz",
+            limit: CONTROLLERS_UP,
+        };
+        let health = format!("https://127.0.0.1:{scheduler_port}/healthz");
+        self.start_healthy(scheduler, health, "scheduler").await
+    }
+
+    /// containerd with runc, the pause image and the CNI network; up when `ctr version` reaches
+    /// it, then the pause image is imported. Returns whether containers may get OOM scores
+    /// below 0 (this host grants CAP_SYS_RESOURCE).
+    async fn containerd(&mut self, pause_archive: &Path) -> anyhow::Result<bool> {
+        let layout = self.layout;
+        let runc = host::find_tool("runc").context("runc is not installed")?;
+        let lower_oom_score = host::can_lower_oom_score_adj();
+        if !lower_oom_score {
+            (self.report)(
+                "this host denies CAP_SYS_RESOURCE: containers' OOM scores are clamped to 0 \
+                 (containerd restrict_oom_score_adj)"
+                    .to_owned(),
+            );
         }
-    };
-    let took = wait_for(
-        last(processes)?,
-        "containerd's socket",
-        CONTAINERD_UP,
-        ctr_version,
-    )
-    .await?;
-    images::import(layout, &pause_archive)?;
-    report(format!(
-        "containerd up in {:.1} s; pause image imported",
-        took.as_secs_f64()
-    ));
+        let config = layout.containerd.join("config.toml");
+        write(
+            &config,
+            &config::containerd(layout, images::PAUSE_IMAGE, &runc, !lower_oom_score)?,
+        )?;
+        write(
+            &layout.cni_conf_dir.join("10-athenz-devstack.conflist"),
+            &serde_json::to_string_pretty(&config::cni_conflist(layout))?,
+        )?;
+        let containerd = Component {
+            name: CONTAINERD,
+            args: vec![flag("config", &config)],
+            env: path_env(layout),
+            awaited: "containerd's socket",
+            limit: CONTAINERD_UP,
+        };
+        let took = self
+            .start_until(containerd, || ctr_version(layout.clone()))
+            .await?;
+        images::import(layout, pause_archive)?;
+        (self.report)(format!(
+            "containerd up in {:.1} s; pause image imported",
+            took.as_secs_f64()
+        ));
+        Ok(lower_oom_score)
+    }
 
-    // the kubelet
-    let ports = NodePorts {
-        // the port every kubelet serves on, which deploy/ (the agent's KUBELET_URL) assumes
-        kubelet: KUBELET_PORT,
-        kubelet_healthz: free_port()?,
-        proxy_healthz: free_port()?,
-        proxy_metrics: free_port()?,
-    };
-    let kubelet_config = layout.kubelet.join("config.yaml");
-    let inputs = KubeletInputs {
-        lower_oom_score,
-        client_ca: &pki.ca,
-        tls_cert: &pki.kubelet_serving.cert,
-        tls_key: &pki.kubelet_serving.key,
-        ports,
-    };
-    write(
-        &kubelet_config,
-        &serde_json::to_string_pretty(&config::kubelet(layout, &inputs))?,
-    )?;
-    start(
-        layout,
-        processes,
-        KUBELET,
-        vec![
-            flag("config", &kubelet_config),
-            flag("kubeconfig", pki.kubeconfig("kubelet")?),
-            format!("--hostname-override={node_name}"),
-            format!("--node-ip={node_ip}"),
-            "--v=2".to_owned(),
-        ],
-        path_env(layout),
-    )?;
-    let kubelet_health = format!("http://127.0.0.1:{}/healthz", ports.kubelet_healthz);
-    let took = wait_for(
-        last(processes)?,
-        "the kubelet's /healthz",
-        KUBELET_UP,
-        || ok_or(&checker, &kubelet_health),
-    )
-    .await?;
-    report(format!("kubelet up in {:.1} s", took.as_secs_f64()));
-
-    // kube-proxy
-    let proxy_config = layout.kube_proxy.join("config.yaml");
-    write(
-        &proxy_config,
-        &serde_json::to_string_pretty(&config::kube_proxy(
-            pki.kubeconfig("kube-proxy")?,
-            &node_name,
-            node_ip,
-            ports,
+    /// The kubelet, serving on [`KUBELET_PORT`] with a certificate from the cluster CA; returns
+    /// the node's ports (kube-proxy's too, chosen here for both configs).
+    async fn kubelet(
+        &mut self,
+        pki: &ClusterPki,
+        node: &Node,
+        lower_oom_score: bool,
+    ) -> anyhow::Result<NodePorts> {
+        let ports = NodePorts {
+            // the port every kubelet serves on, which deploy/ (the agent's KUBELET_URL) assumes
+            kubelet: KUBELET_PORT,
+            kubelet_healthz: free_port()?,
+            proxy_healthz: free_port()?,
+            proxy_metrics: free_port()?,
+        };
+        let config = self.layout.kubelet.join("config.yaml");
+        let inputs = KubeletInputs {
             lower_oom_score,
-        ))?,
-    )?;
-    start(
-        layout,
-        processes,
-        KUBE_PROXY,
-        vec![flag("config", &proxy_config), "--v=1".to_owned()],
-        path_env(layout),
-    )?;
-    let proxy_health = format!("http://127.0.0.1:{}/healthz", ports.proxy_healthz);
-    let took = wait_for(last(processes)?, "kube-proxy's /healthz", PROXY_UP, || {
-        ok_or(&checker, &proxy_health)
-    })
-    .await?;
-    report(format!("kube-proxy up in {:.1} s", took.as_secs_f64()));
+            client_ca: &pki.ca,
+            tls_cert: &pki.kubelet_serving.cert,
+            tls_key: &pki.kubelet_serving.key,
+            ports,
+        };
+        write(
+            &config,
+            &serde_json::to_string_pretty(&config::kubelet(self.layout, &inputs))?,
+        )?;
+        let kubelet = Component {
+            name: KUBELET,
+            args: vec![
+                flag("config", &config),
+                flag("kubeconfig", pki.kubeconfig("kubelet")?),
+                format!("--hostname-override={}", node.name),
+                format!("--node-ip={}", node.ip),
+                "--v=2".to_owned(),
+            ],
+            env: path_env(self.layout),
+            awaited: "the kubelet's /healthz",
+            limit: KUBELET_UP,
+        };
+        let health = format!("http://127.0.0.1:{}/healthz", ports.kubelet_healthz);
+        self.start_healthy(kubelet, health, "kubelet").await?;
+        Ok(ports)
+    }
 
-    // the node, as the API sees it
-    let kubelet = processes
-        .iter_mut()
-        .find(|p| p.command.name == KUBELET)
-        .context("the kubelet is not running")?;
-    let took = wait_for(
-        kubelet,
-        &format!("node {node_name} Ready"),
-        NODE_READY,
-        || {
+    /// kube-proxy, on the ports [`Starter::kubelet`] chose.
+    async fn kube_proxy(
+        &mut self,
+        pki: &ClusterPki,
+        node: &Node,
+        ports: NodePorts,
+        lower_oom_score: bool,
+    ) -> anyhow::Result<()> {
+        let config = self.layout.kube_proxy.join("config.yaml");
+        write(
+            &config,
+            &serde_json::to_string_pretty(&config::kube_proxy(
+                pki.kubeconfig("kube-proxy")?,
+                &node.name,
+                node.ip,
+                ports,
+                lower_oom_score,
+            ))?,
+        )?;
+        let kube_proxy = Component {
+            name: KUBE_PROXY,
+            args: vec![flag("config", &config), "--v=1".to_owned()],
+            env: path_env(self.layout),
+            awaited: "kube-proxy's /healthz",
+            limit: PROXY_UP,
+        };
+        let health = format!("http://127.0.0.1:{}/healthz", ports.proxy_healthz);
+        self.start_healthy(kube_proxy, health, "kube-proxy").await
+    }
+
+    /// Waits until the API has node `name` Ready with a pod range (the kubelet must keep
+    /// running meanwhile).
+    async fn node_ready(&mut self, name: &str) -> anyhow::Result<()> {
+        let checker = self.checker.clone();
+        let ready = || {
             let checker = checker.clone();
-            let node_name = node_name.clone();
+            let name = name.to_owned();
             async move {
-                let state = checker.node(&node_name).await;
+                let state = checker.node(&name).await;
                 match (&state.ready, &state.pod_cidr) {
                     (Some(c), Some(_)) if c.ready => Ok(()),
                     _ => Err(state.to_string()),
                 }
             }
-        },
-    )
-    .await?;
-    report(format!(
-        "node {node_name} Ready in {:.1} s",
-        took.as_secs_f64()
-    ));
-    let controller_manager = processes
-        .iter_mut()
-        .find(|p| p.command.name == CONTROLLER_MANAGER)
-        .context("the controller-manager is not running")?;
-    wait_for(
-        controller_manager,
-        "the default service account",
-        CONTROLLERS_UP,
-        || {
+        };
+        let awaited = format!("node {name} Ready");
+        let took = self
+            .wait_on(KUBELET, "the kubelet", &awaited, NODE_READY, ready)
+            .await?;
+        (self.report)(format!("node {name} Ready in {:.1} s", took.as_secs_f64()));
+        Ok(())
+    }
+
+    /// Waits until the controller-manager has made the `default` service account, which pods
+    /// need before they can be created.
+    async fn default_service_account(&mut self) -> anyhow::Result<()> {
+        let checker = self.checker.clone();
+        let created = || {
             let checker = checker.clone();
             async move {
                 checker
@@ -390,40 +431,57 @@ pub async fn start_all(
                     .map(|_| ())
                     .ok_or_else(|| "not created yet".to_owned())
             }
-        },
-    )
-    .await?;
+        };
+        self.wait_on(
+            CONTROLLER_MANAGER,
+            "the controller-manager",
+            "the default service account",
+            CONTROLLERS_UP,
+            created,
+        )
+        .await?;
+        Ok(())
+    }
 
-    let version = checker
-        .api_json("/version")
-        .await
-        .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    let pod_cidr = checker.node(&node_name).await.pod_cidr.unwrap_or_default();
-    let info = ClusterInfo {
-        api_server: ApiServer {
-            url: api_server,
-            ca: pki.ca.clone(),
-        },
-        node_name,
-        node_ip: node_ip.to_string(),
-        kubernetes_version: version,
-        containerd: Containerd {
-            socket: layout.containerd_socket(),
-            namespace: super::CONTAINERD_NAMESPACE.to_owned(),
-        },
-        kube_bin: layout.kube_bin.clone(),
-        kubeconfig: layout.kubeconfig.clone(),
-        pause_image: images::PAUSE_IMAGE.to_owned(),
-        pod_cidr,
-        service_cidr: super::SERVICE_CIDR.to_owned(),
-        logs: layout.logs.clone(),
-        pids: pids(processes),
-        zts: None,
-        image: None,
-        overlay: None,
-    };
-    Ok(info)
+    /// What `cluster.json` says of the cluster now up (no release yet).
+    async fn cluster_info(&self, api_server: String, pki: &ClusterPki, node: Node) -> ClusterInfo {
+        let layout = self.layout;
+        let version = self
+            .checker
+            .api_json("/version")
+            .await
+            .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let pod_cidr = self
+            .checker
+            .node(&node.name)
+            .await
+            .pod_cidr
+            .unwrap_or_default();
+        ClusterInfo {
+            api_server: ApiServer {
+                url: api_server,
+                ca: pki.ca.clone(),
+            },
+            node_name: node.name,
+            node_ip: node.ip.to_string(),
+            kubernetes_version: version,
+            containerd: Containerd {
+                socket: layout.containerd_socket(),
+                namespace: super::CONTAINERD_NAMESPACE.to_owned(),
+            },
+            kube_bin: layout.kube_bin.clone(),
+            kubeconfig: layout.kubeconfig.clone(),
+            pause_image: images::PAUSE_IMAGE.to_owned(),
+            pod_cidr,
+            service_cidr: super::SERVICE_CIDR.to_owned(),
+            logs: layout.logs.clone(),
+            pids: pids(self.processes),
+            zts: None,
+            image: None,
+            overlay: None,
+        }
+    }
 }
 
 /// `Ok` when `GET url` answers 2xx, else what was asked (for the error).
@@ -435,135 +493,18 @@ async fn ok_or(checker: &Checker, url: &str) -> Result<(), String> {
     }
 }
 
-fn write(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+/// `Ok` when `ctr version` reaches containerd through its socket, else why not.
+async fn ctr_version(layout: Layout) -> Result<(), String> {
+    let mut ctr = std::process::Command::new(layout.bin("ctr"));
+    ctr.arg("--address")
+        .arg(layout.containerd_socket())
+        .arg("version");
+    images::run(&mut ctr, "ctr version")
+        .map(|_| ())
+        .map_err(|e| format!("{e:#}"))
+}
+
+/// Writes `text` to `path`, naming the path on failure.
+fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
-}
-
-/// The API server: the node's address advertised (it refuses loopback), `Node,RBAC` with the
-/// cluster CA's client certificates, NodeRestriction on top of the default admission plugins,
-/// the service-account issuer a conformant cluster uses, the front proxy for aggregated APIs,
-/// and aggregator routing to endpoints (webhooks work before kube-proxy does).
-fn apiserver_args(
-    pki: &ClusterPki,
-    node_ip: std::net::Ipv4Addr,
-    port: u16,
-    etcd: &str,
-    audit: &Audit,
-) -> Vec<String> {
-    vec![
-        flag("audit-policy-file", &audit.policy),
-        flag("audit-log-path", &audit.log),
-        "--audit-log-format=json".to_owned(),
-        format!("--advertise-address={node_ip}"),
-        "--bind-address=0.0.0.0".to_owned(),
-        format!("--secure-port={port}"),
-        format!("--etcd-servers={etcd}"),
-        "--allow-privileged=true".to_owned(),
-        "--authorization-mode=Node,RBAC".to_owned(),
-        "--enable-admission-plugins=NodeRestriction".to_owned(),
-        flag("client-ca-file", &pki.ca),
-        flag("tls-cert-file", &pki.apiserver.cert),
-        flag("tls-private-key-file", &pki.apiserver.key),
-        flag(
-            "kubelet-client-certificate",
-            &pki.apiserver_kubelet_client.cert,
-        ),
-        flag("kubelet-client-key", &pki.apiserver_kubelet_client.key),
-        flag("kubelet-certificate-authority", &pki.ca),
-        "--kubelet-preferred-address-types=InternalIP,Hostname".to_owned(),
-        flag("proxy-client-cert-file", &pki.front_proxy_client.cert),
-        flag("proxy-client-key-file", &pki.front_proxy_client.key),
-        flag("requestheader-client-ca-file", &pki.front_proxy_ca),
-        "--requestheader-allowed-names=front-proxy-client".to_owned(),
-        "--requestheader-extra-headers-prefix=X-Remote-Extra-".to_owned(),
-        "--requestheader-group-headers=X-Remote-Group".to_owned(),
-        "--requestheader-username-headers=X-Remote-User".to_owned(),
-        format!("--service-account-issuer={}", super::SERVICE_ACCOUNT_ISSUER),
-        flag("service-account-key-file", &pki.service_account_public),
-        flag("service-account-signing-key-file", &pki.service_account_key),
-        format!("--service-cluster-ip-range={}", super::SERVICE_CIDR),
-        "--enable-aggregator-routing=true".to_owned(),
-        "--v=1".to_owned(),
-    ]
-}
-
-/// The API server's audit: the policy file and where the log goes.
-struct Audit {
-    policy: std::path::PathBuf,
-    log: std::path::PathBuf,
-}
-
-/// The audit policy (docs/design.md §5.1: the real API server judges our RBAC): every request of a
-/// service account of ours (`athenz-system`, `k8s-admin`: who asked what, and the answer's code)
-/// and of SPIRE's when `cluster bench` installs it (`spire`: its API requests per credential),
-/// and every SubjectAccessReview with its answer (the kubelet asks one for each caller of its
-/// API, so the log says what the kubelet required of the agent). Nothing else is logged.
-fn write_audit_policy(layout: &Layout) -> anyhow::Result<Audit> {
-    let policy = layout.dir.join("audit-policy.yaml");
-    write(
-        &policy,
-        &format!(
-            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n\
-             \x20 - level: RequestResponse\n\
-             \x20   resources: [{{group: authorization.k8s.io, resources: [subjectaccessreviews]}}]\n\
-             \x20 - level: Metadata\n\
-             \x20   userGroups: [\"system:serviceaccounts:{}\", \"system:serviceaccounts:{}\", \
-             \"system:serviceaccounts:{}\"]\n\
-             \x20 - level: None\n",
-            super::install::NODE_NAMESPACE,
-            super::install::CONTROL_NAMESPACE,
-            super::spire::NAMESPACE
-        ),
-    )?;
-    Ok(Audit {
-        policy,
-        log: layout.logs.join(AUDIT_LOG),
-    })
-}
-
-/// The controller-manager: every default controller, service-account tokens per controller,
-/// the root CA for `kube-root-ca.crt`, the cluster CA as the CSR signer, pod ranges per node.
-fn controller_manager_args(pki: &ClusterPki, port: u16) -> anyhow::Result<Vec<String>> {
-    let kubeconfig = pki.kubeconfig("controller-manager")?;
-    Ok(vec![
-        flag("kubeconfig", kubeconfig),
-        flag("authentication-kubeconfig", kubeconfig),
-        flag("authorization-kubeconfig", kubeconfig),
-        "--bind-address=127.0.0.1".to_owned(),
-        format!("--secure-port={port}"),
-        flag("tls-cert-file", &pki.controller_manager_serving.cert),
-        flag("tls-private-key-file", &pki.controller_manager_serving.key),
-        flag("client-ca-file", &pki.ca),
-        flag("requestheader-client-ca-file", &pki.front_proxy_ca),
-        flag("cluster-signing-cert-file", &pki.ca),
-        flag("cluster-signing-key-file", &pki.ca_key),
-        "--controllers=*".to_owned(),
-        "--leader-elect=false".to_owned(),
-        flag("root-ca-file", &pki.ca),
-        flag("service-account-private-key-file", &pki.service_account_key),
-        "--use-service-account-credentials=true".to_owned(),
-        "--allocate-node-cidrs=true".to_owned(),
-        format!("--cluster-cidr={}", super::CLUSTER_CIDR),
-        "--node-cidr-mask-size=24".to_owned(),
-        format!("--service-cluster-ip-range={}", super::SERVICE_CIDR),
-        "--cluster-name=athenz-devstack".to_owned(),
-        "--v=1".to_owned(),
-    ])
-}
-
-/// The scheduler, with its own kubeconfig and a serving certificate from the cluster CA.
-fn scheduler_args(pki: &ClusterPki, port: u16) -> anyhow::Result<Vec<String>> {
-    let kubeconfig = pki.kubeconfig("scheduler")?;
-    Ok(vec![
-        flag("kubeconfig", kubeconfig),
-        flag("authentication-kubeconfig", kubeconfig),
-        flag("authorization-kubeconfig", kubeconfig),
-        "--bind-address=127.0.0.1".to_owned(),
-        format!("--secure-port={port}"),
-        flag("tls-cert-file", &pki.scheduler_serving.cert),
-        flag("tls-private-key-file", &pki.scheduler_serving.key),
-        flag("client-ca-file", &pki.ca),
-        "--leader-elect=false".to_owned(),
-        "--v=1".to_owned(),
-    ])
 }

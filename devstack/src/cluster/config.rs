@@ -139,7 +139,6 @@ pub struct KubeletInputs<'a> {
     pub tls_cert: &'a Path,
     /// The serving key.
     pub tls_key: &'a Path,
-    /// Its ports.
     pub ports: NodePorts,
 }
 

@@ -19,9 +19,10 @@
 
 use super::install::CONTROL_NAMESPACE;
 use super::scenario::{
-    BUSYBOX, CREDENTIALS, PodIdentity, RESTRICTED_NAMESPACE, Scenario, Workload, app_container,
-    restricted_pod,
+    BUSYBOX, CREDENTIALS, PodIdentity, RESTRICTED_NAMESPACE, Scenario, Workload,
 };
+use super::tenant_pods::{app_container, restricted_pod};
+use crate::initializer_template::with_allowed_volumes;
 use anyhow::{Context, bail};
 use athenz_core::crypto::CertInfo;
 use athenz_core::volume_mode::VolumeMode;
@@ -137,28 +138,6 @@ impl Scenario {
         })
     }
 
-    /// What the installed initializer gives every template: `SIA_IMAGE` and `ZTS_URL` of its
-    /// `athenz-cluster` ConfigMap (its environment).
-    pub fn installed_settings(
-        &self,
-    ) -> anyhow::Result<athenz_initializer::template::InstallSettings> {
-        let map =
-            self.kubectl()
-                .get_json(&["configmap", "-n", CONTROL_NAMESPACE, "athenz-cluster"])?;
-        let setting = |key: &str| map["data"][key].as_str().map(str::to_owned);
-        Ok(athenz_initializer::template::InstallSettings {
-            sia_image: setting("SIA_IMAGE"),
-            zts_url: setting("ZTS_URL"),
-        })
-    }
-
-    /// The image the installed initializer injects (`SIA_IMAGE` of `athenz-cluster`).
-    pub fn installed_sia_image(&self) -> anyhow::Result<String> {
-        self.installed_settings()?
-            .sia_image
-            .context("the athenz-cluster ConfigMap names no SIA_IMAGE")
-    }
-
     /// Makes the installed template allow `volume` in `athenz.io/volume` (as an operator edits
     /// the ConfigMap) when it does not yet, then waits until the initializer uses it: a pod
     /// asking for it in `probe_ns` is admitted (a server-side dry run). Meanwhile a pod with no
@@ -221,42 +200,6 @@ impl Scenario {
             }
         }
     }
-
-    /// The installed template's text (its ConfigMap).
-    pub fn installed_template_text(&self) -> anyhow::Result<String> {
-        let map = self.kubectl().get_json(&[
-            "configmap",
-            "-n",
-            CONTROL_NAMESPACE,
-            "athenz-initializer-template",
-        ])?;
-        map["data"]["template.yaml"]
-            .as_str()
-            .map(str::to_owned)
-            .context("the initializer's ConfigMap has no template.yaml")
-    }
-}
-
-/// `text` (a template) with its `allowedVolumes` line set to `allowed`, or one added.
-pub fn with_allowed_volumes(text: &str, allowed: &[VolumeMode]) -> String {
-    let names: Vec<&str> = allowed.iter().map(|mode| mode.name()).collect();
-    let line = format!("allowedVolumes: [{}]", names.join(", "));
-    let mut found = false;
-    let mut out: Vec<String> = text
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("allowedVolumes:") {
-                found = true;
-                line.clone()
-            } else {
-                l.to_owned()
-            }
-        })
-        .collect();
-    if !found {
-        out.push(line);
-    }
-    out.join("\n") + "\n"
 }
 
 /// The features pod: restricted, no mode annotation; roles, token server and SDS asked for; an
@@ -336,26 +279,6 @@ fn sds_principal(report: &str) -> anyhow::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn allowed_volumes_are_set_or_added() {
-        let text = "volume: csi-socket\nallowedVolumes: [csi-socket, csi-files]\nimage: x\n";
-        assert_eq!(
-            with_allowed_volumes(
-                text,
-                &[
-                    VolumeMode::CsiSocket,
-                    VolumeMode::CsiFiles,
-                    VolumeMode::Flex
-                ]
-            ),
-            "volume: csi-socket\nallowedVolumes: [csi-socket, csi-files, flex]\nimage: x\n"
-        );
-        assert_eq!(
-            with_allowed_volumes("volume: csi-socket", &[VolumeMode::Flex]),
-            "volume: csi-socket\nallowedVolumes: [flex]\n"
-        );
-    }
 
     #[test]
     fn the_token_servers_answer_is_read_strictly() {

@@ -14,32 +14,9 @@ use std::process::Command;
 /// The pause image's name (what containerd's `pinned_images.sandbox` says).
 pub const PAUSE_IMAGE: &str = "localhost/athenz-devstack/pause:3.10";
 
-/// The pause program: Kubernetes' `pause.c`, reduced to what it does.
-const PAUSE_C: &str = r#"#include <signal.h>
-#include <stddef.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-static void stop(int sig) { (void)sig; _exit(0); }
-
-static void reap(int sig) {
-  (void)sig;
-  while (waitpid(-1, NULL, WNOHANG) > 0) {
-  }
-}
-
-int main(void) {
-  struct sigaction sa = {0};
-  sa.sa_handler = stop;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sa.sa_handler = reap;
-  sa.sa_flags = SA_NOCLDSTOP;
-  sigaction(SIGCHLD, &sa, NULL);
-  for (;;) pause();
-  return 1;
-}
-"#;
+/// The pause program (`pause.c`, beside this file): Kubernetes' `pause.c`, reduced to what it
+/// does.
+const PAUSE_C: &str = include_str!("pause.c");
 
 /// An image to build from scratch.
 #[derive(Debug, Clone)]

@@ -26,7 +26,6 @@ pub struct Containerd {
 /// `cluster.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterInfo {
-    /// The API server.
     pub api_server: ApiServer,
     /// The node's name.
     pub node_name: String,
@@ -34,7 +33,6 @@ pub struct ClusterInfo {
     pub node_ip: String,
     /// What the API server's /version says, e.g. `v1.37.2`.
     pub kubernetes_version: String,
-    /// containerd.
     pub containerd: Containerd,
     /// The directory of the binaries (`kubectl` is there).
     pub kube_bin: PathBuf,
@@ -52,7 +50,7 @@ pub struct ClusterInfo {
     pub pids: BTreeMap<String, u32>,
     /// The dev ZTS beside the cluster (`{url, ca}`); absent with `--bare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub zts: Option<crate::stack::UrlCa>,
+    pub zts: Option<crate::stack_json::UrlCa>,
     /// The release image the workloads run; absent with `--bare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,

@@ -6,10 +6,10 @@
 //! of `deploy/base` is changed here: what the real cluster proves wrong there is fixed in the base
 //! itself, and what it proves wrong in the steps is fixed in the page.
 
-use super::components;
 use super::dns;
 use super::images;
 use super::kubectl::Kubectl;
+use super::layout::write_pids;
 use super::runbook;
 use super::{CLUSTER_DNS, Layout};
 use crate::json_file;
@@ -281,7 +281,7 @@ async fn start_dev_zts(
     let mut zts = Process::start(Command::new(ZTS, &exe, args), &layout.logs)?;
     zts.wait_file(&dir.join("zts.json")).await?;
     processes.push(zts);
-    components::write_pids(layout, processes)?;
+    write_pids(layout, processes)?;
     json_file::read(&dir.join("zts.json")).context("reading the dev ZTS's zts.json")
 }
 

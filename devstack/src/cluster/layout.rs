@@ -2,6 +2,7 @@
 //! as each starts, so `cluster down` (another process, maybe after `cluster up` was killed) finds
 //! every one and never a stranger that reused a pid.
 
+use crate::procs::Process;
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -248,11 +249,32 @@ impl Processes {
     }
 }
 
+/// The pids of the processes, by name, and this process's as `supervisor`.
+pub fn pids(processes: &[Process]) -> BTreeMap<String, u32> {
+    let mut pids: BTreeMap<String, u32> = processes
+        .iter()
+        .map(|p| (p.command.name.clone(), p.pid()))
+        .collect();
+    pids.insert("supervisor".to_owned(), std::process::id());
+    pids
+}
+
+/// Records the processes in `processes.json` (`cluster down` reads it).
+pub fn write_pids(layout: &Layout, processes: &[Process]) -> anyhow::Result<()> {
+    let mut recorded = Processes::read(&layout.processes_json).unwrap_or_default();
+    recorded.kube_bin.clone_from(&layout.kube_bin);
+    for process in processes {
+        if let Some(id) = ProcessId::of(process.pid()) {
+            recorded.components.insert(process.command.name.clone(), id);
+        }
+    }
+    recorded.write(&layout.processes_json)
+}
+
 /// A process as the kernel knows it: its pid and its start time, which a later process that
 /// reuses the pid does not share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessId {
-    /// Its pid.
     pub pid: u32,
     /// Its start time in clock ticks after boot (`/proc/<pid>/stat` field 22).
     pub start: u64,

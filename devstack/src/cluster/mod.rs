@@ -18,13 +18,16 @@
 pub mod bench;
 pub mod components;
 pub mod config;
+pub mod control_plane;
 pub mod dns;
+pub mod end_to_end;
 pub mod features;
 pub mod health;
 pub mod host;
 pub mod images;
 pub mod info;
 pub mod install;
+pub mod installed;
 pub mod iptables;
 pub mod kubectl;
 pub mod layout;
@@ -167,7 +170,7 @@ impl Cluster {
                 info.zts = Some(installed.zts);
                 info.image = Some(installed.image);
                 info.overlay = Some(installed.overlay);
-                info.pids = components::pids(&processes);
+                info.pids = layout::pids(&processes);
             }
             // cluster.json appears only once everything asked for is ready
             crate::json_file::write_atomically(&layout.cluster_json, &info)?;
@@ -198,8 +201,8 @@ impl Cluster {
     pub fn restart_exited(&mut self) -> anyhow::Result<Vec<String>> {
         let restarted = crate::procs::restart_exited(&mut self.processes)?;
         if !restarted.is_empty() {
-            self.info.pids = components::pids(&self.processes);
-            components::write_pids(&self.layout, &self.processes)?;
+            self.info.pids = layout::pids(&self.processes);
+            layout::write_pids(&self.layout, &self.processes)?;
             crate::json_file::write_atomically(&self.layout.cluster_json, &self.info)?;
         }
         Ok(restarted)
@@ -384,7 +387,7 @@ pub async fn bench_command(
 }
 
 /// Imports the apps' image and runs every workload of the scenario.
-fn run_scenario(cluster: &Cluster) -> anyhow::Result<scenario::Outcome> {
+fn run_scenario(cluster: &Cluster) -> anyhow::Result<end_to_end::Outcome> {
     let zts = cluster
         .info
         .zts

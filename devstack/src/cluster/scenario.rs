@@ -9,17 +9,18 @@
 //!   opted in, each asking for its mode with the annotation `athenz.io/volume`: the webhook
 //!   injects the CSI volume (and, for csi-socket, the SIA containers, which pass `restricted`),
 //!   and the API server's Pod Security admission judges the result.
+//!
+//! This module holds what every step shares: the workloads, the [`Scenario`] handle and the check
+//! of a pod's identity. The steps build on it, each in its own module: what is installed
+//! ([`super::installed`]), the tenants' pods ([`super::tenant_pods`]), every SIA feature
+//! ([`super::features`]), and all of them in order ([`super::end_to_end`]).
 
 use super::Layout;
 use super::images::{self, ImageSpec};
-use super::install::CONTROL_NAMESPACE;
 use super::kubectl::Kubectl;
-use super::tenant_pods::app_deployment;
-pub use super::tenant_pods::{app_container, restricted_pod};
 use anyhow::{Context, bail};
 use athenz_core::crypto::CertInfo;
 use athenz_core::volume_mode::VolumeMode;
-use athenz_initializer::template::Template;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,8 +31,6 @@ pub const APP_IMAGE: &str = "localhost/athenz-devstack/busybox:1";
 pub const BUSYBOX: &str = "/bin/busybox";
 /// Where every mode's app reads its credentials.
 pub const CREDENTIALS: &str = "/var/run/athenz";
-/// How long a workload may take to be Ready (a first pod also waits for its image's layers).
-const READY: Duration = Duration::from_secs(120);
 /// How long a files-mode certificate may lack the pod's IP after the pod is Ready (the agent
 /// looks for it every 500 ms).
 const IP_SAN_WAIT: Duration = Duration::from_secs(15);
@@ -114,22 +113,6 @@ pub struct PodIdentity {
     pub not_after: String,
 }
 
-/// What [`Scenario::run_all`] found.
-#[derive(Debug, Clone, Serialize)]
-pub struct Outcome {
-    /// Every pod's identity, the features pod's last.
-    pub identities: Vec<PodIdentity>,
-    /// What the features pod showed.
-    pub features: super::features::Features,
-    /// How long the template change allowing flex took to reach the initializer.
-    #[serde(serialize_with = "seconds")]
-    pub template_change: Duration,
-}
-
-fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
-
 /// The scenario's handles: kubectl, and the ZTS CA that must verify every certificate.
 pub struct Scenario {
     kubectl: Kubectl,
@@ -169,52 +152,6 @@ impl Scenario {
             },
         )?;
         images::import(layout, &archive)
-    }
-
-    /// Creates `workload` (its namespace and service account first) and waits until its pods
-    /// are Ready; returns their names.
-    pub fn deploy(&self, workload: &Workload) -> anyhow::Result<Vec<String>> {
-        let ns = workload.namespace;
-        let sa = workload.service_account;
-        let restricted = ns == RESTRICTED_NAMESPACE;
-        if restricted {
-            self.ensure_restricted_namespace(ns)?;
-        } else {
-            self.ensure_namespace(ns, true)?;
-        }
-        self.ensure_service_account(ns, sa)?;
-        if workload.service {
-            // before the pods: the agent looks the Service up when it issues
-            self.kubectl.apply_manifest(
-                &serde_json::json!({
-                    "apiVersion": "v1",
-                    "kind": "Service",
-                    "metadata": {"name": sa, "namespace": ns},
-                    "spec": {"selector": {"app": sa}, "ports": [{"port": 443}]},
-                })
-                .to_string(),
-                &format!("service {ns}/{sa}"),
-            )?;
-        }
-        match restricted {
-            false => {
-                let asked = (workload.mode == VolumeMode::Flex).then_some(VolumeMode::Flex);
-                self.kubectl.apply_manifest(
-                    &app_deployment(ns, sa, asked),
-                    &format!("deployment {ns}/{sa}"),
-                )?;
-                self.kubectl
-                    .wait_rolled_out(ns, &format!("deployment/{sa}"), READY)?;
-                self.pods_of(ns, sa)
-            }
-            true => {
-                let pod = restricted_pod(workload).to_string();
-                self.kubectl
-                    .apply_manifest(&pod, &format!("pod {ns}/{sa}"))?;
-                self.wait_pod_ready(ns, sa, READY)?;
-                Ok(vec![sa.to_owned()])
-            }
-        }
     }
 
     /// Creates `ns` if missing, opted in when `opt_in`.
@@ -280,79 +217,6 @@ impl Scenario {
                     .collect()
             })
             .unwrap_or_default())
-    }
-
-    /// A pod named `name` running `container` (named `app`) as `sa` in `ns`, with its identity
-    /// in `mode`: flex as it is before the webhook (the namespace must be opted in), csi-socket
-    /// as the webhook makes it with the installed template set to `volume: csi-socket`,
-    /// csi-files with the CSI volume mounted at `/var/run/athenz`; `None`: no identity.
-    pub fn pod_json(
-        &self,
-        ns: &str,
-        name: &str,
-        sa: &str,
-        mode: Option<VolumeMode>,
-        container: serde_json::Value,
-    ) -> anyhow::Result<serde_json::Value> {
-        let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": ns, "labels": {"app": sa}},
-            "spec": {
-                "serviceAccountName": sa,
-                "terminationGracePeriodSeconds": 2,
-                "containers": [container],
-            }
-        }))
-        .context("the app pod")?;
-        match mode {
-            None => {}
-            Some(VolumeMode::Flex) => {
-                pod.metadata.annotations = Some(
-                    [(
-                        athenz_initializer::mutate::VOLUME_ANNOTATION.to_owned(),
-                        VolumeMode::Flex.name().to_owned(),
-                    )]
-                    .into(),
-                );
-            }
-            Some(VolumeMode::CsiSocket) => {
-                // as the installed initializer reads it, with the install's image and ZTS
-                let install = self.installed_settings()?;
-                let mut template = self.installed_template()?.with_install(&install)?;
-                template.volume = VolumeMode::CsiSocket;
-                pod = athenz_initializer::mutate::inject(&template, &pod)
-                    .map_err(|e| anyhow::anyhow!("injecting the csi-socket template: {e:?}"))?;
-            }
-            Some(VolumeMode::CsiFiles) => {
-                if let Some(spec) = pod.spec.as_mut() {
-                    spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
-                        "name": "athenz-identity",
-                        "csi": {"driver": "csi.athenz.io", "readOnly": true,
-                                "volumeAttributes": {"mode": "files"}}
-                    }))?]);
-                    spec.containers[0].volume_mounts = Some(vec![serde_json::from_value(
-                        serde_json::json!({"name": "athenz-identity", "mountPath": CREDENTIALS,
-                                           "readOnly": true}),
-                    )?]);
-                }
-            }
-        }
-        serde_json::to_value(&pod).context("encoding the pod")
-    }
-
-    /// The template the installed initializer reads (its ConfigMap).
-    fn installed_template(&self) -> anyhow::Result<Template> {
-        let map = self.kubectl.get_json(&[
-            "configmap",
-            "-n",
-            CONTROL_NAMESPACE,
-            "athenz-initializer-template",
-        ])?;
-        let text = map["data"]["template.yaml"]
-            .as_str()
-            .context("the initializer's ConfigMap has no template.yaml")?;
-        Template::from_yaml(text).context("reading the installed template")
     }
 
     /// Waits until pod `name` in `ns` is Ready; the error names its phase and events.
@@ -480,42 +344,6 @@ impl Scenario {
                 .not_after
                 .format(&time::format_description::well_known::Rfc3339)
                 .unwrap_or_default(),
-        })
-    }
-
-    /// Deploys every workload of [`WORKLOADS`] and checks each pod's identity.
-    /// Flex is a volume the operator chooses: the template is changed to allow it first (see
-    /// [`Scenario::allow_volume`]). Then the pod asking for every SIA feature
-    /// ([`Scenario::check_features`]).
-    pub fn run_all(&self) -> anyhow::Result<Outcome> {
-        let mut identities = Vec::new();
-        let flex_ns = WORKLOADS
-            .iter()
-            .find(|w| w.mode == VolumeMode::Flex)
-            .map_or("media-sports", |w| w.namespace);
-        self.ensure_namespace(flex_ns, true)?;
-        let template_change = self.allow_volume(VolumeMode::Flex, flex_ns)?;
-        for workload in &WORKLOADS {
-            let started = Instant::now();
-            let pods = self.deploy(workload)?;
-            if pods.is_empty() {
-                bail!(
-                    "{} {}: no pods",
-                    workload.namespace,
-                    workload.service_account
-                );
-            }
-            for pod in pods {
-                identities.push(self.check_identity(workload.namespace, &pod, workload.mode)?);
-            }
-            tracing::debug!(elapsed = ?started.elapsed(), "workload checked");
-        }
-        let features = self.check_features()?;
-        identities.push(features.identity.clone());
-        Ok(Outcome {
-            identities,
-            features,
-            template_change,
         })
     }
 }

@@ -14,7 +14,7 @@
 use crate::bench::bench_pod;
 use crate::kube::{KubeClient, PodSize};
 use crate::procs::Usage;
-use crate::stack::{Stack, StackOptions};
+use crate::stack::{Stack, StackInfo, StackOptions};
 use anyhow::{Context, bail};
 use athenz_core::names::DomainMapper;
 use athenz_core::tls::{self, ClientIdentity};
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 mod phase;
 mod report;
-use phase::{Phase, load_pod};
+use phase::{LoadPod, Outcome, Phase, load_pod};
 use report::replica_load;
 pub use report::{ApiPerIdentity, CallbackLoad, LoadReport, ReplicaLoad, print_human};
 
@@ -43,22 +43,28 @@ const P99_BOUND_MS: f64 = 50.0;
 /// the agent's token, its reads of the node and of the agent's pod), as `api_requests` names them.
 const NODE_RENEWAL_REQUESTS: [&str; 3] = ["POST tokenreviews", "GET nodes", "GET pods"];
 
-/// What to run.
-#[derive(Debug, Clone)]
+/// What to run: `load`'s options, as its command line gives them.
+#[derive(Debug, Clone, clap::Args)]
 pub struct LoadOptions {
-    /// Nodes, each with its agent.
+    /// Nodes, each with its own agent.
+    #[arg(long, default_value_t = 10)]
     pub nodes: usize,
-    /// Pods on each node.
+    /// Real-size pods on each node.
+    #[arg(long, default_value_t = 20)]
     pub pods_per_node: usize,
-    /// Identities a second.
+    /// Identities a second (three quarters launches, then a quarter refreshes).
+    #[arg(long, default_value_t = 300.0)]
     pub rate: f64,
-    /// How long.
+    /// How long to drive, seconds.
+    #[arg(long, default_value_t = 20)]
     pub seconds: u64,
-    /// Separately built component binaries to run instead of this one.
-    pub components: Option<std::path::PathBuf>,
-    /// Certificate lifetime in minutes, pods' and nodes' (`None`: the stack's default): short
-    /// enough, and the run sees the agents refresh their node identities too.
+    /// Certificate lifetime in minutes, pods' and nodes' (the stack's default otherwise);
+    /// with 1 and `--seconds 60` the agents refresh their node identities during the run.
+    #[arg(long)]
     pub lifetime_minutes: Option<u32>,
+    /// Run each component from its own binary in DIR instead of this one.
+    #[arg(long, value_name = "DIR")]
+    pub components: Option<std::path::PathBuf>,
 }
 
 /// Runs the load on a fresh stack in `state_dir`.
@@ -78,14 +84,38 @@ pub async fn run(state_dir: &Path, options: &LoadOptions) -> anyhow::Result<Load
     result
 }
 
+/// Creates the pods, drives the phases at the rate asked for, and reports what they cost.
 async fn drive(stack: &Stack, options: &LoadOptions) -> anyhow::Result<LoadReport> {
     let info = &stack.info;
-    let kube = KubeClient::new(&info.kube_api.url)?;
-    // Once the stack is up and before any pod of the load exists, every request the API has
-    // served is one of the agents' node registrations: what one costs.
-    let at_start = api_requests(&info.kube_api.url).await?;
+    let per_node_renewal = requests_per_node_renewal(stack).await?;
+    let pods = Arc::new(create_pods(info, options).await?);
+    let callers = Callers::of(info)?;
+    let usage_before = stack.usage();
+    let started = Instant::now();
+    let driven = drive_phases(stack, options, &pods, &callers, per_node_renewal).await?;
+    let seconds = started.elapsed().as_secs_f64();
+    let usage_after = stack.usage();
+    let api_after = api_requests(&info.kube_api.url).await?;
+    let measured = Measured {
+        pods: pods.len(),
+        seconds,
+        usage_before,
+        usage_after,
+        driven,
+        tokenreviews: api_after.get("POST tokenreviews").copied().unwrap_or(0),
+        renewals: node_renewals(stack).await?,
+        per_node_renewal,
+    };
+    Ok(measured.report(options))
+}
+
+/// What one node registration or renewal asks the API. Once the stack is up and before any pod
+/// of the load exists, every request the API has served is one of the agents' node
+/// registrations: what one costs.
+async fn requests_per_node_renewal(stack: &Stack) -> anyhow::Result<f64> {
+    let at_start = api_requests(&stack.info.kube_api.url).await?;
     let registrations = node_renewals(stack).await?;
-    let per_node_renewal = if registrations == 0 {
+    Ok(if registrations == 0 {
         0.0
     } else {
         NODE_RENEWAL_REQUESTS
@@ -93,7 +123,12 @@ async fn drive(stack: &Stack, options: &LoadOptions) -> anyhow::Result<LoadRepor
             .map(|k| at_start.get(*k).copied().unwrap_or(0))
             .sum::<u64>() as f64
             / registrations as f64
-    };
+    })
+}
+
+/// `pods_per_node` real-size pods running on each node, in the API stand-in.
+async fn create_pods(info: &StackInfo, options: &LoadOptions) -> anyhow::Result<Vec<LoadPod>> {
+    let kube = KubeClient::new(&info.kube_api.url)?;
     let mapper = DomainMapper::new(ADMIN_DOMAIN, Vec::<String>::new())?;
     let mut pods = Vec::new();
     for node in 0..options.nodes {
@@ -105,56 +140,93 @@ async fn drive(stack: &Stack, options: &LoadOptions) -> anyhow::Result<LoadRepor
             pods.push(load_pod(node, &pod, &uid, &mapper)?);
         }
     }
-    let jwt_clients = info
-        .nodes
-        .iter()
-        .map(|n| {
-            let chain = tls::read_certs_file(&n.credentials.cert)?;
-            let key = tls::read_key_file(&n.credentials.key)?;
-            let cas = tls::read_certs_file(&info.zts.ca)?;
-            let config = tls::client_config(
-                &cas,
-                Some(ClientIdentity::Fixed(tls::certified_key(chain, key)?)),
-            )?;
-            Ok(reqwest::Client::builder()
-                .tls_backend_preconfigured(config)
-                .timeout(CALL_TIMEOUT)
-                .build()?)
-        })
-        .collect::<anyhow::Result<Vec<_>>>()
-        .context("the nodes' clients for the jwt-service")?;
-    let zts = &info.credentials.zts;
-    let providers = Arc::new(ProviderClients::new(
-        tls::read_certs_file(&info.zts.ca)?,
-        ClientIdentity::Fixed(tls::certified_key(
-            tls::read_certs_file(&zts.cert)?,
-            tls::read_key_file(&zts.key)?,
-        )?),
-        CALL_TIMEOUT,
-    ));
-    let provider = Arc::new(ProviderEntry {
-        name: PROVIDER.into(),
-        endpoint: format!("{}{}", info.callback.url, info.callback.base_path),
-        dns_suffixes: vec![DNS_SUFFIX.into()],
-        launch: vec!["*".into()],
-    });
-    let (pods, jwt_clients) = (Arc::new(pods), Arc::new(jwt_clients));
-    let jwt_url = Arc::new(format!("{}/v1/jwt", info.jwt_service.url));
+    Ok(pods)
+}
 
-    let usage_before = stack.usage();
-    let started = Instant::now();
+/// Who calls the shared parts: each node's agent identity for the jwt-service, and ZTS's
+/// provider clients (a new mutual-TLS connection per confirmation) for the callback.
+struct Callers {
+    jwt_clients: Arc<Vec<reqwest::Client>>,
+    jwt_url: Arc<String>,
+    providers: Arc<ProviderClients>,
+    provider: Arc<ProviderEntry>,
+}
+
+impl Callers {
+    fn of(info: &StackInfo) -> anyhow::Result<Self> {
+        let jwt_clients = info
+            .nodes
+            .iter()
+            .map(|n| {
+                let chain = tls::read_certs_file(&n.credentials.cert)?;
+                let key = tls::read_key_file(&n.credentials.key)?;
+                let cas = tls::read_certs_file(&info.zts.ca)?;
+                let config = tls::client_config(
+                    &cas,
+                    Some(ClientIdentity::Fixed(tls::certified_key(chain, key)?)),
+                )?;
+                Ok(reqwest::Client::builder()
+                    .tls_backend_preconfigured(config)
+                    .timeout(CALL_TIMEOUT)
+                    .build()?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+            .context("the nodes' clients for the jwt-service")?;
+        let zts = &info.credentials.zts;
+        let providers = ProviderClients::new(
+            tls::read_certs_file(&info.zts.ca)?,
+            ClientIdentity::Fixed(tls::certified_key(
+                tls::read_certs_file(&zts.cert)?,
+                tls::read_key_file(&zts.key)?,
+            )?),
+            CALL_TIMEOUT,
+        );
+        let provider = ProviderEntry {
+            name: PROVIDER.into(),
+            endpoint: format!("{}{}", info.callback.url, info.callback.base_path),
+            dns_suffixes: vec![DNS_SUFFIX.into()],
+            launch: vec!["*".into()],
+        };
+        Ok(Self {
+            jwt_clients: Arc::new(jwt_clients),
+            jwt_url: Arc::new(format!("{}/v1/jwt", info.jwt_service.url)),
+            providers: Arc::new(providers),
+            provider: Arc::new(provider),
+        })
+    }
+}
+
+/// What the phases did: every identity's calls, the API requests per identity of each route,
+/// and every API request made meanwhile.
+struct Driven {
+    outcomes: Vec<Outcome>,
+    per_route: Vec<f64>,
+    during: BTreeMap<String, u64>,
+}
+
+/// Three quarters launches, then a quarter refreshes, each phase's API requests apart (less
+/// the agents' node renewals meanwhile, at `per_node_renewal` requests each).
+async fn drive_phases(
+    stack: &Stack,
+    options: &LoadOptions,
+    pods: &Arc<Vec<LoadPod>>,
+    callers: &Callers,
+    per_node_renewal: f64,
+) -> anyhow::Result<Driven> {
+    let api = &stack.info.kube_api.url;
     let total = ((options.rate * options.seconds as f64).ceil() as usize).max(4);
-    // three quarters launches, then a quarter refreshes, each phase's API requests apart
     let phases = [
         (ProviderRoute::Instance, total - total / 4),
         (ProviderRoute::Refresh, total / 4),
     ];
-    let mut outcomes = Vec::new();
-    let mut per_route = Vec::new();
-    let mut during = BTreeMap::new();
+    let mut driven = Driven {
+        outcomes: Vec::new(),
+        per_route: Vec::new(),
+        during: BTreeMap::new(),
+    };
     let mut first = 0;
     for (route, count) in phases {
-        let before = api_requests(&info.kube_api.url).await?;
+        let before = api_requests(api).await?;
         let renewals_before = node_renewals(stack).await?;
         let phase = Phase {
             route,
@@ -163,9 +235,15 @@ async fn drive(stack: &Stack, options: &LoadOptions) -> anyhow::Result<LoadRepor
             rate: options.rate,
         };
         let done = phase
-            .run(&pods, &jwt_clients, &jwt_url, &providers, &provider)
+            .run(
+                pods,
+                &callers.jwt_clients,
+                &callers.jwt_url,
+                &callers.providers,
+                &callers.provider,
+            )
             .await?;
-        let after = api_requests(&info.kube_api.url).await?;
+        let after = api_requests(api).await?;
         // the agents' node refreshes meanwhile ask the API too: theirs, not the pods'
         let renewed = node_renewals(stack).await?.saturating_sub(renewals_before);
         let requests = after
@@ -176,70 +254,84 @@ async fn drive(stack: &Stack, options: &LoadOptions) -> anyhow::Result<LoadRepor
         for (k, n) in &after {
             let added = n - before.get(k).copied().unwrap_or(0);
             if added > 0 {
-                *during.entry(k.clone()).or_insert(0) += added;
+                *driven.during.entry(k.clone()).or_insert(0) += added;
             }
         }
         let confirmed = done.iter().filter(|o| o.confirm.is_some()).count();
-        per_route.push(if confirmed == 0 {
+        driven.per_route.push(if confirmed == 0 {
             0.0
         } else {
             requests.max(0.0) / confirmed as f64
         });
-        outcomes.extend(done);
+        driven.outcomes.extend(done);
         first += count;
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let usage_after = stack.usage();
-    let api_after = api_requests(&info.kube_api.url).await?;
+    Ok(driven)
+}
 
-    let cpu = |name: &str| {
-        let of = |u: &[(String, Usage)]| {
-            u.iter()
-                .find(|(n, _)| n == name)
-                .map_or(0.0, |(_, u)| u.cpu_seconds)
+/// What a run measured, with each process's usage before and after it.
+struct Measured {
+    pods: usize,
+    seconds: f64,
+    usage_before: Vec<(String, Usage)>,
+    usage_after: Vec<(String, Usage)>,
+    driven: Driven,
+    /// TokenReviews the API served, from the stack's start.
+    tokenreviews: u64,
+    /// The agents' node registrations and renewals, from the stack's start.
+    renewals: u64,
+    per_node_renewal: f64,
+}
+
+impl Measured {
+    fn report(self, options: &LoadOptions) -> LoadReport {
+        let cpu = |name: &str| {
+            let of = |u: &[(String, Usage)]| {
+                u.iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(0.0, |(_, u)| u.cpu_seconds)
+            };
+            (of(&self.usage_after) - of(&self.usage_before)).max(0.0)
         };
-        (of(&usage_after) - of(&usage_before)).max(0.0)
-    };
-    let rss = |name: &str| {
-        usage_after
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0.0, |(_, u)| u.peak_rss_kib as f64 / 1024.0)
-    };
-    let jwt_times: Vec<Option<Duration>> = outcomes.iter().map(|o| o.jwt).collect();
-    let confirm_times: Vec<Option<Duration>> = outcomes.iter().map(|o| o.confirm).collect();
-    let callback = replica_load(&confirm_times, seconds, cpu("callback"), rss("callback"));
-    let jwt_service = replica_load(&jwt_times, seconds, cpu("jwt-service"), rss("jwt-service"));
-    let renewals = node_renewals(stack).await?;
-    let tokenreviews = api_after.get("POST tokenreviews").copied().unwrap_or(0);
-    let per_renewal = |n: u64| {
-        if renewals == 0 {
+        let rss = |name: &str| {
+            self.usage_after
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0.0, |(_, u)| u.peak_rss_kib as f64 / 1024.0)
+        };
+        let outcomes = &self.driven.outcomes;
+        let jwt_times: Vec<Option<Duration>> = outcomes.iter().map(|o| o.jwt).collect();
+        let confirm_times: Vec<Option<Duration>> = outcomes.iter().map(|o| o.confirm).collect();
+        let seconds = self.seconds;
+        let callback = replica_load(&confirm_times, seconds, cpu("callback"), rss("callback"));
+        let jwt_service = replica_load(&jwt_times, seconds, cpu("jwt-service"), rss("jwt-service"));
+        let tokenreviews_per_node_renewal = if self.renewals == 0 {
             0.0
         } else {
-            n as f64 / renewals as f64
+            self.tokenreviews as f64 / self.renewals as f64
+        };
+        LoadReport {
+            nodes: options.nodes,
+            pods: self.pods,
+            rate: options.rate,
+            seconds,
+            callback: CallbackLoad {
+                confirmations_per_core_second: callback.per_core_second,
+                p99_ms: callback.p99_ms,
+                p99_within_bound: callback.p99_ms <= P99_BOUND_MS,
+                replica: callback,
+            },
+            jwt_service,
+            api_requests_per_identity: ApiPerIdentity {
+                issue: self.driven.per_route[0],
+                refresh: self.driven.per_route[1],
+            },
+            tokenreviews_per_node_renewal,
+            api_requests_per_node_renewal: self.per_node_renewal,
+            node_renewals: self.renewals,
+            api_requests: self.driven.during,
         }
-    };
-    Ok(LoadReport {
-        nodes: options.nodes,
-        pods: pods.len(),
-        rate: options.rate,
-        seconds,
-        callback: CallbackLoad {
-            confirmations_per_core_second: callback.per_core_second,
-            p99_ms: callback.p99_ms,
-            p99_within_bound: callback.p99_ms <= P99_BOUND_MS,
-            replica: callback,
-        },
-        jwt_service,
-        api_requests_per_identity: ApiPerIdentity {
-            issue: per_route[0],
-            refresh: per_route[1],
-        },
-        tokenreviews_per_node_renewal: per_renewal(tokenreviews),
-        api_requests_per_node_renewal: per_node_renewal,
-        node_renewals: renewals,
-        api_requests: during,
-    })
+    }
 }
 
 /// The API stand-in's `apiserver_request_total`, summed by `<verb> <resource>[/<subresource>]`

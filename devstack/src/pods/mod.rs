@@ -16,7 +16,7 @@ use crate::pod_dirs::PodVolume;
 use crate::procs::Process;
 
 mod container;
-use crate::stack::{RuntimeInfo, StackInfo};
+use crate::stack_json::{RuntimeInfo, StackInfo};
 use anyhow::Context;
 use athenz_testbed::runtime::{
     ContainerSpec, OciRuntime, Pod, Qos, Rootfs, RuntimeKind, VolumeMount,
@@ -59,9 +59,7 @@ pub enum PodProgram {
 pub struct PodCommand<'a> {
     /// The container's name in the pod (`sia-init`, `sia-refresh`, ...).
     pub name: &'a str,
-    /// Its program.
     pub program: PodProgram,
-    /// Its arguments.
     pub args: Vec<String>,
     /// Its environment (paths as [`PodRuntime::paths`] gives them).
     pub env: Vec<(&'static str, String)>,

@@ -2,7 +2,7 @@
 //! goes to the dev ZTS), the JWT signing key, and the certificates athenz-control-sia gets from
 //! ZTS for them, as the Deployments' init containers and sidecars do.
 
-use super::start::path_arg;
+use super::launch::path_arg;
 use super::{ADMIN_DOMAIN, CALLBACK, DNS_SUFFIX, INITIALIZER, JWT_SERVICE, STRANGER};
 use crate::procs::{Command, Process};
 use anyhow::{Context, bail};

@@ -14,12 +14,12 @@ use athenz_testbed::fixtures::{
 use std::path::PathBuf;
 
 mod control;
-mod info;
 pub(crate) mod keys;
+mod launch;
 pub mod replicas;
 mod runtime;
 mod start;
-pub use info::{
+pub use crate::stack_json::{
     AgentInfo, CallbackInfo, Credential, Credentials, NodeAgentInfo, NodeAttestation, NodeInfo,
     RuntimeInfo, StackInfo, Url, UrlCa,
 };
@@ -119,7 +119,6 @@ pub fn node_name(i: usize) -> String {
 pub struct Stack {
     /// What stack.json says.
     pub info: StackInfo,
-    /// The state dir.
     pub state_dir: PathBuf,
     processes: Vec<Process>,
     /// Deployments of more than one replica, behind their Services.

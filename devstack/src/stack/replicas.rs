@@ -3,7 +3,7 @@
 //! address ([`crate::forwarder`]) that ZTS and the agents are given, and rolled one replica at
 //! a time as a Deployment's rolling update does.
 
-use super::start::run_daemon;
+use super::launch::run_daemon;
 use crate::forwarder::Forwarder;
 use crate::procs::{Process, Stopped, free_port};
 use std::net::SocketAddr;

@@ -6,6 +6,7 @@
 //! (and stops) them all.
 
 use super::keys::{ServiceFiles, control_plane_certificates, generate_keys};
+use super::launch::{path_arg, run_daemon};
 use super::{
     ADMIN_DOMAIN, AGENT_NAMESPACE, AGENT_PRINCIPAL, AGENT_SERVICE_ACCOUNT, AgentInfo, CALLBACK,
     CALLBACK_BASE_PATH, CallbackInfo, Credential, Credentials, DEPLOY_TEMPLATE, DNS_SUFFIX,
@@ -13,7 +14,7 @@ use super::{
     NodeInfo, PROVIDER, STRANGER, Stack, StackInfo, StackOptions, Url, UrlCa, choose_runtime,
     demo_roles, node_name, replicas,
 };
-use crate::kube::KubeInfo;
+use crate::kube::{KubeInfo, KubeNode};
 use crate::multicall;
 use crate::procs::{Command, Process, free_port};
 use anyhow::Context;
@@ -257,33 +258,35 @@ impl<'a> Start<'a> {
         kube: &KubeInfo,
         ports: &Ports,
     ) -> anyhow::Result<Vec<replicas::Deployment>> {
-        let options = self.options;
-        let ca = &zts.ca;
         let sidecars = control_plane_certificates(
             &self.bin.join("athenz-control-sia"),
             files,
             &zts.url,
-            ca,
+            &zts.ca,
             &self.logs,
         )
         .await?;
         self.processes.extend(sidecars);
-        let tls_args = |port: u16, ops: u16, f: &ServiceFiles| {
-            vec![
-                format!("--listen=127.0.0.1:{port}"),
-                format!("--ops-listen=127.0.0.1:{ops}"),
-                path_arg("tls-cert", &f.cert()),
-                path_arg("tls-key", &f.key()),
-            ]
-        };
-
-        // jwt-service: only node agents may ask, each for its own node.
         let mut deployments = Vec::new();
+        deployments.extend(self.jwt_service(&files[JWT_SERVICE], zts, ports).await?);
+        deployments.extend(self.callback(&files[CALLBACK], zts, kube, ports).await?);
+        self.initializer(&files[INITIALIZER], zts, ports).await?;
+        Ok(deployments)
+    }
+
+    /// The jwt-service: only node agents may ask, each for its own node. Its Deployment when
+    /// it runs more than one replica.
+    async fn jwt_service(
+        &mut self,
+        files: &ServiceFiles,
+        zts: &StandaloneInfo,
+        ports: &Ports,
+    ) -> anyhow::Result<Option<replicas::Deployment>> {
         let keys_dir = self.state.join("jwt-keys");
         let jwt_args = |port, ops| {
-            let mut args = tls_args(port, ops, &files[JWT_SERVICE]);
+            let mut args = tls_args(port, ops, files);
             args.extend([
-                path_arg("client-ca", ca),
+                path_arg("client-ca", &zts.ca),
                 format!("--allowed-principals={AGENT_PRINCIPAL}"),
                 path_arg("keys-dir", &keys_dir),
                 format!("--provider={PROVIDER}"),
@@ -293,21 +296,28 @@ impl<'a> Start<'a> {
         let jwt = replicas::ReplicaSet {
             deployment: "jwt-service",
             binary: "athenz-jwt-service",
-            count: options.control_plane_replicas,
+            count: self.options.control_plane_replicas,
             service_port: ports.jwt,
             ops_port: ports.jwt_ops,
         };
-        deployments.extend(
-            jwt.start(&self.bin, &self.logs, &mut self.processes, jwt_args)
-                .await?,
-        );
+        jwt.start(&self.bin, &self.logs, &mut self.processes, jwt_args)
+            .await
+    }
 
-        // callback: only ZTS may ask.
+    /// The callback: only ZTS may ask. Its Deployment when it runs more than one replica.
+    async fn callback(
+        &mut self,
+        files: &ServiceFiles,
+        zts: &StandaloneInfo,
+        kube: &KubeInfo,
+        ports: &Ports,
+    ) -> anyhow::Result<Option<replicas::Deployment>> {
+        let options = self.options;
         let public_keys = self.state.join("jwt-public");
         let callback_args = |port, ops| {
-            let mut args = tls_args(port, ops, &files[CALLBACK]);
+            let mut args = tls_args(port, ops, files);
             args.extend([
-                path_arg("client-ca", ca),
+                path_arg("client-ca", &zts.ca),
                 "--allowed-principals=sys.auth.zts".into(),
                 format!("--base-path={CALLBACK_BASE_PATH}"),
                 path_arg("public-keys-dir", &public_keys),
@@ -327,16 +337,21 @@ impl<'a> Start<'a> {
             service_port: ports.callback,
             ops_port: ports.callback_ops,
         };
-        deployments.extend(
-            callback
-                .start(&self.bin, &self.logs, &mut self.processes, callback_args)
-                .await?,
-        );
+        callback
+            .start(&self.bin, &self.logs, &mut self.processes, callback_args)
+            .await
+    }
 
-        // initializer, with deploy/'s template, flex allowed as an operator would for nodes that
-        // run the flex driver (this stack's kubelet stand-ins do)
+    /// The initializer, with deploy/'s template, flex allowed as an operator would for nodes that
+    /// run the flex driver (this stack's kubelet stand-ins do).
+    async fn initializer(
+        &mut self,
+        files: &ServiceFiles,
+        zts: &StandaloneInfo,
+        ports: &Ports,
+    ) -> anyhow::Result<()> {
         let template = self.state.join("initializer-template.yaml");
-        let text = crate::cluster::features::with_allowed_volumes(
+        let text = crate::initializer_template::with_allowed_volumes(
             &deploy_template()?,
             &[
                 VolumeMode::CsiSocket,
@@ -346,11 +361,7 @@ impl<'a> Start<'a> {
         );
         std::fs::write(&template, text)
             .with_context(|| format!("writing {}", template.display()))?;
-        let mut args = tls_args(
-            ports.initializer,
-            ports.initializer_ops,
-            &files[INITIALIZER],
-        );
+        let mut args = tls_args(ports.initializer, ports.initializer_ops, files);
         args.push(path_arg("template", &template));
         // what deploy/'s athenz-cluster ConfigMap gives it: the release's image, ZTS's URL
         args.push(format!(
@@ -368,7 +379,7 @@ impl<'a> Start<'a> {
         )
         .await?;
         self.processes.push(initializer);
-        Ok(deployments)
+        Ok(())
     }
 
     /// One agent per node, each attested by its own pod's token (no shared key).
@@ -379,81 +390,94 @@ impl<'a> Start<'a> {
         ports: &Ports,
         peer_check: PeerCheck,
     ) -> anyhow::Result<Vec<NodeInfo>> {
-        let options = self.options;
-        let ca = &zts.ca;
         let mut nodes = Vec::new();
         for (i, kube_node) in kube.nodes.iter().enumerate() {
-            let (agent_dir, volumes_dir, identity_dir) = node_dirs(&self.state, i);
-            let agent_ops = free_port()?;
-            let mut args = vec![
-                path_arg("agent-dir", &agent_dir),
-                path_arg("volumes-dir", &volumes_dir),
-                format!("--kubelet-url={}", kube_node.kubelet),
-                format!("--jwt-service-url=https://127.0.0.1:{}", ports.jwt),
-                format!("--node-name={}", kube_node.name),
-                path_arg("node-token-file", &kube_node.token_file),
-                path_arg("node-identity-dir", &identity_dir),
-                format!("--peer-check={peer_check}"),
-                path_arg("jwt-service-ca", ca),
-                format!("--zts-url={}", zts.url),
-                path_arg("zts-ca", ca),
-                format!("--key-algorithm={}", options.key_algorithm),
-                format!("--key-source={}", options.key_source),
-                format!("--ops-listen=127.0.0.1:{agent_ops}"),
-                "--upstream-timeout=5s".into(),
-            ];
-            args.extend(identity_args());
-            // kubelet's plugin dir for the node: <node dir>/plugins/csi.athenz.io/csi.sock
-            let csi_socket = options.volume.is_csi().then(|| {
-                agent_dir
-                    .parent()
-                    .unwrap_or(&self.state)
-                    .join(format!("plugins-{}", kube_node.name))
-                    .join("csi.athenz.io")
-                    .join("csi.sock")
-            });
-            if let Some(socket) = &csi_socket {
-                args.push(format!("--csi-socket={}", socket.display()));
-                if let Some(interval) = options.csi_refresh_interval {
-                    args.push(format!("--csi-refresh-interval={}ms", interval.as_millis()));
-                }
-            }
-            let process_name = if i == 0 {
-                "agent".to_owned()
-            } else {
-                format!("agent-{}", kube_node.name)
-            };
-            let agent = run_daemon(
-                &self.bin,
-                &process_name,
-                "athenz-identity-agent",
-                args,
-                agent_ops,
-                &self.logs,
-            )
-            .await?;
-            self.processes.push(agent);
-            nodes.push(NodeInfo {
-                name: kube_node.name.clone(),
-                kubelet: Url {
-                    url: kube_node.kubelet.clone(),
-                },
-                agent: NodeAgentInfo {
-                    socket: agent_dir.join(athenz_core::volume::AGENT_SOCKET_NAME),
-                    metrics_url: format!("http://127.0.0.1:{agent_ops}/metrics"),
-                    csi_socket,
-                    pod: kube_node.agent_pod.clone(),
-                },
-                volumes_dir,
-                agent_dir,
-                credentials: Credential {
-                    cert: identity_dir.join("node.cert.pem"),
-                    key: identity_dir.join("node.key.pem"),
-                    ca: ca.clone(),
-                },
-            });
+            nodes.push(self.agent(i, kube_node, zts, ports, peer_check).await?);
         }
         Ok(nodes)
+    }
+
+    /// The agent of node `i` (the first's process is `agent`, the others' `agent-<node>`),
+    /// serving CSI too when the stack's volume is a CSI one; what `stack.json` says of the node.
+    async fn agent(
+        &mut self,
+        i: usize,
+        kube_node: &KubeNode,
+        zts: &StandaloneInfo,
+        ports: &Ports,
+        peer_check: PeerCheck,
+    ) -> anyhow::Result<NodeInfo> {
+        let options = self.options;
+        let ca = &zts.ca;
+        let (agent_dir, volumes_dir, identity_dir) = node_dirs(&self.state, i);
+        let agent_ops = free_port()?;
+        let mut args = vec![
+            path_arg("agent-dir", &agent_dir),
+            path_arg("volumes-dir", &volumes_dir),
+            format!("--kubelet-url={}", kube_node.kubelet),
+            format!("--jwt-service-url=https://127.0.0.1:{}", ports.jwt),
+            format!("--node-name={}", kube_node.name),
+            path_arg("node-token-file", &kube_node.token_file),
+            path_arg("node-identity-dir", &identity_dir),
+            format!("--peer-check={peer_check}"),
+            path_arg("jwt-service-ca", ca),
+            format!("--zts-url={}", zts.url),
+            path_arg("zts-ca", ca),
+            format!("--key-algorithm={}", options.key_algorithm),
+            format!("--key-source={}", options.key_source),
+            format!("--ops-listen=127.0.0.1:{agent_ops}"),
+            "--upstream-timeout=5s".into(),
+        ];
+        args.extend(identity_args());
+        // kubelet's plugin dir for the node: <node dir>/plugins/csi.athenz.io/csi.sock
+        let csi_socket = options.volume.is_csi().then(|| {
+            agent_dir
+                .parent()
+                .unwrap_or(&self.state)
+                .join(format!("plugins-{}", kube_node.name))
+                .join("csi.athenz.io")
+                .join("csi.sock")
+        });
+        if let Some(socket) = &csi_socket {
+            args.push(format!("--csi-socket={}", socket.display()));
+            if let Some(interval) = options.csi_refresh_interval {
+                args.push(format!("--csi-refresh-interval={}ms", interval.as_millis()));
+            }
+        }
+        let process_name = if i == 0 {
+            "agent".to_owned()
+        } else {
+            format!("agent-{}", kube_node.name)
+        };
+        let agent = run_daemon(
+            &self.bin,
+            &process_name,
+            "athenz-identity-agent",
+            args,
+            agent_ops,
+            &self.logs,
+        )
+        .await?;
+        self.processes.push(agent);
+        Ok(NodeInfo {
+            name: kube_node.name.clone(),
+            kubelet: Url {
+                url: kube_node.kubelet.clone(),
+            },
+            agent: NodeAgentInfo {
+                socket: agent_dir.join(athenz_core::volume::AGENT_SOCKET_NAME),
+                metrics_url: format!("http://127.0.0.1:{agent_ops}/metrics"),
+                csi_socket,
+                pod: kube_node.agent_pod.clone(),
+            },
+            volumes_dir,
+            agent_dir,
+            credentials: Credential {
+                cert: identity_dir.join("node.cert.pem"),
+                key: identity_dir.join("node.key.pem"),
+                ca: ca.clone(),
+            },
+        })
     }
 }
 
@@ -486,8 +510,15 @@ fn node_dirs(state: &Path, i: usize) -> (PathBuf, PathBuf, PathBuf) {
     }
 }
 
-pub(super) fn path_arg(flag: &str, path: &Path) -> String {
-    format!("--{flag}={}", path.display())
+/// What every control-plane daemon listens with: its service port and ops port on loopback,
+/// and its certificate and key from `files`.
+fn tls_args(port: u16, ops: u16, files: &ServiceFiles) -> Vec<String> {
+    vec![
+        format!("--listen=127.0.0.1:{port}"),
+        format!("--ops-listen=127.0.0.1:{ops}"),
+        path_arg("tls-cert", &files.cert()),
+        path_arg("tls-key", &files.key()),
+    ]
 }
 
 /// The initializer's template from deploy/'s ConfigMap (the `template.yaml` key).
@@ -498,20 +529,4 @@ fn deploy_template() -> anyhow::Result<String> {
         .data
         .and_then(|mut d| d.remove("template.yaml"))
         .context("deploy's template ConfigMap has no template.yaml")
-}
-
-/// Starts a daemon component from `bin` and waits for its `/readyz`.
-pub(super) async fn run_daemon(
-    bin: &Path,
-    name: &str,
-    binary: &str,
-    args: Vec<String>,
-    ops_port: u16,
-    logs: &Path,
-) -> anyhow::Result<Process> {
-    let mut process = Process::start(Command::new(name, &bin.join(binary), args), logs)?;
-    process
-        .wait_http_ok(&format!("http://127.0.0.1:{ops_port}/readyz"))
-        .await?;
-    Ok(process)
 }

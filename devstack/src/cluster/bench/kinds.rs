@@ -10,41 +10,10 @@ use serde_json::{Value, json};
 /// Our probe's image: [`PROBE_C`], static.
 pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:1";
 
-/// Our probe: waits for a complete certificate in its argument's file (none: starts at once),
-/// prints `ready <unix ns>`, then waits for SIGTERM.
-pub const PROBE_C: &str = r#"#include <fcntl.h>
-#include <signal.h>
-#include <stdio.h>
-#include <string.h>
-#include <time.h>
-#include <unistd.h>
-
-static void stop(int sig) { (void)sig; _exit(0); }
-
-static int complete(const char *path) {
-  static char buf[16384];
-  int fd = open(path, O_RDONLY);
-  if (fd < 0) return 0;
-  ssize_t n = read(fd, buf, sizeof buf - 1);
-  close(fd);
-  if (n <= 0) return 0;
-  buf[n] = 0;
-  return strncmp(buf, "-----BEGIN CERTIFICATE-----", 27) == 0 &&
-         strstr(buf, "-----END CERTIFICATE-----") != NULL;
-}
-
-int main(int argc, char **argv) {
-  signal(SIGTERM, stop);
-  if (argc > 1) {
-    while (!complete(argv[1])) usleep(1000);
-  }
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  printf("ready %lld%09ld\n", (long long)ts.tv_sec, ts.tv_nsec);
-  fflush(stdout);
-  for (;;) pause();
-}
-"#;
+/// Our probe (`probe.c`, beside this file, so it reads and compiles as C): waits for a complete
+/// certificate in its argument's file (none: starts at once), prints `ready <unix ns>`, then
+/// waits for SIGTERM.
+pub const PROBE_C: &str = include_str!("probe.c");
 
 /// The identity system whose processes a kind's costs are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

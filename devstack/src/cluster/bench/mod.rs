@@ -174,7 +174,7 @@ pub async fn run(
     }
     let meters = system_meters(layout, &api, options.systems).await?;
     let idle = idle_rates(&meters, &cgroups).await?;
-    let audit = AuditLog::at(layout.logs.join(super::components::AUDIT_LOG));
+    let audit = AuditLog::at(layout.logs.join(super::control_plane::AUDIT_LOG));
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
     for phase in Phase::ALL {
         let count = match phase {

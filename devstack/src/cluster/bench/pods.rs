@@ -40,9 +40,7 @@ pub struct Workload<'a> {
     pub api: &'a Checker,
     /// Where the pods' cgroups are.
     pub cgroups: &'a Cgroups,
-    /// Its kind.
     pub kind: Kind,
-    /// Its namespace.
     pub ns: String,
     /// Its pods, but for their names: made once, as a controller's template is (making a
     /// csi-socket pod reads the webhook's template from the cluster, too slow to do per pod

@@ -97,9 +97,7 @@ pub struct IdleRates {
 /// A mean and a maximum.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct MeanMax {
-    /// Mean.
     pub mean: f64,
-    /// Largest.
     pub max: f64,
 }
 

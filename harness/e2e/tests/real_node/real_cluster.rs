@@ -24,10 +24,11 @@
 
 use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::Layout;
-use athenz_devstack::cluster::components::AUDIT_LOG;
+use athenz_devstack::cluster::control_plane::AUDIT_LOG;
 use athenz_devstack::cluster::install::{self, CONTROL_NAMESPACE, NODE_NAMESPACE, WORKLOADS};
 use athenz_devstack::cluster::runbook;
-use athenz_devstack::cluster::scenario::{self, RESTRICTED_NAMESPACE, Scenario, Workload};
+use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario, Workload};
+use athenz_devstack::cluster::tenant_pods;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -403,7 +404,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
             "evil",
             "app",
             Some(VolumeMode::Flex),
-            scenario::app_container(),
+            tenant_pods::app_container(),
         )
         .unwrap();
     kubectl

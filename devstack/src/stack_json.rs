@@ -1,5 +1,8 @@
 //! `stack.json`: what a running stack tells scripts and tests (its addresses, credentials, nodes
 //! and settings). The contract of `athenz-devstack up`.
+//!
+//! Plain data, apart from [`crate::stack`] that writes it, so what reads it (the pod runtimes,
+//! the kubelet player, the pods' volumes) does not depend on the stack itself.
 
 use athenz_core::agent_api::KeySource;
 use athenz_core::peer::PeerCheck;
@@ -116,7 +119,6 @@ pub struct StackInfo {
     pub kube_api: Url,
     /// Kubelet stand-in (plain http on loopback).
     pub kubelet: Url,
-    /// jwt-service.
     pub jwt_service: Url,
     /// Provider callback.
     pub callback: CallbackInfo,

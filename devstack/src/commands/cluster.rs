@@ -1,0 +1,261 @@
+//! `cluster up|demo|bench|storage-e2e|down`: a real single-node Kubernetes cluster on this
+//! machine, with our release installed as an operator installs it (or none: `--bare`).
+
+use super::{passed_or_failed, runtime};
+use athenz_devstack::bench::parse_arrival;
+use athenz_devstack::cluster::{self, ClusterOptions, install::Release};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `cluster up|down`.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCommand {
+    /// Start etcd, the control plane, containerd, the kubelet and kube-proxy; wait until the
+    /// node is Ready; add cluster DNS, the dev ZTS and our release (deploy/overlays/local);
+    /// write DIR/kubeconfig and DIR/cluster.json; keep running until Ctrl-C or SIGTERM, then
+    /// take everything down.
+    Up(UpArgs),
+    /// `cluster up`, then the end-to-end: pods in flex, csi-socket and csi-files mode get
+    /// their identity through the real kubelet and API server; prints what each app container
+    /// read (checked against its pod); takes the cluster down. Exits 1 if any check fails.
+    Demo(DemoArgs),
+    /// `cluster up`, then what an identity adds to a pod's start on the real node: created →
+    /// app container holding its certificate, per mode and for the same pod without identity,
+    /// pods one per interval then a burst; the agent's RSS and CPU. Takes the cluster down.
+    Bench(BenchArgs),
+    /// `cluster up`, then Kubernetes' own storage e2e suite (`e2e.test`, built by
+    /// `harness/real-node/kube/build.sh --e2e`) against csi.athenz.io: "External Storage [Driver:
+    /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
+    /// down. Exits 1 if a spec failed or none passed.
+    StorageE2e(StorageE2eArgs),
+    /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
+    /// chains, bridge and IPAM state. Safe to run again.
+    Down(DownArgs),
+}
+
+/// Each `cluster` command to the function that runs it.
+pub fn run(command: ClusterCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        ClusterCommand::Up(args) => up(args),
+        ClusterCommand::Demo(args) => demo(args),
+        ClusterCommand::Bench(args) => bench(args),
+        ClusterCommand::StorageE2e(args) => storage_e2e(args),
+        ClusterCommand::Down(args) => down(&args),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Where everything lives (certificates, etcd, containerd, logs, cluster.json).
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Kubernetes alone: stop at a Ready node, without cluster DNS, the dev ZTS and our
+    /// release.
+    #[arg(long)]
+    bare: bool,
+    /// The release image's OCI archive (deploy/image.sh writes it); default:
+    /// target/image/athenz-k8s-identity-<version>.oci.tar of this workspace.
+    #[arg(long, value_name = "FILE", conflicts_with = "bare")]
+    image_archive: Option<PathBuf>,
+    /// The deploy/ to install (its overlays/local is applied from a copy); default: this
+    /// workspace's.
+    #[arg(long, value_name = "DIR", conflicts_with = "bare")]
+    deploy: Option<PathBuf>,
+    /// The longest certificate the dev ZTS issues, in minutes (default: Athenz's 30 days);
+    /// a few minutes make the refresh paths run while you watch.
+    #[arg(long, value_name = "MINUTES", conflicts_with = "bare", value_parser = clap::value_parser!(u32).range(2..))]
+    cert_minutes: Option<u32>,
+    /// How the release is installed: docs/operating.md's "Install" steps (kustomize) or its
+    /// "Install with Helm" steps (the chart in deploy/helm, with the helm next to kubectl).
+    #[arg(long, value_enum, default_value = "kustomize", conflicts_with = "bare")]
+    installer: cluster::install::Installer,
+    /// The docs/operating.md whose install steps run (another release's, with its
+    /// --deploy, to install that release as it was installed); default: the page this
+    /// binary was built with.
+    #[arg(long, value_name = "FILE", conflicts_with = "bare")]
+    steps: Option<PathBuf>,
+    /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
+    /// default: target/kube/v1.37.2/bin of this workspace.
+    #[arg(long, value_name = "DIR")]
+    kube_bin: Option<PathBuf>,
+    /// The node's address; default: the source address of the default route.
+    #[arg(long)]
+    node_ip: Option<std::net::Ipv4Addr>,
+    /// The node's name; default: this host's name.
+    #[arg(long)]
+    node_name: Option<String>,
+}
+
+fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let release = (!args.bare).then(|| Release {
+        cert_minutes: args.cert_minutes,
+        installer: args.installer,
+        steps_page: args.steps,
+        ..Release::new(args.image_archive, args.deploy)
+    });
+    if let Some(release) = &release {
+        release.check()?;
+    }
+    let options = ClusterOptions {
+        state_dir: args.state_dir,
+        kube_bin: args.kube_bin.unwrap_or_else(cluster::default_kube_bin),
+        node_ip: args.node_ip,
+        node_name: args.node_name,
+        release,
+    };
+    runtime()?.block_on(cluster::up(options))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where a `cluster` command that installs our release keeps its state, and what it installs
+/// and runs (the same options as `cluster up`'s).
+#[derive(Debug, clap::Args)]
+pub struct ReleaseArgs {
+    /// Where everything lives.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// The release image's OCI archive (as for `cluster up`).
+    #[arg(long, value_name = "FILE")]
+    image_archive: Option<PathBuf>,
+    /// The binaries (as for `cluster up`).
+    #[arg(long, value_name = "DIR")]
+    kube_bin: Option<PathBuf>,
+}
+
+impl ReleaseArgs {
+    /// The options of a cluster that installs this release (checked, or built, first) from
+    /// `deploy`, on a node with the default address and name.
+    fn cluster_options(self, deploy: Option<PathBuf>) -> anyhow::Result<ClusterOptions> {
+        let release = Release::new(self.image_archive, deploy);
+        release.check()?;
+        Ok(ClusterOptions {
+            state_dir: self.state_dir,
+            kube_bin: self.kube_bin.unwrap_or_else(cluster::default_kube_bin),
+            node_ip: None,
+            node_name: None,
+            release: Some(release),
+        })
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    #[command(flatten)]
+    release: ReleaseArgs,
+    /// The deploy/ to install (as for `cluster up`).
+    #[arg(long, value_name = "DIR")]
+    deploy: Option<PathBuf>,
+    /// Print the identities as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    let options = args.release.cluster_options(args.deploy)?;
+    let passed = runtime()?.block_on(cluster::demo(options, args.json))?;
+    Ok(passed_or_failed(passed))
+}
+
+/// An identity system `cluster bench` can measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchSystem {
+    /// athenz-k8s-identity.
+    Athenz,
+    /// SPIRE with the SPIFFE CSI driver.
+    Spire,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    release: ReleaseArgs,
+    /// Pods created one per --interval, per mode.
+    #[arg(long, default_value_t = 50)]
+    sequential: usize,
+    /// The time between two of those pods.
+    #[arg(long, default_value = "1s", value_parser = parse_arrival)]
+    interval: std::time::Duration,
+    /// Pods created at once, per mode.
+    #[arg(long, default_value_t = 30)]
+    burst: usize,
+    /// How long the churn phase creates pods (0: no churn).
+    #[arg(long, default_value = "120s", value_parser = parse_arrival)]
+    churn: std::time::Duration,
+    /// One churn pod created this often.
+    #[arg(long, default_value = "1s", value_parser = parse_arrival)]
+    churn_interval: std::time::Duration,
+    /// Each churn pod deleted this long after its creation (once it holds its credential).
+    #[arg(long, default_value = "10s", value_parser = parse_arrival)]
+    churn_lifetime: std::time::Duration,
+    /// The identity systems measured on the node, in this run: ours, SPIRE (built by
+    /// harness/peers/spire/build.sh), or both.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "athenz")]
+    systems: Vec<BenchSystem>,
+    /// Print JSON instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+impl BenchArgs {
+    /// The bench these ask for: the churn flags as one phase, the systems as a set.
+    fn bench_options(&self) -> cluster::bench::BenchOptions {
+        cluster::bench::BenchOptions {
+            sequential: self.sequential,
+            interval: self.interval,
+            burst: self.burst,
+            churn: cluster::bench::Churn {
+                duration: self.churn,
+                interval: self.churn_interval,
+                lifetime: self.churn_lifetime,
+            },
+            systems: cluster::bench::Systems {
+                athenz: self.systems.contains(&BenchSystem::Athenz),
+                spire: self.systems.contains(&BenchSystem::Spire),
+            },
+        }
+    }
+}
+
+fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let bench = args.bench_options();
+    let options = args.release.cluster_options(None)?;
+    runtime()?.block_on(cluster::bench_command(options, bench, args.json))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StorageE2eArgs {
+    #[command(flatten)]
+    release: ReleaseArgs,
+    /// The suite; default: target/kube/<version>/e2e/e2e.test of this workspace.
+    #[arg(long, value_name = "FILE")]
+    e2e_test: Option<PathBuf>,
+    /// Where the driver file, junit report and log go; default: STATE_DIR/storage-e2e.
+    #[arg(long, value_name = "DIR")]
+    report_dir: Option<PathBuf>,
+}
+
+fn storage_e2e(args: StorageE2eArgs) -> anyhow::Result<ExitCode> {
+    let options = args.release.cluster_options(None)?;
+    let e2e_test = args
+        .e2e_test
+        .unwrap_or_else(cluster::storage_e2e::default_e2e_test);
+    let passed = runtime()?.block_on(cluster::storage_e2e::storage_e2e(
+        options,
+        e2e_test,
+        args.report_dir,
+    ))?;
+    Ok(passed_or_failed(passed))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct DownArgs {
+    /// The state dir `cluster up` was given.
+    #[arg(long)]
+    state_dir: PathBuf,
+}
+
+fn down(args: &DownArgs) -> anyhow::Result<ExitCode> {
+    runtime()?.block_on(cluster::down(&args.state_dir))?;
+    Ok(ExitCode::SUCCESS)
+}

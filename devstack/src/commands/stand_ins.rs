@@ -1,0 +1,61 @@
+//! The servers the stack stands in for, each run as a process of its own: `zts` (also a
+//! command of its own: the development ZTS alone) and the hidden `kube-standins`, the
+//! Kubernetes API and the kubelets the stack starts.
+
+use super::stand_in_runtime;
+use athenz_devstack::kube;
+use athenz_testbed::zts::{self, DevZtsConfig};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Debug, clap::Args)]
+pub struct ZtsArgs {
+    /// Where its CA, its own certificate and zts.json are written.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// Its configuration (JSON: services, providers, lifetimes); defaults otherwise.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Follow this faults file (`chaos` injects ZTS errors through it).
+    #[arg(long, hide = true)]
+    faults_file: Option<PathBuf>,
+}
+
+pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
+    let _ = athenz_core::telemetry::init_logging(athenz_core::telemetry::LogFormat::Human);
+    let config = match args.config {
+        Some(path) => DevZtsConfig::from_file(&path)?,
+        None => DevZtsConfig::default(),
+    };
+    stand_in_runtime()?.block_on(zts::run_standalone(
+        config,
+        &args.state_dir,
+        args.faults_file,
+        athenz_core::http::termination_signal(),
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct KubeStandinsArgs {
+    #[arg(long)]
+    state_dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:0")]
+    api_listen: std::net::SocketAddr,
+    /// One per node.
+    #[arg(long, required = true)]
+    node: Vec<String>,
+    /// Follow this faults file (`chaos` injects API and kubelet faults through it).
+    #[arg(long)]
+    faults_file: Option<PathBuf>,
+}
+
+pub fn kube(args: KubeStandinsArgs) -> anyhow::Result<ExitCode> {
+    stand_in_runtime()?.block_on(kube::run_standins(
+        &args.state_dir,
+        args.api_listen,
+        &args.node,
+        args.faults_file,
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
