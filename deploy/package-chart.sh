@@ -8,7 +8,7 @@
 # --check: only the version check (no helm needed); deploy/image.sh runs it before its builds.
 # The helm binary: $HELM when set (it must be executable), else the repository's own, which
 # harness/real-node/kube/build.sh builds into target/kube/<KUBE_VERSION>/bin (athenz_devstack's
-# cluster::default_kube_bin(); KUBE_VERSION from devstack/src/cluster/mod.rs), else `helm` on
+# cluster::default_kube_bin(); KUBE_VERSION from harness/devstack/src/cluster/mod.rs), else `helm` on
 # PATH. With none of them it says so and skips the packaging (exit 0): the chart is also
 # installable from the source tree.
 #
@@ -49,7 +49,7 @@ if [ -n "${HELM:-}" ]; then
   [ -x "$HELM" ] || { echo "package-chart.sh: HELM=$HELM is not an executable file" >&2; exit 1; }
   helm="$HELM"
 else
-  kube_version="$(sed -n 's/^pub const KUBE_VERSION: &str = "\(.*\)";$/\1/p' devstack/src/cluster/mod.rs 2>/dev/null || true)"
+  kube_version="$(sed -n 's/^pub const KUBE_VERSION: &str = "\(.*\)";$/\1/p' harness/devstack/src/cluster/mod.rs 2>/dev/null || true)"
   if [ -n "$kube_version" ] && [ -x "target/kube/$kube_version/bin/helm" ]; then
     helm="$root/target/kube/$kube_version/bin/helm"
   elif command -v helm >/dev/null; then

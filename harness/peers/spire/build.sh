@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPIRE from its published Go modules, for `athenz-devstack cluster bench --systems spire`
-# (devstack/src/cluster/spire.rs builds its images from these): spire-server and spire-agent
+# (harness/devstack/src/cluster/spire.rs builds its images from these): spire-server and spire-agent
 # v1.13.3, the SPIFFE CSI driver v0.2.6, and harness/peers/spire/probe (our Workload API client, on
 # go-spiffe). Static, as every image of the devstack is FROM scratch: spire-server links SQLite
 # (cgo) statically against glibc; the rest are pure Go. Output: target/spire/static/.

@@ -1,5 +1,5 @@
 // Command coredns is the test node's cluster DNS: CoreDNS from its published module, built with
-// only the plugins the node's Corefile uses (devstack/src/cluster/dns.rs: errors, health, ready,
+// only the plugins the node's Corefile uses (harness/devstack/src/cluster/dns.rs: errors, health, ready,
 // kubernetes, cache), as CoreDNS documents for custom builds. Its own main with
 // coredns/coremain, instead of the module's root package with all ~60 plugins, leaves out the
 // cloud DNS backends (Route 53, Azure, Cloud DNS), etcd, dnstap and the rest: a cold build on 2

@@ -36,7 +36,7 @@ const INITIALIZER: &str = "athenz-initializer";
 /// A principal allowed nowhere, for tests of refusals.
 const STRANGER: &str = "stranger";
 /// The injection template the initializer serves: the one deploy/ ships.
-const DEPLOY_TEMPLATE: &str = include_str!("../../../deploy/base/initializer-template.yaml");
+const DEPLOY_TEMPLATE: &str = include_str!("../../../../deploy/base/initializer-template.yaml");
 
 /// The roles the dev ZTS knows (docs/design.md §4.11): every service of `media.sports` reads it,
 /// only `media.sports.api` writes it; what the demo and scripts use to show authorization.

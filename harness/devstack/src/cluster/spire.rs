@@ -21,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The manifests.
-const MANIFEST: &str = include_str!("../../../harness/peers/spire/deploy/spire.yaml");
+const MANIFEST: &str = include_str!("../../../peers/spire/deploy/spire.yaml");
 /// The namespace the manifests put SPIRE in.
 pub const NAMESPACE: &str = "spire";
 /// SPIRE's trust domain in the manifests.

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 /// docs/operating.md.
-pub const OPERATING: &str = include_str!("../../../docs/operating.md");
+pub const OPERATING: &str = include_str!("../../../../docs/operating.md");
 
 /// The text of the `## <heading>` section of `doc` (up to the next `## `), if there is one.
 fn section<'a>(doc: &'a str, heading: &str) -> Option<&'a str> {
