@@ -10,7 +10,7 @@ use athenz_core::crypto::CsrInfo;
 use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_identity_agent::attestation::parse_report;
 use athenz_identity_agent::csr_check;
-use athenz_identity_agent::service::{PresentedPair, parse_refresh_request};
+use athenz_identity_agent::refresh::{PresentedPair, parse_refresh_request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
