@@ -864,16 +864,7 @@ fn every_environment_variable_is_read_by_its_binary() {
             .map(|d| d.spec.clone().unwrap().template.spec.unwrap()),
     );
     let cluster = o.config_maps["athenz-cluster"].data.clone().unwrap();
-    let exe = std::env::current_exe().unwrap();
-    let devstack = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("athenz-devstack");
-    assert!(
-        devstack.exists(),
-        "build athenz-devstack first (cargo test --workspace does)"
-    );
+    let devstack = athenz_testbed::bins::built("athenz-devstack");
     let bin = tempfile::tempdir().unwrap();
     let mut checked = 0;
     for spec in specs {

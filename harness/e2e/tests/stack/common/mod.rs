@@ -11,21 +11,12 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// The devstack binary next to this test's directory (`target/<profile>/athenz-devstack`).
 pub fn devstack_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap();
-    let binary = profile_dir.join("athenz-devstack");
-    assert!(
-        binary.exists(),
-        "{} is missing: build it with `cargo build -p athenz-devstack` (cargo test --workspace \
-         does)",
-        binary.display()
-    );
-    binary
+    athenz_testbed::bins::built("athenz-devstack")
 }
 
 /// A running `athenz-devstack up`, stopped with SIGTERM on drop.
