@@ -9,8 +9,9 @@ use super::control_plane::{
     apiserver_args, controller_manager_args, flag, scheduler_args, write_audit_policy,
 };
 use super::health::{Checker, wait_for};
-use super::info::{ApiServer, ClusterInfo, Containerd};
-use super::layout::{pids, write_pids};
+use super::info::{ApiServer, ClusterInfo, Containerd, NodeInfo, NodeNamespaceFiles};
+use super::layout::{NodeDirs, pids, write_pids};
+use super::nodes::{NodeNamespaces, NodeSpec};
 use super::pki::ClusterPki;
 use super::{ClusterOptions, Layout, host, images};
 use crate::procs::{Command, Process, free_port};
@@ -62,15 +63,20 @@ pub async fn start_all(
 ) -> anyhow::Result<ClusterInfo> {
     host::check_tools(layout)?;
     host::prepare()?;
-    let node = Node::of(options)?;
+    let primary = primary_node(options)?;
+    let nodes = NodeSpec::all(&primary.name, primary.ip, options.nodes)?;
     let api_port = free_port()?;
-    let api_server = format!("https://{}:{api_port}", node.ip);
-    let pki = ClusterPki::create(layout, &node.name, node.ip, &api_server)?;
+    let api_server = format!("https://{}:{api_port}", primary.ip);
+    let pki = ClusterPki::create(layout, &nodes, &api_server)?;
     let checker = Checker::new(&pki.ca, &pki.admin.cert, &pki.admin.key, &api_server)?;
     report(format!(
-        "node {} ({}); state in {}",
-        node.name,
-        node.ip,
+        "node {} ({}){}; state in {}",
+        primary.name,
+        primary.ip,
+        match nodes.len() {
+            1 => String::new(),
+            n => format!(" and {} more in network namespaces", n - 1),
+        },
         layout.dir.display()
     ));
     let pause_archive = images::build_pause(layout)?;
@@ -83,47 +89,56 @@ pub async fn start_all(
         report,
     };
     let etcd_url = up.etcd().await?;
-    up.api_server(&pki, node.ip, api_port, &etcd_url, &api_server)
+    up.api_server(&pki, primary.ip, api_port, &etcd_url, &api_server)
         .await?;
     up.controller_manager_and_scheduler(&pki).await?;
-    let lower_oom_score = up.containerd(&pause_archive).await?;
-    let ports = up.kubelet(&pki, &node, lower_oom_score).await?;
-    up.kube_proxy(&pki, &node, ports, lower_oom_score).await?;
-    up.node_ready(&node.name).await?;
-    up.default_service_account().await?;
-    Ok(up.cluster_info(api_server, &pki, node).await)
-}
-
-/// The node this cluster is: its address and name, from the options or this host.
-struct Node {
-    ip: Ipv4Addr,
-    name: String,
-}
-
-impl Node {
-    /// `--node-ip` or the default route's source address; `--node-name` or the host's name,
-    /// which must be a name Kubernetes accepts for a node.
-    fn of(options: &ClusterOptions) -> anyhow::Result<Self> {
-        let ip = match options.node_ip {
-            Some(ip) => ip,
-            None => host::default_ipv4()?,
-        };
-        let name = options
-            .node_name
-            .clone()
-            .unwrap_or_else(host::default_node_name);
-        if !host::is_dns_subdomain(&name) {
-            bail!("--node-name {name}: a node name must be a lowercase RFC 1123 subdomain");
-        }
-        Ok(Self { ip, name })
+    if nodes.len() > 1 {
+        super::nodes::create_bridge()?;
     }
+    let mut node_infos = Vec::new();
+    for node in &nodes {
+        node_infos.push(up.node(&pki, node, &pause_archive).await?);
+    }
+    up.default_service_account().await?;
+    Ok(up.cluster_info(api_server, &pki, node_infos).await)
+}
+
+/// The primary node: `--node-ip` or the default route's source address; `--node-name` or the
+/// host's name, which must be a name Kubernetes accepts for a node.
+fn primary_node(options: &ClusterOptions) -> anyhow::Result<NodeSpec> {
+    let ip = match options.node_ip {
+        Some(ip) => ip,
+        None => host::default_ipv4()?,
+    };
+    let name = options
+        .node_name
+        .clone()
+        .unwrap_or_else(host::default_node_name);
+    if !host::is_dns_subdomain(&name) {
+        bail!("--node-name {name}: a node name must be a lowercase RFC 1123 subdomain");
+    }
+    Ok(NodeSpec { index: 0, name, ip })
+}
+
+/// Whether the process named `process` is `component` on some node: `kubelet` (the primary's)
+/// or `kubelet-<n>` (a further node's).
+pub fn is_component(process: &str, component: &str) -> bool {
+    process == component
+        || process
+            .strip_prefix(component)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|n| n.parse::<usize>().is_ok())
 }
 
 /// One component to start from the build (`<kube_bin>/<name>`), and how long it may take to
 /// come up.
 struct Component {
-    /// Its binary, process and log name.
+    /// Its binary.
     name: &'static str,
+    /// Its process and log name (the binary's, or `<name>-<n>` on a further node).
+    process: String,
+    /// The further node's namespaces it runs in (`None`: the host's).
+    namespaces: Option<NodeNamespaces>,
     args: Vec<String>,
     env: Vec<(String, String)>,
     /// What is waited for, as an error names it (`"etcd /health"`).
@@ -153,11 +168,14 @@ impl Starter<'_> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<(), String>>,
     {
-        let mut command = Command::new(
-            component.name,
-            &self.layout.bin(component.name),
-            component.args,
-        );
+        let binary = self.layout.bin(component.name);
+        let mut command = match &component.namespaces {
+            None => Command::new(&component.process, &binary, component.args),
+            Some(namespaces) => {
+                let (program, args) = namespaces.wrap(&binary, component.args);
+                Command::new(&component.process, &program, args)
+            }
+        };
         command.env = component.env;
         command.cwd = Some(self.layout.dir.clone());
         self.processes
@@ -224,6 +242,8 @@ impl Starter<'_> {
         ];
         let etcd = Component {
             name: ETCD,
+            process: ETCD.to_owned(),
+            namespaces: None,
             args,
             env: Vec::new(),
             awaited: "etcd /health",
@@ -246,6 +266,8 @@ impl Starter<'_> {
         let audit = write_audit_policy(self.layout)?;
         let api_server = Component {
             name: APISERVER,
+            process: APISERVER.to_owned(),
+            namespaces: None,
             args: apiserver_args(pki, node_ip, port, etcd_url, &audit),
             env: Vec::new(),
             awaited: "the API server's /readyz",
@@ -260,6 +282,8 @@ impl Starter<'_> {
         let (cm_port, scheduler_port) = (free_port()?, free_port()?);
         let controller_manager = Component {
             name: CONTROLLER_MANAGER,
+            process: CONTROLLER_MANAGER.to_owned(),
+            namespaces: None,
             args: controller_manager_args(pki, cm_port)?,
             env: Vec::new(),
             awaited: "the controller-manager's /healthz",
@@ -270,6 +294,8 @@ impl Starter<'_> {
             .await?;
         let scheduler = Component {
             name: SCHEDULER,
+            process: SCHEDULER.to_owned(),
+            namespaces: None,
             args: scheduler_args(pki, scheduler_port)?,
             env: Vec::new(),
             awaited: "the scheduler's /healthz",
@@ -279,42 +305,93 @@ impl Starter<'_> {
         self.start_healthy(scheduler, health, "scheduler").await
     }
 
-    /// containerd with runc, the pause image and the CNI network; up when `ctr version` reaches
-    /// it, then the pause image is imported. Returns whether containers may get OOM scores
-    /// below 0 (this host grants CAP_SYS_RESOURCE).
-    async fn containerd(&mut self, pause_archive: &Path) -> anyhow::Result<bool> {
-        let layout = self.layout;
+    /// Starts node `node` (see [`super::nodes`]): for a further node its namespaces first, then
+    /// containerd with the pause image, the kubelet, the pods' network on the range the
+    /// controller-manager gave the node, kube-proxy; returns once the API has it Ready.
+    async fn node(
+        &mut self,
+        pki: &ClusterPki,
+        node: &NodeSpec,
+        pause_archive: &Path,
+    ) -> anyhow::Result<NodeInfo> {
+        let dirs = self.layout.node(node.index);
+        dirs.create()?;
+        let namespaces = if node.is_primary() {
+            None
+        } else {
+            let made = super::nodes::create(&self.layout.run_dir, &dirs.dir, node)?;
+            (self.report)(format!(
+                "node {} ({}): network and mount namespaces made",
+                node.name, node.ip
+            ));
+            Some(made)
+        };
+        let on = OnNode {
+            spec: node,
+            dirs: &dirs,
+            namespaces: namespaces.as_ref(),
+        };
+        if node.is_primary() {
+            // the controller-manager gives the first node to register the first range
+            write_cni_conflist(&dirs, super::NODE_POD_CIDR)?;
+        }
+        let lower_oom_score = self.containerd(&on, pause_archive).await?;
+        let ports = self.kubelet(pki, &on, lower_oom_score).await?;
+        let pod_cidr = self.pod_range(&on).await?;
+        if !node.is_primary() {
+            write_cni_conflist(&dirs, &pod_cidr)?;
+            super::nodes::route_pods(node, &pod_cidr)?;
+        }
+        self.kube_proxy(pki, &on, ports, lower_oom_score).await?;
+        self.node_ready(&on).await?;
+        Ok(NodeInfo {
+            name: node.name.clone(),
+            ip: node.ip.to_string(),
+            pod_cidr,
+            containerd: Containerd {
+                socket: dirs.containerd_socket(),
+                namespace: super::CONTAINERD_NAMESPACE.to_owned(),
+            },
+            namespaces: namespaces.map(|n| NodeNamespaceFiles {
+                net: n.net,
+                mount: n.mount,
+            }),
+        })
+    }
+
+    /// containerd with runc and the pause image; up when `ctr version` reaches it, then the
+    /// pause image is imported. Returns whether containers may get OOM scores below 0 (this
+    /// host grants CAP_SYS_RESOURCE).
+    async fn containerd(&mut self, on: &OnNode<'_>, pause_archive: &Path) -> anyhow::Result<bool> {
         let runc = host::find_tool("runc").context("runc is not installed")?;
         let lower_oom_score = host::can_lower_oom_score_adj();
-        if !lower_oom_score {
+        if !lower_oom_score && on.spec.is_primary() {
             (self.report)(
                 "this host denies CAP_SYS_RESOURCE: containers' OOM scores are clamped to 0 \
                  (containerd restrict_oom_score_adj)"
                     .to_owned(),
             );
         }
-        let config = layout.containerd.join("config.toml");
+        let config = on.dirs.containerd.join("config.toml");
         write(
             &config,
-            &config::containerd(layout, images::PAUSE_IMAGE, &runc, !lower_oom_score)?,
+            &config::containerd(on.dirs, images::PAUSE_IMAGE, &runc, !lower_oom_score)?,
         )?;
-        write(
-            &layout.cni_conf_dir.join("10-athenz-devstack.conflist"),
-            &serde_json::to_string_pretty(&config::cni_conflist(layout))?,
-        )?;
+        let containerd = on.component(CONTAINERD, vec![flag("config", &config)], self.layout);
         let containerd = Component {
-            name: CONTAINERD,
-            args: vec![flag("config", &config)],
-            env: path_env(layout),
             awaited: "containerd's socket",
             limit: CONTAINERD_UP,
+            ..containerd
         };
+        let socket = on.dirs.containerd_socket();
+        let layout = self.layout.clone();
         let took = self
-            .start_until(containerd, || ctr_version(layout.clone()))
+            .start_until(containerd, || ctr_version(layout.clone(), socket.clone()))
             .await?;
-        images::import(layout, pause_archive)?;
+        images::import_into(self.layout, &on.dirs.containerd_socket(), pause_archive)?;
         (self.report)(format!(
-            "containerd up in {:.1} s; pause image imported",
+            "{} up in {:.1} s; pause image imported",
+            on.spec.process_name(CONTAINERD),
             took.as_secs_f64()
         ));
         Ok(lower_oom_score)
@@ -325,7 +402,7 @@ impl Starter<'_> {
     async fn kubelet(
         &mut self,
         pki: &ClusterPki,
-        node: &Node,
+        on: &OnNode<'_>,
         lower_oom_score: bool,
     ) -> anyhow::Result<NodePorts> {
         let ports = NodePorts {
@@ -335,73 +412,109 @@ impl Starter<'_> {
             proxy_healthz: free_port()?,
             proxy_metrics: free_port()?,
         };
-        let config = self.layout.kubelet.join("config.yaml");
+        let credentials = pki.kubelet(on.spec.index)?;
+        let config = on.dirs.kubelet.join("config.yaml");
+        let cgroup_root = on.spec.cgroup_root();
         let inputs = KubeletInputs {
             lower_oom_score,
             client_ca: &pki.ca,
-            tls_cert: &pki.kubelet_serving.cert,
-            tls_key: &pki.kubelet_serving.key,
+            tls_cert: &credentials.serving.cert,
+            tls_key: &credentials.serving.key,
             ports,
+            healthz_address: on.health_ip(),
+            cgroup_root: &cgroup_root,
         };
         write(
             &config,
-            &serde_json::to_string_pretty(&config::kubelet(self.layout, &inputs))?,
+            &serde_json::to_string_pretty(&config::kubelet(on.dirs, &inputs))?,
         )?;
+        let args = vec![
+            flag("config", &config),
+            flag("kubeconfig", &credentials.kubeconfig),
+            format!("--hostname-override={}", on.spec.name),
+            format!("--node-ip={}", on.spec.ip),
+            "--v=2".to_owned(),
+        ];
         let kubelet = Component {
-            name: KUBELET,
-            args: vec![
-                flag("config", &config),
-                flag("kubeconfig", pki.kubeconfig("kubelet")?),
-                format!("--hostname-override={}", node.name),
-                format!("--node-ip={}", node.ip),
-                "--v=2".to_owned(),
-            ],
-            env: path_env(self.layout),
             awaited: "the kubelet's /healthz",
             limit: KUBELET_UP,
+            ..on.component(KUBELET, args, self.layout)
         };
-        let health = format!("http://127.0.0.1:{}/healthz", ports.kubelet_healthz);
-        self.start_healthy(kubelet, health, "kubelet").await?;
+        let health = format!(
+            "http://{}:{}/healthz",
+            on.health_ip(),
+            ports.kubelet_healthz
+        );
+        let label = on.spec.process_name(KUBELET);
+        self.start_healthy(kubelet, health, &label).await?;
         Ok(ports)
+    }
+
+    /// Waits until the controller-manager has given the registered node a pod range; returns it.
+    async fn pod_range(&mut self, on: &OnNode<'_>) -> anyhow::Result<String> {
+        let checker = self.checker.clone();
+        let name = on.spec.name.clone();
+        let ranged = || {
+            let checker = checker.clone();
+            let name = name.clone();
+            async move {
+                let state = checker.node(&name).await;
+                state.pod_cidr.clone().ok_or_else(|| state.to_string())
+            }
+        };
+        let process = on.spec.process_name(KUBELET);
+        let awaited = format!("node {} registered with a pod range", on.spec.name);
+        self.wait_on(&process, "the kubelet", &awaited, NODE_READY, || async {
+            ranged().await.map(|_| ())
+        })
+        .await?;
+        ranged()
+            .await
+            .map_err(|state| anyhow::anyhow!("node {name}: {state}"))
     }
 
     /// kube-proxy, on the ports [`Starter::kubelet`] chose.
     async fn kube_proxy(
         &mut self,
         pki: &ClusterPki,
-        node: &Node,
+        on: &OnNode<'_>,
         ports: NodePorts,
         lower_oom_score: bool,
     ) -> anyhow::Result<()> {
-        let config = self.layout.kube_proxy.join("config.yaml");
+        let config = on.dirs.kube_proxy.join("config.yaml");
         write(
             &config,
             &serde_json::to_string_pretty(&config::kube_proxy(
                 pki.kubeconfig("kube-proxy")?,
-                &node.name,
-                node.ip,
+                &on.spec.name,
+                on.spec.ip,
+                on.health_ip(),
                 ports,
                 lower_oom_score,
             ))?,
         )?;
         let kube_proxy = Component {
-            name: KUBE_PROXY,
-            args: vec![flag("config", &config), "--v=1".to_owned()],
-            env: path_env(self.layout),
             awaited: "kube-proxy's /healthz",
             limit: PROXY_UP,
+            ..on.component(
+                KUBE_PROXY,
+                vec![flag("config", &config), "--v=1".to_owned()],
+                self.layout,
+            )
         };
-        let health = format!("http://127.0.0.1:{}/healthz", ports.proxy_healthz);
-        self.start_healthy(kube_proxy, health, "kube-proxy").await
+        let health = format!("http://{}:{}/healthz", on.health_ip(), ports.proxy_healthz);
+        let label = on.spec.process_name(KUBE_PROXY);
+        self.start_healthy(kube_proxy, health, &label).await
     }
 
-    /// Waits until the API has node `name` Ready with a pod range (the kubelet must keep
-    /// running meanwhile).
-    async fn node_ready(&mut self, name: &str) -> anyhow::Result<()> {
+    /// Waits until the API has the node Ready with a pod range (its kubelet must keep running
+    /// meanwhile).
+    async fn node_ready(&mut self, on: &OnNode<'_>) -> anyhow::Result<()> {
         let checker = self.checker.clone();
+        let name = on.spec.name.clone();
         let ready = || {
             let checker = checker.clone();
-            let name = name.to_owned();
+            let name = name.clone();
             async move {
                 let state = checker.node(&name).await;
                 match (&state.ready, &state.pod_cidr) {
@@ -411,8 +524,9 @@ impl Starter<'_> {
             }
         };
         let awaited = format!("node {name} Ready");
+        let process = on.spec.process_name(KUBELET);
         let took = self
-            .wait_on(KUBELET, "the kubelet", &awaited, NODE_READY, ready)
+            .wait_on(&process, "the kubelet", &awaited, NODE_READY, ready)
             .await?;
         (self.report)(format!("node {name} Ready in {:.1} s", took.as_secs_f64()));
         Ok(())
@@ -444,7 +558,12 @@ impl Starter<'_> {
     }
 
     /// What `cluster.json` says of the cluster now up (no release yet).
-    async fn cluster_info(&self, api_server: String, pki: &ClusterPki, node: Node) -> ClusterInfo {
+    async fn cluster_info(
+        &self,
+        api_server: String,
+        pki: &ClusterPki,
+        nodes: Vec<NodeInfo>,
+    ) -> ClusterInfo {
         let layout = self.layout;
         let version = self
             .checker
@@ -452,36 +571,80 @@ impl Starter<'_> {
             .await
             .and_then(|v| v["gitVersion"].as_str().map(str::to_owned))
             .unwrap_or_default();
-        let pod_cidr = self
-            .checker
-            .node(&node.name)
-            .await
-            .pod_cidr
-            .unwrap_or_default();
+        let primary = nodes.first().cloned().unwrap_or_else(|| NodeInfo {
+            name: String::new(),
+            ip: String::new(),
+            pod_cidr: String::new(),
+            containerd: Containerd {
+                socket: layout.containerd_socket(),
+                namespace: super::CONTAINERD_NAMESPACE.to_owned(),
+            },
+            namespaces: None,
+        });
         ClusterInfo {
             api_server: ApiServer {
                 url: api_server,
                 ca: pki.ca.clone(),
             },
-            node_name: node.name,
-            node_ip: node.ip.to_string(),
+            node_name: primary.name,
+            node_ip: primary.ip,
             kubernetes_version: version,
-            containerd: Containerd {
-                socket: layout.containerd_socket(),
-                namespace: super::CONTAINERD_NAMESPACE.to_owned(),
-            },
+            containerd: primary.containerd,
             kube_bin: layout.kube_bin.clone(),
             kubeconfig: layout.kubeconfig.clone(),
             pause_image: images::PAUSE_IMAGE.to_owned(),
-            pod_cidr,
+            pod_cidr: primary.pod_cidr,
             service_cidr: super::SERVICE_CIDR.to_owned(),
             logs: layout.logs.clone(),
             pids: pids(self.processes),
+            nodes,
             zts: None,
             image: None,
             overlay: None,
         }
     }
+}
+
+/// One node as its components are started on it.
+struct OnNode<'a> {
+    spec: &'a NodeSpec,
+    dirs: &'a NodeDirs,
+    /// A further node's namespaces (`None` on the primary).
+    namespaces: Option<&'a NodeNamespaces>,
+}
+
+impl OnNode<'_> {
+    /// Where the host reaches the node's health endpoints: loopback on the primary, the node's
+    /// address on a further node.
+    fn health_ip(&self) -> Ipv4Addr {
+        if self.spec.is_primary() {
+            Ipv4Addr::LOCALHOST
+        } else {
+            self.spec.ip
+        }
+    }
+
+    /// `binary` with `args` as this node runs it (inside its namespaces on a further node), with
+    /// PATH for the host tools it execs; the caller sets what is awaited.
+    fn component(&self, binary: &'static str, args: Vec<String>, layout: &Layout) -> Component {
+        Component {
+            name: binary,
+            process: self.spec.process_name(binary),
+            namespaces: self.namespaces.cloned(),
+            args,
+            env: path_env(layout),
+            awaited: "",
+            limit: Duration::ZERO,
+        }
+    }
+}
+
+/// Writes the node's CNI network for `pod_cidr` (containerd picks it up when it appears).
+fn write_cni_conflist(dirs: &NodeDirs, pod_cidr: &str) -> anyhow::Result<()> {
+    write(
+        &dirs.cni_conf_dir.join("10-athenz-devstack.conflist"),
+        &serde_json::to_string_pretty(&config::cni_conflist(dirs, pod_cidr))?,
+    )
 }
 
 /// `Ok` when `GET url` answers 2xx, else what was asked (for the error).
@@ -493,12 +656,10 @@ async fn ok_or(checker: &Checker, url: &str) -> Result<(), String> {
     }
 }
 
-/// `Ok` when `ctr version` reaches containerd through its socket, else why not.
-async fn ctr_version(layout: Layout) -> Result<(), String> {
+/// `Ok` when `ctr version` reaches containerd through `socket`, else why not.
+async fn ctr_version(layout: Layout, socket: std::path::PathBuf) -> Result<(), String> {
     let mut ctr = std::process::Command::new(layout.bin("ctr"));
-    ctr.arg("--address")
-        .arg(layout.containerd_socket())
-        .arg("version");
+    ctr.arg("--address").arg(socket).arg("version");
     images::run(&mut ctr, "ctr version")
         .map(|_| ())
         .map_err(|e| format!("{e:#}"))

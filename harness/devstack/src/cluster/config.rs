@@ -2,7 +2,7 @@
 //! The kubelet's and kube-proxy's are JSON (which is YAML), made with `serde_json` so a typo
 //! cannot make a field silently unknown to us — the kubelet rejects unknown fields itself.
 
-use super::Layout;
+use super::layout::NodeDirs;
 use anyhow::bail;
 use serde_json::json;
 use std::net::Ipv4Addr;
@@ -40,13 +40,13 @@ fn toml_path(path: &Path) -> anyhow::Result<String> {
 /// package. `restrict_oom_score_adj` clamps containers' OOM scores to containerd's own where
 /// the host denies lowering them ([`super::host::can_lower_oom_score_adj`]).
 pub fn containerd(
-    layout: &Layout,
+    node: &NodeDirs,
     pause_image: &str,
     runc: &Path,
     restrict_oom_score_adj: bool,
 ) -> anyhow::Result<String> {
-    let socket = layout.containerd_socket();
-    let ttrpc = layout.run_dir.join("containerd.sock.ttrpc");
+    let socket = node.containerd_socket();
+    let ttrpc = node.run_dir.join("containerd.sock.ttrpc");
     Ok(format!(
         "version = 4
 root = {root}
@@ -89,23 +89,23 @@ imports = []
     stream_server_address = '127.0.0.1'
     stream_server_port = '0'
 ",
-        root = toml_path(&layout.containerd.join("root"))?,
-        state = toml_path(&layout.containerd.join("state"))?,
+        root = toml_path(&node.containerd.join("root"))?,
+        state = toml_path(&node.containerd.join("state"))?,
         socket = toml_path(&socket)?,
         ttrpc = toml_path(&ttrpc)?,
-        opt = toml_path(&layout.containerd.join("opt"))?,
-        shims = toml_path(&layout.run_dir.join("s"))?,
+        opt = toml_path(&node.containerd.join("opt"))?,
+        shims = toml_path(&node.shims)?,
         runc = toml_path(runc)?,
-        runc_root = toml_path(&layout.run_dir.join("runc"))?,
+        runc_root = toml_path(&node.run_dir.join("runc"))?,
         cni_bin = super::host::CNI_BIN_DIR,
-        cni_conf = toml_path(&layout.cni_conf_dir)?,
+        cni_conf = toml_path(&node.cni_conf_dir)?,
     ))
 }
 
 /// The pods' network: a `bridge` on [`super::BRIDGE`] that is the pods' gateway and masquerades
-/// what leaves the pod range, host-local addresses from [`super::NODE_POD_CIDR`] kept under the
-/// state dir, and `portmap` for hostPorts. containerd adds the loopback itself.
-pub fn cni_conflist(layout: &Layout) -> serde_json::Value {
+/// what leaves the pod range, host-local addresses from the node's `pod_cidr` kept under the
+/// node's directory, and `portmap` for hostPorts. containerd adds the loopback itself.
+pub fn cni_conflist(node: &NodeDirs, pod_cidr: &str) -> serde_json::Value {
     json!({
         "cniVersion": "1.0.0",
         "name": super::CNI_NETWORK,
@@ -119,8 +119,8 @@ pub fn cni_conflist(layout: &Layout) -> serde_json::Value {
                 "hairpinMode": true,
                 "ipam": {
                     "type": "host-local",
-                    "dataDir": layout.cni_ipam_dir,
-                    "ranges": [[{ "subnet": super::NODE_POD_CIDR }]],
+                    "dataDir": node.cni_ipam_dir,
+                    "ranges": [[{ "subnet": pod_cidr }]],
                 },
             },
             { "type": "portmap", "capabilities": { "portMappings": true } },
@@ -140,6 +140,11 @@ pub struct KubeletInputs<'a> {
     /// The serving key.
     pub tls_key: &'a Path,
     pub ports: NodePorts,
+    /// Where its plain-HTTP /healthz listens: loopback on the primary, the node's address on a
+    /// further node (whose loopback the host cannot reach).
+    pub healthz_address: Ipv4Addr,
+    /// Its `cgroupRoot`: `/` on the primary, the node's own on a further node.
+    pub cgroup_root: &'a str,
 }
 
 /// The kubelet's config: cgroupfs with the QoS hierarchy under `/kubepods` and cgroup v1
@@ -149,13 +154,13 @@ pub struct KubeletInputs<'a> {
 /// cluster DNS, the pods' logs under the state dir, and eviction and image GC thresholds off (a
 /// development machine's disk fills for other reasons; evicting the pods under test would only
 /// hide that) as kind sets them.
-pub fn kubelet(layout: &Layout, inputs: &KubeletInputs<'_>) -> serde_json::Value {
-    let endpoint = format!("unix://{}", layout.containerd_socket().display());
+pub fn kubelet(node: &NodeDirs, inputs: &KubeletInputs<'_>) -> serde_json::Value {
+    let endpoint = format!("unix://{}", node.containerd_socket().display());
     json!({
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "port": inputs.ports.kubelet,
-        "healthzBindAddress": "127.0.0.1",
+        "healthzBindAddress": inputs.healthz_address.to_string(),
         "healthzPort": inputs.ports.kubelet_healthz,
         "readOnlyPort": 0,
         "authentication": {
@@ -172,13 +177,13 @@ pub fn kubelet(layout: &Layout, inputs: &KubeletInputs<'_>) -> serde_json::Value
         "failCgroupV1": false,
         "failSwapOn": false,
         "cgroupsPerQOS": true,
-        "cgroupRoot": "/",
+        "cgroupRoot": inputs.cgroup_root,
         "enforceNodeAllocatable": ["pods"],
         "containerRuntimeEndpoint": endpoint,
         "imageServiceEndpoint": endpoint,
         "clusterDNS": [super::CLUSTER_DNS],
         "clusterDomain": "cluster.local",
-        "podLogsDir": layout.kubelet.join("pod-logs"),
+        "podLogsDir": node.kubelet.join("pod-logs"),
         "evictionHard": {
             "memory.available": "0%",
             "nodefs.available": "0%",
@@ -198,6 +203,7 @@ pub fn kube_proxy(
     kubeconfig: &Path,
     node_name: &str,
     node_ip: Ipv4Addr,
+    health_ip: Ipv4Addr,
     ports: NodePorts,
     lower_oom_score: bool,
 ) -> serde_json::Value {
@@ -209,8 +215,8 @@ pub fn kube_proxy(
         "clusterCIDR": super::CLUSTER_CIDR,
         "hostnameOverride": node_name,
         "bindAddress": node_ip.to_string(),
-        "healthzBindAddress": format!("127.0.0.1:{}", ports.proxy_healthz),
-        "metricsBindAddress": format!("127.0.0.1:{}", ports.proxy_metrics),
+        "healthzBindAddress": format!("{health_ip}:{}", ports.proxy_healthz),
+        "metricsBindAddress": format!("{health_ip}:{}", ports.proxy_metrics),
         "iptables": { "localhostNodePorts": false },
         "nodePortAddresses": ["primary"],
         "conntrack": { "maxPerCore": 0 },

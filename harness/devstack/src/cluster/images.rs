@@ -176,12 +176,20 @@ pub fn archive_reference(archive: &Path) -> anyhow::Result<String> {
     }
 }
 
-/// Imports an OCI archive into containerd's `k8s.io` namespace.
+/// Imports an OCI archive into every node's containerd (a DaemonSet's pods run on each).
 pub fn import(layout: &Layout, archive: &Path) -> anyhow::Result<()> {
+    for socket in layout.containerd_sockets() {
+        import_into(layout, &socket, archive)?;
+    }
+    Ok(())
+}
+
+/// Imports an OCI archive into the `k8s.io` namespace of the containerd at `socket`.
+pub fn import_into(layout: &Layout, socket: &Path, archive: &Path) -> anyhow::Result<()> {
     run(
         Command::new(layout.bin("ctr"))
             .arg("--address")
-            .arg(layout.containerd_socket())
+            .arg(socket)
             .args([
                 "--namespace",
                 super::CONTAINERD_NAMESPACE,

@@ -23,16 +23,43 @@ pub struct Containerd {
     pub namespace: String,
 }
 
+/// One node of the cluster, in `cluster.json`'s `nodes`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Its name (the primary's is also `node_name`).
+    pub name: String,
+    /// Its address.
+    pub ip: String,
+    /// Its pod range.
+    pub pod_cidr: String,
+    /// Its containerd.
+    pub containerd: Containerd,
+    /// A further node's namespaces (`nsenter --net --mount` runs a command on it); absent on
+    /// the primary, which is the host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<NodeNamespaceFiles>,
+}
+
+/// The files naming a further node's namespaces.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeNamespaceFiles {
+    /// Its network namespace (`/run/netns/<name>`).
+    pub net: PathBuf,
+    /// Its mount namespace.
+    pub mount: PathBuf,
+}
+
 /// `cluster.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClusterInfo {
     pub api_server: ApiServer,
-    /// The node's name.
+    /// The primary node's name (the host's node).
     pub node_name: String,
-    /// The node's address (the API server's advertise address, the kubelet's node IP).
+    /// The primary node's address (the API server's advertise address, its kubelet's node IP).
     pub node_ip: String,
     /// What the API server's /version says, e.g. `v1.37.2`.
     pub kubernetes_version: String,
+    /// The primary node's containerd.
     pub containerd: Containerd,
     /// The directory of the binaries (`kubectl` is there).
     pub kube_bin: PathBuf,
@@ -40,7 +67,7 @@ pub struct ClusterInfo {
     pub kubeconfig: PathBuf,
     /// The sandbox image containerd uses.
     pub pause_image: String,
-    /// The node's pod range.
+    /// The primary node's pod range.
     pub pod_cidr: String,
     /// The Services' range.
     pub service_cidr: String,
@@ -48,6 +75,9 @@ pub struct ClusterInfo {
     pub logs: PathBuf,
     /// Each component's pid, by name, and `cluster up`'s own as `supervisor`.
     pub pids: BTreeMap<String, u32>,
+    /// Every node, the primary first.
+    #[serde(default)]
+    pub nodes: Vec<NodeInfo>,
     /// The dev ZTS beside the cluster (`{url, ca}`); absent with `--bare`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub zts: Option<crate::stack_json::UrlCa>,

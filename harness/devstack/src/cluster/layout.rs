@@ -49,6 +49,58 @@ pub struct Layout {
     pub processes_json: PathBuf,
     /// The Athenz side: the dev ZTS's state, the control plane's keys, the copy of `deploy/`.
     pub athenz: PathBuf,
+    /// The further nodes' directories (`nodes/<n>/`, see [`Layout::node`]).
+    pub nodes: PathBuf,
+}
+
+/// The directories and sockets of one node's containerd, CNI, kubelet and kube-proxy: the
+/// primary's are the state dir's own (`containerd/`, `cni/`, `kubelet/`, `kube-proxy/` and the
+/// run dir), each further node's under `nodes/<n>/` and `<run dir>/n<n>/`.
+#[derive(Debug, Clone)]
+pub struct NodeDirs {
+    /// The node's own directory (the state dir for the primary).
+    pub dir: PathBuf,
+    /// containerd's root, state and config.
+    pub containerd: PathBuf,
+    /// CNI configuration (containerd's `conf_dir`).
+    pub cni_conf_dir: PathBuf,
+    /// host-local IPAM's `dataDir`.
+    pub cni_ipam_dir: PathBuf,
+    /// The kubelet's config file and the pods' logs.
+    pub kubelet: PathBuf,
+    /// kube-proxy's config file.
+    pub kube_proxy: PathBuf,
+    /// containerd's sockets and runc's state.
+    pub run_dir: PathBuf,
+    /// The shims' socket dir (containerd refuses one over 42 bytes).
+    pub shims: PathBuf,
+}
+
+impl NodeDirs {
+    /// containerd's socket (the kubelet's CRI endpoint).
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.run_dir.join("containerd.sock")
+    }
+
+    fn all(&self) -> [&PathBuf; 7] {
+        [
+            &self.containerd,
+            &self.cni_conf_dir,
+            &self.cni_ipam_dir,
+            &self.kubelet,
+            &self.kube_proxy,
+            &self.run_dir,
+            &self.shims,
+        ]
+    }
+
+    /// Makes every directory.
+    pub fn create(&self) -> anyhow::Result<()> {
+        for d in self.all() {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        Ok(())
+    }
 }
 
 impl Layout {
@@ -87,6 +139,7 @@ impl Layout {
             &self.kubelet,
             &self.kube_proxy,
             &self.athenz,
+            &self.nodes,
         ] {
             if d.exists() {
                 std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
@@ -149,6 +202,7 @@ impl Layout {
             cluster_json: dir.join("cluster.json"),
             processes_json: dir.join("processes.json"),
             athenz: dir.join("athenz"),
+            nodes: dir.join("nodes"),
             kube_bin,
             dir,
         }
@@ -159,9 +213,50 @@ impl Layout {
         self.kube_bin.join(name)
     }
 
-    /// containerd's socket (the kubelet's CRI endpoint).
+    /// The primary node's containerd socket (the kubelet's CRI endpoint).
     pub fn containerd_socket(&self) -> PathBuf {
         self.run_dir.join("containerd.sock")
+    }
+
+    /// The directories of node `index` (0: the primary).
+    pub fn node(&self, index: usize) -> NodeDirs {
+        if index == 0 {
+            return NodeDirs {
+                dir: self.dir.clone(),
+                containerd: self.containerd.clone(),
+                cni_conf_dir: self.cni_conf_dir.clone(),
+                cni_ipam_dir: self.cni_ipam_dir.clone(),
+                kubelet: self.kubelet.clone(),
+                kube_proxy: self.kube_proxy.clone(),
+                run_dir: self.run_dir.clone(),
+                shims: self.run_dir.join("s"),
+            };
+        }
+        let n = index + 1;
+        let dir = self.nodes.join(n.to_string());
+        NodeDirs {
+            containerd: dir.join("containerd"),
+            cni_conf_dir: dir.join("cni").join("net.d"),
+            cni_ipam_dir: dir.join("cni").join("ipam"),
+            kubelet: dir.join("kubelet"),
+            kube_proxy: dir.join("kube-proxy"),
+            run_dir: self.run_dir.join(format!("n{n}")),
+            shims: self.run_dir.join(format!("s{n}")),
+            dir,
+        }
+    }
+
+    /// Every node's containerd socket that answers to a file now: the primary's, then the
+    /// further nodes' (images are imported into each).
+    pub fn containerd_sockets(&self) -> Vec<PathBuf> {
+        let mut sockets = vec![self.containerd_socket()];
+        for index in 1..super::nodes::MAX_NODES {
+            let socket = self.node(index).containerd_socket();
+            if socket.exists() {
+                sockets.push(socket);
+            }
+        }
+        sockets
     }
 
     /// Records this process as the cluster's supervisor, before anything starts.
@@ -338,5 +433,8 @@ mod tests {
         let b = Layout::at("/tmp/b".into(), "/bin".into());
         assert_ne!(a.run_dir, b.run_dir);
         assert!(a.run_dir.join("s").as_os_str().len() <= 42);
+        let last = a.node(super::super::nodes::MAX_NODES - 1);
+        assert!(last.shims.as_os_str().len() <= 42);
+        assert_ne!(a.node(1).containerd_socket(), a.containerd_socket());
     }
 }

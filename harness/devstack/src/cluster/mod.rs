@@ -31,6 +31,7 @@ pub mod installed;
 pub mod iptables;
 pub mod kubectl;
 pub mod layout;
+pub mod nodes;
 pub mod pki;
 pub mod runbook;
 pub mod scenario;
@@ -84,6 +85,9 @@ pub struct ClusterOptions {
     pub node_ip: Option<Ipv4Addr>,
     /// The node's name; this host's name (lowercased) when `None`.
     pub node_name: Option<String>,
+    /// How many nodes: the host's, and each further one in namespaces of its own
+    /// ([`nodes`]).
+    pub nodes: usize,
     /// The release to install (cluster DNS, the dev ZTS, the image, `deploy/overlays/local`);
     /// `None` stops at a Ready node (`--bare`).
     pub release: Option<install::Release>,
@@ -223,8 +227,11 @@ impl Cluster {
 /// [`teardown::clean`], by their recorded pids, once the containers are deleted through
 /// containerd. (The handles dropped afterwards only reap them.)
 async fn stop_processes(processes: &mut Vec<Process>) {
-    for name in [components::KUBELET, components::KUBE_PROXY] {
-        if let Some(at) = processes.iter().position(|p| p.command.name == name) {
+    for component in [components::KUBELET, components::KUBE_PROXY] {
+        while let Some(at) = processes
+            .iter()
+            .position(|p| components::is_component(&p.command.name, component))
+        {
             processes.remove(at).stop().await;
         }
     }
@@ -254,7 +261,18 @@ pub async fn up(options: ClusterOptions) -> anyhow::Result<()> {
     );
     println!("  Kubernetes       {}", info.kubernetes_version);
     println!("  API server       {}", info.api_server.url);
-    println!("  node             {} ({})", info.node_name, info.node_ip);
+    for node in &info.nodes {
+        println!(
+            "  node             {} ({}, pods {}){}",
+            node.name,
+            node.ip,
+            node.pod_cidr,
+            match &node.namespaces {
+                Some(ns) => format!(" in {}", ns.net.display()),
+                None => String::new(),
+            }
+        );
+    }
     println!("  kubeconfig       {}", info.kubeconfig.display());
     println!(
         "  containerd       {} (namespace {})",

@@ -5,6 +5,7 @@
 //! the node's address, and a kubeconfig per client.
 
 use super::Layout;
+use super::nodes::NodeSpec;
 use anyhow::Context;
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, der_to_pem_labelled};
 use athenz_testbed::pki::{CertAuthority, IssuedCert, LeafSpec, write_file};
@@ -45,8 +46,8 @@ pub struct ClusterPki {
     pub service_account_key: PathBuf,
     /// Its public key (`--service-account-key-file`).
     pub service_account_public: PathBuf,
-    /// The kubelet's serving certificate.
-    pub kubelet_serving: Pair,
+    /// Each node's kubelet: its serving certificate and its kubeconfig, by node index.
+    pub kubelets: Vec<KubeletCredentials>,
     /// The controller-manager's serving certificate (its /healthz).
     pub controller_manager_serving: Pair,
     /// The scheduler's serving certificate (its /healthz).
@@ -58,8 +59,17 @@ pub struct ClusterPki {
     pub kubeconfigs: std::collections::BTreeMap<&'static str, PathBuf>,
 }
 
+/// What one node's kubelet is given: a serving certificate for its name and address, and a
+/// client certificate as `system:node:<name>` (group `system:nodes`, what NodeRestriction and
+/// the Node authorizer read) in a kubeconfig.
+#[derive(Debug, Clone)]
+pub struct KubeletCredentials {
+    pub serving: Pair,
+    pub kubeconfig: PathBuf,
+}
+
 /// The clients that get a kubeconfig: (file name, CN, O).
-fn clients(node_name: &str) -> [(&'static str, String, Option<&'static str>); 5] {
+fn clients() -> [(&'static str, String, Option<&'static str>); 4] {
     [
         (
             "admin",
@@ -73,11 +83,6 @@ fn clients(node_name: &str) -> [(&'static str, String, Option<&'static str>); 5]
         ),
         ("scheduler", "system:kube-scheduler".to_owned(), None),
         ("kube-proxy", "system:kube-proxy".to_owned(), None),
-        (
-            "kubelet",
-            format!("system:node:{node_name}"),
-            Some("system:nodes"),
-        ),
     ]
 }
 
@@ -111,13 +116,12 @@ fn write_leaf(
 }
 
 impl ClusterPki {
-    /// Makes the whole PKI under `layout.pki` and the kubeconfigs for `api_server`.
-    pub fn create(
-        layout: &Layout,
-        node_name: &str,
-        node_ip: Ipv4Addr,
-        api_server: &str,
-    ) -> anyhow::Result<Self> {
+    /// Makes the whole PKI under `layout.pki` and the kubeconfigs for `api_server`: the API
+    /// server's certificate names the primary node (`nodes[0]`), and every node's kubelet gets
+    /// its own credentials.
+    pub fn create(layout: &Layout, nodes: &[NodeSpec], api_server: &str) -> anyhow::Result<Self> {
+        let primary = nodes.first().context("a cluster has at least one node")?;
+        let (node_name, node_ip) = (primary.name.as_str(), primary.ip);
         let dir = &layout.pki;
         let ca = CertAuthority::new_root("athenz-devstack cluster CA")
             .context("making the cluster CA")?;
@@ -155,17 +159,10 @@ impl ClusterPki {
             &spec("kube-apiserver-kubelet-client", &[], &[]),
             Some("system:masters"),
         )?;
-        let (kubelet_serving, _) = write_leaf(
-            &ca,
-            dir,
-            "kubelet-serving",
-            &spec(
-                &format!("system:node:{node_name}"),
-                &[node_name, "localhost"],
-                &[node, loopback],
-            ),
-            Some("system:nodes"),
-        )?;
+        let kubelets = nodes
+            .iter()
+            .map(|n| kubelet_credentials(&ca, layout, n, api_server))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let (controller_manager_serving, _) = write_leaf(
             &ca,
             dir,
@@ -213,7 +210,7 @@ impl ClusterPki {
 
         let mut kubeconfigs = std::collections::BTreeMap::new();
         let mut admin = None;
-        for (name, common_name, organization) in clients(node_name) {
+        for (name, common_name, organization) in clients() {
             let (pair, issued) = write_leaf(
                 &ca,
                 dir,
@@ -248,12 +245,19 @@ impl ClusterPki {
             front_proxy_client,
             service_account_key,
             service_account_public,
-            kubelet_serving,
+            kubelets,
             controller_manager_serving,
             scheduler_serving,
             admin: admin.context("no admin client certificate")?,
             kubeconfigs,
         })
+    }
+
+    /// The credentials of node `index`'s kubelet.
+    pub fn kubelet(&self, index: usize) -> anyhow::Result<&KubeletCredentials> {
+        self.kubelets
+            .get(index)
+            .with_context(|| format!("no kubelet credentials for node {}", index + 1))
     }
 
     /// The kubeconfig of `client` (see [`ClusterPki::kubeconfigs`]).
@@ -263,6 +267,58 @@ impl ClusterPki {
             .map(PathBuf::as_path)
             .with_context(|| format!("no kubeconfig for {client}"))
     }
+}
+
+/// Node `node`'s kubelet credentials (see [`KubeletCredentials`]): `kubelet-serving` and
+/// `kubeconfigs/kubelet.conf` for the primary (their names before there were several nodes),
+/// `kubelet-serving-<n>` and `kubelet-<n>.conf` for the others.
+fn kubelet_credentials(
+    ca: &CertAuthority,
+    layout: &Layout,
+    node: &NodeSpec,
+    api_server: &str,
+) -> anyhow::Result<KubeletCredentials> {
+    let user = format!("system:node:{}", node.name);
+    let (serving_name, client) = if node.is_primary() {
+        ("kubelet-serving".to_owned(), "kubelet".to_owned())
+    } else {
+        (
+            format!("kubelet-serving-{}", node.number()),
+            format!("kubelet-{}", node.number()),
+        )
+    };
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let (serving, _) = write_leaf(
+        ca,
+        &layout.pki,
+        &serving_name,
+        &spec(
+            &user,
+            &[node.name.as_str(), "localhost"],
+            &[IpAddr::V4(node.ip), loopback],
+        ),
+        Some("system:nodes"),
+    )?;
+    let (_, issued) = write_leaf(
+        ca,
+        &layout.pki,
+        &format!("{client}-client"),
+        &spec(&user, &[], &[]),
+        Some("system:nodes"),
+    )?;
+    let kubeconfig_path = layout.kubeconfigs.join(format!("{client}.conf"));
+    let text = kubeconfig(
+        api_server,
+        ca.cert_pem(),
+        &client,
+        &issued.chain_pem,
+        issued.key_pem.expose(),
+    );
+    write_file(&kubeconfig_path, text.as_bytes(), 0o600)?;
+    Ok(KubeletCredentials {
+        serving,
+        kubeconfig: kubeconfig_path,
+    })
 }
 
 /// A kubeconfig with everything embedded, so it still works when copied elsewhere.
@@ -305,13 +361,8 @@ mod tests {
         let layout = Layout::at(dir.path().to_owned(), "/nonexistent".into());
         std::fs::create_dir_all(&layout.pki).unwrap();
         std::fs::create_dir_all(&layout.kubeconfigs).unwrap();
-        let pki = ClusterPki::create(
-            &layout,
-            "node-a",
-            Ipv4Addr::new(192, 0, 2, 9),
-            "https://192.0.2.9:6443",
-        )
-        .unwrap();
+        let nodes = NodeSpec::all("node-a", Ipv4Addr::new(192, 0, 2, 9), 2).unwrap();
+        let pki = ClusterPki::create(&layout, &nodes, "https://192.0.2.9:6443").unwrap();
         let admin = std::fs::read_to_string(&pki.admin.cert).unwrap();
         let info = CertInfo::from_pem(&admin).unwrap();
         assert_eq!(info.common_name, "kubernetes-admin");
@@ -342,8 +393,23 @@ mod tests {
                 .iter()
                 .any(|d| d == "kubernetes.default.svc.cluster.local")
         );
-        let config = std::fs::read_to_string(pki.kubeconfig("kubelet").unwrap()).unwrap();
+        let config = std::fs::read_to_string(&pki.kubelet(0).unwrap().kubeconfig).unwrap();
         assert!(config.contains("server: https://192.0.2.9:6443"));
         assert!(config.contains("name: kubelet@athenz-devstack"));
+        // the second node's kubelet is a node of its own, to the API server and to clients
+        let second = pki.kubelet(1).unwrap();
+        let client = CertInfo::from_pem(
+            &std::fs::read_to_string(layout.pki.join("kubelet-2-client.crt")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(client.common_name, "system:node:node-a-2");
+        let serving =
+            CertInfo::from_pem(&std::fs::read_to_string(&second.serving.cert).unwrap()).unwrap();
+        assert!(
+            serving
+                .ip_addresses
+                .contains(&IpAddr::V4(Ipv4Addr::new(10, 250, 0, 2)))
+        );
+        assert!(pki.kubelet(2).is_err());
     }
 }

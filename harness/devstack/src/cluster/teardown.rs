@@ -7,7 +7,7 @@
 //! Each step goes on when an earlier one failed; the error at the end names every step that did.
 
 use super::layout::{ProcessId, Processes};
-use super::{Layout, components, iptables};
+use super::{Layout, components, iptables, nodes};
 use anyhow::bail;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -66,12 +66,12 @@ async fn terminate_id(id: ProcessId, grace: Duration) -> bool {
     true
 }
 
-/// Runs `ctr` against the cluster's containerd; its stdout, `None` if it fails or hangs.
-async fn ctr(layout: &Layout, args: &[&str]) -> Option<String> {
+/// Runs `ctr` against the containerd at `socket`; its stdout, `None` if it fails or hangs.
+async fn ctr(layout: &Layout, socket: &Path, args: &[&str]) -> Option<String> {
     let mut command = tokio::process::Command::new(layout.bin("ctr"));
     command
         .arg("--address")
-        .arg(layout.containerd_socket())
+        .arg(socket)
         .args(["--namespace", super::CONTAINERD_NAMESPACE])
         .args(args)
         .kill_on_drop(true);
@@ -85,24 +85,24 @@ async fn ctr(layout: &Layout, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// Deletes every task and container in containerd's `k8s.io` namespace (with their rootfs
-/// mounts), if containerd answers; returns how many containers went.
-pub async fn remove_containers(layout: &Layout) -> usize {
-    if !layout.containerd_socket().exists() {
+/// Deletes every task and container in the `k8s.io` namespace of the containerd at `socket`
+/// (with their rootfs mounts), if it answers; returns how many containers went.
+pub async fn remove_containers(layout: &Layout, socket: &Path) -> usize {
+    if !socket.exists() {
         return 0;
     }
-    let Some(tasks) = ctr(layout, &["tasks", "ls", "--quiet"]).await else {
+    let Some(tasks) = ctr(layout, socket, &["tasks", "ls", "--quiet"]).await else {
         return 0;
     };
     for task in tasks.lines().filter(|t| !t.is_empty()) {
-        let _ = ctr(layout, &["tasks", "delete", "--force", task]).await;
+        let _ = ctr(layout, socket, &["tasks", "delete", "--force", task]).await;
     }
-    let containers = ctr(layout, &["containers", "ls", "--quiet"])
+    let containers = ctr(layout, socket, &["containers", "ls", "--quiet"])
         .await
         .unwrap_or_default();
     let mut removed = 0;
     for container in containers.lines().filter(|c| !c.is_empty()) {
-        if ctr(layout, &["containers", "delete", container])
+        if ctr(layout, socket, &["containers", "delete", container])
             .await
             .is_some()
         {
@@ -169,9 +169,13 @@ async fn kill_pod_processes() -> usize {
     pids.len()
 }
 
-/// The runc shims serving this cluster's containerd (`-address <our socket>`).
+/// The runc shims serving this cluster's containerds (`-address <one of our sockets>`).
 fn our_shims(layout: &Layout) -> Vec<u32> {
-    let socket = layout.containerd_socket().display().to_string();
+    let sockets: Vec<String> = layout
+        .containerd_sockets()
+        .iter()
+        .map(|s| s.display().to_string())
+        .collect();
     let Ok(proc_dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -187,7 +191,7 @@ fn our_shims(layout: &Layout) -> Vec<u32> {
             is_shim
                 && args
                     .windows(2)
-                    .any(|w| w[0] == b"-address" && w[1] == socket.as_bytes())
+                    .any(|w| w[0] == b"-address" && sockets.iter().any(|s| w[1] == s.as_bytes()))
         })
         .collect()
 }
@@ -329,6 +333,19 @@ pub fn leftovers(layout: &Layout, host_wide: bool) -> Vec<String> {
     if ip(&["link", "show", super::BRIDGE]).is_some() {
         left.push(format!("device {}", super::BRIDGE));
     }
+    if nodes::bridge_exists() {
+        left.push(format!("device {}", nodes::NODES_BRIDGE));
+    }
+    left.extend(
+        nodes::existing()
+            .into_iter()
+            .map(|i| format!("network namespace {}{}", nodes::NODE_PREFIX, i + 1)),
+    );
+    left.extend(
+        nodes::cgroup_roots()
+            .into_iter()
+            .map(|c| format!("cgroup {}", c.display())),
+    );
     left
 }
 
@@ -343,14 +360,19 @@ pub async fn clean(
     let mut failures = Vec::new();
     let recorded = Processes::read(&layout.processes_json).unwrap_or_default();
     let mut stopped = 0;
-    for name in STOP_ORDER {
-        if let Some(id) = recorded.components.get(*name) {
-            stopped += usize::from(terminate_id(*id, COMPONENT_GRACE).await);
+    for component in STOP_ORDER {
+        for (name, id) in &recorded.components {
+            if components::is_component(name, component) {
+                stopped += usize::from(terminate_id(*id, COMPONENT_GRACE).await);
+            }
         }
     }
     // the sandboxes' ids name libcni's loopback cache entries; read them before they go
     let sandboxes = sandbox_ids(layout);
-    let containers = remove_containers(layout).await;
+    let mut containers = 0;
+    for socket in layout.containerd_sockets() {
+        containers += remove_containers(layout, &socket).await;
+    }
     let killed = if host_wide {
         kill_pod_processes().await
     } else {
@@ -371,6 +393,15 @@ pub async fn clean(
     }
     for id in recorded.components.values() {
         stopped += usize::from(terminate_id(*id, COMPONENT_GRACE).await);
+    }
+    // the further nodes: what is left in their namespaces, the namespaces, veths and cgroups
+    let mut further_nodes = 0;
+    if host_wide {
+        for index in nodes::existing() {
+            failures.extend(nodes::remove(&layout.run_dir, index));
+            further_nodes += 1;
+        }
+        nodes::remove_bridge();
     }
     let pods = Path::new(KUBELET_PODS);
     let mut prefixes = vec![layout.dir.as_path(), layout.run_dir.as_path()];
@@ -409,7 +440,7 @@ pub async fn clean(
     report(format!(
         "removed {stopped} processes, {containers} containers ({killed} processes left in pod \
          cgroups killed), {mounts} mounts, {cgroups} cgroups, {chains} iptables chains, \
-         {devices} network devices"
+         {devices} network devices, {further_nodes} further nodes' namespaces"
     ));
     let left = leftovers(layout, host_wide);
     if !left.is_empty() {

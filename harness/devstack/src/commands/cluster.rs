@@ -84,6 +84,10 @@ pub struct UpArgs {
     /// The node's name; default: this host's name.
     #[arg(long)]
     node_name: Option<String>,
+    /// How many nodes: this host's, and each further one (`<name>-2`, ...) with its own
+    /// network and mount namespaces, containerd, kubelet, kube-proxy and cgroup root.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=cluster::nodes::MAX_NODES as i64))]
+    nodes: u16,
 }
 
 fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -101,6 +105,7 @@ fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         kube_bin: args.kube_bin.unwrap_or_else(cluster::default_kube_bin),
         node_ip: args.node_ip,
         node_name: args.node_name,
+        nodes: usize::from(args.nodes),
         release,
     };
     runtime()?.block_on(cluster::up(options))?;
@@ -120,6 +125,9 @@ pub struct ReleaseArgs {
     /// The binaries (as for `cluster up`).
     #[arg(long, value_name = "DIR")]
     kube_bin: Option<PathBuf>,
+    /// How many nodes (as for `cluster up`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=cluster::nodes::MAX_NODES as i64))]
+    nodes: u16,
 }
 
 impl ReleaseArgs {
@@ -133,6 +141,7 @@ impl ReleaseArgs {
             kube_bin: self.kube_bin.unwrap_or_else(cluster::default_kube_bin),
             node_ip: None,
             node_name: None,
+            nodes: usize::from(self.nodes),
             release: Some(release),
         })
     }
