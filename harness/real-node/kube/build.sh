@@ -140,8 +140,14 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kube_ldflags+=" -X $pkg.gitTreeState=archive -X $pkg.buildDate=$build_date -X $pkg.gitCommit="
 done
 
+# entry points whose signatures changed in 1.34 (the kubelet's command, kubectl's -v) come from
+# entry_current.go or, for older releases, entry_before_1_34.go
+kube_tags=()
+if (( minor < 34 )); then
+  kube_tags=(-tags kube_before_1_34)
+fi
 echo "build.sh: kube $kube_version -> $out"
-gobuild "${modfile_flag[@]}" -ldflags "$kube_ldflags" -o "$out/kube" .
+gobuild "${modfile_flag[@]}" "${kube_tags[@]}" -ldflags "$kube_ldflags" -o "$out/kube" .
 components=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl etcd)
 for c in "${components[@]}"; do
   ln -sfn kube "$out/$c"

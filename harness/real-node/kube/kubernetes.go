@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"os"
 
 	// Time zone data for CronJob's spec.timeZone (the apiserver validates
 	// it, the controller-manager schedules with it); a minimal host or
@@ -10,14 +8,12 @@ import (
 	_ "time/tzdata"
 
 	"k8s.io/component-base/cli"
-	"k8s.io/component-base/logs"
 	kubectlcmd "k8s.io/kubectl/pkg/cmd"
 	kubectlutil "k8s.io/kubectl/pkg/cmd/util"
 	apiserver "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanager "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	proxy "k8s.io/kubernetes/cmd/kube-proxy/app"
 	scheduler "k8s.io/kubernetes/cmd/kube-scheduler/app"
-	kubelet "k8s.io/kubernetes/cmd/kubelet/app"
 
 	// The same side-effect registrations each upstream main performs:
 	// --logging-format=json, client-go's request metrics and the
@@ -39,7 +35,7 @@ var components = map[string]func() int{
 		return cli.Run(controllermanager.NewControllerManagerCommand())
 	},
 	"kube-scheduler": func() int { return cli.Run(scheduler.NewSchedulerCommand()) },
-	"kubelet":        func() int { return cli.Run(kubelet.NewKubeletCommand(context.Background())) },
+	"kubelet":        func() int { return cli.Run(newKubeletCommand()) },
 	"kube-proxy":     func() int { return cli.Run(proxy.NewProxyCommand()) },
 	"kubectl":        runKubectl,
 	"etcd":           runEtcd,
@@ -49,7 +45,7 @@ var components = map[string]func() int{
 // command is built (plugin lookup and .kuberc loading already log), and
 // errors are printed kubectl's way rather than by cobra.
 func runKubectl() int {
-	_, _ = logs.GlogSetter(kubectlcmd.GetLogVerbosity(os.Args))
+	applyKubectlVerbosity()
 	if err := cli.RunNoErrOutput(kubectlcmd.NewDefaultKubectlCommand()); err != nil {
 		kubectlutil.CheckErr(err) // exits
 	}
