@@ -239,8 +239,10 @@ impl Agent {
                 fail(
                     StatusCode::FORBIDDEN,
                     format!(
-                        "pod {}/{} is not on this node",
-                        data.namespace, data.pod_name
+                        "pod {}/{} is not on this node ({})",
+                        data.namespace,
+                        data.pod_name,
+                        self.node.node_name()
                     ),
                 )
             })?;

@@ -120,6 +120,14 @@ fn primary_node(options: &ClusterOptions) -> anyhow::Result<NodeSpec> {
     Ok(NodeSpec { index: 0, name, ip })
 }
 
+/// The number of the further node a process runs on (`kubelet-2` → 2); `None` for the
+/// primary's and the control plane's.
+pub fn node_of(process: &str) -> Option<usize> {
+    [CONTAINERD, KUBELET, KUBE_PROXY]
+        .iter()
+        .find_map(|c| process.strip_prefix(c)?.strip_prefix('-')?.parse().ok())
+}
+
 /// Whether the process named `process` is `component` on some node: `kubelet` (the primary's)
 /// or `kubelet-<n>` (a further node's).
 pub fn is_component(process: &str, component: &str) -> bool {
@@ -128,6 +136,22 @@ pub fn is_component(process: &str, component: &str) -> bool {
             .strip_prefix(component)
             .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|n| n.parse::<usize>().is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_name_their_component_and_node() {
+        assert!(is_component("kubelet", KUBELET));
+        assert!(is_component("kubelet-3", KUBELET));
+        assert!(!is_component("kubelet-x", KUBELET));
+        assert!(!is_component("kube-proxy", KUBELET));
+        assert_eq!(node_of("kube-proxy-2"), Some(2));
+        assert_eq!(node_of("kubelet"), None);
+        assert_eq!(node_of("kube-apiserver"), None);
+    }
 }
 
 /// One component to start from the build (`<kube_bin>/<name>`), and how long it may take to

@@ -99,6 +99,10 @@ pub struct Release {
     /// The docs/operating.md whose steps run (another release's, to install it as it was
     /// installed); `None`: the page this binary was built with.
     pub steps_page: Option<PathBuf>,
+    /// `deploy/components/<name>` added to the overlay first, as an operator adds one
+    /// (`kustomize edit add component`): `legacy-kubelet-authz` on a cluster before 1.33, say.
+    /// The chart needs none of them for that: it reads the cluster's version itself.
+    pub components: Vec<String>,
 }
 
 impl Release {
@@ -111,6 +115,7 @@ impl Release {
             cert_minutes: None,
             installer: Installer::Kustomize,
             steps_page: None,
+            components: Vec::new(),
         }
     }
 
@@ -195,6 +200,7 @@ pub async fn install(
     report(format!("image {image} imported"));
 
     let checkout = copy_deploy(&athenz, &release.deploy_dir)?;
+    add_components(layout, &checkout, release, report)?;
     let keys = operator_keys(&athenz)?;
     let started = std::time::Instant::now();
     let page = match &release.steps_page {
@@ -319,6 +325,51 @@ fn copy_deploy(athenz: &Path, deploy_dir: &Path) -> anyhow::Result<PathBuf> {
         .with_context(|| format!("creating {}", checkout.display()))?;
     copy_tree(deploy_dir, &checkout.join("deploy"))?;
     Ok(checkout)
+}
+
+/// Adds `release.components` to the copy's `overlays/local` with the kustomize CLI, as an
+/// operator adds a component to their overlay. Only the kustomize install takes components.
+fn add_components(
+    layout: &Layout,
+    checkout: &Path,
+    release: &Release,
+    report: &mut dyn FnMut(String),
+) -> anyhow::Result<()> {
+    if release.components.is_empty() {
+        return Ok(());
+    }
+    if release.installer != Installer::Kustomize {
+        anyhow::bail!(
+            "--component applies to the kustomize install; the chart sets its components with \
+             values (components.*), and picks the kubelet authorization from the cluster's version"
+        );
+    }
+    let overlay = checkout.join("deploy/overlays/local");
+    for name in &release.components {
+        let component = checkout.join("deploy/components").join(name);
+        if athenz_core::names::validate_dns_label("component", name).is_err()
+            || !component.join("kustomization.yaml").is_file()
+        {
+            anyhow::bail!(
+                "--component {name}: no such component in {}",
+                checkout.join("deploy/components").display()
+            );
+        }
+        let output = std::process::Command::new(layout.bin("kustomize"))
+            .args(["edit", "add", "component"])
+            .arg(format!("../../components/{name}"))
+            .current_dir(&overlay)
+            .output()
+            .context("running kustomize edit add component")?;
+        if !output.status.success() {
+            anyhow::bail!(
+                "kustomize edit add component {name}: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        report(format!("component {name} added to the overlay"));
+    }
+    Ok(())
 }
 
 /// The control plane's private keys as the Athenz side hands them to an operator

@@ -31,6 +31,7 @@ pub mod installed;
 pub mod iptables;
 pub mod kubectl;
 pub mod layout;
+pub mod node_loss;
 pub mod nodes;
 pub mod pki;
 pub mod runbook;
@@ -203,7 +204,16 @@ impl Cluster {
     /// Restarts any component that exited (as a supervisor restarts a crashed daemon) and
     /// records the new pids; returns the names of those restarted.
     pub fn restart_exited(&mut self) -> anyhow::Result<Vec<String>> {
-        let restarted = crate::procs::restart_exited(&mut self.processes)?;
+        let mut restarted = Vec::new();
+        for process in &mut self.processes {
+            // a node stopped on purpose (`cluster stop-node`) stays down
+            if node_loss::is_on_stopped_node(&self.layout, &process.command.name) {
+                continue;
+            }
+            if process.restart_if_exited()? {
+                restarted.push(process.command.name.clone());
+            }
+        }
         if !restarted.is_empty() {
             self.info.pids = layout::pids(&self.processes);
             layout::write_pids(&self.layout, &self.processes)?;
@@ -340,14 +350,15 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
         println!("{}", serde_json::to_string_pretty(&outcome)?);
     } else {
         println!(
-            "{:<11} {:<30} {:<12} {:<20} expires",
-            "mode", "pod", "pod IP", "principal"
+            "{:<11} {:<34} {:<12} {:<12} {:<20} expires",
+            "mode", "pod", "node", "pod IP", "principal"
         );
         for id in identities {
             println!(
-                "{:<11} {:<30} {:<12} {:<20} {}",
+                "{:<11} {:<34} {:<12} {:<12} {:<20} {}",
                 serde_json::to_value(id.mode)?.as_str().unwrap_or_default(),
                 format!("{}/{}", id.namespace, id.pod),
+                id.node,
                 id.pod_ip,
                 id.principal,
                 id.not_after

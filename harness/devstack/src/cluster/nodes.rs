@@ -9,9 +9,9 @@
 //!   range to it, so pods reach each other across nodes and the API server is the host's address;
 //! - a mount namespace, kept by a bind of its `/proc/<pid>/ns/mnt` as `ip netns` keeps network
 //!   namespaces, a slave of the host's (the host's mounts reach it, its own never reach the host),
-//!   where the node's own directories are bound over the paths Kubernetes and `deploy/` fix:
-//!   `/var/lib/kubelet` (made `rshared`, as CSI's Bidirectional propagation needs),
-//!   `/var/athenz` (the agent's hostPath), the flex volume plugin directory and
+//!   where the node's own directories are bound over the paths Kubernetes and `deploy/` fix,
+//!   each made `rshared` as Bidirectional mount propagation needs: `/var/lib/kubelet`,
+//!   `/var/athenz` (the agent's hostPath) and the flex volume plugin directory; and its own
 //!   `/etc/machine-id`;
 //! - a cgroup root of its own (`/athenz-devstack-<n>` in every hierarchy), the kubelet's
 //!   `cgroupRoot`, so its `kubepods` never meet the primary's.
@@ -270,9 +270,12 @@ fn create_mount_namespace(namespaces: &NodeNamespaces, node_dir: &Path) -> anyho
         std::fs::create_dir_all(&source)
             .with_context(|| format!("creating {}", source.display()))?;
         std::fs::create_dir_all(target).with_context(|| format!("creating {target}"))?;
-        script.push_str(&format!("mount --bind '{}' {target}\n", source.display()));
+        // shared, as on a host whose / is rshared: Bidirectional mounts of them need it
+        script.push_str(&format!(
+            "mount --bind '{}' {target}\nmount --make-rshared {target}\n",
+            source.display()
+        ));
     }
-    script.push_str(&format!("mount --make-rshared {KUBELET_ROOT}\n"));
     let machine_id = node_dir.join("machine-id");
     std::fs::write(&machine_id, format!("{}\n", random_hex(32)))
         .with_context(|| format!("writing {}", machine_id.display()))?;
@@ -414,18 +417,11 @@ pub fn processes_in(file: &Path, kind: &str) -> Vec<i32> {
         .collect()
 }
 
-/// Removes node `index`'s namespaces, veth and cgroup root: every process left inside is
-/// SIGKILLed first (its containerd and containers were asked to go before). Returns what
-/// would not go, in words.
-pub fn remove(run_dir: &Path, index: usize) -> Vec<String> {
+/// SIGKILLs every process inside the node's namespaces (as a power loss ends them) until none
+/// is left or 5 s have passed; returns how many were killed.
+pub fn kill_inside(namespaces: &NodeNamespaces) -> usize {
     use nix::sys::signal::{Signal, kill};
-    let node = NodeSpec {
-        index,
-        name: String::new(),
-        ip: Ipv4Addr::UNSPECIFIED,
-    };
-    let namespaces = NodeNamespaces::of(run_dir, &node);
-    let mut failures = Vec::new();
+    let mut killed = std::collections::BTreeSet::new();
     for _ in 0..50 {
         let mut inside = processes_in(&namespaces.net, "net");
         inside.extend(processes_in(&namespaces.mount, "mnt"));
@@ -434,9 +430,25 @@ pub fn remove(run_dir: &Path, index: usize) -> Vec<String> {
         }
         for pid in inside {
             let _ = kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            killed.insert(pid);
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
+    killed.len()
+}
+
+/// Removes node `index`'s namespaces, veth and cgroup root: every process left inside is
+/// SIGKILLed first (its containerd and containers were asked to go before). Returns what
+/// would not go, in words.
+pub fn remove(run_dir: &Path, index: usize) -> Vec<String> {
+    let node = NodeSpec {
+        index,
+        name: String::new(),
+        ip: Ipv4Addr::UNSPECIFIED,
+    };
+    let namespaces = NodeNamespaces::of(run_dir, &node);
+    let mut failures = Vec::new();
+    kill_inside(&namespaces);
     if namespaces.mount.exists() {
         let _ = nix::mount::umount2(&namespaces.mount, nix::mount::MntFlags::MNT_DETACH);
         let _ = std::fs::remove_file(&namespaces.mount);

@@ -97,6 +97,8 @@ pub struct PodIdentity {
     pub mode: VolumeMode,
     /// The pod's IP, as the API server has it.
     pub pod_ip: String,
+    /// The node it runs on.
+    pub node: String,
     /// The certificate's CN: `<domain>.<service account>`.
     pub principal: String,
     /// Its DNS SANs.
@@ -262,6 +264,10 @@ impl Scenario {
             .as_str()
             .unwrap_or_default()
             .to_owned();
+        let node = json["spec"]["nodeName"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         let sa = json["spec"]["serviceAccountName"]
             .as_str()
             .unwrap_or_default();
@@ -334,6 +340,7 @@ impl Scenario {
             pod: pod.to_owned(),
             mode,
             pod_ip,
+            node,
             principal: cert.common_name,
             dns_names: cert.dns_names,
             ip_addresses: ips,

@@ -1,5 +1,6 @@
-//! `cluster up|demo|bench|storage-e2e|down`: a real single-node Kubernetes cluster on this
-//! machine, with our release installed as an operator installs it (or none: `--bare`).
+//! `cluster up|demo|bench|storage-e2e|stop-node|down`: a real Kubernetes cluster on this
+//! machine (one node, or several with `--nodes`), with our release installed as an operator
+//! installs it (or none: `--bare`).
 
 use super::{passed_or_failed, runtime};
 use athenz_devstack::bench::parse_arrival;
@@ -28,6 +29,10 @@ pub enum ClusterCommand {
     /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
     /// down. Exits 1 if a spec failed or none passed.
     StorageE2e(StorageE2eArgs),
+    /// Lose a further node of the running cluster in DIR, as a power cut loses it: its
+    /// kubelet, kube-proxy, containerd and every container on it stop and stay stopped; its
+    /// Node object stays (NotReady). `cluster down` still removes everything.
+    StopNode(StopNodeArgs),
     /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
     /// chains, bridge and IPAM state. Safe to run again.
     Down(DownArgs),
@@ -40,6 +45,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         ClusterCommand::Demo(args) => demo(args),
         ClusterCommand::Bench(args) => bench(args),
         ClusterCommand::StorageE2e(args) => storage_e2e(args),
+        ClusterCommand::StopNode(args) => stop_node(&args),
         ClusterCommand::Down(args) => down(&args),
     }
 }
@@ -74,6 +80,10 @@ pub struct UpArgs {
     /// binary was built with.
     #[arg(long, value_name = "FILE", conflicts_with = "bare")]
     steps: Option<PathBuf>,
+    /// A deploy/components/<NAME> to add to the overlay before the install, as an operator
+    /// adds one (repeatable): legacy-kubelet-authz on Kubernetes before 1.33.
+    #[arg(long = "component", value_name = "NAME", conflicts_with = "bare")]
+    components: Vec<String>,
     /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
     /// default: target/kube/v1.37.2/bin of this workspace.
     #[arg(long, value_name = "DIR")]
@@ -95,6 +105,7 @@ fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         cert_minutes: args.cert_minutes,
         installer: args.installer,
         steps_page: args.steps,
+        components: args.components,
         ..Release::new(args.image_archive, args.deploy)
     });
     if let Some(release) = &release {
@@ -128,13 +139,19 @@ pub struct ReleaseArgs {
     /// How many nodes (as for `cluster up`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=cluster::nodes::MAX_NODES as i64))]
     nodes: u16,
+    /// A deploy/components/<NAME> for the overlay (as for `cluster up`; repeatable).
+    #[arg(long = "component", value_name = "NAME")]
+    components: Vec<String>,
 }
 
 impl ReleaseArgs {
     /// The options of a cluster that installs this release (checked, or built, first) from
     /// `deploy`, on a node with the default address and name.
     fn cluster_options(self, deploy: Option<PathBuf>) -> anyhow::Result<ClusterOptions> {
-        let release = Release::new(self.image_archive, deploy);
+        let release = Release {
+            components: self.components,
+            ..Release::new(self.image_archive, deploy)
+        };
         release.check()?;
         Ok(ClusterOptions {
             state_dir: self.state_dir,
@@ -262,6 +279,26 @@ pub struct DownArgs {
     /// The state dir `cluster up` was given.
     #[arg(long)]
     state_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StopNodeArgs {
+    /// The state dir `cluster up` was given.
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// The node's name (cluster.json's `nodes`; not the first, which is this host).
+    #[arg(long)]
+    node: String,
+}
+
+fn stop_node(args: &StopNodeArgs) -> anyhow::Result<ExitCode> {
+    let layout = cluster::Layout::existing(&args.state_dir)?;
+    let stopped = runtime()?.block_on(cluster::node_loss::stop_node(&layout, &args.node))?;
+    println!(
+        "node {} lost: {} components stopped, {} processes killed in its namespaces",
+        args.node, stopped.components, stopped.killed
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn down(args: &DownArgs) -> anyhow::Result<ExitCode> {
