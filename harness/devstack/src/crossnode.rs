@@ -78,8 +78,10 @@ impl DirectAccess {
 
     /// A JWT for `subject` from the jwt-service, asked with the node's certificate.
     pub async fn jwt(&self, subject: &PodSubject) -> anyhow::Result<Secret> {
-        let identity =
-            ClientIdentity::Fixed(tls::certified_key_from_pem(&self.cert_pem, self.key_pem.expose())?);
+        let identity = ClientIdentity::Fixed(tls::certified_key_from_pem(
+            &self.cert_pem,
+            self.key_pem.expose(),
+        )?);
         let mut client = reqwest::Client::builder()
             .tls_backend_preconfigured(tls::client_config(&self.cas, Some(identity))?)
             .timeout(Duration::from_secs(10));
@@ -188,7 +190,10 @@ impl DirectAccess {
             })
             .await;
         match registered {
-            Ok(_) => bail!("ZTS issued node {node}'s identity to a token of {}", self.node_name),
+            Ok(_) => bail!(
+                "ZTS issued node {node}'s identity to a token of {}",
+                self.node_name
+            ),
             Err(refusal) => Ok(refusal.to_string()),
         }
     }
@@ -256,6 +261,10 @@ pub async fn refresh_with_node_certificate(
             .with_context(|| format!("reading the pod's {name}"))
     };
     DirectAccess::of_stack(info, node)?
-        .refresh(subject, &read("service.cert.pem")?, &read("service.key.pem")?)
+        .refresh(
+            subject,
+            &read("service.cert.pem")?,
+            &read("service.key.pem")?,
+        )
         .await
 }

@@ -138,22 +138,6 @@ pub fn is_component(process: &str, component: &str) -> bool {
             .is_some_and(|n| n.parse::<usize>().is_ok())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn processes_name_their_component_and_node() {
-        assert!(is_component("kubelet", KUBELET));
-        assert!(is_component("kubelet-3", KUBELET));
-        assert!(!is_component("kubelet-x", KUBELET));
-        assert!(!is_component("kube-proxy", KUBELET));
-        assert_eq!(node_of("kube-proxy-2"), Some(2));
-        assert_eq!(node_of("kubelet"), None);
-        assert_eq!(node_of("kube-apiserver"), None);
-    }
-}
-
 /// One component to start from the build (`<kube_bin>/<name>`), and how long it may take to
 /// come up.
 struct Component {
@@ -692,4 +676,20 @@ async fn ctr_version(layout: Layout, socket: std::path::PathBuf) -> Result<(), S
 /// Writes `text` to `path`, naming the path on failure.
 fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn processes_name_their_component_and_node() {
+        assert!(is_component("kubelet", KUBELET));
+        assert!(is_component("kubelet-3", KUBELET));
+        assert!(!is_component("kubelet-x", KUBELET));
+        assert!(!is_component("kube-proxy", KUBELET));
+        assert_eq!(node_of("kube-proxy-2"), Some(2));
+        assert_eq!(node_of("kubelet"), None);
+        assert_eq!(node_of("kube-apiserver"), None);
+    }
 }

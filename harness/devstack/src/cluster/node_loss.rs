@@ -42,10 +42,15 @@ pub async fn stop_node(layout: &Layout, name: &str) -> anyhow::Result<Stopped> {
         .position(|n| n.name == name)
         .with_context(|| {
             let names: Vec<&str> = info.nodes.iter().map(|n| n.name.as_str()).collect();
-            format!("the cluster has no node {name} (its nodes: {})", names.join(", "))
+            format!(
+                "the cluster has no node {name} (its nodes: {})",
+                names.join(", ")
+            )
         })?;
     if index == 0 {
-        bail!("{name} is the host's own node: only a further node (cluster up --nodes N) can be stopped");
+        bail!(
+            "{name} is the host's own node: only a further node (cluster up --nodes N) can be stopped"
+        );
     }
     let node = NodeSpec {
         index,
@@ -56,12 +61,16 @@ pub async fn stop_node(layout: &Layout, name: &str) -> anyhow::Result<Stopped> {
     std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
     let recorded = Processes::read(&layout.processes_json).unwrap_or_default();
     let mut stopped = 0;
-    for component in [components::KUBELET, components::KUBE_PROXY, components::CONTAINERD] {
-        if let Some(id) = recorded.components.get(&node.process_name(component)) {
-            if id.is_running() {
-                teardown::terminate(id.pid, GRACE).await;
-                stopped += 1;
-            }
+    for component in [
+        components::KUBELET,
+        components::KUBE_PROXY,
+        components::CONTAINERD,
+    ] {
+        if let Some(id) = recorded.components.get(&node.process_name(component))
+            && id.is_running()
+        {
+            teardown::terminate(id.pid, GRACE).await;
+            stopped += 1;
         }
     }
     let namespaces = NodeNamespaces::of(&layout.run_dir, &node);

@@ -171,7 +171,7 @@ fn bound_dirs(node_dir: &Path) -> [(PathBuf, &'static str); 3] {
     [
         (node_dir.join("kubelet-root"), KUBELET_ROOT),
         (node_dir.join("agent"), AGENT_HOST_DIR),
-        (node_dir.join("flex"), FLEX_DIR),
+        (node_dir.join("volume-plugins"), FLEX_DIR),
     ]
 }
 

@@ -367,7 +367,12 @@ fn the_kubelet_grant_follows_the_kubernetes_version() {
     assert_eq!(grant(&["--kube-version", "1.33.0"]), "nodes/pods");
     assert_eq!(grant(&["--kube-version", "1.37.2"]), "nodes/pods");
     assert_eq!(grant(&["--kube-version", "1.32.4"]), "nodes/proxy");
-    assert_eq!(grant(&["--kube-version", "1.29.0"]), "nodes/proxy");
+    // before 1.32 token reviews do not name the node: the chart refuses the cluster
+    // (docs/kubernetes-versions.md)
+    let refused = run_helm_template(&["--kube-version", "1.31.9"]);
+    assert!(!refused.status.success(), "the chart installed on 1.31");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains(">=1.32.0-0"), "{said}");
     assert_eq!(
         grant(&[
             "--kube-version",

@@ -34,9 +34,10 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::cluster::{require_prerequisites, start_cluster};
+use common::previous_release::PreviousRelease;
 use common::real_node::{
-    PreviousRelease, access, audit_events, check_metrics_reference, granted,
-    uninstall_as_documented, webhook_ca_bundle,
+    access, audit_events, check_metrics_reference, granted, uninstall_as_documented,
+    webhook_ca_bundle,
 };
 use common::release::{build_image, check_features, rotate_the_athenz_ca_and_check_new_pods};
 
@@ -55,10 +56,11 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         .tempdir()
         .unwrap();
     let state_dir = temp.path().join("state");
-    let archive_arg = archive.display().to_string();
-    // the previous release's manifests, installed with the previous release's steps; upgraded
-    // below to this one's as docs/operating.md says
-    let previous = PreviousRelease::from_git();
+    // the previous release (its image built from its own commit, its manifests, installed with
+    // its steps); upgraded below to this one's as docs/operating.md says
+    let previous = PreviousRelease::from_changelog();
+    let previous_image = previous.image();
+    let archive_arg = previous_image.display().to_string();
     let previous_deploy = previous.deploy.display().to_string();
     let previous_steps = previous.page.display().to_string();
     // three-minute certificates: the sidecar's refresh and the agent's files-mode rotation
@@ -82,9 +84,9 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let image = info.image.clone().expect("cluster.json names the image");
     assert_eq!(
         image,
-        concat!(
-            "ghcr.io/athenz-k8s-identity/athenz-k8s-identity:",
-            env!("CARGO_PKG_VERSION")
+        format!(
+            "ghcr.io/athenz-k8s-identity/athenz-k8s-identity:{}",
+            previous.version
         ),
         "the overlay keeps deploy/base's image name"
     );
@@ -109,6 +111,8 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         service: false,
     };
     let old_pods = scenario.deploy(&before_upgrade).unwrap();
+    // this release's image, as an operator pushes it before applying the new manifests
+    athenz_devstack::cluster::images::import(&layout, &archive).unwrap();
     install::upgrade(
         install::Installer::Kustomize,
         kubectl,
@@ -131,7 +135,8 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     }
     eprintln!("upgraded from {} (its deploy/ and steps)", previous.commit);
 
-    // the four workloads, Running and Ready, from the image
+    // the four workloads, Running and Ready, from this release's image
+    let image = athenz_devstack::cluster::images::archive_reference(&archive).unwrap();
     for (namespace, workload) in WORKLOADS {
         let pods = kubectl.get_json(&["pods", "-n", namespace]).unwrap();
         let pods = pods["items"].as_array().unwrap();

@@ -5,6 +5,10 @@
 
 /// `cluster up` for the real-node tests.
 pub mod cluster;
+/// One node of several: its agent's files, kubelet root and volume records.
+pub mod nodes;
+/// The release before this one: its manifests, install steps and image.
+pub mod previous_release;
 /// The real-node tests' checks of audit, metrics, uninstall, and the release to upgrade from.
 pub mod real_node;
 /// The release image, the features pod's verdict, a CA change, Helm's release Secrets.

@@ -8,7 +8,6 @@ use athenz_devstack::cluster::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
 use athenz_devstack::cluster::kubectl::Kubectl;
 use athenz_devstack::cluster::runbook;
 use std::path::Path;
-use std::process::Command;
 
 /// The audit log's events (JSON lines).
 pub fn audit_events(path: &Path) -> Vec<serde_json::Value> {
@@ -199,71 +198,4 @@ pub fn check_nothing_left(kubectl: &Kubectl) {
         !mounts.contains("/var/athenz"),
         "mounts left under /var/athenz"
     );
-}
-
-/// The release before this one, from git: the newest ancestor of HEAD whose `deploy/` differs
-/// from HEAD's (the parent of the last commit that changed it), its `deploy/` and the
-/// docs/operating.md it was installed by.
-pub struct PreviousRelease {
-    /// Its commit (short).
-    pub commit: String,
-    _dir: tempfile::TempDir,
-    /// Its `deploy/`.
-    pub deploy: std::path::PathBuf,
-    /// Its docs/operating.md.
-    pub page: std::path::PathBuf,
-}
-
-impl PreviousRelease {
-    /// Finds and extracts it; fails naming the commit when it has no install steps to run.
-    pub fn from_git() -> Self {
-        let repo = athenz_testbed::bins::repo_root();
-        let git = |args: &[&str]| {
-            let out = Command::new("git")
-                .arg("-C")
-                .arg(&repo)
-                .args(args)
-                .output()
-                .expect("git is needed to find the previous release");
-            assert!(
-                out.status.success(),
-                "git {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            out.stdout
-        };
-        let last_change = String::from_utf8(git(&["rev-list", "-n1", "HEAD", "--", "deploy"]))
-            .unwrap()
-            .trim()
-            .to_owned();
-        let commit = String::from_utf8(git(&["rev-parse", "--short", &format!("{last_change}^")]))
-            .unwrap()
-            .trim()
-            .to_owned();
-        let dir = tempfile::tempdir().unwrap();
-        let archive = git(&["archive", &commit, "deploy", "docs/operating.md"]);
-        let mut tar = Command::new("tar")
-            .arg("-x")
-            .arg("-C")
-            .arg(dir.path())
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        std::io::Write::write_all(tar.stdin.as_mut().unwrap(), &archive).unwrap();
-        drop(tar.stdin.take());
-        assert!(tar.wait().unwrap().success());
-        let page = dir.path().join("docs/operating.md");
-        let text = std::fs::read_to_string(&page).unwrap();
-        assert!(
-            !runbook::shell_blocks(&text, "Install", "kustomize").is_empty(),
-            "the previous release {commit} has no install steps in its docs/operating.md, so it \
-             cannot be installed as it was to test the upgrade from it"
-        );
-        Self {
-            commit,
-            deploy: dir.path().join("deploy"),
-            page,
-            _dir: dir,
-        }
-    }
 }
