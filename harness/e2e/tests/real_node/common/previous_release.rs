@@ -1,7 +1,7 @@
 //! The release before this one, as CHANGELOG.md records it (its newest heading
 //! `## X.Y.Z — YYYY-MM-DD (<commit>)`): that commit's `deploy/` and docs/operating.md, to
 //! install it as it was installed, and its image, built from that commit with its own
-//! `deploy/image.sh` (once: the archive is kept under `target/previous-release/<commit>/`).
+//! `deploy/image.sh` (once: the archive is kept in the release cache, [`release_cache`]).
 
 use athenz_devstack::cluster::runbook;
 use std::path::{Path, PathBuf};
@@ -69,6 +69,21 @@ pub fn newest_release(changelog: &str) -> Option<(String, String)> {
     })
 }
 
+/// Where released images built from their commits are kept, with their cargo target dirs:
+/// `$ATHENZ_RELEASE_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/athenz-k8s-identity/releases`.
+/// A commit's image never changes, so like Go's and cargo's caches this one outlives a clone
+/// (CI's clean clones reuse it); deleting it only costs the build again.
+fn release_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ATHENZ_RELEASE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .expect("neither XDG_CACHE_HOME nor HOME is set: set ATHENZ_RELEASE_CACHE");
+    cache.join("athenz-k8s-identity/releases")
+}
+
 impl PreviousRelease {
     /// Finds and extracts it; fails when the CHANGELOG names none, when this workspace still
     /// calls itself that version (the two images would share a tag), or when it has no install
@@ -104,15 +119,16 @@ impl PreviousRelease {
 
     /// Its image: its commit checked out and built with its own `deploy/image.sh` (release builds
     /// of every binary, about 12 minutes cold on 2 cores), kept as
-    /// `target/previous-release/<commit>/athenz-k8s-identity-<version>.oci.tar`.
+    /// `<release cache>/<commit>/athenz-k8s-identity-<version>.oci.tar` (see [`release_cache`]).
     pub fn image(&self) -> PathBuf {
         let repo = athenz_testbed::bins::repo_root();
-        let base = repo.join("target/previous-release").join(&self.commit);
+        let base = release_cache().join(&self.commit);
         let name = format!("athenz-k8s-identity-{}.oci.tar", self.version);
         let kept = base.join(&name);
         if kept.is_file() {
             return kept;
         }
+        std::fs::create_dir_all(&base).unwrap();
         let src = base.join("src");
         if src.exists() {
             std::fs::remove_dir_all(&src).unwrap();
