@@ -411,19 +411,22 @@ pub fn restart_exited(processes: &mut [Process]) -> anyhow::Result<Vec<String>> 
     Ok(restarted)
 }
 
-/// The pid of a process named `name` on this host (argv[0]'s file name), if one runs: how the
-/// benches find a daemon a DaemonSet started (ours, spire-agent, the SPIFFE CSI driver).
-pub fn pid_named(name: &str) -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
+/// The pids of the processes named `name` on this host (argv[0]'s file name): how the benches
+/// find the daemons a DaemonSet started (ours, spire-agent, the SPIFFE CSI driver), one per node.
+pub fn pids_named(name: &str) -> Vec<u32> {
+    let Ok(proc_dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    proc_dir
         .flatten()
-        .find_map(|entry| {
+        .filter_map(|entry| {
             let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
             let argv0 = cmdline.split(|b| *b == 0).next()?;
             let file = std::path::Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
             (file == name).then_some(pid)
         })
+        .collect()
 }
 
 #[cfg(test)]

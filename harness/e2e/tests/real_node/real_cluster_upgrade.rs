@@ -155,21 +155,46 @@ fn serials_of(scenario: &Scenario, pods: &[Vec<(String, VolumeMode)>]) -> BTreeM
         .collect()
 }
 
-/// The instance refreshes the dev ZTS refused so far (its log's refusals of
-/// `POST /zts/v1/instance/<provider>/<domain>/<service>/<id>`).
+/// The instance refreshes the dev ZTS refused so far: its log's refusals of
+/// `POST /zts/v1/instance/<provider>/<domain>/<service>/<id>` (registrations are
+/// `/zts/v1/instance` alone).
 fn refresh_refusals(layout: &Layout) -> usize {
     let log = std::fs::read_to_string(layout.logs.join(format!("{}.log", install::ZTS)))
         .unwrap_or_default();
+    count_refresh_refusals(&log)
+}
+
+/// [`refresh_refusals`] of a log's text (its fields may carry terminal colours).
+fn count_refresh_refusals(log: &str) -> usize {
+    const REFRESH: &str = "/zts/v1/instance/";
     log.lines()
         .filter(|l| l.contains("dev ZTS refused"))
         .filter(|l| {
-            l.split_whitespace().any(|word| {
-                word.trim_start_matches("path=")
-                    .strip_prefix("/zts/v1/instance/")
-                    .is_some_and(|rest| rest.split('/').count() == 4)
+            l.match_indices(REFRESH).any(|(at, _)| {
+                let rest = &l[at + REFRESH.len()..];
+                let path = rest
+                    .split(|c: char| c.is_whitespace() || c == '\u{1b}')
+                    .next()
+                    .unwrap_or_default();
+                path.split('/').count() == 4
             })
         })
         .count()
+}
+
+#[test]
+fn refused_refreshes_are_counted_and_registrations_are_not() {
+    // lines as the dev ZTS writes them, colours and all
+    let refresh = "\u{1b}[2m2026-11-27T19:26:34Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m dev ZTS refused \
+                   \u{1b}[3mpath\u{1b}[0m\u{1b}[2m=\u{1b}[0m/zts/v1/instance/k8s.admin.athenz-callback/\
+                   bank.vault/reader/0b6f5d1e-1f0e-4f5e-9d3e-2b7e5c1d9a10 \u{1b}[3mstatus\u{1b}[0m\
+                   \u{1b}[2m=\u{1b}[0m403 Forbidden pod_exists";
+    let register = "dev ZTS refused \u{1b}[3mpath\u{1b}[0m\u{1b}[2m=\u{1b}[0m/zts/v1/instance \
+                    \u{1b}[3mstatus\u{1b}[0m\u{1b}[2m=\u{1b}[0m504 Gateway Timeout";
+    let served = "dev ZTS served path=/zts/v1/instance/p/d/s/i status=200";
+    let log = [refresh, register, served, refresh].join("\n");
+    assert_eq!(count_refresh_refusals(&log), 2);
+    assert_eq!(count_refresh_refusals(register), 0);
 }
 
 /// What one roll did: the pods created during it, and the order the nodes' agents were replaced.

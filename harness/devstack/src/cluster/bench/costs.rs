@@ -15,13 +15,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-/// Where the kubelet's pod cgroups are, per controller.
+/// Where the kubelets' pod cgroups are, per controller: the host's node's `kubepods`, and each
+/// further node's under its cgroup root (`athenz-devstack-<n>/kubepods`, `cluster up --nodes`).
 #[derive(Debug, Clone)]
 pub struct Cgroups {
-    /// `cpuacct`'s `kubepods`.
-    cpu: PathBuf,
-    /// `memory`'s `kubepods`.
-    memory: PathBuf,
+    /// `cpuacct`'s `kubepods` of every node.
+    cpu: Vec<PathBuf>,
+    /// `memory`'s `kubepods` of every node.
+    memory: Vec<PathBuf>,
 }
 
 /// The QoS classes' parents under `kubepods` (Guaranteed pods sit directly in it).
@@ -35,26 +36,50 @@ impl Cgroups {
 
     /// Under a cgroup v1 mount root (tests give a directory of their own).
     pub fn at(root: &Path) -> Self {
+        let kubepods = |controller: &str| {
+            let hierarchy = root.join(controller);
+            let mut roots = vec![hierarchy.join("kubepods")];
+            let mut further: Vec<PathBuf> = std::fs::read_dir(&hierarchy)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(crate::cluster::nodes::NODE_PREFIX)
+                })
+                .map(|e| e.path().join("kubepods"))
+                .collect();
+            further.sort();
+            roots.extend(further);
+            roots
+        };
         Self {
-            cpu: root.join("cpuacct/kubepods"),
-            memory: root.join("memory/kubepods"),
+            cpu: kubepods("cpuacct"),
+            memory: kubepods("memory"),
         }
     }
 
-    /// The pod's cgroup under `controller_root`; the uid is checked before it touches a path.
-    fn pod_dir(controller_root: &Path, uid: &str) -> anyhow::Result<PathBuf> {
+    /// The pod's cgroup under one of `controller_roots`; the uid is checked before it touches a
+    /// path.
+    fn pod_dir(controller_roots: &[PathBuf], uid: &str) -> anyhow::Result<PathBuf> {
         if uid.is_empty() || !uid.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
             bail!("{uid:?} is not a pod uid");
         }
-        QOS_CLASSES
+        controller_roots
             .iter()
-            .map(|qos| controller_root.join(qos).join(format!("pod{uid}")))
+            .flat_map(|root| {
+                QOS_CLASSES
+                    .iter()
+                    .map(move |qos| root.join(qos).join(format!("pod{uid}")))
+            })
             .find(|dir| dir.is_dir())
             .with_context(|| {
-                format!(
-                    "no cgroup for pod {uid} under {}",
-                    controller_root.display()
-                )
+                let roots: Vec<String> = controller_roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect();
+                format!("no cgroup for pod {uid} under {}", roots.join(" or "))
             })
     }
 

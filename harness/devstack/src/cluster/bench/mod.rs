@@ -222,9 +222,12 @@ pub async fn run(
             System::Athenz => "athenz-identity-agent",
             System::Spire => "spire-agent",
         };
-        crate::procs::pid_named(name)
+        // the largest of every node's (one agent per node)
+        crate::procs::pids_named(name)
+            .into_iter()
             .map(|pid| crate::procs::Usage::of(pid).peak_rss_kib as f64 / 1024.0)
-            .with_context(|| format!("no {name} process on this node"))
+            .reduce(f64::max)
+            .with_context(|| format!("no {name} process on any node"))
     };
     let mut systems = BTreeMap::new();
     for (kind, kind_totals) in &totals {
