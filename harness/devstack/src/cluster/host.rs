@@ -129,13 +129,8 @@ pub fn prepare() -> anyhow::Result<()> {
     let machine_id = Path::new("/etc/machine-id");
     let has_id = std::fs::read_to_string(machine_id).is_ok_and(|id| id.trim().len() == 32);
     if !has_id {
-        let id: String = (0..32)
-            .map(|_| {
-                char::from_digit((athenz_core::random::unit() * 16.0) as u32 % 16, 16)
-                    .unwrap_or('0')
-            })
-            .collect();
-        std::fs::write(machine_id, format!("{id}\n")).context("writing /etc/machine-id")?;
+        std::fs::write(machine_id, format!("{}\n", new_machine_id()))
+            .context("writing /etc/machine-id")?;
     }
     let kmsg = Path::new("/dev/kmsg");
     if !kmsg.exists() {
@@ -163,6 +158,16 @@ pub fn prepare() -> anyhow::Result<()> {
         std::fs::write(&path, value).with_context(|| format!("setting {}", path.display()))?;
     }
     Ok(())
+}
+
+/// A new machine id: 32 random lowercase hex digits, as `/etc/machine-id` holds (the host's
+/// when it has none, each further node's own).
+pub fn new_machine_id() -> String {
+    (0..32)
+        .map(|_| {
+            char::from_digit((athenz_core::random::unit() * 16.0) as u32 % 16, 16).unwrap_or('0')
+        })
+        .collect()
 }
 
 /// Whether this process may lower an `oom_score_adj` (it holds CAP_SYS_RESOURCE). Some

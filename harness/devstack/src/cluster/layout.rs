@@ -249,13 +249,22 @@ impl Layout {
     /// Every node's containerd socket that answers to a file now: the primary's, then the
     /// further nodes' (images are imported into each).
     pub fn containerd_sockets(&self) -> Vec<PathBuf> {
+        let mut further: Vec<PathBuf> = std::fs::read_dir(&self.run_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix('n'))
+                    .is_some_and(|n| n.parse::<usize>().is_ok())
+            })
+            .map(|e| e.path().join("containerd.sock"))
+            .filter(|socket| socket.exists())
+            .collect();
+        further.sort();
         let mut sockets = vec![self.containerd_socket()];
-        for index in 1..super::nodes::MAX_NODES {
-            let socket = self.node(index).containerd_socket();
-            if socket.exists() {
-                sockets.push(socket);
-            }
-        }
+        sockets.extend(further);
         sockets
     }
 
@@ -433,7 +442,8 @@ mod tests {
         let b = Layout::at("/tmp/b".into(), "/bin".into());
         assert_ne!(a.run_dir, b.run_dir);
         assert!(a.run_dir.join("s").as_os_str().len() <= 42);
-        let last = a.node(super::super::nodes::MAX_NODES - 1);
+        // the eighth node, the most `cluster up --nodes` makes
+        let last = a.node(7);
         assert!(last.shims.as_os_str().len() <= 42);
         assert_ne!(a.node(1).containerd_socket(), a.containerd_socket());
     }

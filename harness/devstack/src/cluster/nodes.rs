@@ -19,6 +19,7 @@
 //! Its containerd, kubelet and kube-proxy run inside both namespaces through `nsenter`, which
 //! execs them (the recorded pid is the component's own).
 
+use super::images::run;
 use anyhow::{Context, bail};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -175,21 +176,6 @@ fn bound_dirs(node_dir: &Path) -> [(PathBuf, &'static str); 3] {
     ]
 }
 
-/// Runs a command, failing with what it said.
-fn run(command: &mut Command, what: &str) -> anyhow::Result<String> {
-    let output = command
-        .output()
-        .with_context(|| format!("{what}: running {:?}", command.get_program()))?;
-    if !output.status.success() {
-        bail!(
-            "{what} failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
 /// `ip <args>`, failing with what it said.
 fn ip(args: &[&str]) -> anyhow::Result<String> {
     run(
@@ -277,7 +263,7 @@ fn create_mount_namespace(namespaces: &NodeNamespaces, node_dir: &Path) -> anyho
         ));
     }
     let machine_id = node_dir.join("machine-id");
-    std::fs::write(&machine_id, format!("{}\n", random_hex(32)))
+    std::fs::write(&machine_id, format!("{}\n", super::host::new_machine_id()))
         .with_context(|| format!("writing {}", machine_id.display()))?;
     script.push_str(&format!(
         "mount --bind '{}' /etc/machine-id\n",
@@ -312,15 +298,6 @@ fn make_private_dir(dir: &Path) -> anyhow::Result<()> {
     )
     .with_context(|| format!("making {} private", dir.display()))?;
     Ok(())
-}
-
-/// `len` random lowercase hex digits.
-fn random_hex(len: usize) -> String {
-    (0..len)
-        .map(|_| {
-            char::from_digit((athenz_core::random::unit() * 16.0) as u32 % 16, 16).unwrap_or('0')
-        })
-        .collect()
 }
 
 /// The hierarchies under /sys/fs/cgroup (v1 controllers, the named ones, and v2's).

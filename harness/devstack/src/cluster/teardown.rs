@@ -28,8 +28,6 @@ pub const KUBELET_PODS: &str = "/var/lib/kubelet/pods";
 pub const AGENT_HOST_DIR: &str = "/var/athenz";
 /// Where libcni caches results by network name.
 const CNI_RESULTS: &str = "/var/lib/cni/results";
-/// The cgroup hierarchies.
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// The order components stop in: nothing may recreate a pod or a rule while the rest goes.
 const STOP_ORDER: &[&str] = &[
@@ -112,21 +110,9 @@ pub async fn remove_containers(layout: &Layout, socket: &Path) -> usize {
     removed
 }
 
-/// The hierarchies under /sys/fs/cgroup (v1 controllers, the named ones, and v2's).
-fn cgroup_hierarchies() -> Vec<PathBuf> {
-    std::fs::read_dir(CGROUP_ROOT)
-        .map(|dir| {
-            dir.filter_map(Result::ok)
-                .map(|e| e.path())
-                .filter(|p| p.join("cgroup.procs").exists())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The `kubepods*` cgroups at the top of each hierarchy.
 fn kubepods_cgroups() -> Vec<PathBuf> {
-    cgroup_hierarchies()
+    nodes::cgroup_hierarchies()
         .into_iter()
         .flat_map(|h| std::fs::read_dir(h).into_iter().flatten())
         .filter_map(Result::ok)
