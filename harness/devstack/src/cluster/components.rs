@@ -2,15 +2,14 @@
 //! waited for before the next: etcd, the API server, the controller-manager and scheduler,
 //! containerd (and the pause image), the kubelet, kube-proxy; then the node must be Ready with a
 //! pod range, and the `default` service account must exist (what pods need before they can be
-//! created).
+//! created). Each node's own components start in [`super::node_start`].
 
-use super::config::{self, KubeletInputs, NodePorts};
 use super::control_plane::{
     apiserver_args, controller_manager_args, flag, scheduler_args, write_audit_policy,
 };
 use super::health::{Checker, wait_for};
-use super::info::{ApiServer, ClusterInfo, Containerd, NodeInfo, NodeNamespaceFiles};
-use super::layout::{NodeDirs, pids, write_pids};
+use super::info::{ApiServer, ClusterInfo, Containerd, NodeInfo};
+use super::layout::{pids, write_pids};
 use super::nodes::{NodeNamespaces, NodeSpec};
 use super::pki::ClusterPki;
 use super::{ClusterOptions, Layout, host, images};
@@ -36,14 +35,14 @@ pub const KUBELET_PORT: u16 = 10250;
 const ETCD_UP: Duration = Duration::from_secs(30);
 const APISERVER_UP: Duration = Duration::from_secs(120);
 const CONTROLLERS_UP: Duration = Duration::from_secs(60);
-const CONTAINERD_UP: Duration = Duration::from_secs(30);
-const KUBELET_UP: Duration = Duration::from_secs(60);
-const PROXY_UP: Duration = Duration::from_secs(60);
-const NODE_READY: Duration = Duration::from_secs(120);
+pub(super) const CONTAINERD_UP: Duration = Duration::from_secs(30);
+pub(super) const KUBELET_UP: Duration = Duration::from_secs(60);
+pub(super) const PROXY_UP: Duration = Duration::from_secs(60);
+pub(super) const NODE_READY: Duration = Duration::from_secs(120);
 
 /// A PATH for components that exec host tools (iptables, mount, conntrack) and for containerd,
 /// which finds its shim beside itself only through PATH.
-fn path_env(layout: &Layout) -> Vec<(String, String)> {
+pub(super) fn path_env(layout: &Layout) -> Vec<(String, String)> {
     let inherited = std::env::var("PATH").unwrap_or_default();
     vec![(
         "PATH".to_owned(),
@@ -140,34 +139,34 @@ pub fn is_component(process: &str, component: &str) -> bool {
 
 /// One component to start from the build (`<kube_bin>/<name>`), and how long it may take to
 /// come up.
-struct Component {
+pub(super) struct Component {
     /// Its binary.
-    name: &'static str,
+    pub(super) name: &'static str,
     /// Its process and log name (the binary's, or `<name>-<n>` on a further node).
-    process: String,
+    pub(super) process: String,
     /// The further node's namespaces it runs in (`None`: the host's).
-    namespaces: Option<NodeNamespaces>,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
+    pub(super) namespaces: Option<NodeNamespaces>,
+    pub(super) args: Vec<String>,
+    pub(super) env: Vec<(String, String)>,
     /// What is waited for, as an error names it (`"etcd /health"`).
-    awaited: &'static str,
-    limit: Duration,
+    pub(super) awaited: &'static str,
+    pub(super) limit: Duration,
 }
 
 /// What starting the components shares: where they live, the processes started so far (each
 /// recorded in `processes.json` as it starts, so `cluster down` finds it even if this fails),
 /// the client that asks whether they are up, and where progress goes.
-struct Starter<'a> {
-    layout: &'a Layout,
-    processes: &'a mut Vec<Process>,
-    checker: Checker,
-    report: &'a mut dyn FnMut(String),
+pub(super) struct Starter<'a> {
+    pub(super) layout: &'a Layout,
+    pub(super) processes: &'a mut Vec<Process>,
+    pub(super) checker: Checker,
+    pub(super) report: &'a mut dyn FnMut(String),
 }
 
 impl Starter<'_> {
     /// Starts `component`, records it, and waits until `check` passes (failing at once if the
     /// process exits); returns how long it took.
-    async fn start_until<F, Fut>(
+    pub(super) async fn start_until<F, Fut>(
         &mut self,
         component: Component,
         check: F,
@@ -197,7 +196,7 @@ impl Starter<'_> {
     }
 
     /// Starts `component`, waits until `GET health` answers 2xx and reports it up as `label`.
-    async fn start_healthy(
+    pub(super) async fn start_healthy(
         &mut self,
         component: Component,
         health: String,
@@ -213,7 +212,7 @@ impl Starter<'_> {
 
     /// Waits, on the running component `name` (described as `what` if it is not running), until
     /// `check` passes; returns how long it took.
-    async fn wait_on<F, Fut>(
+    pub(super) async fn wait_on<F, Fut>(
         &mut self,
         name: &str,
         what: &str,
@@ -313,233 +312,6 @@ impl Starter<'_> {
         self.start_healthy(scheduler, health, "scheduler").await
     }
 
-    /// Starts node `node` (see [`super::nodes`]): for a further node its namespaces first, then
-    /// containerd with the pause image, the kubelet, the pods' network on the range the
-    /// controller-manager gave the node, kube-proxy; returns once the API has it Ready.
-    async fn node(
-        &mut self,
-        pki: &ClusterPki,
-        node: &NodeSpec,
-        pause_archive: &Path,
-    ) -> anyhow::Result<NodeInfo> {
-        let dirs = self.layout.node(node.index);
-        dirs.create()?;
-        let namespaces = if node.is_primary() {
-            None
-        } else {
-            let made = super::nodes::create(&self.layout.run_dir, &dirs.dir, node)?;
-            (self.report)(format!(
-                "node {} ({}): network and mount namespaces made",
-                node.name, node.ip
-            ));
-            Some(made)
-        };
-        let on = OnNode {
-            spec: node,
-            dirs: &dirs,
-            namespaces: namespaces.as_ref(),
-        };
-        if node.is_primary() {
-            // the controller-manager gives the first node to register the first range
-            write_cni_conflist(&dirs, super::NODE_POD_CIDR)?;
-        }
-        let lower_oom_score = self.containerd(&on, pause_archive).await?;
-        let ports = self.kubelet(pki, &on, lower_oom_score).await?;
-        let pod_cidr = self.pod_range(&on).await?;
-        if !node.is_primary() {
-            write_cni_conflist(&dirs, &pod_cidr)?;
-            super::nodes::route_pods(node, &pod_cidr)?;
-        }
-        self.kube_proxy(pki, &on, ports, lower_oom_score).await?;
-        self.node_ready(&on).await?;
-        Ok(NodeInfo {
-            name: node.name.clone(),
-            ip: node.ip.to_string(),
-            pod_cidr,
-            containerd: Containerd {
-                socket: dirs.containerd_socket(),
-                namespace: super::CONTAINERD_NAMESPACE.to_owned(),
-            },
-            namespaces: namespaces.map(|n| NodeNamespaceFiles {
-                net: n.net,
-                mount: n.mount,
-            }),
-        })
-    }
-
-    /// containerd with runc and the pause image; up when `ctr version` reaches it, then the
-    /// pause image is imported. Returns whether containers may get OOM scores below 0 (this
-    /// host grants CAP_SYS_RESOURCE).
-    async fn containerd(&mut self, on: &OnNode<'_>, pause_archive: &Path) -> anyhow::Result<bool> {
-        let runc = host::find_tool("runc").context("runc is not installed")?;
-        let lower_oom_score = host::can_lower_oom_score_adj();
-        if !lower_oom_score && on.spec.is_primary() {
-            (self.report)(
-                "this host denies CAP_SYS_RESOURCE: containers' OOM scores are clamped to 0 \
-                 (containerd restrict_oom_score_adj)"
-                    .to_owned(),
-            );
-        }
-        let config = on.dirs.containerd.join("config.toml");
-        write(
-            &config,
-            &config::containerd(on.dirs, images::PAUSE_IMAGE, &runc, !lower_oom_score)?,
-        )?;
-        let containerd = on.component(CONTAINERD, vec![flag("config", &config)], self.layout);
-        let containerd = Component {
-            awaited: "containerd's socket",
-            limit: CONTAINERD_UP,
-            ..containerd
-        };
-        let socket = on.dirs.containerd_socket();
-        let layout = self.layout.clone();
-        let took = self
-            .start_until(containerd, || ctr_version(layout.clone(), socket.clone()))
-            .await?;
-        images::import_into(self.layout, &on.dirs.containerd_socket(), pause_archive)?;
-        (self.report)(format!(
-            "{} up in {:.1} s; pause image imported",
-            on.spec.process_name(CONTAINERD),
-            took.as_secs_f64()
-        ));
-        Ok(lower_oom_score)
-    }
-
-    /// The kubelet, serving on [`KUBELET_PORT`] with a certificate from the cluster CA; returns
-    /// the node's ports (kube-proxy's too, chosen here for both configs).
-    async fn kubelet(
-        &mut self,
-        pki: &ClusterPki,
-        on: &OnNode<'_>,
-        lower_oom_score: bool,
-    ) -> anyhow::Result<NodePorts> {
-        let ports = NodePorts {
-            // the port every kubelet serves on, which deploy/ (the agent's KUBELET_URL) assumes
-            kubelet: KUBELET_PORT,
-            kubelet_healthz: free_port()?,
-            proxy_healthz: free_port()?,
-            proxy_metrics: free_port()?,
-        };
-        let credentials = pki.kubelet(on.spec.index)?;
-        let config = on.dirs.kubelet.join("config.yaml");
-        let cgroup_root = on.spec.cgroup_root();
-        let inputs = KubeletInputs {
-            lower_oom_score,
-            client_ca: &pki.ca,
-            tls_cert: &credentials.serving.cert,
-            tls_key: &credentials.serving.key,
-            ports,
-            healthz_address: on.health_ip(),
-            cgroup_root: &cgroup_root,
-        };
-        write(
-            &config,
-            &serde_json::to_string_pretty(&config::kubelet(on.dirs, &inputs))?,
-        )?;
-        let args = vec![
-            flag("config", &config),
-            flag("kubeconfig", &credentials.kubeconfig),
-            format!("--hostname-override={}", on.spec.name),
-            format!("--node-ip={}", on.spec.ip),
-            "--v=2".to_owned(),
-        ];
-        let kubelet = Component {
-            awaited: "the kubelet's /healthz",
-            limit: KUBELET_UP,
-            ..on.component(KUBELET, args, self.layout)
-        };
-        let health = format!(
-            "http://{}:{}/healthz",
-            on.health_ip(),
-            ports.kubelet_healthz
-        );
-        let label = on.spec.process_name(KUBELET);
-        self.start_healthy(kubelet, health, &label).await?;
-        Ok(ports)
-    }
-
-    /// Waits until the controller-manager has given the registered node a pod range; returns it.
-    async fn pod_range(&mut self, on: &OnNode<'_>) -> anyhow::Result<String> {
-        let checker = self.checker.clone();
-        let name = on.spec.name.clone();
-        let ranged = || {
-            let checker = checker.clone();
-            let name = name.clone();
-            async move {
-                let state = checker.node(&name).await;
-                state.pod_cidr.clone().ok_or_else(|| state.to_string())
-            }
-        };
-        let process = on.spec.process_name(KUBELET);
-        let awaited = format!("node {} registered with a pod range", on.spec.name);
-        self.wait_on(&process, "the kubelet", &awaited, NODE_READY, || async {
-            ranged().await.map(|_| ())
-        })
-        .await?;
-        ranged()
-            .await
-            .map_err(|state| anyhow::anyhow!("node {name}: {state}"))
-    }
-
-    /// kube-proxy, on the ports [`Starter::kubelet`] chose.
-    async fn kube_proxy(
-        &mut self,
-        pki: &ClusterPki,
-        on: &OnNode<'_>,
-        ports: NodePorts,
-        lower_oom_score: bool,
-    ) -> anyhow::Result<()> {
-        let config = on.dirs.kube_proxy.join("config.yaml");
-        write(
-            &config,
-            &serde_json::to_string_pretty(&config::kube_proxy(
-                pki.kubeconfig("kube-proxy")?,
-                &on.spec.name,
-                on.spec.ip,
-                on.health_ip(),
-                ports,
-                lower_oom_score,
-            ))?,
-        )?;
-        let kube_proxy = Component {
-            awaited: "kube-proxy's /healthz",
-            limit: PROXY_UP,
-            ..on.component(
-                KUBE_PROXY,
-                vec![flag("config", &config), "--v=1".to_owned()],
-                self.layout,
-            )
-        };
-        let health = format!("http://{}:{}/healthz", on.health_ip(), ports.proxy_healthz);
-        let label = on.spec.process_name(KUBE_PROXY);
-        self.start_healthy(kube_proxy, health, &label).await
-    }
-
-    /// Waits until the API has the node Ready with a pod range (its kubelet must keep running
-    /// meanwhile).
-    async fn node_ready(&mut self, on: &OnNode<'_>) -> anyhow::Result<()> {
-        let checker = self.checker.clone();
-        let name = on.spec.name.clone();
-        let ready = || {
-            let checker = checker.clone();
-            let name = name.clone();
-            async move {
-                let state = checker.node(&name).await;
-                match (&state.ready, &state.pod_cidr) {
-                    (Some(c), Some(_)) if c.ready => Ok(()),
-                    _ => Err(state.to_string()),
-                }
-            }
-        };
-        let awaited = format!("node {name} Ready");
-        let process = on.spec.process_name(KUBELET);
-        let took = self
-            .wait_on(&process, "the kubelet", &awaited, NODE_READY, ready)
-            .await?;
-        (self.report)(format!("node {name} Ready in {:.1} s", took.as_secs_f64()));
-        Ok(())
-    }
-
     /// Waits until the controller-manager has made the `default` service account, which pods
     /// need before they can be created.
     async fn default_service_account(&mut self) -> anyhow::Result<()> {
@@ -613,48 +385,6 @@ impl Starter<'_> {
     }
 }
 
-/// One node as its components are started on it.
-struct OnNode<'a> {
-    spec: &'a NodeSpec,
-    dirs: &'a NodeDirs,
-    /// A further node's namespaces (`None` on the primary).
-    namespaces: Option<&'a NodeNamespaces>,
-}
-
-impl OnNode<'_> {
-    /// Where the host reaches the node's health endpoints: loopback on the primary, the node's
-    /// address on a further node.
-    fn health_ip(&self) -> Ipv4Addr {
-        if self.spec.is_primary() {
-            Ipv4Addr::LOCALHOST
-        } else {
-            self.spec.ip
-        }
-    }
-
-    /// `binary` with `args` as this node runs it (inside its namespaces on a further node), with
-    /// PATH for the host tools it execs; the caller sets what is awaited.
-    fn component(&self, binary: &'static str, args: Vec<String>, layout: &Layout) -> Component {
-        Component {
-            name: binary,
-            process: self.spec.process_name(binary),
-            namespaces: self.namespaces.cloned(),
-            args,
-            env: path_env(layout),
-            awaited: "",
-            limit: Duration::ZERO,
-        }
-    }
-}
-
-/// Writes the node's CNI network for `pod_cidr` (containerd picks it up when it appears).
-fn write_cni_conflist(dirs: &NodeDirs, pod_cidr: &str) -> anyhow::Result<()> {
-    write(
-        &dirs.cni_conf_dir.join("10-athenz-devstack.conflist"),
-        &serde_json::to_string_pretty(&config::cni_conflist(dirs, pod_cidr))?,
-    )
-}
-
 /// `Ok` when `GET url` answers 2xx, else what was asked (for the error).
 async fn ok_or(checker: &Checker, url: &str) -> Result<(), String> {
     if checker.ok(url).await {
@@ -665,7 +395,7 @@ async fn ok_or(checker: &Checker, url: &str) -> Result<(), String> {
 }
 
 /// `Ok` when `ctr version` reaches containerd through `socket`, else why not.
-async fn ctr_version(layout: Layout, socket: std::path::PathBuf) -> Result<(), String> {
+pub(super) async fn ctr_version(layout: Layout, socket: std::path::PathBuf) -> Result<(), String> {
     let mut ctr = std::process::Command::new(layout.bin("ctr"));
     ctr.arg("--address").arg(socket).arg("version");
     images::run(&mut ctr, "ctr version")
@@ -674,7 +404,7 @@ async fn ctr_version(layout: Layout, socket: std::path::PathBuf) -> Result<(), S
 }
 
 /// Writes `text` to `path`, naming the path on failure.
-fn write(path: &Path, text: &str) -> anyhow::Result<()> {
+pub(super) fn write(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 

@@ -32,6 +32,7 @@ pub mod iptables;
 pub mod kubectl;
 pub mod layout;
 pub mod node_loss;
+mod node_start;
 pub mod nodes;
 pub mod pki;
 pub mod runbook;
