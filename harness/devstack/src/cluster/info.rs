@@ -40,6 +40,25 @@ pub struct NodeInfo {
     pub namespaces: Option<NodeNamespaceFiles>,
 }
 
+impl NodeInfo {
+    /// A command running `program` on this node as its root would: inside a further node's
+    /// namespaces (through `nsenter`), as it is on the primary.
+    pub fn command(&self, program: &str) -> std::process::Command {
+        match &self.namespaces {
+            Some(ns) => {
+                let mut command = std::process::Command::new("nsenter");
+                command
+                    .arg(format!("--net={}", ns.net.display()))
+                    .arg(format!("--mount={}", ns.mount.display()))
+                    .arg("--")
+                    .arg(program);
+                command
+            }
+            None => std::process::Command::new(program),
+        }
+    }
+}
+
 /// The files naming a further node's namespaces.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NodeNamespaceFiles {

@@ -8,6 +8,7 @@
 
 use super::dns;
 use super::images;
+use super::info::NodeInfo;
 use super::kubectl::Kubectl;
 use super::layout::write_pids;
 use super::runbook;
@@ -470,18 +471,37 @@ pub fn upgrade(
     )
 }
 
-/// Runs docs/operating.md's "Uninstall" steps for `installer` in `checkout` (the cluster's
-/// objects, then this node's files, as root).
+/// Runs docs/operating.md's "Uninstall" steps for `installer` in `checkout`: the cluster's
+/// objects from here, then the section's last block (what the agents leave on a node) as root
+/// on every one of `nodes`, inside a further node's namespaces as its own root would run it.
 pub fn run_uninstall_steps(
     installer: Installer,
     kubectl: &Kubectl,
     checkout: &Path,
+    nodes: &[NodeInfo],
 ) -> anyhow::Result<()> {
-    let steps =
-        runbook::shell_blocks(runbook::OPERATING, "Uninstall", installer.variant()).join("\n");
-    if steps.is_empty() {
-        anyhow::bail!("docs/operating.md has no \"Uninstall\" steps to run");
+    let mut steps = runbook::shell_blocks(runbook::OPERATING, "Uninstall", installer.variant());
+    let node_steps = steps
+        .pop()
+        .context("docs/operating.md has no \"Uninstall\" steps to run")?;
+    if !node_steps.contains(super::nodes::AGENT_HOST_DIR) {
+        anyhow::bail!(
+            "docs/operating.md's last \"Uninstall\" block is not the node's files: {node_steps}"
+        );
     }
-    kubectl.run_script(&steps, checkout, &[], "docs/operating.md \"Uninstall\"")?;
+    kubectl.run_script(
+        &steps.join("\n"),
+        checkout,
+        &[],
+        "docs/operating.md \"Uninstall\"",
+    )?;
+    for node in nodes {
+        let mut command = node.command("bash");
+        command.args(["-euo", "pipefail", "-c", &node_steps]);
+        images::run(
+            &mut command,
+            &format!("docs/operating.md \"Uninstall\" on node {}", node.name),
+        )?;
+    }
     Ok(())
 }

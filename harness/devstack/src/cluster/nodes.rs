@@ -10,9 +10,10 @@
 //! - a mount namespace, kept by a bind of its `/proc/<pid>/ns/mnt` as `ip netns` keeps network
 //!   namespaces, a slave of the host's (the host's mounts reach it, its own never reach the host),
 //!   where the node's own directories are bound over the paths Kubernetes and `deploy/` fix,
-//!   each made `rshared` as Bidirectional mount propagation needs: `/var/lib/kubelet`,
-//!   `/var/athenz` (the agent's hostPath) and the flex volume plugin directory; and its own
-//!   `/etc/machine-id`;
+//!   each made `rshared` as Bidirectional mount propagation needs: its own `/var` (so
+//!   `/var/lib/kubelet`, `/var/athenz` — the agent's hostPath —, CNI's cache and logs are the
+//!   node's, and plain directories there, which docs/operating.md's uninstall removes as on a
+//!   host) and the flex volume plugin directory; and its own `/etc/machine-id`;
 //! - a cgroup root of its own (`/athenz-devstack-<n>` in every hierarchy), the kubelet's
 //!   `cgroupRoot`, so its `kubepods` never meet the primary's.
 //!
@@ -167,13 +168,44 @@ fn mount_ns_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("ns")
 }
 
+/// The node's `/var`, under the node's own directory.
+const NODE_VAR: &str = "var";
+/// Where `/var`'s links point on a host (systemd's layout): the node keeps the host's `/run`.
+const VAR_LINKS: [(&str, &str); 2] = [("run", "/run"), ("lock", "/run/lock")];
+
 /// The per-node directories bound over the host's paths, under `node_dir`.
-fn bound_dirs(node_dir: &Path) -> [(PathBuf, &'static str); 3] {
+fn bound_dirs(node_dir: &Path) -> [(PathBuf, &'static str); 2] {
     [
-        (node_dir.join("kubelet-root"), KUBELET_ROOT),
-        (node_dir.join("agent"), AGENT_HOST_DIR),
+        (node_dir.join(NODE_VAR), "/var"),
         (node_dir.join("volume-plugins"), FLEX_DIR),
     ]
+}
+
+/// Where a path of a further node's own (under its `/var` or the flex plugin dir) is, as the
+/// host sees it: `None` for a path the node shares with the host.
+pub fn host_path(node_dir: &Path, path_on_node: &Path) -> Option<PathBuf> {
+    bound_dirs(node_dir).into_iter().find_map(|(source, target)| {
+        let rest = path_on_node.strip_prefix(target).ok()?;
+        Some(source.join(rest))
+    })
+}
+
+/// A further node's `/var` as a fresh host's: its links into `/run` and a sticky `tmp`.
+fn prepare_node_var(var: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(var.join("lib")).with_context(|| format!("creating {}", var.display()))?;
+    for (link, target) in VAR_LINKS {
+        let link = var.join(link);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(target, &link)
+                .with_context(|| format!("linking {} to {target}", link.display()))?;
+        }
+    }
+    let tmp = var.join("tmp");
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777))
+        .with_context(|| format!("making {} sticky", tmp.display()))?;
+    Ok(())
 }
 
 /// `ip <args>`, failing with what it said.
@@ -251,6 +283,14 @@ fn create_mount_namespace(namespaces: &NodeNamespaces, node_dir: &Path) -> anyho
     let _ = nix::mount::umount2(&namespaces.mount, nix::mount::MntFlags::MNT_DETACH);
     std::fs::write(&namespaces.mount, b"")
         .with_context(|| format!("creating {}", namespaces.mount.display()))?;
+    if node_dir.starts_with("/var") {
+        bail!(
+            "{}: a further node's files cannot live under /var, which the node has its own of \
+             (choose a --state-dir elsewhere)",
+            node_dir.display()
+        );
+    }
+    prepare_node_var(&node_dir.join(NODE_VAR))?;
     let mut script = String::from("set -e\n");
     for (source, target) in bound_dirs(node_dir) {
         std::fs::create_dir_all(&source)
@@ -507,6 +547,25 @@ mod tests {
         assert_eq!(nodes[2].process_name("kubelet"), "kubelet-3");
         assert!(NodeSpec::all("host", Ipv4Addr::LOCALHOST, 0).is_err());
         assert!(NodeSpec::all("host", Ipv4Addr::LOCALHOST, MAX_NODES + 1).is_err());
+    }
+
+    #[test]
+    fn a_nodes_own_paths_map_to_its_directory_and_shared_ones_do_not() {
+        let dir = Path::new("/s/nodes/2");
+        assert_eq!(
+            host_path(dir, Path::new(KUBELET_ROOT)),
+            Some(PathBuf::from("/s/nodes/2/var/lib/kubelet"))
+        );
+        assert_eq!(
+            host_path(dir, Path::new(AGENT_HOST_DIR)),
+            Some(PathBuf::from("/s/nodes/2/var/athenz"))
+        );
+        assert_eq!(
+            host_path(dir, &Path::new(FLEX_DIR).join("athenz~volume-driver")),
+            Some(PathBuf::from("/s/nodes/2/volume-plugins/athenz~volume-driver"))
+        );
+        assert_eq!(host_path(dir, Path::new("/etc/hosts")), None);
+        assert_eq!(host_path(dir, Path::new("/variable")), None);
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! Each step goes on when an earlier one failed; the error at the end names every step that did.
 
 use super::layout::{ProcessId, Processes};
+// the agent's files-mode tmpfs mounts propagate there (`Bidirectional`) and outlive its pod
+use super::nodes::AGENT_HOST_DIR;
 use super::{Layout, components, iptables, nodes};
 use anyhow::bail;
 use nix::sys::signal::{Signal, kill};
@@ -23,9 +25,6 @@ const COMPONENT_GRACE: Duration = Duration::from_secs(10);
 const CTR_TIMEOUT: Duration = Duration::from_secs(20);
 /// The kubelet's pods (its root dir is the default: CSI and plugin paths depend on it).
 pub const KUBELET_PODS: &str = "/var/lib/kubelet/pods";
-/// The agent's host directory (deploy/base's hostPath `/var/athenz`): its files-mode tmpfs
-/// mounts propagate to the host (`Bidirectional`), where they outlive the agent's pod.
-pub const AGENT_HOST_DIR: &str = "/var/athenz";
 /// Where libcni caches results by network name.
 const CNI_RESULTS: &str = "/var/lib/cni/results";
 

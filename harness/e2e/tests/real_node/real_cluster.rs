@@ -622,6 +622,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
             "shop-cart",
             evil,
         ],
+        &info.nodes,
     );
 
     eprintln!(

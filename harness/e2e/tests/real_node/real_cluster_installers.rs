@@ -112,9 +112,10 @@ fn the_readmes_cluster_demo_exits_0_and_prints_its_identities() {
     );
 }
 
-/// The Helm chart, installed by docs/operating.md's "Install with Helm" steps on a node of its
-/// own: every mode's pods get their identities as with the kustomize install, and the page's
-/// Helm uninstall leaves nothing.
+/// The Helm chart, installed by docs/operating.md's "Install with Helm" steps on a cluster of
+/// its own with three nodes: every mode's pods get their identities as with the kustomize
+/// install, and the page's Helm uninstall, its node steps run on each node, leaves nothing on
+/// any.
 #[test]
 fn the_helm_chart_installs_the_same_release() {
     let _node = ONE_NODE
@@ -130,7 +131,14 @@ fn the_helm_chart_installs_the_same_release() {
     let archive_arg = archive.display().to_string();
     let (guard, info) = start_cluster(
         &state_dir,
-        &["--image-archive", &archive_arg, "--installer", "helm"],
+        &[
+            "--image-archive",
+            &archive_arg,
+            "--installer",
+            "helm",
+            "--nodes",
+            "3",
+        ],
         Duration::from_secs(600),
     );
     let layout = Layout::existing(&state_dir).unwrap();
@@ -168,6 +176,7 @@ fn the_helm_chart_installs_the_same_release() {
         install::Installer::Helm,
         &install::checkout_dir(&layout.athenz),
         &["media-sports", "news-feed", RESTRICTED_NAMESPACE],
+        &info.nodes,
     );
     eprintln!(
         "real node, Helm: up in {:.1} s; {} identities checked",

@@ -18,7 +18,7 @@ const AGENT: &str = "athenz-identity-agent";
 pub fn kubelet_root(state_dir: &Path, index: usize) -> PathBuf {
     let root = match index {
         0 => PathBuf::from(nodes::KUBELET_ROOT),
-        i => node_dir(state_dir, i).join("kubelet-root"),
+        i => own_path(state_dir, i, nodes::KUBELET_ROOT),
     };
     assert!(
         root.join("pods").is_dir(),
@@ -33,8 +33,14 @@ pub fn kubelet_root(state_dir: &Path, index: usize) -> PathBuf {
 pub fn agent_host_dir(state_dir: &Path, index: usize) -> PathBuf {
     match index {
         0 => PathBuf::from(nodes::AGENT_HOST_DIR),
-        i => node_dir(state_dir, i).join("agent"),
+        i => own_path(state_dir, i, nodes::AGENT_HOST_DIR),
     }
+}
+
+/// A further node's own `path`, as the host sees it.
+fn own_path(state_dir: &Path, index: usize, path: &str) -> PathBuf {
+    nodes::host_path(&node_dir(state_dir, index), Path::new(path))
+        .unwrap_or_else(|| panic!("{path} is not a node's own"))
 }
 
 /// A further node's own directory (the devstack's `nodes/<n>/`).

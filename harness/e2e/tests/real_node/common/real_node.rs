@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
+use athenz_devstack::cluster::info::NodeInfo;
 use athenz_devstack::cluster::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
 use athenz_devstack::cluster::kubectl::Kubectl;
 use athenz_devstack::cluster::runbook;
@@ -145,13 +146,14 @@ pub fn webhook_ca_bundle(kubectl: &Kubectl) -> String {
 }
 
 /// Uninstalls as docs/operating.md says: the tenants' pods first (their `namespaces` deleted),
-/// then the page's "Uninstall" steps for `installer` in `checkout`; then checks that nothing is
-/// left ([`check_nothing_left`]).
+/// then the page's "Uninstall" steps for `installer` in `checkout` (the node's files on every
+/// one of `nodes`); then checks that nothing is left ([`check_nothing_left`]).
 pub fn uninstall_as_documented(
     kubectl: &Kubectl,
     installer: athenz_devstack::cluster::install::Installer,
     checkout: &Path,
     namespaces: &[&str],
+    nodes: &[NodeInfo],
 ) {
     for ns in namespaces {
         kubectl
@@ -164,14 +166,31 @@ pub fn uninstall_as_documented(
             ])
             .unwrap();
     }
-    athenz_devstack::cluster::install::run_uninstall_steps(installer, kubectl, checkout).unwrap();
-    check_nothing_left(kubectl);
+    // every node holds the agent's files before, so "nothing left" after says something
+    for node in nodes {
+        assert!(
+            !node_paths_present(node).is_empty(),
+            "node {} holds none of {NODE_PATHS:?} before the uninstall",
+            node.name
+        );
+    }
+    athenz_devstack::cluster::install::run_uninstall_steps(installer, kubectl, checkout, nodes)
+        .unwrap();
+    check_nothing_left(kubectl, nodes);
 }
 
-/// After the documented uninstall: none of our cluster objects, and nothing on this node (the
-/// state dir, the flex driver, the CSI socket dir and registration, no mount under
-/// `/var/athenz`).
-pub fn check_nothing_left(kubectl: &Kubectl) {
+/// The node paths the release writes (the state dir, the CSI socket dir and registration, the
+/// flex driver).
+const NODE_PATHS: [&str; 4] = [
+    "/var/athenz",
+    "/var/lib/kubelet/plugins/csi.athenz.io",
+    "/var/lib/kubelet/plugins_registry/csi.athenz.io-reg.sock",
+    "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/athenz~volume-driver",
+];
+
+/// After the documented uninstall: none of our cluster objects, and nothing on any of `nodes`
+/// ([`NODE_PATHS`], no mount under `/var/athenz`), each looked at from inside the node.
+pub fn check_nothing_left(kubectl: &Kubectl, nodes: &[NodeInfo]) {
     for (kind, name) in [
         ("mutatingwebhookconfiguration", "athenz-initializer"),
         ("csidriver", "csi.athenz.io"),
@@ -185,17 +204,29 @@ pub fn check_nothing_left(kubectl: &Kubectl) {
             .unwrap();
         assert!(left.is_empty(), "left after uninstall: {left}");
     }
-    for path in [
-        "/var/athenz",
-        "/var/lib/kubelet/plugins/csi.athenz.io",
-        "/var/lib/kubelet/plugins_registry/csi.athenz.io-reg.sock",
-        "/usr/libexec/kubernetes/kubelet-plugins/volume/exec/athenz~volume-driver",
-    ] {
-        assert!(!Path::new(path).exists(), "left after uninstall: {path}");
+    assert!(!nodes.is_empty(), "no node to look at");
+    for node in nodes {
+        let left = node_paths_present(node);
+        assert!(
+            left.is_empty(),
+            "left on node {} after uninstall: {left:?}",
+            node.name
+        );
     }
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(
-        !mounts.contains("/var/athenz"),
-        "mounts left under /var/athenz"
+}
+
+/// Which of [`NODE_PATHS`] exist on `node`, and the mounts under `/var/athenz` there, as the
+/// node's root sees them.
+fn node_paths_present(node: &NodeInfo) -> Vec<String> {
+    let look = format!(
+        "for p in {}; do [ -e \"$p\" ] && echo \"$p\"; done; \
+         awk '$5 ~ \"^/var/athenz\" {{print $5}}' /proc/self/mountinfo; true",
+        NODE_PATHS.join(" ")
     );
+    let out = node.command("sh").args(["-c", &look]).output().unwrap();
+    assert!(out.status.success(), "{}: {out:?}", node.name);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
