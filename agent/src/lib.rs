@@ -505,11 +505,12 @@ pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std
     athenz_core::daemon::parse_and_run(args, run_settings, start)
 }
 
-/// The process's log format and its runtime's workers (`--worker-threads 0`: one per CPU).
+/// The process's operations settings and its runtime's workers (`--worker-threads 0`: one per
+/// CPU).
 fn run_settings(config: &Config) -> athenz_core::daemon::RunSettings {
     athenz_core::daemon::RunSettings {
-        log_format: config.ops.log_format,
         worker_threads: (config.worker_threads > 0).then_some(config.worker_threads),
+        ..athenz_core::daemon::RunSettings::from_ops(&config.ops)
     }
 }
 

@@ -249,7 +249,7 @@ pub async fn start(
 pub fn main_with_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::io::Result<()> {
     athenz_core::daemon::parse_and_run(
         args,
-        |c: &Config| athenz_core::daemon::RunSettings::logging(c.ops.log_format),
+        |c: &Config| athenz_core::daemon::RunSettings::from_ops(&c.ops),
         start,
     )
 }

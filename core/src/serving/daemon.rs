@@ -53,6 +53,12 @@ pub struct OpsArgs {
     /// Log format: human or json.
     #[arg(long, env = "LOG_FORMAT", default_value = "human")]
     pub log_format: crate::telemetry::LogFormat,
+    /// Seconds to go on accepting connections after SIGTERM, before draining. A deleted pod's
+    /// Service endpoint leaves every kube-proxy (and load balancer) a moment after the kubelet
+    /// signals it; a server that stops accepting at once refuses the connections routed to it
+    /// meanwhile (ZTS's to the callback during a rollout). 0 stops accepting at once.
+    #[arg(long, env = "DRAIN_DELAY_SECONDS", default_value_t = 0)]
+    pub drain_delay_seconds: u64,
 }
 
 /// The identity rules the agent and the callback must share: what one issues for, the other
@@ -281,14 +287,17 @@ pub struct RunSettings {
     /// Worker threads of its runtime; `None`: one per CPU (tokio's default, which
     /// `TOKIO_WORKER_THREADS` overrides).
     pub worker_threads: Option<usize>,
+    /// How long it goes on accepting after SIGTERM ([`OpsArgs::drain_delay_seconds`]).
+    pub drain_delay: std::time::Duration,
 }
 
 impl RunSettings {
-    /// `log_format`, a worker per CPU.
-    pub fn logging(log_format: crate::telemetry::LogFormat) -> Self {
+    /// The operations settings' log format and drain delay, a worker per CPU.
+    pub fn from_ops(ops: &OpsArgs) -> Self {
         Self {
-            log_format,
+            log_format: ops.log_format,
             worker_threads: None,
+            drain_delay: std::time::Duration::from_secs(ops.drain_delay_seconds),
         }
     }
 }
@@ -313,8 +322,9 @@ where
 
 /// The `main` of every daemon: installs the crypto provider and logging, seeds the crypto
 /// generator (see [`crate::random::seed_crypto_generator`]), starts the daemon on a
-/// multi-threaded runtime, runs until SIGTERM or SIGINT, then drains it. A start-up error is logged
-/// and ends the process with exit code 2 (a usage error: it names the setting).
+/// multi-threaded runtime, runs until SIGTERM or SIGINT, goes on serving for the drain delay (a
+/// second signal cuts it short), then drains it. A start-up error is logged and ends the process
+/// with exit code 2 (a usage error: it names the setting).
 pub fn run_until_terminated<S, Fut, B>(settings: RunSettings, start: S) -> std::io::Result<()>
 where
     S: FnOnce(Shutdown) -> Fut,
@@ -332,7 +342,7 @@ where
                 std::process::exit(2);
             }
         };
-        crate::http::termination_signal().await;
+        crate::http::termination_signal_after(settings.drain_delay).await;
         shutdown.trigger();
         let _ = task.await;
         Ok(())

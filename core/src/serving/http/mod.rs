@@ -29,7 +29,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 mod ops;
-pub use ops::{OpsHandler, Readiness, termination_signal};
+pub use ops::{OpsHandler, Readiness, termination_signal, termination_signal_after};
 
 /// The error body of every API in the system (and of ZTS): `{"code": <status>, "message": "..."}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

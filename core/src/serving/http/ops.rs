@@ -31,6 +31,24 @@ pub async fn termination_signal() {
     }
 }
 
+/// Resolves `delay` after the process is asked to stop ([`termination_signal`]), or at once on a
+/// second signal: a server stopped by it goes on accepting for `delay` (the drain delay of
+/// `OpsArgs`), long enough for its Service endpoint to be removed everywhere.
+pub async fn termination_signal_after(delay: std::time::Duration) {
+    termination_signal().await;
+    if delay.is_zero() {
+        return;
+    }
+    tracing::info!(
+        seconds = delay.as_secs_f64(),
+        "still accepting while the endpoint is removed"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {}
+        () = termination_signal() => {}
+    }
+}
+
 /// Whether the process is ready to serve; flipped by the daemon as its dependencies come up.
 #[derive(Debug, Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);

@@ -184,16 +184,19 @@ fn bound_dirs(node_dir: &Path) -> [(PathBuf, &'static str); 2] {
 /// Where a path of a further node's own (under its `/var` or the flex plugin dir) is, as the
 /// host sees it: `None` for a path the node shares with the host.
 pub fn host_path(node_dir: &Path, path_on_node: &Path) -> Option<PathBuf> {
-    bound_dirs(node_dir).into_iter().find_map(|(source, target)| {
-        let rest = path_on_node.strip_prefix(target).ok()?;
-        Some(source.join(rest))
-    })
+    bound_dirs(node_dir)
+        .into_iter()
+        .find_map(|(source, target)| {
+            let rest = path_on_node.strip_prefix(target).ok()?;
+            Some(source.join(rest))
+        })
 }
 
 /// A further node's `/var` as a fresh host's: its links into `/run` and a sticky `tmp`.
 fn prepare_node_var(var: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(var.join("lib")).with_context(|| format!("creating {}", var.display()))?;
+    std::fs::create_dir_all(var.join("lib"))
+        .with_context(|| format!("creating {}", var.display()))?;
     for (link, target) in VAR_LINKS {
         let link = var.join(link);
         if std::fs::symlink_metadata(&link).is_err() {
@@ -562,7 +565,9 @@ mod tests {
         );
         assert_eq!(
             host_path(dir, &Path::new(FLEX_DIR).join("athenz~volume-driver")),
-            Some(PathBuf::from("/s/nodes/2/volume-plugins/athenz~volume-driver"))
+            Some(PathBuf::from(
+                "/s/nodes/2/volume-plugins/athenz~volume-driver"
+            ))
         );
         assert_eq!(host_path(dir, Path::new("/etc/hosts")), None);
         assert_eq!(host_path(dir, Path::new("/variable")), None);

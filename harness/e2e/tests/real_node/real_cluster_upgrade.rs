@@ -1,0 +1,445 @@
+//! A real release upgrade on three real nodes, and its rollback: the previous release (its image
+//! built from the commit CHANGELOG.md names, with that commit's own `deploy/image.sh`; its
+//! manifests installed with its own docs/operating.md steps), then this release's `deploy/`
+//! under the same overlay as docs/operating.md's "Upgrade and rollback" says, the agents'
+//! DaemonSet rolling one node at a time while a pod is created every second; then the previous
+//! `deploy/` again, the same way.
+//!
+//! Each way: every pod created meanwhile gets its identity (0 without), the pods made before
+//! keep theirs and their next refresh is served (three-minute certificates), ZTS refuses no refresh,
+//! and never more than one node is without a Ready agent. One exception, named and printed: in
+//! the upgrade, ZTS's connection to a terminating callback pod of a release that stopped
+//! accepting at SIGTERM ([`STOPS_ACCEPTING_AT_SIGTERM`]); this release's pods go on accepting for
+//! their drain delay, so the rollback allows none. During the roll, new pods meet both
+//! wires: this release's SIA (the template's image changes at once) on nodes whose agent is
+//! still the previous release's, and the previous release's SIAs on upgraded nodes.
+//!
+//! Needs root, `harness/real-node/kube/build.sh`'s binaries and what both images need; fails
+//! naming what is missing, never skips.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use athenz_core::volume_mode::VolumeMode;
+use athenz_devstack::cluster::info::ClusterInfo;
+use athenz_devstack::cluster::install::{self, NODE_NAMESPACE, WORKLOADS};
+use athenz_devstack::cluster::kubectl::Kubectl;
+use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario, Workload};
+use athenz_devstack::cluster::{Layout, images, tenant_pods};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::cluster::{require_prerequisites, start_cluster};
+use common::nodes::pods_on_every_node;
+use common::previous_release::PreviousRelease;
+use common::release::build_image;
+
+/// The releases whose Deployments stopped accepting at SIGTERM (no `DRAIN_DELAY_SECONDS`): a
+/// rollout replacing their pods can have ZTS's connection to the callback refused.
+const STOPS_ACCEPTING_AT_SIGTERM: [&str; 1] = ["0.2.0"];
+
+/// How long a pod created during a roll may take to be Ready.
+const POD_READY: Duration = Duration::from_secs(240);
+
+#[test]
+fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
+    require_prerequisites();
+    let previous = PreviousRelease::from_changelog();
+    let previous_image = previous.image();
+    let this_image = build_image();
+    let temp = tempfile::Builder::new()
+        .prefix("athenz-upgrade-")
+        .tempdir()
+        .unwrap();
+    let state_dir = temp.path().join("state");
+    let previous_image_arg = previous_image.display().to_string();
+    let previous_deploy = previous.deploy.display().to_string();
+    let previous_steps = previous.page.display().to_string();
+    // three-minute certificates: every pod refreshes during the test
+    let (_guard, info) = start_cluster(
+        &state_dir,
+        &[
+            "--image-archive",
+            &previous_image_arg,
+            "--deploy",
+            &previous_deploy,
+            "--steps",
+            &previous_steps,
+            "--cert-minutes",
+            "3",
+            "--nodes",
+            "3",
+        ],
+        Duration::from_secs(600),
+    );
+    let previous_ref = images::archive_reference(&previous_image).unwrap();
+    let this_ref = images::archive_reference(&this_image).unwrap();
+    assert_ne!(
+        previous_ref, this_ref,
+        "the two releases' images share a name"
+    );
+    assert_eq!(info.image.as_deref(), Some(previous_ref.as_str()));
+    let layout = Layout::existing(&state_dir).unwrap();
+    let zts = info.zts.clone().unwrap();
+    let scenario = Scenario::new(&layout, &zts.ca);
+    Scenario::import_app_image(&layout).unwrap();
+    // this release's image on every node, as an operator pushes it before applying
+    images::import(&layout, &this_image).unwrap();
+    assert_agents_run(scenario.kubectl(), &previous_ref);
+    eprintln!(
+        "{} ({}) installed on 3 nodes with its own image and steps",
+        previous.version, previous.commit
+    );
+
+    let steady = pods_on_every_node(&scenario, &info, "steady");
+    let mut serials = serials_of(&scenario, &steady);
+    let repo_deploy = athenz_testbed::bins::repo_root().join("deploy");
+    for (step, deploy, image) in [
+        ("upgrade", repo_deploy.as_path(), &this_ref),
+        ("rollback", previous.deploy.as_path(), &previous_ref),
+    ] {
+        let log_before = zts_log(&layout).len();
+        let rolled = roll(&scenario, &layout, &info, step, deploy, &zts.url, &zts.ca);
+        assert_agents_run(scenario.kubectl(), image);
+        rolled.check(&scenario, step);
+        // the pods made before the roll still hold identities, and their next refresh (due
+        // during the roll or after it, through the agents and SIAs now running) is served
+        serials = wait_refreshed(&scenario, &steady, &serials, step);
+        let log = zts_log(&layout);
+        let refused = refresh_refusals(log.get(log_before..).unwrap_or_default());
+        // the pods replaced in an upgrade are the previous release's: one that stopped
+        // accepting at SIGTERM lets ZTS meet a refused connection to it, which no step of the
+        // new release can prevent; the pod's next refresh (waited for above) is served
+        let (abrupt, refused): (Vec<String>, Vec<String>) = refused.into_iter().partition(|l| {
+            step == "upgrade"
+                && STOPS_ACCEPTING_AT_SIGTERM.contains(&previous.version.as_str())
+                && is_callback_connection_refused(l)
+        });
+        assert!(
+            refused.is_empty(),
+            "{step}: ZTS refused {} refreshes:\n{}",
+            refused.len(),
+            refused.join("\n")
+        );
+        if !abrupt.is_empty() {
+            eprintln!(
+                "{step}: {} refreshes met a {} callback pod that had stopped accepting, each \
+                 served on its next try:\n{}",
+                abrupt.len(),
+                previous.version,
+                abrupt.join("\n")
+            );
+        }
+        eprintln!(
+            "{step}: {} pods created one a second, each with its identity; the agents rolled \
+             node by node ({}); {} pods made before refreshed; 0 refreshes refused",
+            rolled.created.len(),
+            rolled.order.join(", "),
+            steady.iter().flatten().count()
+        );
+    }
+}
+
+/// How long a pod's next refresh may take: its three-minute certificate's refresh, and a minute.
+const REFRESH_DUE: Duration = Duration::from_secs(240);
+
+/// Waits until each pod's certificate serial differs from `before` (its refresh served), up to
+/// [`REFRESH_DUE`]; returns the new serials.
+fn wait_refreshed(
+    scenario: &Scenario,
+    pods: &[Vec<(String, VolumeMode)>],
+    before: &BTreeMap<String, String>,
+    step: &str,
+) -> BTreeMap<String, String> {
+    let deadline = Instant::now() + REFRESH_DUE;
+    loop {
+        let now = serials_of(scenario, pods);
+        let stale: Vec<&String> = now
+            .iter()
+            .filter(|(pod, serial)| before.get(*pod) == Some(*serial))
+            .map(|(pod, _)| pod)
+            .collect();
+        if stale.is_empty() {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{step}: not refreshed within {REFRESH_DUE:?} of the roll: {stale:?}"
+        );
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}
+
+/// Every agent pod runs `image`.
+fn assert_agents_run(kubectl: &Kubectl, image: &str) {
+    let pods = kubectl
+        .get_json(&[
+            "pods",
+            "-n",
+            NODE_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=athenz-agent",
+        ])
+        .unwrap();
+    let items = pods["items"].as_array().unwrap();
+    assert_eq!(items.len(), 3, "one agent per node");
+    for pod in items {
+        assert_eq!(
+            pod["spec"]["containers"][0]["image"], image,
+            "{}",
+            pod["metadata"]["name"]
+        );
+    }
+}
+
+/// Each pod's certificate serial, by pod.
+fn serials_of(scenario: &Scenario, pods: &[Vec<(String, VolumeMode)>]) -> BTreeMap<String, String> {
+    pods.iter()
+        .flatten()
+        .map(|(pod, mode)| {
+            let identity = scenario
+                .check_identity(RESTRICTED_NAMESPACE, pod, *mode)
+                .unwrap_or_else(|e| panic!("{pod}: {e:#}"));
+            (pod.clone(), identity.serial)
+        })
+        .collect()
+}
+
+/// The dev ZTS's log so far.
+fn zts_log(layout: &Layout) -> String {
+    std::fs::read_to_string(layout.logs.join(format!("{}.log", install::ZTS))).unwrap_or_default()
+}
+
+/// The instance refreshes a dev ZTS log refused, each line without its terminal colours: its
+/// refusals of `POST /zts/v1/instance/<provider>/<domain>/<service>/<id>` (registrations are
+/// `/zts/v1/instance` alone). Any status counts: a refresh ZTS could not serve (its provider
+/// unreachable, say) is as refused to the pod as one it judged.
+fn refresh_refusals(log: &str) -> Vec<String> {
+    const REFRESH: &str = "/zts/v1/instance/";
+    log.lines()
+        .map(without_colours)
+        .filter(|l| l.contains("dev ZTS refused"))
+        .filter(|l| {
+            l.match_indices(REFRESH).any(|(at, _)| {
+                let path = l[at + REFRESH.len()..]
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default();
+                path.split('/').count() == 4
+            })
+        })
+        .collect()
+}
+
+/// Whether a refused refresh is ZTS failing to connect to the callback (`Connection refused`),
+/// not a judgement.
+fn is_callback_connection_refused(line: &str) -> bool {
+    line.contains("unable to verify attestation data")
+        && line.contains("athenz-callback.")
+        && line.contains("Connection refused")
+}
+
+/// `line` without its ANSI escape sequences (`ESC [ … letter`).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[test]
+fn refused_refreshes_are_counted_and_registrations_are_not() {
+    // lines as the dev ZTS writes them, colours and all
+    let refresh = "\u{1b}[2m2026-11-27T19:26:34Z\u{1b}[0m \u{1b}[32m INFO\u{1b}[0m dev ZTS refused \
+                   \u{1b}[3mpath\u{1b}[0m\u{1b}[2m=\u{1b}[0m/zts/v1/instance/k8s.admin.athenz-callback/\
+                   bank.vault/reader/0b6f5d1e-1f0e-4f5e-9d3e-2b7e5c1d9a10 \u{1b}[3mstatus\u{1b}[0m\
+                   \u{1b}[2m=\u{1b}[0m403 Forbidden pod_exists";
+    let register = "dev ZTS refused \u{1b}[3mpath\u{1b}[0m\u{1b}[2m=\u{1b}[0m/zts/v1/instance \
+                    \u{1b}[3mstatus\u{1b}[0m\u{1b}[2m=\u{1b}[0m504 Gateway Timeout";
+    let served = "dev ZTS served path=/zts/v1/instance/p/d/s/i status=200";
+    let log = [refresh, register, served, refresh].join("\n");
+    let refused = refresh_refusals(&log);
+    assert_eq!(refused.len(), 2, "{refused:#?}");
+    assert!(
+        refused[0].contains("403 Forbidden pod_exists") && !refused[0].contains('\u{1b}'),
+        "{}",
+        refused[0]
+    );
+    assert!(refresh_refusals(register).is_empty());
+    assert!(!is_callback_connection_refused(&refused[0]));
+    let unreachable = "dev ZTS refused path=/zts/v1/instance/p/d/s/i status=504 Gateway Timeout \
+                       unable to verify attestation data: ResourceException (504): error sending \
+                       request for url (https://athenz-callback.k8s-admin.svc.cluster.local/refresh): \
+                       client error (Connect): tcp connect error: Connection refused (os error 111)";
+    assert!(is_callback_connection_refused(unreachable));
+}
+
+/// What one roll did: the pods created during it, and the order the nodes' agents were replaced.
+struct Rolled {
+    created: Vec<(String, VolumeMode)>,
+    order: Vec<String>,
+}
+
+impl Rolled {
+    /// Every pod created during the roll is Ready with its identity.
+    fn check(&self, scenario: &Scenario, step: &str) {
+        for (pod, mode) in &self.created {
+            scenario
+                .wait_pod_ready(RESTRICTED_NAMESPACE, pod, POD_READY)
+                .unwrap_or_else(|e| panic!("{step}: {e:#}"));
+            scenario
+                .check_identity(RESTRICTED_NAMESPACE, pod, *mode)
+                .unwrap_or_else(|e| panic!("{step}: {pod} has no identity: {e:#}"));
+        }
+    }
+}
+
+/// `deploy` applied under the install's overlay (docs/operating.md's upgrade), while a pod is
+/// created every second and the agents are watched: returns once every workload rolled out and
+/// 10 s more passed.
+fn roll(
+    scenario: &Scenario,
+    layout: &Layout,
+    info: &ClusterInfo,
+    step: &str,
+    deploy: &Path,
+    zts_url: &str,
+    zts_ca: &Path,
+) -> Rolled {
+    let stop = Arc::new(AtomicBool::new(false));
+    let creator = {
+        let (layout, stop, step) = (layout.clone(), stop.clone(), step.to_owned());
+        std::thread::spawn(move || create_one_a_second(&layout, &step, &stop))
+    };
+    let watcher = {
+        let (layout, stop) = (layout.clone(), stop.clone());
+        let nodes: Vec<String> = info.nodes.iter().map(|n| n.name.clone()).collect();
+        std::thread::spawn(move || watch_agents(&layout, &nodes, &stop))
+    };
+    let kubectl = scenario.kubectl();
+    install::upgrade(
+        install::Installer::Kustomize,
+        kubectl,
+        &install::checkout_dir(&layout.athenz),
+        deploy,
+        zts_url,
+        zts_ca,
+        &install::operator_keys_dir(&layout.athenz),
+    )
+    .unwrap_or_else(|e| panic!("{step}: {e:#}"));
+    for (namespace, workload) in WORKLOADS {
+        kubectl
+            .wait_rolled_out(namespace, workload, Duration::from_secs(300))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(10));
+    stop.store(true, Ordering::Relaxed);
+    let created = creator.join().unwrap();
+    let order = watcher.join().unwrap();
+    Rolled { created, order }
+}
+
+/// Creates a pod every second (csi-socket and csi-files in turn, as a `restricted` namespace's
+/// tenants write them) until `stop`; returns them.
+fn create_one_a_second(
+    layout: &Layout,
+    step: &str,
+    stop: &AtomicBool,
+) -> Vec<(String, VolumeMode)> {
+    let kubectl = Kubectl::new(layout);
+    let mut created = Vec::new();
+    let started = Instant::now();
+    for i in 0.. {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        let (kind, mode) = match i % 2 {
+            0 => ("steady-socket", VolumeMode::CsiSocket),
+            _ => ("steady-files", VolumeMode::CsiFiles),
+        };
+        let name = format!("{step}-{i}");
+        let mut pod = tenant_pods::restricted_pod(&Workload {
+            namespace: RESTRICTED_NAMESPACE,
+            service_account: kind,
+            mode,
+            service: false,
+        });
+        pod["metadata"]["name"] = name.clone().into();
+        kubectl
+            .apply_manifest(&pod.to_string(), &format!("pod {name}"))
+            .unwrap_or_else(|e| panic!("creating {name}: {e:#}"));
+        created.push((name, mode));
+        let next = Duration::from_secs(i + 1);
+        if let Some(wait) = next.checked_sub(started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+    created
+}
+
+/// Watches the agents every 250 ms until `stop`: fails if more than one node is ever without a
+/// Ready agent; returns the nodes in the order their agent was replaced.
+fn watch_agents(layout: &Layout, nodes: &[String], stop: &AtomicBool) -> Vec<String> {
+    let kubectl = Kubectl::new(layout);
+    let mut first_uid: BTreeMap<String, String> = BTreeMap::new();
+    let mut order = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(pods) = kubectl.get_json(&[
+            "pods",
+            "-n",
+            NODE_NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=athenz-agent",
+        ]) else {
+            continue;
+        };
+        let mut ready_nodes = Vec::new();
+        for pod in pods["items"].as_array().into_iter().flatten() {
+            let node = pod["spec"]["nodeName"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let uid = pod["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let first = first_uid.entry(node.clone()).or_insert_with(|| uid.clone());
+            if *first != uid && !order.contains(&node) {
+                order.push(node.clone());
+            }
+            let ready = pod["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+            if ready {
+                ready_nodes.push(node);
+            }
+        }
+        let without: Vec<&String> = nodes.iter().filter(|n| !ready_nodes.contains(n)).collect();
+        assert!(
+            without.len() <= 1,
+            "more than one node without a Ready agent at once: {without:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        order.len(),
+        nodes.len(),
+        "not every node's agent was replaced: {order:?}"
+    );
+    order
+}
