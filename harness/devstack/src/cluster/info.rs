@@ -45,15 +45,11 @@ impl NodeInfo {
     /// namespaces (through `nsenter`), as it is on the primary.
     pub fn command(&self, program: &str) -> std::process::Command {
         match &self.namespaces {
-            Some(ns) => {
-                let mut command = std::process::Command::new("nsenter");
-                command
-                    .arg(format!("--net={}", ns.net.display()))
-                    .arg(format!("--mount={}", ns.mount.display()))
-                    .arg("--")
-                    .arg(program);
-                command
+            Some(ns) => super::nodes::NodeNamespaces {
+                net: ns.net.clone(),
+                mount: ns.mount.clone(),
             }
+            .command(Path::new(program)),
             None => std::process::Command::new(program),
         }
     }
