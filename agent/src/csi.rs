@@ -52,7 +52,13 @@ impl Issuer for AgentIssuer {
         };
         self.agent
             // files mode: no process in the pod, so the key is made here whatever --key-source says
-            .register(&paths, data, PodIp::Optional, absent, KeyRequest::Agent)
+            .register(
+                &paths,
+                data,
+                PodIp::for_files_volume(data),
+                absent,
+                KeyRequest::Agent,
+            )
             .await
             .map_err(issue_error)
     }
@@ -71,7 +77,7 @@ impl Issuer for AgentIssuer {
                 data,
                 &current.key_pem,
                 &current.cert_pem,
-                PodIp::Optional,
+                PodIp::for_files_volume(data),
             )
             .await
             .map_err(issue_error)

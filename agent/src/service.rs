@@ -33,14 +33,28 @@ use tokio::sync::{Mutex, Semaphore};
 /// still running) see one consistent identity, and ZTS sees one register.
 const COALESCE: Duration = Duration::from_secs(5);
 
-/// Whether an identity may be issued to a pod that has no IP yet.
+/// Whether the identity names the pod's IP, and whether it may be issued before the pod has one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PodIp {
     /// The socket API: the SIA runs inside the pod's network, so a missing IP is transient.
     Required,
-    /// CSI files mode: the volume is published before the sandbox has an IP; the first
-    /// certificate carries none and is re-issued once the kubelet lists one.
+    /// CSI files mode with `ipSAN: "true"`: the volume is published before the sandbox has an
+    /// IP; the first certificate carries none and is re-issued once the kubelet lists one.
     Optional,
+    /// CSI files mode without `ipSAN`: the certificate never names the pod's IP, so one
+    /// issuance at publish serves until the refresh is due.
+    Omitted,
+}
+
+impl PodIp {
+    /// What a files-mode volume asks for (`volumeAttributes.ipSAN`).
+    pub fn for_files_volume(data: &VolumeData) -> Self {
+        if data.csi.as_ref().is_some_and(|c| c.ip_san) {
+            Self::Optional
+        } else {
+            Self::Omitted
+        }
+    }
 }
 
 /// What the agent needs to issue identities.
@@ -206,8 +220,8 @@ impl Agent {
     }
 
     /// The pod of a volume, checked: on this node, same uid, not terminating, and with an IP
-    /// unless `ip` is [`PodIp::Optional`] (a CSI files-mode volume is published before the pod
-    /// has one).
+    /// if `ip` is [`PodIp::Required`] (a CSI files-mode volume is published before the pod has
+    /// one). With [`PodIp::Omitted`] the subject names no IP whatever the pod has.
     pub(crate) async fn pod_subject(
         &self,
         data: &VolumeData,
@@ -225,7 +239,7 @@ impl Agent {
                 absent,
                 match ip {
                     PodIp::Required => crate::kubelet::IpWait::Wait,
-                    PodIp::Optional => crate::kubelet::IpWait::DontWait,
+                    PodIp::Optional | PodIp::Omitted => crate::kubelet::IpWait::DontWait,
                 },
             )
             .await;
@@ -264,7 +278,10 @@ impl Agent {
         // an IP from a sandbox older than the node died with it: until the kubelet reports the
         // new one, the pod has no IP this agent may name
         let stale = pod.ip.is_some() && !pod.sandbox.ip_is_current(self.node_boot);
-        let pod_ip = pod.ip.as_deref().filter(|_| !stale);
+        let pod_ip = pod
+            .ip
+            .as_deref()
+            .filter(|_| !stale && ip != PodIp::Omitted);
         if pod_ip.is_none() && ip == PodIp::Required {
             return Err(fail(
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -33,6 +33,7 @@ fn volume(volumes: &VolumesDir, n: u8, csi: Option<VolumeMode>, expires_in: Dura
                 volume_id: format!("csi-{n}"),
                 mode,
                 group: None,
+                ip_san: false,
             }),
         },
         0o600,

@@ -310,20 +310,14 @@ pub fn check_pod(subject: &PodSubject, pod: Option<&PodFacts>) -> Result<(), Den
                 .filter_map(|p| p.ip.parse::<IpAddr>().ok()),
         );
     }
+    // An identity without an IP makes no claim about the pod's network, so there is nothing
+    // to confirm: a CSI files-mode volume is published before the sandbox has an IP, and one
+    // without `ipSAN` keeps no IP SAN for life (docs/design.md §4.10). `check_sans` still
+    // allows a pod IP SAN only when the subject names that IP.
     match subject.ip {
         Some(ip) if !ips.contains(&ip) => {
             Err(deny("pod_ip", format!("the pod does not have IP {ip}")))
         }
-        // An identity without an IP is for a pod whose network does not exist yet (a CSI
-        // files-mode volume is published before the sandbox has an IP, docs/design.md §4.10). Once
-        // the pod has an IP, every identity must carry it.
-        None if !ips.is_empty() => Err(deny(
-            "pod_ip",
-            format!(
-                "the pod has IP {}; an identity without an IP is only for a pod that has none yet",
-                sorted(&ips)
-            ),
-        )),
         _ => Ok(()),
     }
 }
@@ -369,13 +363,6 @@ pub fn extra_san_ips(subject: &PodSubject, c: &InstanceConfirmation) -> Result<V
         }
     }
     Ok(extra)
-}
-
-/// The addresses, in a stable order, for a message.
-fn sorted(ips: &HashSet<IpAddr>) -> String {
-    let mut ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
-    ips.sort();
-    ips.join(", ")
 }
 
 /// Every `sanDNS`, `sanIP` and `sanURI` entry is one the pod is entitled to, as computed by the

@@ -327,6 +327,7 @@ fn files_volume_lifecycle(c: &mut Criterion) {
             volume_id: "csi-0123".into(),
             mode: VolumeMode::CsiFiles,
             group: None,
+            ip_san: false,
         }),
     };
     let contents = CredentialContents::sized_as_a_pod_s();

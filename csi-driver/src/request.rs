@@ -1,6 +1,7 @@
 //! What kubelet asks in `NodePublishVolume`, checked before anything touches a path
 //! (docs/design.md §4.10): an inline ephemeral, mount-access volume with the pod's info, a known
-//! `mode`, and nothing else; it is always mounted read-only. Every refusal names the field.
+//! `mode` (and, in files mode, `ipSAN`), and nothing else; it is always mounted read-only. Every
+//! refusal names the field.
 
 use athenz_core::csi::v1::{NodePublishVolumeRequest, volume_capability};
 use athenz_core::names::Quoted;
@@ -13,8 +14,12 @@ use tonic::{Code, Status};
 
 /// The volume-context key kubelet sets for an inline ephemeral volume.
 pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
-/// The one attribute a pod spec may set (`volumeAttributes.mode`).
+/// The attribute that picks the mode (`volumeAttributes.mode`).
 pub const MODE_KEY: &str = "mode";
+/// Files mode: whether the certificate names the pod's IP (`volumeAttributes.ipSAN`, `"true"`
+/// or `"false"`, default false). The volume is published before the pod has an IP, so an IP
+/// SAN costs a second issuance once it has one.
+pub const IP_SAN_KEY: &str = "ipSAN";
 /// Longest `volume_id` accepted (kubelet's are `csi-` + 64 hex).
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 /// Most volume-context entries accepted (kubelet sends five, a pod spec one).
@@ -128,10 +133,10 @@ impl Publish {
         }
         if let Some(key) = context
             .keys()
-            .find(|k| !k.starts_with(KUBELET_PREFIX) && k.as_str() != MODE_KEY)
+            .find(|k| !k.starts_with(KUBELET_PREFIX) && ![MODE_KEY, IP_SAN_KEY].contains(&k.as_str()))
         {
             return Err(invalid(format!(
-                "volume_context has unknown attribute {} (the only one is {MODE_KEY:?})",
+                "volume_context has unknown attribute {} (the known ones are {MODE_KEY:?} and {IP_SAN_KEY:?})",
                 Quoted::new(key)
             )));
         }
@@ -142,6 +147,7 @@ impl Publish {
                     Quoted::new(&e.given)
                 ))
             })?;
+        let ip_san = parse_ip_san(context.get(IP_SAN_KEY).map(String::as_str), mode)?;
         let pod = PodInfo::from_attributes(&CSI_KEYS, |k| context.get(k).map(String::as_str))
             .map_err(|e| match e {
                 PodInfoError::Missing(key) => Status::failed_precondition(format!(
@@ -158,9 +164,31 @@ impl Publish {
                     volume_id: req.volume_id.clone(),
                     mode,
                     group,
+                    ip_san,
                 }),
             },
         })
+    }
+}
+
+/// `ipSAN`: `"true"` or `"false"`, files mode only (in socket mode the SIA in the pod asks for
+/// its certificate, always with the pod's IP).
+fn parse_ip_san(text: Option<&str>, mode: VolumeMode) -> Result<bool, Status> {
+    let Some(text) = text else {
+        return Ok(false);
+    };
+    if mode != VolumeMode::CsiFiles {
+        return Err(invalid(format!(
+            "volume_context {IP_SAN_KEY:?} is for mode \"files\" only (in socket mode the SIA's certificate always names the pod's IP)"
+        )));
+    }
+    match text {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(invalid(format!(
+            "volume_context {IP_SAN_KEY:?} must be \"true\" or \"false\" (got {})",
+            Quoted::new(other)
+        ))),
     }
 }
 
@@ -245,6 +273,20 @@ mod tests {
         });
         let p = Publish::from_request(&grouped).unwrap();
         assert_eq!(p.request.csi.unwrap().group, Some(2000));
+    }
+
+    #[test]
+    fn a_files_volume_names_the_pod_ip_only_when_asked() {
+        let ip_san = |value: Option<&str>| {
+            let mut req = kubelet_request();
+            if let Some(v) = value {
+                req.volume_context.insert(IP_SAN_KEY.into(), v.into());
+            }
+            Publish::from_request(&req).unwrap().request.csi.unwrap().ip_san
+        };
+        assert!(!ip_san(None), "one issuance unless the pod spec asks for the IP");
+        assert!(!ip_san(Some("false")));
+        assert!(ip_san(Some("true")));
     }
 
     /// A pod spec without `csi.readOnly: true` still gets a read-only volume: the flag is
@@ -373,6 +415,21 @@ mod tests {
                 }),
                 Code::InvalidArgument,
                 "\"mode\"",
+            ),
+            (
+                Box::new(|r| {
+                    r.volume_context.insert(IP_SAN_KEY.into(), "yes".into());
+                }),
+                Code::InvalidArgument,
+                "\"ipSAN\" must be",
+            ),
+            (
+                Box::new(|r| {
+                    r.volume_context.insert(MODE_KEY.into(), "socket".into());
+                    r.volume_context.insert(IP_SAN_KEY.into(), "true".into());
+                }),
+                Code::InvalidArgument,
+                "\"ipSAN\" is for mode \"files\" only",
             ),
             (
                 Box::new(|r| {

@@ -3,9 +3,11 @@
 //!
 //! - at the usual fraction of the certificate's lifetime (with jitter), retrying failures with
 //!   exponential backoff while the old set stays in place;
-//! - as soon as the kubelet lists a pod IP the certificate lacks: the first certificate is
-//!   issued before the pod has an IP, and a new sandbox may change it. The IP is looked at every
+//! - for a volume whose certificate names the pod's IP (`ipSAN: "true"`), as soon as the
+//!   kubelet lists a pod IP the certificate lacks: the first certificate is issued before the
+//!   pod has an IP, and a new sandbox may change it. The IP is looked at every
 //!   [`IpWatch::without_ip`] until the certificate carries one, then every [`IpWatch::with_ip`].
+//!   A volume without an IP SAN is issued once and looked at only when its refresh is due.
 //!
 //! A re-issue presents the pair the volume holds (a refresh); a refusal of that (e.g. the
 //! certificate expired while the agent was down) falls back to a fresh registration. Each task
@@ -373,13 +375,18 @@ impl<I: Issuer> Rotation<I> {
         }
     }
 
-    /// Sleeps until the refresh is due or the pod's IP is one the certificate lacks; says which.
+    /// Sleeps until the refresh is due or, for a volume that names the pod's IP, the pod's IP is
+    /// one the certificate lacks; says which.
     async fn wait_for_reason(
         &self,
         data: &VolumeData,
         cert: &CertSummary,
         due: Instant,
     ) -> &'static str {
+        if !data.csi.as_ref().is_some_and(|c| c.ip_san) {
+            tokio::time::sleep_until(due).await;
+            return "refresh due";
+        }
         loop {
             let poll = if cert.ips.is_empty() {
                 self.ip_watch.without_ip
@@ -585,6 +592,107 @@ mod tests {
             "a set was written after forget returned"
         );
         assert!(!rotation.is_tracked(&VolumeId::parse(&"ab".repeat(32)).unwrap()));
+    }
+
+    /// An issuer that only answers the pod's IP, counting how often it was asked.
+    struct IpOnlyIssuer {
+        ip: Option<IpAddr>,
+        asked: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Issuer for IpOnlyIssuer {
+        type VolumeLock = ();
+
+        async fn lock_volume(&self, _: &VolumeId) {}
+
+        async fn issue(
+            &self,
+            _: &VolumeId,
+            _: &VolumeData,
+            _: Registration,
+        ) -> Result<Issued, IssueError> {
+            unreachable!("not in this test")
+        }
+
+        async fn reissue(
+            &self,
+            _: &VolumeId,
+            _: &VolumeData,
+            _: &CurrentPair,
+        ) -> Result<Issued, IssueError> {
+            unreachable!("not in this test")
+        }
+
+        async fn pod_ip(&self, _: &VolumeData) -> Result<Option<IpAddr>, IssueError> {
+            self.asked
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(self.ip)
+        }
+
+        fn ready(&self) -> bool {
+            true
+        }
+    }
+
+    fn files_volume(ip_san: bool) -> VolumeData {
+        VolumeData {
+            namespace: "default".into(),
+            pod_name: "web".into(),
+            pod_uid: "uid".into(),
+            service_account: "web".into(),
+            mount_dir: "/var/lib/kubelet/pods/uid/volumes/x".into(),
+            read_write: false,
+            created_at: OffsetDateTime::now_utc(),
+            csi: Some(athenz_core::volume::CsiVolume {
+                volume_id: "csi-0123".into(),
+                mode: VolumeMode::CsiFiles,
+                group: None,
+                ip_san,
+            }),
+        }
+    }
+
+    /// A volume without an IP SAN is issued once: the rotation neither asks for the pod's IP nor
+    /// re-issues before the refresh is due, even once the pod has an IP. One with an IP SAN
+    /// re-issues as soon as the kubelet lists an IP its certificate lacks.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_volume_that_names_the_pod_ip_watches_it() {
+        let issuer = Arc::new(IpOnlyIssuer {
+            ip: Some("10.244.0.7".parse().unwrap()),
+            asked: Default::default(),
+        });
+        let rotation = Rotation::new(
+            Arc::clone(&issuer),
+            RefreshPolicy::default(),
+            Backoff::default(),
+            IpWatch::default(),
+        );
+        let now = OffsetDateTime::now_utc();
+        let without_ip = CertSummary {
+            not_before: now,
+            not_after: now + time::Duration::hours(1),
+            ips: vec![],
+        };
+        let started = Instant::now();
+        let due = started + Duration::from_secs(2520);
+        let reason = rotation
+            .wait_for_reason(&files_volume(false), &without_ip, due)
+            .await;
+        assert_eq!(reason, "refresh due");
+        assert!(Instant::now() >= due);
+        assert_eq!(
+            issuer.asked.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the pod's IP was looked at for a volume that does not name it"
+        );
+
+        let started = Instant::now();
+        let reason = rotation
+            .wait_for_reason(&files_volume(true), &without_ip, started + Duration::from_secs(2520))
+            .await;
+        assert_eq!(reason, "pod IP changed");
+        assert!(Instant::now() - started <= IpWatch::default().without_ip);
+        assert_eq!(issuer.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]

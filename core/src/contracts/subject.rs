@@ -39,9 +39,9 @@ pub struct PodSubject {
     pub domain: String,
     /// Athenz service: the pod's service account.
     pub service: String,
-    /// Pod IP; `None` only for a pod that has none yet (a CSI files-mode volume is published
-    /// before the pod's network exists, docs/design.md §4.10). Absent from the JSON form and empty
-    /// (`i=`) in the URI form.
+    /// Pod IP; `None` when the certificate names none: a CSI files-mode volume is published
+    /// before the pod's network exists, and one without `ipSAN` never names it (docs/design.md
+    /// §4.10). Absent from the JSON form and empty (`i=`) in the URI form.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<IpAddr>,
 }

@@ -381,6 +381,17 @@ pub struct CsiVolume {
     /// files mode; without it the key is readable by root only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<u32>,
+    /// Files mode: whether the certificate names the pod's IP (`volumeAttributes.ipSAN`). With
+    /// it the agent issues twice (the volume is published before the pod has an IP, then again
+    /// once it has one); without it once. A record written before the attribute existed had
+    /// the IP, and keeps it.
+    #[serde(default = "ip_san_before_the_attribute")]
+    pub ip_san: bool,
+}
+
+/// What a CSI volume recorded before `ipSAN` existed did: name the pod's IP.
+fn ip_san_before_the_attribute() -> bool {
+    true
 }
 
 impl VolumeData {
@@ -733,13 +744,21 @@ mod tests {
                 volume_id: "csi-abc".into(),
                 mode: VolumeMode::CsiFiles,
                 group: Some(2000),
+                ip_san: false,
             }),
             ..data.clone()
         };
         write_json_file(&path, &csi, 0o600).unwrap();
         let text = fs::read_to_string(&path).unwrap();
         assert!(text.contains("\"mode\": \"files\""), "{text}");
+        assert!(text.contains("\"ipSan\": false"), "{text}");
         assert_eq!(read_json_file::<VolumeData>(&path).unwrap(), csi);
+        // a record from before `ipSAN` existed keeps the IP SAN it was issued with
+        let mut older: serde_json::Value = serde_json::from_str(&text).unwrap();
+        older["csi"].as_object_mut().unwrap().remove("ipSan");
+        fs::write(&path, older.to_string()).unwrap();
+        let older = read_json_file::<VolumeData>(&path).unwrap();
+        assert!(older.csi.unwrap().ip_san);
 
         fs::write(&path, vec![b' '; 70 * 1024]).unwrap();
         let err = read_json_file::<VolumeData>(&path).unwrap_err();

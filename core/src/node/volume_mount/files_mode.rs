@@ -186,6 +186,7 @@ mod tests {
             volume_id: "csi-0123".into(),
             mode: VolumeMode::CsiFiles,
             group: None,
+            ip_san: false,
         }))
     }
 

@@ -57,9 +57,35 @@ async fn wait_for(what: &str, limit: Duration, mut check: impl AsyncFnMut() -> b
     }
 }
 
-/// Files mode, the whole life of a pod: publish before the pod has an IP (the first
-/// certificate carries none, read-only files, key 0600), the IP appears and the agent re-issues
-/// with it, publish again is OK and with other arguments ALREADY_EXISTS, stats are normal,
+/// Files mode by default: one issuance per pod. The certificate names no pod IP, and the
+/// pod's IP appearing does not re-issue it (with `ipSAN: "true"` the agent looks every 0.5 s
+/// and re-issues at once, as the next test shows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_files_volume_without_ip_san_is_issued_once() {
+    let stack = Devstack::start_with(&["--volume", "csi-files"]);
+    let mut kubelet = kubelet(&stack).await;
+    let (pod, csi_pod) = pending_pod(&stack, "web-once").await;
+    let volume = kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap();
+    let first = read_set(&volume.target);
+    assert!(first.ip_addresses.is_empty(), "{:?}", first.ip_addresses);
+    stack.kube.report_running(pod, "10.1.7.8").await.unwrap();
+    // ten times the interval at which a volume with an IP SAN is re-issued
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let later = read_set(&volume.target);
+    assert_eq!(
+        later.serial_hex, first.serial_hex,
+        "re-issued although the volume names no IP"
+    );
+    assert!(later.ip_addresses.is_empty(), "{:?}", later.ip_addresses);
+    unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
+}
+
+/// Files mode with `ipSAN: "true"`, the whole life of a pod: publish before the pod has an IP
+/// (the first certificate carries none, read-only files, key 0600), the IP appears and the agent
+/// re-issues with it, publish again is OK and with other arguments ALREADY_EXISTS, stats are normal,
 /// rotations every second never show a reader a torn set, unpublish leaves nothing, twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_mode_publish_reissue_rotate_unpublish() {
@@ -77,7 +103,7 @@ async fn files_mode_publish_reissue_rotate_unpublish() {
     let (pod, csi_pod) = pending_pod(&stack, "web-files").await;
 
     let volume = kubelet
-        .publish(&csi_pod, &[("mode", "files")])
+        .publish(&csi_pod, &[("mode", "files"), ("ipSAN", "true")])
         .await
         .unwrap();
     let first = read_set(&volume.target);
@@ -113,9 +139,14 @@ async fn files_mode_publish_reissue_rotate_unpublish() {
 
     // idempotent; other arguments for the same target are ALREADY_EXISTS
     kubelet
-        .publish(&csi_pod, &[("mode", "files")])
+        .publish(&csi_pod, &[("mode", "files"), ("ipSAN", "true")])
         .await
         .unwrap();
+    let err = kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::AlreadyExists), "{err}");
     let err = kubelet
         .publish(&csi_pod, &[("mode", "socket")])
         .await
