@@ -7,6 +7,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 use prometheus_client::metrics::histogram::Histogram;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Most bytes of a pod object read from the API. etcd refuses objects over 1.5 MiB, so a larger
@@ -38,6 +39,9 @@ pub struct Cluster {
     client: kube::Client,
     timeout: Duration,
     latency: Histogram,
+    /// When a call last got its answer: readiness needs no request of its own while the
+    /// confirmations show the API answering (one fewer API request every probe period).
+    last_answer: Arc<Mutex<Option<Instant>>>,
 }
 
 /// The API could not answer.
@@ -74,6 +78,7 @@ impl Cluster {
             client,
             timeout,
             latency,
+            last_answer: Arc::default(),
         })
     }
 
@@ -92,7 +97,12 @@ impl Cluster {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, call).await;
         self.latency.observe(started.elapsed().as_secs_f64());
-        result.unwrap_or_else(|_| Err(ApiError(format!("no answer within {:?}", self.timeout))))
+        let result =
+            result.unwrap_or_else(|_| Err(ApiError(format!("no answer within {:?}", self.timeout))));
+        if result.is_ok() {
+            *self.last_answer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+        result
     }
 
     /// A pod's [`PodFacts`], or `None` if it does not exist. `namespace` and `name` must be
@@ -185,6 +195,18 @@ impl Cluster {
     /// Whether the API answers (readiness).
     pub async fn reachable(&self) -> bool {
         self.timed(self.client.apiserver_version()).await.is_ok()
+    }
+
+    /// Whether the API answers, asked only when no call got an answer within `recent`: a
+    /// callback confirming launches shows the API answering without a request of its own. A
+    /// failed call proves nothing either way (a 403 or 404 is the answer to that call), so
+    /// only an answer counts, and without one the API is asked (`/version`).
+    pub async fn reachable_within(&self, recent: Duration) -> bool {
+        let answered = *self.last_answer.lock().unwrap_or_else(PoisonError::into_inner);
+        if answered.is_some_and(|at| at.elapsed() < recent) {
+            return true;
+        }
+        self.reachable().await
     }
 }
 
@@ -397,5 +419,32 @@ mod tests {
             let err = cluster.pod(ns, name).await.unwrap_err().to_string();
             assert!(err.contains("not asking for pod"), "{ns}/{name}: {err}");
         }
+    }
+
+    /// Readiness asks the API only when no call got an answer within the period: nothing
+    /// listens at the URL, so `true` means no request was made.
+    #[tokio::test]
+    async fn a_recent_answer_is_readiness_without_a_request() {
+        athenz_core::install_crypto_provider();
+        let cluster = Cluster::connect(
+            Some("http://127.0.0.1:9"),
+            Duration::from_secs(1),
+            Histogram::new([0.1]),
+        )
+        .await
+        .unwrap();
+        let period = Duration::from_secs(5);
+        assert!(!cluster.reachable_within(period).await, "no answer yet");
+        *cluster.last_answer.lock().unwrap() = Some(Instant::now());
+        assert!(cluster.reachable_within(period).await);
+        *cluster.last_answer.lock().unwrap() = Instant::now().checked_sub(period * 2);
+        assert!(
+            !cluster.reachable_within(period).await,
+            "an old answer counts for nothing"
+        );
+        // a failed call is not an answer
+        *cluster.last_answer.lock().unwrap() = None;
+        assert!(cluster.pod("payments", "web").await.is_err());
+        assert!(cluster.last_answer.lock().unwrap().is_none());
     }
 }
