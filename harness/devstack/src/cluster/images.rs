@@ -231,6 +231,36 @@ pub fn compile_static(dir: &Path, name: &str, source: &str) -> anyhow::Result<Pa
     Ok(binary)
 }
 
+/// Builds `source` (one Go `main` package, the standard library only) as a static binary `name`
+/// in `dir` (`CGO_ENABLED=0 go build`), unless the binary there was built from the same source.
+pub fn compile_go_static(dir: &Path, name: &str, source: &str) -> anyhow::Result<PathBuf> {
+    let module = dir.join(format!("{name}-module"));
+    std::fs::create_dir_all(&module).with_context(|| format!("creating {}", module.display()))?;
+    let source_path = module.join("main.go");
+    let binary = dir.join(name);
+    if binary.is_file() && std::fs::read_to_string(&source_path).is_ok_and(|s| s == source) {
+        return Ok(binary);
+    }
+    let _ = std::fs::remove_file(&source_path);
+    let _ = std::fs::remove_file(&binary);
+    std::fs::write(module.join("go.mod"), format!("module {name}\n\ngo 1.24\n"))
+        .with_context(|| format!("writing {}", module.join("go.mod").display()))?;
+    std::fs::write(&source_path, source)
+        .with_context(|| format!("writing {}", source_path.display()))?;
+    run(
+        Command::new("go")
+            .args(["build", "-trimpath", "-ldflags", "-s -w", "-o"])
+            .arg(&binary)
+            .arg(".")
+            .current_dir(&module)
+            .env("CGO_ENABLED", "0")
+            .env("GOFLAGS", "-mod=mod")
+            .env("GOTOOLCHAIN", "local"),
+        &format!("building {name} (go build; needs the Go toolchain)"),
+    )?;
+    Ok(binary)
+}
+
 /// Compiles the pause program statically and builds [`PAUSE_IMAGE`] from it (the archive, ready
 /// to import once containerd runs).
 pub fn build_pause(layout: &Layout) -> anyhow::Result<PathBuf> {

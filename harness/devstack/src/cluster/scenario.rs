@@ -333,7 +333,7 @@ impl Scenario {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        let spiffe = format!("spiffe://{domain}/sa/{sa}");
+        let spiffe = spiffe_id(ns, sa);
         if !cert.uris.contains(&spiffe) {
             bail!(
                 "{ns}/{pod}: {spiffe} is not among the URI SANs {:?}",
@@ -368,4 +368,10 @@ fn files_volume_names_pod_ip(pod: &serde_json::Value) -> bool {
                 && v["csi"]["volumeAttributes"]["ipSAN"] == "true"
         })
     })
+}
+
+/// The SPIFFE ID our certificates name for service account `sa` of namespace `ns` (the domain
+/// is the namespace with `-` as `.`, as the devstack's mapping has it).
+pub fn spiffe_id(ns: &str, sa: &str) -> String {
+    format!("spiffe://{}/sa/{sa}", ns.replace('-', "."))
 }

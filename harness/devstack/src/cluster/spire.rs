@@ -40,7 +40,7 @@ const PLUGINS_REGISTRY: &str = "/var/lib/kubelet/plugins_registry";
 /// Where a SPIRE pod's app container finds the Workload API (the CSI volume's mount).
 pub const WORKLOAD_API_DIR: &str = "/spiffe-workload-api";
 /// The probe image: harness/peers/spire/probe, a Workload API client (go-spiffe).
-pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/spire-probe:1";
+pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/spire-probe:2";
 /// How long SPIRE may take to come up (server ready, agent attested).
 const READY_LIMIT: Duration = Duration::from_secs(180);
 
@@ -66,6 +66,42 @@ fn image_specs(bin: &Path) -> Vec<ImageSpec> {
         ),
         image(PROBE_IMAGE, "probe"),
     ]
+}
+
+/// What the bench reports as SPIRE's configuration (`spire_config`): its version, how entries
+/// are made, and every setting of the agent's k8s workload attestor as spire.yaml has it.
+pub fn config() -> std::collections::BTreeMap<String, String> {
+    let mut config = std::collections::BTreeMap::from([
+        ("version".to_owned(), "1.13.3".to_owned()),
+        ("spiffe_csi_driver".to_owned(), "0.2.6".to_owned()),
+        (
+            "entries".to_owned(),
+            "one per namespace and service account (k8s:ns, k8s:sa), made with spire-server's \
+             CLI before the pods"
+                .to_owned(),
+        ),
+    ]);
+    for (key, value) in workload_attestor_settings(MANIFEST) {
+        config.insert(format!("workload_attestor_k8s.{key}"), value);
+    }
+    config
+}
+
+/// The `key = value` lines of the `WorkloadAttestor "k8s"` block's `plugin_data` in `manifest`.
+fn workload_attestor_settings(manifest: &str) -> Vec<(String, String)> {
+    manifest
+        .lines()
+        .skip_while(|l| l.trim() != "WorkloadAttestor \"k8s\" {")
+        .skip(2) // the block's line and `plugin_data {`
+        .take_while(|l| l.trim() != "}")
+        .filter_map(|l| {
+            let (key, value) = l.split_once('=')?;
+            Some((
+                key.trim().to_owned(),
+                value.trim().trim_matches('"').to_owned(),
+            ))
+        })
+        .collect()
 }
 
 /// harness/peers/spire/build.sh's output: static binaries.
@@ -247,6 +283,26 @@ mod tests {
                 spec.name
             );
         }
+    }
+
+    #[test]
+    fn the_reported_config_is_the_manifests() {
+        let config = config();
+        assert_eq!(
+            config["workload_attestor_k8s.disable_container_selectors"],
+            "true"
+        );
+        assert_eq!(
+            config["workload_attestor_k8s.node_name_env"],
+            "MY_NODE_NAME"
+        );
+        let block =
+            "WorkloadAttestor \"k8s\" {\n  plugin_data {\n    a = 1\n    # note\n  }\n}\nx = 2";
+        assert_eq!(
+            workload_attestor_settings(block),
+            [("a".to_owned(), "1".to_owned())]
+        );
+        assert!(workload_attestor_settings("nothing").is_empty());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 // Command probe is the app container of a SPIRE pod in `athenz-devstack cluster bench --systems
 // spire`: it asks the SPIRE agent's Workload API (the socket the SPIFFE CSI driver mounts) for
 // its X.509 SVID until it has one that verifies against the bundle it got with it and names the
-// SPIFFE ID given as its argument, then prints `ready <unix ns>` (CLOCK_REALTIME, as the Athenz
-// probe does) and waits for SIGTERM. A failed fetch is retried after 20 ms: as a workload that
+// SPIFFE ID given as its argument, then prints `ready <unix ns>` and `final <unix ns>` (the same
+// moment: an SVID is final as fetched; CLOCK_REALTIME, as the Athenz probe stamps) and waits for
+// SIGTERM. A failed fetch is retried after 20 ms: as a workload that
 // starts before its identity would, and without flooding the agent with attestations.
 package main
 
@@ -40,7 +41,8 @@ func main() {
 	var last error
 	for ctx.Err() == nil {
 		if last = fetch(ctx, os.Args[1], want); last == nil {
-			fmt.Printf("ready %d\n", time.Now().UnixNano())
+			now := time.Now().UnixNano()
+			fmt.Printf("ready %d\nfinal %d\n", now, now)
 			stop := make(chan os.Signal, 1)
 			signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
 			<-stop

@@ -1,19 +1,21 @@
 //! What a measured pod is: no identity (two shapes), one of our modes, or SPIRE; and what each
 //! kind's pod looks like. Every kind's app container is a probe that prints `ready <unix ns>`
-//! (CLOCK_REALTIME, the clock the bench reads too) once it holds a credential.
+//! (CLOCK_REALTIME, the clock the bench reads too) once it holds a credential verified against
+//! its trust bundle and naming the pod's identity, and `final <unix ns>` once it holds the one it
+//! keeps (ours: naming the pod's IP too; SPIRE's SVID is final at once).
 
-use super::super::scenario::{APP_IMAGE, BUSYBOX, CREDENTIALS, Scenario};
+use super::super::scenario::{self, APP_IMAGE, BUSYBOX, CREDENTIALS, Scenario};
 use super::super::spire;
 use athenz_core::volume_mode::VolumeMode;
 use serde_json::{Value, json};
 
-/// Our probe's image: [`PROBE_C`], static.
-pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:1";
+/// Our probe's image: [`PROBE_GO`], static.
+pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:2";
 
-/// Our probe (`probe.c`, beside this file, so it reads and compiles as C): waits for a complete
-/// certificate in its argument's file (none: starts at once), prints `ready <unix ns>`, then
-/// waits for SIGTERM.
-pub const PROBE_C: &str = include_str!("probe.c");
+/// Our probe (`probe.go`, beside this file, so it reads and builds as Go; the standard library
+/// only, as SPIRE's probe verifies with go-spiffe): stamps `ready` and `final` (see the module
+/// docs; with no arguments at once), then waits for SIGTERM.
+pub const PROBE_GO: &str = include_str!("probe.go");
 
 /// The identity system whose processes a kind's costs are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -129,7 +131,7 @@ impl Kind {
             Kind::Spire => spire::probe_container(
                 spiffe_id.ok_or_else(|| anyhow::anyhow!("a SPIRE pod needs its SPIFFE ID"))?,
             ),
-            _ => probe_container(self.mode()),
+            _ => probe_container(self.mode().map(|_| scenario::spiffe_id(ns, sa))),
         };
         let mut pod = scenario.pod_json(ns, name, sa, self.mode(), container)?;
         match self {
@@ -141,17 +143,18 @@ impl Kind {
     }
 }
 
-/// Our probe: waits for the certificate the mode delivers (none: starts at once).
-fn probe_container(mode: Option<VolumeMode>) -> Value {
+/// Our probe: waits for a credential naming `spiffe_id` in the files the mode delivers (none:
+/// starts at once), and for the one naming the pod's IP.
+fn probe_container(spiffe_id: Option<String>) -> Value {
+    let Some(spiffe_id) = spiffe_id else {
+        return json!({"name": "app", "image": PROBE_IMAGE, "imagePullPolicy": "Never"});
+    };
     json!({
         "name": "app",
         "image": PROBE_IMAGE,
         "imagePullPolicy": "Never",
-        "args": if mode.is_some() {
-            vec![format!("{CREDENTIALS}/service.cert.pem")]
-        } else {
-            Vec::new()
-        },
+        "args": [CREDENTIALS, spiffe_id, "$(POD_IP)"],
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
     })
 }
 
@@ -192,5 +195,23 @@ mod tests {
             Kind::Identity(VolumeMode::CsiFiles).system_key(),
             Some("athenz")
         );
+    }
+
+    #[test]
+    fn our_probe_is_given_the_pods_identity_and_ip_and_the_baseline_nothing() {
+        let ours = probe_container(Some(scenario::spiffe_id("bench-csi-files", "probe")));
+        assert_eq!(
+            ours["args"],
+            json!([
+                CREDENTIALS,
+                "spiffe://bench.csi.files/sa/probe",
+                "$(POD_IP)"
+            ])
+        );
+        assert_eq!(
+            ours["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+            "status.podIP"
+        );
+        assert!(probe_container(None).get("args").is_none());
     }
 }

@@ -25,7 +25,7 @@ use crate::bench::Latency;
 use anyhow::Context;
 use athenz_core::volume_mode::VolumeMode;
 use costs::{AuditLog, Cgroups, CpuSource, SystemMeter};
-use kinds::{Kind, PROBE_C, PROBE_IMAGE, System};
+use kinds::{Kind, PROBE_GO, PROBE_IMAGE, System};
 pub use pods::Churn;
 use pods::{SERVICE_ACCOUNT, Workload};
 pub use report::BenchReport;
@@ -90,6 +90,17 @@ fn namespaces(system: System) -> &'static [&'static str] {
     }
 }
 
+/// The workloads in the order phase `index` measures them: [`Kind::ALL`]'s, reversed every other
+/// phase, so no system always runs right after another (the node's state, the caches it left,
+/// fall on each in turn).
+fn in_turn<T>(workloads: &[T], index: usize) -> Vec<&T> {
+    let mut order: Vec<&T> = workloads.iter().collect();
+    if index % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
 /// Runs the bench on the running cluster of `layout`.
 pub async fn run(
     layout: &Layout,
@@ -98,7 +109,7 @@ pub async fn run(
     report: &mut dyn FnMut(String),
 ) -> anyhow::Result<BenchReport> {
     let zts = info.zts.as_ref().context("the cluster has no dev ZTS")?;
-    let probe = images::compile_static(&layout.images.join("probe"), "probe", PROBE_C)?;
+    let probe = images::compile_go_static(&layout.images.join("probe"), "probe", PROBE_GO)?;
     let archive = images::build_once(
         &layout.images,
         &ImageSpec {
@@ -176,7 +187,7 @@ pub async fn run(
     let idle = idle_rates(&meters, &cgroups).await?;
     let audit = AuditLog::at(layout.logs.join(super::control_plane::AUDIT_LOG));
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
-    for phase in Phase::ALL {
+    for (index, phase) in Phase::ALL.into_iter().enumerate() {
         let count = match phase {
             Phase::Sequential => options.sequential,
             Phase::Burst => options.burst,
@@ -185,7 +196,7 @@ pub async fn run(
         if count == 0 && (phase != Phase::Churn || options.churn.duration.is_zero()) {
             continue;
         }
-        for workload in &workloads {
+        for workload in in_turn(&workloads, index) {
             let meter = workload.kind.system().and_then(|s| meters.get(&s));
             let before = meter.map(|m| m.snapshot(&cgroups)).transpose()?;
             let from = audit.end();
@@ -204,17 +215,22 @@ pub async fn run(
                 kind_totals.api_requests += audit.count(from, to, namespaces(system))?;
             }
             let latency = Latency::of(&mut outcome.times.clone());
+            let final_latency = Latency::of(&mut outcome.final_times.clone());
             report(format!(
-                "{:<16} {:<10} {:>3} pods: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms",
+                "{:<16} {:<10} {:>3} pods: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms; final p50 \
+                 {:.0} ms, p99 {:.0} ms",
                 workload.kind.name(),
                 phase.name(),
                 outcome.times.len(),
                 latency.p50,
                 latency.p90,
-                latency.p99
+                latency.p99,
+                final_latency.p50,
+                final_latency.p99
             ));
             kind_totals.shares.extend(outcome.shares);
             kind_totals.times.insert(phase, outcome.times);
+            kind_totals.final_times.insert(phase, outcome.final_times);
         }
     }
     let peak_rss = |system: System| {
@@ -262,6 +278,7 @@ pub async fn run(
             .collect(),
         same_shape_per_pod_cpu_ms: totals.get(&Kind::SameShape).map(KindTotals::per_pod_cpu_ms),
         systems,
+        spire_config: options.systems.spire.then(spire::config),
     })
 }
 
@@ -328,4 +345,24 @@ async fn system_meters(
         meters.insert(system, meter);
     }
     Ok(meters)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_other_phase_measures_the_kinds_the_other_way_round() {
+        let kinds = Kind::ALL;
+        let first: Vec<&str> = in_turn(&kinds, 0).iter().map(|k| k.name()).collect();
+        let second: Vec<&str> = in_turn(&kinds, 1).iter().map(|k| k.name()).collect();
+        let third: Vec<&str> = in_turn(&kinds, 2).iter().map(|k| k.name()).collect();
+        assert_eq!(first[..3], ["none", "csi-files", "spire"]);
+        assert_eq!(second[3..], ["spire", "csi-files", "none"]);
+        assert_eq!(first, third);
+        // ours in files mode and SPIRE swap places from one phase to the next
+        let at = |order: &[&str], name| order.iter().position(|n| *n == name);
+        assert!(at(&first, "csi-files") < at(&first, "spire"));
+        assert!(at(&second, "csi-files") > at(&second, "spire"));
+    }
 }

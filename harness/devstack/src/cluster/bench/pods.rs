@@ -1,6 +1,7 @@
 //! One phase of one kind: creating its pods (one per interval, all at once, or a steady churn
-//! of creations and deletions), timing each from its creation to its probe's `ready` line, and
-//! sampling each pod's identity containers just before the pod is deleted.
+//! of creations and deletions), timing each from its creation to its probe's `ready` line (a
+//! verified credential) and `final` line (the one it keeps), and sampling each pod's identity
+//! containers just before the pod is deleted.
 
 use super::Phase;
 use super::costs::{self, Cgroups, PodShare};
@@ -51,8 +52,10 @@ pub struct Workload<'a> {
 /// What one phase measured.
 #[derive(Debug, Default)]
 pub struct PhaseOutcome {
-    /// Each pod's created → credential held.
+    /// Each pod's created → a verified credential held.
     pub times: Vec<Duration>,
+    /// Each pod's created → its final credential held (ours: naming its IP too).
+    pub final_times: Vec<Duration>,
     /// Each pod's identity containers, sampled before its deletion.
     pub shares: Vec<PodShare>,
 }
@@ -77,13 +80,14 @@ impl Workload<'_> {
         Ok(at)
     }
 
-    /// When pod `name`'s probe held its credential, once it has.
-    async fn ready(&self, name: &str) -> Option<SystemTime> {
+    /// When pod `name`'s probe held a verified credential and its final one, once it holds
+    /// the final one.
+    async fn ready(&self, name: &str) -> Option<Stamps> {
         let log = self
             .api
             .api_text(&format!("{}/{name}/log?container=app", self.pods_path()))
             .await?;
-        ready_time(&log)
+        Stamps::of(&log)
     }
 
     /// Pod `name`'s identity containers now, once its status names all its containers.
@@ -179,10 +183,8 @@ impl Workload<'_> {
             }
             let mut done = Vec::new();
             for (name, at) in &created {
-                if let Some(ready) = self.ready(name).await {
-                    outcome
-                        .times
-                        .push(ready.duration_since(*at).unwrap_or_default());
+                if let Some(stamps) = self.ready(name).await {
+                    outcome.record(&stamps, *at);
                     done.push(name.clone());
                 }
             }
@@ -239,11 +241,9 @@ impl Workload<'_> {
                     }
                 }
                 for pod in live.iter_mut().filter(|p| p.ready.is_none()) {
-                    if let Some(time) = self.ready(&pod.name).await {
-                        outcome
-                            .times
-                            .push(time.duration_since(pod.created_at).unwrap_or_default());
-                        pod.ready = Some(time);
+                    if let Some(stamps) = self.ready(&pod.name).await {
+                        outcome.record(&stamps, pod.created_at);
+                        pod.ready = Some(stamps.final_);
                     } else if pod.created.elapsed() > POD_LIMIT {
                         bail!(
                             "pod {}/{} never held a credential within {POD_LIMIT:?}",
@@ -300,8 +300,35 @@ struct ChurnPod {
     created_at: SystemTime,
     /// The same moment, for its age.
     created: Instant,
-    /// When its probe held its credential.
+    /// When its probe held its final credential.
     ready: Option<SystemTime>,
+}
+
+impl PhaseOutcome {
+    /// A pod created at `created` whose probe stamped `stamps`.
+    fn record(&mut self, stamps: &Stamps, created: SystemTime) {
+        let since = |t: SystemTime| t.duration_since(created).unwrap_or_default();
+        self.times.push(since(stamps.ready));
+        self.final_times.push(since(stamps.final_));
+    }
+}
+
+/// A probe's two stamps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamps {
+    /// A verified credential naming the pod's identity.
+    pub ready: SystemTime,
+    /// The credential it keeps.
+    pub final_: SystemTime,
+}
+
+impl Stamps {
+    /// The stamps in a probe's log, once it has both (a `final` before `ready` is refused).
+    pub fn of(log: &str) -> Option<Self> {
+        let ready = stamp(log, "ready")?;
+        let final_ = stamp(log, "final")?;
+        (final_ >= ready).then_some(Self { ready, final_ })
+    }
 }
 
 /// The name of a phase's `i`th pod.
@@ -309,11 +336,11 @@ fn pod_name(phase: Phase, i: usize) -> String {
     format!("{}-{i}", phase.name())
 }
 
-/// The time in a probe's `ready <unix ns>` line.
-pub fn ready_time(log: &str) -> Option<SystemTime> {
+/// The time in a probe's first `<word> <unix ns>` line.
+fn stamp(log: &str, word: &str) -> Option<SystemTime> {
     let ns: u64 = log
         .lines()
-        .find_map(|l| l.strip_prefix("ready "))?
+        .find_map(|l| l.strip_prefix(word)?.strip_prefix(' '))?
         .trim()
         .parse()
         .ok()?;
@@ -325,15 +352,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_probe_line_is_its_time_and_anything_else_is_none() {
-        let t = ready_time("ready 1795697829123456789\n").unwrap();
-        assert_eq!(
-            t.duration_since(SystemTime::UNIX_EPOCH).unwrap(),
-            Duration::from_nanos(1_795_697_829_123_456_789)
-        );
-        assert!(ready_time("").is_none());
-        assert!(ready_time("ready soon\n").is_none());
-        assert!(ready_time("ready 99999999999999999999999\n").is_none());
-        assert!(ready_time(&"x".repeat(1 << 20)).is_none());
+    fn a_probes_stamps_are_its_times_and_anything_else_is_none() {
+        let stamps = Stamps::of("ready 1795697829123456789\nfinal 1795697829623456789\n").unwrap();
+        let at = |ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns);
+        assert_eq!(stamps.ready, at(1_795_697_829_123_456_789));
+        assert_eq!(stamps.final_, at(1_795_697_829_623_456_789));
+        // not final yet
+        assert!(Stamps::of("ready 1795697829123456789\n").is_none());
+        // final before ready: not a probe's log
+        assert!(Stamps::of("ready 2\nfinal 1\n").is_none());
+        assert!(Stamps::of("").is_none());
+        assert!(Stamps::of("ready soon\nfinal soon\n").is_none());
+        assert!(Stamps::of("readyx 1\nfinal 1\n").is_none());
+        assert!(Stamps::of("ready 99999999999999999999999\nfinal 1\n").is_none());
+        assert!(Stamps::of(&"x".repeat(1 << 20)).is_none());
     }
 }

@@ -35,6 +35,9 @@ pub struct BenchReport {
     /// Each identity system measured: `athenz` (files-mode CSI), `athenz-sia-csi-socket` and
     /// `athenz-sia-flex` (our SIA as init container and sidecar), `spire`.
     pub systems: BTreeMap<String, SystemReport>,
+    /// SPIRE's settings, when it ran ([`crate::cluster::spire::config`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spire_config: Option<BTreeMap<String, String>>,
 }
 
 /// The churn phase's shape.
@@ -83,6 +86,10 @@ pub struct SystemReport {
     pub api_requests_per_credential: f64,
     /// Created → the app container holding a verified credential naming it, by phase.
     pub time_to_credential_ms: BTreeMap<String, Latency>,
+    /// Created → the app container holding the verified credential it keeps, by phase: ours
+    /// names the pod's IP too (files mode issues before the pod has one, then again); SPIRE's
+    /// first SVID is its final one.
+    pub time_to_verified_final_credential_ms: BTreeMap<String, Latency>,
 }
 
 /// CPU with nothing to do, ms per second.
@@ -104,8 +111,10 @@ pub struct MeanMax {
 /// What one kind accumulated over its phases.
 #[derive(Debug, Default)]
 pub struct KindTotals {
-    /// Created → credential held, by phase.
+    /// Created → a verified credential held, by phase.
     pub times: BTreeMap<Phase, Vec<Duration>>,
+    /// Created → the final credential held, by phase.
+    pub final_times: BTreeMap<Phase, Vec<Duration>>,
     /// Each pod's identity containers.
     pub shares: Vec<PodShare>,
     /// The system's long-running parts over this kind's windows.
@@ -115,12 +124,14 @@ pub struct KindTotals {
 }
 
 impl KindTotals {
-    /// Latencies by phase name.
+    /// Latencies to a verified credential, by phase name.
     pub fn latencies(&self) -> BTreeMap<String, Latency> {
-        self.times
-            .iter()
-            .map(|(phase, times)| (phase.name().to_owned(), Latency::of(&mut times.clone())))
-            .collect()
+        by_phase_name(&self.times)
+    }
+
+    /// Latencies to the final credential, by phase name.
+    pub fn final_latencies(&self) -> BTreeMap<String, Latency> {
+        by_phase_name(&self.final_times)
     }
 
     /// Mean CPU of each pod's identity containers, ms.
@@ -165,8 +176,17 @@ impl KindTotals {
             idle_cpu_ms_per_s,
             api_requests_per_credential: self.api_requests as f64 / credentials.max(1) as f64,
             time_to_credential_ms: self.latencies(),
+            time_to_verified_final_credential_ms: self.final_latencies(),
         }
     }
+}
+
+/// Each phase's times as latencies, by the phase's name.
+fn by_phase_name(times: &BTreeMap<Phase, Vec<Duration>>) -> BTreeMap<String, Latency> {
+    times
+        .iter()
+        .map(|(phase, times)| (phase.name().to_owned(), Latency::of(&mut times.clone())))
+        .collect()
 }
 
 impl BenchReport {
