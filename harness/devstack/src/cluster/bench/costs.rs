@@ -203,6 +203,9 @@ pub enum CpuSource {
     Process(u32),
 }
 
+/// The dev ZTS's part: the certificate authority's share of ours (a real ZTS carries it).
+pub const DEV_ZTS: &str = "dev-zts";
+
 /// A system's long-running parts: on the node (its DaemonSets' pods) and in the control plane
 /// (everything else it runs), each named.
 #[derive(Debug, Clone, Default)]

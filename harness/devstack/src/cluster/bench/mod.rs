@@ -185,6 +185,7 @@ pub async fn run(
     }
     let meters = system_meters(layout, &api, options.systems).await?;
     let idle = idle_rates(&meters, &cgroups).await?;
+    let kubernetes = kubernetes_meter(layout)?;
     let audit = AuditLog::at(layout.logs.join(super::control_plane::AUDIT_LOG));
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
     for (index, phase) in Phase::ALL.into_iter().enumerate() {
@@ -199,6 +200,7 @@ pub async fn run(
         for workload in in_turn(&workloads, index) {
             let meter = workload.kind.system().and_then(|s| meters.get(&s));
             let before = meter.map(|m| m.snapshot(&cgroups)).transpose()?;
+            let kubernetes_before = kubernetes.snapshot(&cgroups)?;
             let from = audit.end();
             let outcome = workload
                 .run(phase, count, options.interval, options.churn)
@@ -206,6 +208,9 @@ pub async fn run(
                 .with_context(|| format!("{}, {}", workload.kind.name(), phase.name()))?;
             let to = audit.end();
             let kind_totals = totals.entry(workload.kind).or_default();
+            kind_totals
+                .kubernetes
+                .add(&kubernetes.snapshot(&cgroups)?.since(&kubernetes_before));
             if let (Some(meter), Some(before), Some(system)) =
                 (meter, before, workload.kind.system())
             {
@@ -277,6 +282,10 @@ pub async fn run(
             .map(|(kind, t)| (kind.name().to_owned(), t.latencies()))
             .collect(),
         same_shape_per_pod_cpu_ms: totals.get(&Kind::SameShape).map(KindTotals::per_pod_cpu_ms),
+        baseline_kubernetes_cpu_ms_per_pod: totals
+            .get(&Kind::Bare)
+            .map(KindTotals::kubernetes_ms_per_pod)
+            .unwrap_or_default(),
         systems,
         spire_config: options.systems.spire.then(spire::config),
     })
@@ -312,6 +321,24 @@ async fn idle_rates(
     Ok(rates)
 }
 
+/// The API server and etcd, host processes here: measured in every kind's windows, the
+/// baseline's too, so what a system adds to them shows beside what any pod costs them.
+fn kubernetes_meter(layout: &Layout) -> anyhow::Result<SystemMeter> {
+    let processes = Processes::read(&layout.processes_json)
+        .context("reading processes.json for the API server and etcd")?;
+    let mut meter = SystemMeter::default();
+    for name in [super::components::APISERVER, super::components::ETCD] {
+        let process = processes
+            .components
+            .get(name)
+            .with_context(|| format!("processes.json names no {name}"))?;
+        meter
+            .control
+            .push((name.to_owned(), CpuSource::Process(process.pid)));
+    }
+    Ok(meter)
+}
+
 /// Each measured system's long-running parts: its namespaces' pods, and for ours the dev ZTS
 /// process (the share a real ZTS would carry).
 async fn system_meters(
@@ -340,7 +367,7 @@ async fn system_meters(
                 .context("processes.json names no dev ZTS")?;
             meter
                 .control
-                .push(("dev-zts".to_owned(), CpuSource::Process(zts.pid)));
+                .push((costs::DEV_ZTS.to_owned(), CpuSource::Process(zts.pid)));
         }
         meters.insert(system, meter);
     }

@@ -2,7 +2,7 @@
 //! run. Latencies use the benches' own [`Latency`] (p50, p90, p99, max, milliseconds).
 
 use super::Phase;
-use super::costs::{CpuSnapshot, PodShare};
+use super::costs::{CpuSnapshot, DEV_ZTS, PodShare};
 use super::kinds::Kind;
 use crate::bench::Latency;
 use serde::Serialize;
@@ -35,6 +35,9 @@ pub struct BenchReport {
     /// Each identity system measured: `athenz` (files-mode CSI), `athenz-sia-csi-socket` and
     /// `athenz-sia-flex` (our SIA as init container and sidecar), `spire`.
     pub systems: BTreeMap<String, SystemReport>,
+    /// The API server's and etcd's CPU over the baseline's windows, by part, ms per pod: what
+    /// any pod costs them, against which each system's `kubernetes_cpu_ms_per_credential` reads.
+    pub baseline_kubernetes_cpu_ms_per_pod: BTreeMap<String, f64>,
     /// SPIRE's settings, when it ran ([`crate::cluster::spire::config`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spire_config: Option<BTreeMap<String, String>>,
@@ -81,6 +84,15 @@ pub struct SystemReport {
     /// phases: what it costs a node to run at all, and what the per-credential figures above
     /// include for the time each window lasted.
     pub idle_cpu_ms_per_s: IdleRates,
+    /// Node plus control plane, ms per credential.
+    pub total_cpu_ms_per_credential: f64,
+    /// The same without the certificate authority's share a real deployment runs elsewhere:
+    /// ours without the dev ZTS (a real ZTS carries it); SPIRE's server is its own CA and its
+    /// attestor, so its figure is its total.
+    pub total_cpu_ms_per_credential_without_ca: f64,
+    /// The API server's and etcd's CPU over this system's windows, by part, ms per credential
+    /// (compare `baseline_kubernetes_cpu_ms_per_pod`).
+    pub kubernetes_cpu_ms_per_credential: BTreeMap<String, f64>,
     /// Kubernetes API requests per credential that the system's service accounts made, or
     /// that the kubelet made to authorize them (SubjectAccessReviews), from the audit log.
     pub api_requests_per_credential: f64,
@@ -121,6 +133,8 @@ pub struct KindTotals {
     pub cpu: CpuSnapshot,
     /// API requests the system caused in this kind's windows.
     pub api_requests: usize,
+    /// The API server and etcd over this kind's windows (its control-plane parts).
+    pub kubernetes: CpuSnapshot,
 }
 
 impl KindTotals {
@@ -132,6 +146,16 @@ impl KindTotals {
     /// Latencies to the final credential, by phase name.
     pub fn final_latencies(&self) -> BTreeMap<String, Latency> {
         by_phase_name(&self.final_times)
+    }
+
+    /// The API server's and etcd's CPU over this kind's windows, by part, ms per pod.
+    pub fn kubernetes_ms_per_pod(&self) -> BTreeMap<String, f64> {
+        let pods = self.times.values().map(Vec::len).sum::<usize>().max(1) as f64;
+        self.kubernetes
+            .control
+            .iter()
+            .map(|(part, seconds)| (part.clone(), seconds * 1e3 / pods))
+            .collect()
     }
 
     /// Mean CPU of each pod's identity containers, ms.
@@ -160,18 +184,24 @@ impl KindTotals {
             .iter()
             .map(|s| s.rss_bytes as f64 / (1024.0 * 1024.0))
             .collect();
+        let node_cpu = node_parts.values().sum::<f64>() + per_pod_cpu_ms;
+        let control_cpu = control_parts.values().sum::<f64>();
+        let ca_share = control_parts.get(DEV_ZTS).copied().unwrap_or(0.0);
         SystemReport {
+            total_cpu_ms_per_credential: node_cpu + control_cpu,
+            total_cpu_ms_per_credential_without_ca: node_cpu + control_cpu - ca_share,
+            kubernetes_cpu_ms_per_credential: self.kubernetes_ms_per_pod(),
             configuration: kind.configuration(),
             credentials,
             agent_peak_rss_mib,
-            node_cpu_ms_per_credential: node_parts.values().sum::<f64>() + per_pod_cpu_ms,
+            node_cpu_ms_per_credential: node_cpu,
             node_parts_ms: node_parts,
             per_pod_cpu_ms,
             per_pod_rss_mib: MeanMax {
                 mean: rss.iter().sum::<f64>() / rss.len().max(1) as f64,
                 max: rss.iter().copied().fold(0.0, f64::max),
             },
-            control_plane_cpu_ms_per_credential: control_parts.values().sum(),
+            control_plane_cpu_ms_per_credential: control_cpu,
             control_plane_parts_ms: control_parts,
             idle_cpu_ms_per_s,
             api_requests_per_credential: self.api_requests as f64 / credentials.max(1) as f64,
@@ -209,15 +239,32 @@ impl BenchReport {
         }
         out.push_str("(p50 / p99)\n\n");
         for (name, s) in &self.systems {
+            let finals = phases.map(|p| {
+                s.time_to_verified_final_credential_ms
+                    .get(p)
+                    .map_or(format!("{:>20}", "-"), |l| {
+                        format!("{:>20}", format!("{:.0} / {:.0} ms", l.p50, l.p99))
+                    })
+            });
+            out.push_str(&format!(
+                "{:<24} {}\n",
+                format!("{name}: final"),
+                finals.join("")
+            ));
+        }
+        out.push('\n');
+        for (name, s) in &self.systems {
             out.push_str(&format!(
                 "{name:<22} agent RSS {:.1} MiB, node CPU {:.2} ms/credential (per pod {:.2} ms, \
-                 {:.1} MiB), control plane {:.2} ms/credential, API {:.2} requests/credential; \
-                 idle {:.2} ms/s on the node\n",
+                 {:.1} MiB), control plane {:.2} ms/credential, total {:.2} ({:.2} without the \
+                 CA's share), API {:.2} requests/credential; idle {:.2} ms/s on the node\n",
                 s.agent_peak_rss_mib,
                 s.node_cpu_ms_per_credential,
                 s.per_pod_cpu_ms,
                 s.per_pod_rss_mib.mean,
                 s.control_plane_cpu_ms_per_credential,
+                s.total_cpu_ms_per_credential,
+                s.total_cpu_ms_per_credential_without_ca,
                 s.api_requests_per_credential,
                 s.idle_cpu_ms_per_s.node
             ));
@@ -254,9 +301,10 @@ mod tests {
             },
         ];
         totals.cpu.node.insert("athenz-agent".into(), 0.040);
-        totals.cpu.control.insert("dev-zts".into(), 0.008);
+        totals.cpu.control.insert(DEV_ZTS.into(), 0.008);
         totals.cpu.control.insert("athenz-callback".into(), 0.004);
         totals.api_requests = 6;
+        totals.kubernetes.control.insert("etcd".into(), 0.002);
         let report = totals.system_report(
             Kind::Identity(VolumeMode::CsiSocket),
             14.5,
@@ -269,6 +317,10 @@ mod tests {
         assert!((report.node_cpu_ms_per_credential - 12.0).abs() < 1e-9);
         assert!((report.control_plane_cpu_ms_per_credential - 3.0).abs() < 1e-9);
         assert!((report.api_requests_per_credential - 1.5).abs() < 1e-9);
+        // node 12 + control plane 3, of which the dev ZTS 2
+        assert!((report.total_cpu_ms_per_credential - 15.0).abs() < 1e-9);
+        assert!((report.total_cpu_ms_per_credential_without_ca - 13.0).abs() < 1e-9);
+        assert!((report.kubernetes_cpu_ms_per_credential["etcd"] - 0.5).abs() < 1e-9);
         assert!((report.per_pod_rss_mib.mean - 1.5).abs() < 1e-9);
         assert!((report.per_pod_rss_mib.max - 4.0).abs() < 1e-9);
         assert_eq!(
@@ -277,5 +329,6 @@ mod tests {
         );
         let json = serde_json::to_value(&report).unwrap();
         assert!(json["time_to_credential_ms"]["sequential"]["p99"].is_number());
+        assert!(json["total_cpu_ms_per_credential_without_ca"].is_number());
     }
 }
