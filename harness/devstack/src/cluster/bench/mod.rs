@@ -288,6 +288,11 @@ pub async fn run(
             .unwrap_or_default(),
         systems,
         spire_config: options.systems.spire.then(spire::config),
+        dev_zts_build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
     })
 }
 

@@ -38,6 +38,9 @@ pub struct BenchReport {
     /// The API server's and etcd's CPU over the baseline's windows, by part, ms per pod: what
     /// any pod costs them, against which each system's `kubernetes_cpu_ms_per_credential` reads.
     pub baseline_kubernetes_cpu_ms_per_pod: BTreeMap<String, f64>,
+    /// The build of this devstack, whose `zts` subcommand is the ZTS stand-in the bench started
+    /// (`release` for figures worth reading: a debug ZTS inflates the CA's share).
+    pub dev_zts_build: &'static str,
     /// SPIRE's settings, when it ran ([`crate::cluster::spire::config`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spire_config: Option<BTreeMap<String, String>>,
