@@ -2,7 +2,8 @@
 //! kind's pod looks like. Every kind's app container is a probe that prints `ready <unix ns>`
 //! (CLOCK_REALTIME, the clock the bench reads too) once it holds a credential verified against
 //! its trust bundle and naming the pod's identity, and `final <unix ns>` once it holds the one it
-//! keeps (ours: naming the pod's IP too; SPIRE's SVID is final at once).
+//! keeps (ours: naming the pod's IP too, except in files mode, whose default certificate names
+//! none and is final at once, as SPIRE's SVID is).
 
 use super::super::scenario::{self, APP_IMAGE, BUSYBOX, CREDENTIALS, Scenario};
 use super::super::spire;
@@ -10,7 +11,7 @@ use athenz_core::volume_mode::VolumeMode;
 use serde_json::{Value, json};
 
 /// Our probe's image: [`PROBE_GO`], static.
-pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:2";
+pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/probe:3";
 
 /// Our probe (`probe.go`, beside this file, so it reads and builds as Go; the standard library
 /// only, as SPIRE's probe verifies with go-spiffe): stamps `ready` and `final` (see the module
@@ -131,7 +132,10 @@ impl Kind {
             Kind::Spire => spire::probe_container(
                 spiffe_id.ok_or_else(|| anyhow::anyhow!("a SPIRE pod needs its SPIFFE ID"))?,
             ),
-            _ => probe_container(self.mode().map(|_| scenario::spiffe_id(ns, sa))),
+            _ => probe_container(self.mode().map(|mode| Expected {
+                spiffe_id: scenario::spiffe_id(ns, sa),
+                names_pod_ip: mode != VolumeMode::CsiFiles,
+            })),
         };
         let mut pod = scenario.pod_json(ns, name, sa, self.mode(), container)?;
         match self {
@@ -143,17 +147,27 @@ impl Kind {
     }
 }
 
-/// Our probe: waits for a credential naming `spiffe_id` in the files the mode delivers (none:
-/// starts at once), and for the one naming the pod's IP.
-fn probe_container(spiffe_id: Option<String>) -> Value {
-    let Some(spiffe_id) = spiffe_id else {
+/// What our probe waits for.
+struct Expected {
+    /// The SPIFFE ID the certificate names.
+    spiffe_id: String,
+    /// Whether the final certificate names the pod's IP (not in files mode, whose volume the
+    /// bench leaves at its default: no `ipSAN`).
+    names_pod_ip: bool,
+}
+
+/// Our probe: waits for a credential as `expected` says in the files the mode delivers (none:
+/// starts at once).
+fn probe_container(expected: Option<Expected>) -> Value {
+    let Some(expected) = expected else {
         return json!({"name": "app", "image": PROBE_IMAGE, "imagePullPolicy": "Never"});
     };
+    let ip = if expected.names_pod_ip { "$(POD_IP)" } else { "-" };
     json!({
         "name": "app",
         "image": PROBE_IMAGE,
         "imagePullPolicy": "Never",
-        "args": [CREDENTIALS, spiffe_id, "$(POD_IP)"],
+        "args": [CREDENTIALS, expected.spiffe_id, ip],
         "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
     })
 }
@@ -199,15 +213,23 @@ mod tests {
 
     #[test]
     fn our_probe_is_given_the_pods_identity_and_ip_and_the_baseline_nothing() {
-        let ours = probe_container(Some(scenario::spiffe_id("bench-csi-files", "probe")));
+        let ours = probe_container(Some(Expected {
+            spiffe_id: scenario::spiffe_id("bench-csi-socket", "probe"),
+            names_pod_ip: true,
+        }));
         assert_eq!(
             ours["args"],
             json!([
                 CREDENTIALS,
-                "spiffe://bench.csi.files/sa/probe",
+                "spiffe://bench.csi.socket/sa/probe",
                 "$(POD_IP)"
             ])
         );
+        let files = probe_container(Some(Expected {
+            spiffe_id: scenario::spiffe_id("bench-csi-files", "probe"),
+            names_pod_ip: false,
+        }));
+        assert_eq!(files["args"][2], "-", "files mode names no IP by default");
         assert_eq!(
             ours["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
             "status.podIP"

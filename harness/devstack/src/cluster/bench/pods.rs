@@ -54,7 +54,8 @@ pub struct Workload<'a> {
 pub struct PhaseOutcome {
     /// Each pod's created → a verified credential held.
     pub times: Vec<Duration>,
-    /// Each pod's created → its final credential held (ours: naming its IP too).
+    /// Each pod's created → its final credential held (ours: naming its IP too where the mode's
+    /// certificate does).
     pub final_times: Vec<Duration>,
     /// Each pod's identity containers, sampled before its deletion.
     pub shares: Vec<PodShare>,

@@ -1,12 +1,13 @@
 // Command probe is the app container of the bench's pods of ours (`athenz-devstack cluster
 // bench`), and of its pods with no identity. With no argument it starts as an app would and
-// stamps at once. With `<dir> <SPIFFE ID> <pod IP>` it reads the credential files the pod's
+// stamps at once. With `<dir> <SPIFFE ID> <pod IP or ->` it reads the credential files the pod's
 // volume holds (`<dir>/service.cert.pem`, `<dir>/ca.cert.pem`) every millisecond and stamps:
 //
 //   - `ready <unix ns>` once the certificate verifies against the CA bundle beside it and names
 //     the SPIFFE ID (as SPIRE's probe checks its SVID against its bundle and ID);
 //   - `final <unix ns>` once such a certificate also names the pod's IP: the credential the pod
-//     keeps, for a mode that issues before the pod has its IP and again after.
+//     keeps, for a mode that issues before the pod has its IP and again after. With `-` the
+//     certificate is to name no IP (files mode without `ipSAN`), and the first is final.
 //
 // Stamps use CLOCK_REALTIME, the clock the bench reads too. A file set is verified only when it
 // changed since the last look, so the probe's own CPU stays small beside what it measures. Then it
@@ -47,7 +48,7 @@ func main() {
 	case 4:
 		os.Exit(watch(os.Args[1], os.Args[2], os.Args[3]))
 	default:
-		fmt.Fprintln(os.Stderr, "usage: probe [<credentials dir> <SPIFFE ID> <pod IP>]")
+		fmt.Fprintln(os.Stderr, "usage: probe [<credentials dir> <SPIFFE ID> <pod IP or ->]")
 		os.Exit(2)
 	}
 }
@@ -55,10 +56,13 @@ func main() {
 // watch stamps `ready`, then `final`, as the files in dir come to hold them; 1 if the limit
 // passes first.
 func watch(dir, spiffeID, podIP string) int {
-	ip := net.ParseIP(podIP)
-	if ip == nil {
-		fmt.Fprintf(os.Stderr, "probe: the pod IP %q is not an address\n", podIP)
-		return 2
+	var ip net.IP // nil: no IP to wait for
+	if podIP != "-" {
+		ip = net.ParseIP(podIP)
+		if ip == nil {
+			fmt.Fprintf(os.Stderr, "probe: the pod IP %q is not an address\n", podIP)
+			return 2
+		}
 	}
 	deadline := time.Now().Add(limit)
 	var seen []byte
@@ -74,7 +78,7 @@ func watch(dir, spiffeID, podIP string) int {
 					stamp("ready")
 					ready = true
 				}
-				if hasIP {
+				if hasIP || ip == nil {
 					stamp("final")
 					waitForStop()
 				}

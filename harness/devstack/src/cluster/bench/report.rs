@@ -101,9 +101,9 @@ pub struct SystemReport {
     pub api_requests_per_credential: f64,
     /// Created → the app container holding a verified credential naming it, by phase.
     pub time_to_credential_ms: BTreeMap<String, Latency>,
-    /// Created → the app container holding the verified credential it keeps, by phase: ours
-    /// names the pod's IP too (files mode issues before the pod has one, then again); SPIRE's
-    /// first SVID is its final one.
+    /// Created → the app container holding the verified credential it keeps, by phase: in flex
+    /// and socket mode ours names the pod's IP too; files mode's default (no `ipSAN`) and
+    /// SPIRE's first credential is the final one.
     pub time_to_verified_final_credential_ms: BTreeMap<String, Latency>,
 }
 
