@@ -278,10 +278,7 @@ impl Agent {
         // an IP from a sandbox older than the node died with it: until the kubelet reports the
         // new one, the pod has no IP this agent may name
         let stale = pod.ip.is_some() && !pod.sandbox.ip_is_current(self.node_boot);
-        let pod_ip = pod
-            .ip
-            .as_deref()
-            .filter(|_| !stale && ip != PodIp::Omitted);
+        let pod_ip = pod.ip.as_deref().filter(|_| !stale && ip != PodIp::Omitted);
         if pod_ip.is_none() && ip == PodIp::Required {
             return Err(fail(
                 StatusCode::SERVICE_UNAVAILABLE,

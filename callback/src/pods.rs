@@ -97,10 +97,13 @@ impl Cluster {
         let started = Instant::now();
         let result = tokio::time::timeout(self.timeout, call).await;
         self.latency.observe(started.elapsed().as_secs_f64());
-        let result =
-            result.unwrap_or_else(|_| Err(ApiError(format!("no answer within {:?}", self.timeout))));
+        let result = result
+            .unwrap_or_else(|_| Err(ApiError(format!("no answer within {:?}", self.timeout))));
         if result.is_ok() {
-            *self.last_answer.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            *self
+                .last_answer
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         }
         result
     }
@@ -202,7 +205,10 @@ impl Cluster {
     /// failed call proves nothing either way (a 403 or 404 is the answer to that call), so
     /// only an answer counts, and without one the API is asked (`/version`).
     pub async fn reachable_within(&self, recent: Duration) -> bool {
-        let answered = *self.last_answer.lock().unwrap_or_else(PoisonError::into_inner);
+        let answered = *self
+            .last_answer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if answered.is_some_and(|at| at.elapsed() < recent) {
             return true;
         }

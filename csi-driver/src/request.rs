@@ -131,10 +131,9 @@ impl Publish {
                 "volume_context {EPHEMERAL_KEY:?} must be \"true\": csi.athenz.io serves inline ephemeral volumes only (volumeLifecycleModes: [Ephemeral])"
             )));
         }
-        if let Some(key) = context
-            .keys()
-            .find(|k| !k.starts_with(KUBELET_PREFIX) && ![MODE_KEY, IP_SAN_KEY].contains(&k.as_str()))
-        {
+        if let Some(key) = context.keys().find(|k| {
+            !k.starts_with(KUBELET_PREFIX) && ![MODE_KEY, IP_SAN_KEY].contains(&k.as_str())
+        }) {
             return Err(invalid(format!(
                 "volume_context has unknown attribute {} (the known ones are {MODE_KEY:?} and {IP_SAN_KEY:?})",
                 Quoted::new(key)
@@ -282,9 +281,17 @@ mod tests {
             if let Some(v) = value {
                 req.volume_context.insert(IP_SAN_KEY.into(), v.into());
             }
-            Publish::from_request(&req).unwrap().request.csi.unwrap().ip_san
+            Publish::from_request(&req)
+                .unwrap()
+                .request
+                .csi
+                .unwrap()
+                .ip_san
         };
-        assert!(!ip_san(None), "one issuance unless the pod spec asks for the IP");
+        assert!(
+            !ip_san(None),
+            "one issuance unless the pod spec asks for the IP"
+        );
         assert!(!ip_san(Some("false")));
         assert!(ip_san(Some("true")));
     }

@@ -624,8 +624,7 @@ mod tests {
         }
 
         async fn pod_ip(&self, _: &VolumeData) -> Result<Option<IpAddr>, IssueError> {
-            self.asked
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(self.ip)
         }
 
@@ -688,7 +687,11 @@ mod tests {
 
         let started = Instant::now();
         let reason = rotation
-            .wait_for_reason(&files_volume(true), &without_ip, started + Duration::from_secs(2520))
+            .wait_for_reason(
+                &files_volume(true),
+                &without_ip,
+                started + Duration::from_secs(2520),
+            )
             .await;
         assert_eq!(reason, "pod IP changed");
         assert!(Instant::now() - started <= IpWatch::default().without_ip);

@@ -162,7 +162,11 @@ fn probe_container(expected: Option<Expected>) -> Value {
     let Some(expected) = expected else {
         return json!({"name": "app", "image": PROBE_IMAGE, "imagePullPolicy": "Never"});
     };
-    let ip = if expected.names_pod_ip { "$(POD_IP)" } else { "-" };
+    let ip = if expected.names_pod_ip {
+        "$(POD_IP)"
+    } else {
+        "-"
+    };
     json!({
         "name": "app",
         "image": PROBE_IMAGE,
