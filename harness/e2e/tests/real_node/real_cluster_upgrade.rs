@@ -41,6 +41,12 @@ use common::release::build_image;
 /// rollout replacing their pods can have ZTS's connection to the callback refused.
 const STOPS_ACCEPTING_AT_SIGTERM: [&str; 1] = ["0.2.0"];
 
+/// Releases whose callback refuses a refresh that names no IP for a pod that has one (before
+/// files mode's `ipSAN`, 0.3.0). Rolled back to one of them, its callback meets this release's
+/// agents on the nodes not yet rolled back, refreshing IP-less files-mode volumes; each such
+/// pod's next refresh, by the rolled-back agent with the IP, is served (CHANGELOG 0.3.0).
+const REFUSES_IP_LESS_REFRESH: [&str; 1] = ["0.2.0"];
+
 /// How long a pod created during a roll may take to be Ready.
 const POD_READY: Duration = Duration::from_secs(240);
 
@@ -114,9 +120,12 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
         // accepting at SIGTERM lets ZTS meet a refused connection to it, which no step of the
         // new release can prevent; the pod's next refresh (waited for above) is served
         let (abrupt, refused): (Vec<String>, Vec<String>) = refused.into_iter().partition(|l| {
-            step == "upgrade"
+            (step == "upgrade"
                 && STOPS_ACCEPTING_AT_SIGTERM.contains(&previous.version.as_str())
-                && is_callback_connection_refused(l)
+                && is_callback_connection_refused(l))
+                || (step == "rollback"
+                    && REFUSES_IP_LESS_REFRESH.contains(&previous.version.as_str())
+                    && is_ip_less_refresh_refused(l))
         });
         assert!(
             refused.is_empty(),
@@ -126,8 +135,8 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
         );
         if !abrupt.is_empty() {
             eprintln!(
-                "{step}: {} refreshes met a {} callback pod that had stopped accepting, each \
-                 served on its next try:\n{}",
+                "{step}: {} refreshes met a {} callback pod that had stopped accepting or that \
+                 refuses an IP-less refresh, each served on its next try:\n{}",
                 abrupt.len(),
                 previous.version,
                 abrupt.join("\n")
@@ -236,6 +245,12 @@ fn refresh_refusals(log: &str) -> Vec<String> {
 
 /// Whether a refused refresh is ZTS failing to connect to the callback (`Connection refused`),
 /// not a judgement.
+/// The previous release's callback refusing a refresh without an IP for a pod that has one.
+fn is_ip_less_refresh_refused(line: &str) -> bool {
+    line.contains("unable to verify attestation data")
+        && line.contains("an identity without an IP is only for a pod that has none yet")
+}
+
 fn is_callback_connection_refused(line: &str) -> bool {
     line.contains("unable to verify attestation data")
         && line.contains("athenz-callback.")
