@@ -405,17 +405,22 @@ mod tests {
         assert!(err.contains("the pod's JSON"), "{err}");
     }
 
-    #[tokio::test]
-    async fn names_that_are_not_kubernetes_names_never_reach_the_request_path() {
+    /// A client of a port where nothing listens.
+    async fn unreachable_cluster() -> Cluster {
         athenz_core::install_crypto_provider();
-        // nothing listens here: a request would fail differently
-        let cluster = Cluster::connect(
+        Cluster::connect(
             Some("http://127.0.0.1:9"),
             Duration::from_secs(1),
             Histogram::new([0.1]),
         )
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn names_that_are_not_kubernetes_names_never_reach_the_request_path() {
+        // nothing listens here: a request would fail differently
+        let cluster = unreachable_cluster().await;
         for (ns, name) in [
             ("payments", "../../nodes/a"),
             ("a/b", "web"),
@@ -431,14 +436,7 @@ mod tests {
     /// listens at the URL, so `true` means no request was made.
     #[tokio::test]
     async fn a_recent_answer_is_readiness_without_a_request() {
-        athenz_core::install_crypto_provider();
-        let cluster = Cluster::connect(
-            Some("http://127.0.0.1:9"),
-            Duration::from_secs(1),
-            Histogram::new([0.1]),
-        )
-        .await
-        .unwrap();
+        let cluster = unreachable_cluster().await;
         let period = Duration::from_secs(5);
         assert!(!cluster.reachable_within(period).await, "no answer yet");
         *cluster.last_answer.lock().unwrap() = Some(Instant::now());

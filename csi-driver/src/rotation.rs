@@ -563,16 +563,7 @@ mod tests {
             IpWatch::default(),
         ));
         let id = VolumeId::parse(&"ab".repeat(32)).unwrap();
-        let data = VolumeData {
-            namespace: "default".into(),
-            pod_name: "web".into(),
-            pod_uid: "uid".into(),
-            service_account: "web".into(),
-            mount_dir: "/var/lib/kubelet/pods/uid/volumes/x".into(),
-            read_write: false,
-            created_at: OffsetDateTime::now_utc(),
-            csi: None,
-        };
+        let data = volume_data(None);
         let mut due_now = leaf_info(&first.cert_pem).unwrap();
         due_now.not_after = OffsetDateTime::now_utc() - time::Duration::seconds(1);
         rotation.track(id.clone(), data, files.clone(), &due_now);
@@ -633,7 +624,8 @@ mod tests {
         }
     }
 
-    fn files_volume(ip_san: bool) -> VolumeData {
+    /// A volume of pod default/web, published by the CSI driver as `csi` says.
+    fn volume_data(csi: Option<athenz_core::volume::CsiVolume>) -> VolumeData {
         VolumeData {
             namespace: "default".into(),
             pod_name: "web".into(),
@@ -642,13 +634,17 @@ mod tests {
             mount_dir: "/var/lib/kubelet/pods/uid/volumes/x".into(),
             read_write: false,
             created_at: OffsetDateTime::now_utc(),
-            csi: Some(athenz_core::volume::CsiVolume {
-                volume_id: "csi-0123".into(),
-                mode: VolumeMode::CsiFiles,
-                group: None,
-                ip_san,
-            }),
+            csi,
         }
+    }
+
+    fn files_volume(ip_san: bool) -> VolumeData {
+        volume_data(Some(athenz_core::volume::CsiVolume {
+            volume_id: "csi-0123".into(),
+            mode: VolumeMode::CsiFiles,
+            group: None,
+            ip_san,
+        }))
     }
 
     /// A volume without an IP SAN is issued once: the rotation neither asks for the pod's IP nor
