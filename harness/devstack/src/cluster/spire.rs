@@ -94,6 +94,7 @@ fn workload_attestor_settings(manifest: &str) -> Vec<(String, String)> {
         .skip_while(|l| l.trim() != "WorkloadAttestor \"k8s\" {")
         .skip(2) // the block's line and `plugin_data {`
         .take_while(|l| l.trim() != "}")
+        .filter(|l| !l.trim_start().starts_with('#'))
         .filter_map(|l| {
             let (key, value) = l.split_once('=')?;
             Some((
@@ -293,11 +294,14 @@ mod tests {
             "true"
         );
         assert_eq!(
+            config["workload_attestor_k8s.skip_kubelet_verification"],
+            "false"
+        );
+        assert_eq!(
             config["workload_attestor_k8s.node_name_env"],
             "MY_NODE_NAME"
         );
-        let block =
-            "WorkloadAttestor \"k8s\" {\n  plugin_data {\n    a = 1\n    # note\n  }\n}\nx = 2";
+        let block = "WorkloadAttestor \"k8s\" {\n  plugin_data {\n    a = 1\n    # note = not a setting\n  }\n}\nx = 2";
         assert_eq!(
             workload_attestor_settings(block),
             [("a".to_owned(), "1".to_owned())]
