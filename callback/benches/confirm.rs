@@ -83,6 +83,8 @@ fn main() {
             &format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
             &format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
             &format!("--kube-api-url={}", kube.url()),
+            // the API stand-in serves no watch: every confirmation reads its pod
+            "--pod-cache=false",
             "--replay-cache-size=1000000",
         ])
         .unwrap();

@@ -4,12 +4,15 @@
 //! real ZTS passes on as retryable (see [`crate::decision`]).
 
 use crate::checks;
+use crate::checks::ReceivedClaims;
 use crate::decision::{Policy, Refusal, Undecided};
 use crate::keys::PublicKeys;
 use crate::node;
-use crate::pods::Cluster;
+use crate::pod_cache::PodCache;
+use crate::pods::{Cluster, PodFacts};
 use crate::replay::ReplayCache;
 use athenz_core::http::{Body, ConnInfo, Handler, error_response, json_response};
+use athenz_core::subject::PodSubject;
 use athenz_core::tls::PrincipalAllowList;
 use athenz_core::zts::{InstanceConfirmation, attr};
 use bytes::Bytes;
@@ -34,10 +37,18 @@ pub struct DecisionLabels {
     pub check: &'static str,
 }
 
+/// Labels of the pod-read counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodReadLabels {
+    /// `cache` (the watch-fed pod cache answered) or `api` (a `GET` of the pod).
+    pub source: &'static str,
+}
+
 /// What the callback counts.
 #[derive(Clone, Debug, Default)]
 pub struct CallbackMetrics {
     decisions: Family<DecisionLabels, Counter>,
+    pod_reads: Family<PodReadLabels, Counter>,
     replay_entries: Gauge,
 }
 
@@ -51,11 +62,22 @@ impl CallbackMetrics {
             m.decisions.clone(),
         );
         registry.register(
+            "pod_reads",
+            "Pods read for a launch or refresh, by source (cache or api)",
+            m.pod_reads.clone(),
+        );
+        registry.register(
             "replay_cache_entries",
             "Token ids held by the replay cache",
             m.replay_entries.clone(),
         );
         m
+    }
+
+    fn pod_read(&self, source: &'static str) {
+        self.pod_reads
+            .get_or_create(&PodReadLabels { source })
+            .inc();
     }
 
     fn record(&self, route: &'static str, outcome: &'static str, check: &'static str) {
@@ -83,6 +105,8 @@ pub struct CallbackHandler {
     pub replay: ReplayCache,
     /// The Kubernetes API.
     pub cluster: Cluster,
+    /// The watch-fed pod cache (`None`: every confirmation reads its pod from the API).
+    pub pod_cache: Option<PodCache>,
     /// `certExpiryTime` granted, minutes.
     pub cert_expiry_minutes: u32,
     /// Metrics.
@@ -118,11 +142,7 @@ impl CallbackHandler {
         }
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let (subject, claims) = checks::check_request(p, &self.keys, &self.replay, c, now)?;
-        let pod = self
-            .cluster
-            .pod(&subject.namespace, &subject.name)
-            .await
-            .map_err(kubernetes_api)?;
+        let pod = self.subject_pod(&subject, &claims).await?;
         checks::check_pod(&subject, pod.as_ref())?;
         if let Some(pod) = &pod {
             checks::check_pod_node(&subject, &claims, pod)?;
@@ -141,6 +161,33 @@ impl CallbackHandler {
         };
         checks::check_sans(p, &subject, service_ip, c)?;
         Ok(())
+    }
+
+    /// The subject's pod: the cached one when every pod check passes on it, else the API's.
+    /// The cache never refuses: a miss, or a cached pod that would be denied (one the cache may
+    /// show before its IP, say), is read from the API (docs/design.md §4.4).
+    async fn subject_pod(
+        &self,
+        subject: &PodSubject,
+        claims: &ReceivedClaims,
+    ) -> Result<Option<PodFacts>, Refusal> {
+        let cached = self
+            .pod_cache
+            .as_ref()
+            .and_then(|cache| cache.fresh(&subject.namespace, &subject.name))
+            .filter(|pod| {
+                checks::check_pod(subject, Some(pod)).is_ok()
+                    && checks::check_pod_node(subject, claims, pod).is_ok()
+            });
+        if let Some(pod) = cached {
+            self.metrics.pod_read("cache");
+            return Ok(Some(pod));
+        }
+        self.metrics.pod_read("api");
+        self.cluster
+            .pod(&subject.namespace, &subject.name)
+            .await
+            .map_err(kubernetes_api)
     }
 
     /// A node agent's registration or refresh: its projected service-account token, reviewed by

@@ -7,6 +7,7 @@ pub mod decision;
 pub mod handler;
 pub mod keys;
 pub mod node;
+pub mod pod_cache;
 pub mod pods;
 pub mod replay;
 
@@ -91,6 +92,14 @@ pub struct Config {
     /// Time allowed for one Kubernetes API call.
     #[arg(long, env = "KUBE_API_TIMEOUT", default_value = "5s", value_parser = athenz_core::refresh::parse_duration)]
     pub kube_api_timeout: Duration,
+    /// Keep a watch-fed copy of the pods, so most confirmations read no pod from the API
+    /// (needs `list` and `watch` on pods; without them every confirmation reads its pod).
+    #[arg(long, env = "POD_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub pod_cache: bool,
+    /// Label selector of the pods the cache holds (empty: all); a pod outside it is read from
+    /// the API when confirmed.
+    #[arg(long, env = "POD_CACHE_SELECTOR", default_value = "")]
+    pub pod_cache_selector: String,
 }
 
 pub use athenz_core::daemon::Bound;
@@ -176,6 +185,15 @@ pub async fn start(
     )
     .await
     .map_err(|e| StartError::new("--kube-api-url (KUBE_API_URL)", e))?;
+    let pod_cache = config.pod_cache.then(pod_cache::PodCache::default);
+    let pod_watch = pod_cache.as_ref().map(|cache| {
+        let answered = cluster.clone();
+        cache.spawn_watch(
+            cluster.watch_client(),
+            &config.pod_cache_selector,
+            move || answered.note_answer(),
+        )
+    });
     let setup = config.tls.load().await?;
     let api = setup
         .local_addr()
@@ -199,14 +217,16 @@ pub async fn start(
         keys: keys.clone(),
         replay: replay::ReplayCache::new(config.replay_cache_size),
         cluster: cluster.clone(),
+        pod_cache,
         cert_expiry_minutes: config.cert_expiry_minutes,
         metrics: handler::CallbackMetrics::register(&mut registry),
     });
     let readiness = Readiness::default();
     let kids = keys.kids();
     let key_watcher = keys.spawn_watcher(config.keys_reload_interval);
-    // readiness follows whether the Kubernetes API answers: the confirmations' own reads show
-    // it while they come; only a callback without one in the period asks `/version`
+    // readiness follows whether the Kubernetes API answers: the confirmations' own reads and the
+    // pod watch's events show it while they come; only a callback without one in the period
+    // asks `/version`
     let probe = {
         let readiness = readiness.clone();
         tokio::spawn(async move {
@@ -222,7 +242,7 @@ pub async fn start(
         ops_listener,
         registry,
         readiness,
-        vec![key_watcher, probe],
+        [key_watcher, probe].into_iter().chain(pod_watch).collect(),
         setup.serve(handler, http_metrics, shutdown.wait()),
         &shutdown,
     )?;

@@ -17,6 +17,10 @@ pub const MAX_POD_JSON: usize = 2 * 1024 * 1024;
 /// Most bytes of an API error answer kept for the message.
 const MAX_ERROR_BODY: usize = 4 * 1024;
 
+/// Longest wait for bytes on a watch or list: past kube-runtime's own limit for a silent watch
+/// (its 290 s server-side timeout plus 5 s), as kube's default is.
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The fields of a pod the checks read (`athenz_core::pod_fields`), owned.
 pub type PodFacts = PodFields<'static>;
 
@@ -37,6 +41,9 @@ pub fn pod_facts(json: &[u8]) -> Result<PodFacts, String> {
 #[derive(Clone)]
 pub struct Cluster {
     client: kube::Client,
+    /// The same API for long-running watches: no per-call read timeout of a confirmation's
+    /// length (the watcher detects a silent watch itself).
+    watch_client: kube::Client,
     timeout: Duration,
     latency: Histogram,
     /// When a call last got its answer: readiness needs no request of its own while the
@@ -73,13 +80,31 @@ impl Cluster {
         config.connect_timeout = Some(timeout);
         config.read_timeout = Some(timeout);
         config.write_timeout = Some(timeout);
+        let mut watch_config = config.clone();
+        watch_config.read_timeout = Some(WATCH_READ_TIMEOUT);
         let client = kube::Client::try_from(config).map_err(|e| ApiError(e.to_string()))?;
+        let watch_client =
+            kube::Client::try_from(watch_config).map_err(|e| ApiError(e.to_string()))?;
         Ok(Self {
             client,
+            watch_client,
             timeout,
             latency,
             last_answer: Arc::default(),
         })
+    }
+
+    /// The client for watches (the pod cache's).
+    pub fn watch_client(&self) -> kube::Client {
+        self.watch_client.clone()
+    }
+
+    /// Records that the API just answered (a watch event counts): readiness needs no request.
+    pub fn note_answer(&self) {
+        *self
+            .last_answer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
     }
 
     async fn timed<T>(
@@ -100,10 +125,7 @@ impl Cluster {
         let result = result
             .unwrap_or_else(|_| Err(ApiError(format!("no answer within {:?}", self.timeout))));
         if result.is_ok() {
-            *self
-                .last_answer
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            self.note_answer();
         }
         result
     }

@@ -87,6 +87,8 @@ async fn readiness_follows_the_kubernetes_api() {
         &format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
         &format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
         &format!("--kube-api-url={}", f.kube.url()),
+        // the API stand-in serves no watch
+        "--pod-cache=false",
     ])
     .unwrap();
     let (bound, _) = athenz_callback::start(config, f.shutdown.clone())

@@ -94,6 +94,8 @@ pub async fn start() -> Fixture {
         &format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
         &format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
         &format!("--kube-api-url={}", kube.url()),
+        // the API stand-in serves no watch
+        "--pod-cache=false",
         "--cert-expiry-minutes=90",
     ])
     .unwrap();

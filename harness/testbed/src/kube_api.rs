@@ -389,6 +389,19 @@ impl ApiHandler {
                 format!("{} is not served by this stand-in", req.method()),
             );
         }
+        // no watch here: the callback's pod cache is proven against the real API server
+        // (harness/e2e real_node), and its stand-in stacks run it off (`--pod-cache=false`)
+        let watch = req
+            .uri()
+            .query()
+            .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
+        if watch {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "watch is not served by this stand-in".into(),
+            );
+        }
         let node = req.uri().query().and_then(|q| {
             q.split('&')
                 .filter_map(|kv| kv.split_once('='))

@@ -89,6 +89,20 @@ async fn objects_lists_and_status() {
     }
     let version: serde_json::Value = get("/version").await.unwrap().json().await.unwrap();
     assert_eq!(version["major"], "1");
+    // no watch: refused, named, never a list that a watcher would misread as events
+    for path in [
+        "/api/v1/pods?watch=true&resourceVersion=1",
+        "/api/v1/namespaces/media-sports/pods?allowWatchBookmarks=true&watch=1",
+    ] {
+        let resp = get(path).await.unwrap();
+        assert_eq!(resp.status(), 405, "{path}");
+        let status: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(status["reason"], "MethodNotAllowed");
+        assert!(
+            status["message"].as_str().unwrap().contains("watch"),
+            "{status}"
+        );
+    }
 }
 
 /// The write routes answer as the API server does: created objects get a uid and a Pending

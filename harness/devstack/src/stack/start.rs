@@ -323,6 +323,8 @@ impl<'a> Start<'a> {
                 path_arg("public-keys-dir", &public_keys),
                 "--keys-reload-interval=1s".into(),
                 format!("--kube-api-url={}", kube.api),
+                // the API stand-in serves no watch (harness/testbed kube_api)
+                "--pod-cache=false".into(),
             ]);
             if let Some(minutes) = options.cert_expiry_minutes {
                 args.push(format!("--cert-expiry-minutes={minutes}"));

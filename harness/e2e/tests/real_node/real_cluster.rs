@@ -36,8 +36,8 @@ mod common;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::previous_release::PreviousRelease;
 use common::real_node::{
-    access, audit_events, check_metrics_reference, granted, uninstall_as_documented,
-    webhook_ca_bundle,
+    access, audit_events, callback_pod_reads, check_metrics_reference, granted,
+    uninstall_as_documented, webhook_ca_bundle,
 };
 use common::release::{build_image, check_features, rotate_the_athenz_ca_and_check_new_pods};
 
@@ -584,6 +584,15 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
 
     // docs/operating.md's metrics reference is what each daemon serves
     check_metrics_reference(kubectl);
+
+    // the callback's pod cache answered from the real API server's watch (the audit check
+    // above saw it list and watch), and what it could not answer was read
+    let reads = callback_pod_reads(kubectl);
+    eprintln!("the callback's pod reads by source: {reads:?}");
+    assert!(
+        reads.get("cache").copied().unwrap_or(0) > 0,
+        "no confirmation was answered from the pod cache: {reads:?}"
+    );
 
     // the install's steps run again (what an upgrade under the same overlay does): nothing
     // changes, the webhook keeps its CA bundle and a new pod is admitted and gets its identity

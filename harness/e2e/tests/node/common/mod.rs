@@ -205,6 +205,8 @@ async fn node_full(key_algorithm: &str, zts_config: DevZtsConfig, key_source: Ke
             &format!("--dns-suffix={}", fixtures::DNS_SUFFIX),
             &format!("--admin-domain={}", fixtures::ADMIN_DOMAIN),
             &format!("--kube-api-url={}", kube.url()),
+            // the API stand-in serves no watch
+            "--pod-cache=false",
             "--replay-cache-size=1000000",
         ])
         .unwrap(),

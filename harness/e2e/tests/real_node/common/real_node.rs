@@ -132,6 +132,41 @@ pub fn check_metrics_reference(kubectl: &Kubectl) {
     }
 }
 
+/// The callback replicas' `athenz_callback_pod_reads_total`, summed by `source` (`cache`, `api`),
+/// scraped through the API server's pod proxy.
+pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<String, u64> {
+    let pods = kubectl
+        .run(&[
+            "-n",
+            CONTROL_NAMESPACE,
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=athenz-callback",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])
+        .unwrap();
+    let mut reads = std::collections::BTreeMap::new();
+    for pod in pods.split_whitespace() {
+        let exposition = kubectl
+            .run(&[
+                "get",
+                "--raw",
+                &format!("/api/v1/namespaces/{CONTROL_NAMESPACE}/pods/{pod}:9090/proxy/metrics"),
+            ])
+            .unwrap();
+        for line in exposition.lines() {
+            let Some(rest) = line.strip_prefix("athenz_callback_pod_reads_total{source=\"") else {
+                continue;
+            };
+            let (source, value) = rest.split_once("\"} ").unwrap();
+            *reads.entry(source.to_owned()).or_default() += value.trim().parse::<u64>().unwrap();
+        }
+    }
+    reads
+}
+
 /// The webhook's caBundle, which must be set.
 pub fn webhook_ca_bundle(kubectl: &Kubectl) -> String {
     let hook = kubectl

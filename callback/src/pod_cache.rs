@@ -1,0 +1,338 @@
+//! A watch-fed copy of the pods' [`PodFacts`], so that most confirmations read no pod from the API
+//! (docs/design.md §4.4, "Reading the pod").
+//!
+//! The cache only ever *allows*: the handler takes a cached pod only when every pod check passes
+//! on it, and reads the pod from the API otherwise (a miss, a pod the cache shows without its IP
+//! yet, or any would-be denial). So a cache that is behind can never refuse a genuine pod. What it
+//! can do is allow a pod whose deletion or end is still on its way to the cache; each such fact
+//! only ever moves one way (a deletion timestamp appears, the phase ends, the pod goes), so the
+//! cache is at most as wrong as a confirmation made that much earlier. Certificates are not
+//! revoked when their pod ends either, so that lag is bounded the same way a confirmation's age
+//! is: the cache answers only while its watch is synced and the API delivered an event within
+//! [`FRESH_WITHIN`]. Any watch error makes it answer nothing until the watch delivers again.
+//!
+//! Memory: one small entry per pod the selector matches (the names, uid, node, service account,
+//! phase and IPs; a few hundred bytes), so 150 000 pods, Kubernetes' tested limit, cost tens of
+//! MiB per replica. `--pod-cache-selector` narrows it to the pods that ask for identities;
+//! `--pod-cache=false` turns it off.
+
+use crate::pods::PodFacts;
+use athenz_core::pod_fields::{MetaFields, PodFields, PodIpFields, SpecFields, StatusFields};
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher::Event};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How recent the watch's last event must be for the cache to answer: the most it can be behind
+/// when its connection died without a word (a live watch is milliseconds behind).
+pub const FRESH_WITHIN: Duration = Duration::from_secs(30);
+
+/// The server ends each watch after this many seconds and the watcher resumes it from the last
+/// resource version (one request; no list). kube-runtime also gives up on a watch silent for
+/// this long plus 5 s.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+type PodKey = (String, String);
+
+#[derive(Default)]
+struct State {
+    pods: HashMap<PodKey, PodFacts>,
+    /// The pods of a (re)list in progress, swapped in when it is done.
+    relisting: Option<HashMap<PodKey, PodFacts>>,
+    /// A list is complete and no error has come since.
+    synced: bool,
+    last_event: Option<Instant>,
+}
+
+/// The cache; cheap to clone (one shared state).
+#[derive(Clone, Default)]
+pub struct PodCache {
+    state: Arc<Mutex<State>>,
+}
+
+impl PodCache {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The pod's facts if the cache may answer now: synced, and an event within
+    /// [`FRESH_WITHIN`]. `None` means "ask the API".
+    pub fn fresh(&self, namespace: &str, name: &str) -> Option<PodFacts> {
+        let state = self.state();
+        let fresh = state.synced
+            && state
+                .last_event
+                .is_some_and(|at| at.elapsed() < FRESH_WITHIN);
+        if !fresh {
+            return None;
+        }
+        state
+            .pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Pods held (after the first list).
+    pub fn len(&self) -> usize {
+        self.state().pods.len()
+    }
+
+    /// Whether no pod is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes one watcher event.
+    pub fn apply(&self, event: Event<Pod>) {
+        let mut state = self.state();
+        state.last_event = Some(Instant::now());
+        match event {
+            Event::Init => {
+                state.relisting = Some(HashMap::new());
+                state.synced = false;
+            }
+            Event::InitApply(pod) => {
+                if let (Some(key), Some(list)) = (key_of(&pod), state.relisting.as_mut()) {
+                    list.insert(key, facts_of(&pod));
+                }
+            }
+            Event::InitDone => {
+                if let Some(list) = state.relisting.take() {
+                    state.pods = list;
+                }
+                state.synced = true;
+            }
+            Event::Apply(pod) => {
+                if let Some(key) = key_of(&pod) {
+                    state.pods.insert(key, facts_of(&pod));
+                }
+                // a watch resumed after an error delivers from where it stopped: in step again
+                state.synced = state.relisting.is_none();
+            }
+            Event::Delete(pod) => {
+                if let Some(key) = key_of(&pod) {
+                    state.pods.remove(&key);
+                }
+                state.synced = state.relisting.is_none();
+            }
+        }
+    }
+
+    /// A watch error: answer nothing until the watch delivers again. Returns whether the cache
+    /// was answering until now (to log the change once, not every retry).
+    pub fn failed(&self) -> bool {
+        std::mem::replace(&mut self.state().synced, false)
+    }
+
+    /// Keeps the cache fed from a watch of the pods `selector` matches (empty: all), calling
+    /// `on_event` for each event (the API answered). Errors back off (kube-runtime's default,
+    /// up to about a minute) and are logged when the cache stops answering.
+    pub fn spawn_watch(
+        &self,
+        client: kube::Client,
+        selector: &str,
+        on_event: impl Fn() + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut config = watcher::Config::default().timeout(WATCH_TIMEOUT_SECS);
+        if !selector.is_empty() {
+            config = config.labels(selector);
+        }
+        let pods: kube::Api<Pod> = kube::Api::all(client);
+        let cache = self.clone();
+        tokio::spawn(async move {
+            let mut events = watcher(pods, config).default_backoff().boxed();
+            while let Some(next) = events.next().await {
+                match next {
+                    Ok(event) => {
+                        let was_synced = cache.state().synced;
+                        cache.apply(event);
+                        on_event();
+                        if !was_synced && cache.state().synced {
+                            tracing::info!(pods = cache.len(), "pod cache answering");
+                        }
+                    }
+                    Err(e) => {
+                        if cache.failed() {
+                            tracing::warn!(error = %e, "pod cache stopped answering: every confirmation reads its pod from the API until the watch delivers again");
+                        } else {
+                            tracing::debug!(error = %e, "pod watch");
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn key_of(pod: &Pod) -> Option<PodKey> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+/// Exactly the fields the checks read, as [`crate::pods::pod_facts`] parses them from a `GET`.
+fn facts_of(pod: &Pod) -> PodFacts {
+    let owned = |s: &Option<String>| s.clone().map(Into::into);
+    PodFields {
+        metadata: MetaFields {
+            namespace: owned(&pod.metadata.namespace),
+            name: owned(&pod.metadata.name),
+            uid: owned(&pod.metadata.uid),
+            deletion_timestamp: pod.metadata.deletion_timestamp.is_some(),
+        },
+        spec: pod.spec.as_ref().map(|s| SpecFields {
+            node_name: owned(&s.node_name),
+            service_account_name: owned(&s.service_account_name),
+        }),
+        status: pod.status.as_ref().map(|s| StatusFields {
+            phase: owned(&s.phase),
+            pod_ip: owned(&s.pod_ip),
+            pod_ips: s.pod_ips.as_ref().map(|ips| {
+                ips.iter()
+                    .map(|p| PodIpFields {
+                        ip: p.ip.clone().into(),
+                    })
+                    .collect()
+            }),
+            // the launch checks read no condition
+            conditions: None,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use athenz_testbed::real_pods::{RealPod, real_pod, real_status};
+
+    fn pod(name: &str, ip: Option<&str>, deleting: bool) -> Pod {
+        let mut pod = real_pod(&RealPod {
+            namespace: "payments",
+            name,
+            service_account: "web",
+            node: "node-a",
+        })
+        .expect("real pod");
+        pod.metadata.uid = Some(format!("uid-of-{name}"));
+        if let Some(ip) = ip {
+            pod.status =
+                Some(serde_json::from_value(real_status(ip, "192.0.2.10")).expect("status"));
+        }
+        if deleting {
+            pod.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        pod
+    }
+
+    fn listed(pods: Vec<Pod>) -> PodCache {
+        let cache = PodCache::default();
+        cache.apply(Event::Init);
+        for p in pods {
+            cache.apply(Event::InitApply(p));
+        }
+        cache.apply(Event::InitDone);
+        cache
+    }
+
+    #[test]
+    fn the_projection_is_what_a_get_of_the_same_pod_parses() {
+        for p in [
+            pod("web-0", Some("10.1.2.3"), false),
+            pod("web-1", None, true),
+        ] {
+            let json = serde_json::to_vec(&p).expect("json");
+            let mut parsed = crate::pods::pod_facts(&json).expect("facts");
+            if let Some(status) = parsed.status.as_mut() {
+                status.conditions = None;
+            }
+            assert_eq!(facts_of(&p), parsed);
+        }
+    }
+
+    #[test]
+    fn it_answers_only_once_a_list_is_complete() {
+        let cache = PodCache::default();
+        assert_eq!(cache.fresh("payments", "web-0"), None, "nothing listed");
+        cache.apply(Event::Init);
+        cache.apply(Event::InitApply(pod("web-0", Some("10.1.2.3"), false)));
+        assert_eq!(
+            cache.fresh("payments", "web-0"),
+            None,
+            "the list is not done"
+        );
+        cache.apply(Event::InitDone);
+        let facts = cache.fresh("payments", "web-0").expect("listed");
+        assert_eq!(facts.metadata.uid.as_deref(), Some("uid-of-web-0"));
+        assert_eq!(cache.fresh("payments", "web-9"), None, "never listed");
+        assert_eq!(cache.fresh("billing", "web-0"), None, "another namespace");
+    }
+
+    #[test]
+    fn events_change_deletion_and_ip_and_remove() {
+        let cache = listed(vec![pod("web-0", None, false)]);
+        assert_eq!(cache.fresh("payments", "web-0").expect("held").status, None);
+        cache.apply(Event::Apply(pod("web-0", Some("10.1.2.3"), false)));
+        let status = cache.fresh("payments", "web-0").expect("held").status;
+        assert_eq!(
+            status.and_then(|s| s.pod_ip).as_deref(),
+            Some("10.1.2.3"),
+            "the IP arrives"
+        );
+        cache.apply(Event::Apply(pod("web-0", Some("10.1.2.3"), true)));
+        assert!(
+            cache
+                .fresh("payments", "web-0")
+                .expect("held")
+                .metadata
+                .deletion_timestamp
+        );
+        cache.apply(Event::Delete(pod("web-0", Some("10.1.2.3"), true)));
+        assert_eq!(cache.fresh("payments", "web-0"), None, "deleted");
+        assert!(cache.is_empty());
+    }
+
+    #[test]
+    fn a_relist_replaces_what_the_last_one_held() {
+        let cache = listed(vec![pod("web-0", None, false), pod("web-1", None, false)]);
+        assert_eq!(cache.len(), 2);
+        // a 410 Gone: the watcher lists again; web-0 went while it was not watching
+        cache.apply(Event::Init);
+        assert_eq!(cache.fresh("payments", "web-1"), None, "relisting");
+        cache.apply(Event::InitApply(pod("web-1", None, false)));
+        cache.apply(Event::InitDone);
+        assert_eq!(cache.fresh("payments", "web-0"), None, "gone in the relist");
+        assert!(cache.fresh("payments", "web-1").is_some());
+        assert_eq!(cache.len(), 1);
+    }
+
+    #[test]
+    fn an_error_silences_it_until_the_watch_delivers_again() {
+        let cache = listed(vec![pod("web-0", None, false)]);
+        assert!(cache.failed(), "it was answering");
+        assert!(!cache.failed(), "a second error changes nothing");
+        assert_eq!(cache.fresh("payments", "web-0"), None, "after an error");
+        // the resumed watch delivers from where it stopped
+        cache.apply(Event::Apply(pod("web-1", None, false)));
+        assert!(cache.fresh("payments", "web-0").is_some());
+        assert!(cache.fresh("payments", "web-1").is_some());
+    }
+
+    #[test]
+    fn a_watch_silent_past_the_freshness_window_is_not_answered_from() {
+        let cache = listed(vec![pod("web-0", None, false)]);
+        assert!(cache.fresh("payments", "web-0").is_some());
+        cache.state().last_event =
+            Instant::now().checked_sub(FRESH_WITHIN + Duration::from_secs(1));
+        assert_eq!(
+            cache.fresh("payments", "web-0"),
+            None,
+            "too long without an event"
+        );
+        cache.apply(Event::Apply(pod("web-1", None, false)));
+        assert!(cache.fresh("payments", "web-0").is_some(), "an event again");
+    }
+}
