@@ -14,12 +14,7 @@ use tonic::{Code, Status};
 
 /// The volume-context key kubelet sets for an inline ephemeral volume.
 pub const EPHEMERAL_KEY: &str = "csi.storage.k8s.io/ephemeral";
-/// The attribute that picks the mode (`volumeAttributes.mode`).
-pub const MODE_KEY: &str = "mode";
-/// Files mode: whether the certificate names the pod's IP (`volumeAttributes.ipSAN`, `"true"`
-/// or `"false"`, default false). The volume is published before the pod has an IP, so an IP
-/// SAN costs a second issuance once it has one.
-pub const IP_SAN_KEY: &str = "ipSAN";
+pub use athenz_core::volume_mode::{IP_SAN_KEY, MODE_KEY};
 /// Longest `volume_id` accepted (kubelet's are `csi-` + 64 hex).
 pub const MAX_VOLUME_ID_LEN: usize = 128;
 /// Most volume-context entries accepted (kubelet sends five, a pod spec one).

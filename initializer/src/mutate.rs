@@ -4,7 +4,7 @@
 //! container. Pure functions of (template, pod), so every case is tested without a server.
 
 use crate::template::Template;
-use athenz_core::volume_mode::VolumeMode;
+use athenz_core::volume_mode::{IP_SAN_KEY, MODE_KEY, VolumeMode};
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, FlexVolumeSource,
     ObjectFieldSelector, Pod, Volume, VolumeMount,
@@ -35,6 +35,9 @@ pub const SDS_SOCKET_NAME: &str = "sds.sock";
 pub const ROLES_ANNOTATION: &str = "athenz.io/roles";
 /// Annotation asking for the refresher's token server on this loopback port.
 pub const TOKEN_SERVER_PORT_ANNOTATION: &str = "athenz.io/token-server-port";
+/// Annotation asking a csi-files volume's certificate to name the pod's IP (`"true"`) or not
+/// (`"false"`), instead of the template's `filesIpSan`: the volume's `ipSAN` attribute.
+pub const IP_SAN_ANNOTATION: &str = "athenz.io/ip-san";
 /// Annotation choosing the pod's identity volume (`flex`, `csi-socket` or `csi-files`) instead
 /// of the template's: a namespace enforcing Pod Security `restricted`, where flex volumes are
 /// not allowed, asks for a CSI mode with it.
@@ -243,6 +246,35 @@ fn wants_sds(pod: &Pod) -> Result<bool, Conflict> {
     }
 }
 
+/// Whether `pod`'s csi-files volume asks for the pod's IP SAN: its [`IP_SAN_ANNOTATION`], else
+/// the template's `filesIpSan`. The annotation on a pod whose volume is not csi-files is refused
+/// (the SIA's certificate always names the pod's IP), and so is a value other than `"true"` or
+/// `"false"`, naming it.
+fn wants_ip_san(t: &Template, pod: &Pod, kind: VolumeMode) -> Result<bool, Conflict> {
+    let asked = match annotation(pod, IP_SAN_ANNOTATION) {
+        None => None,
+        Some("true") => Some(true),
+        Some("false") => Some(false),
+        Some(other) => {
+            return Err(Conflict(format!(
+                "annotation {IP_SAN_ANNOTATION} must be \"true\" or \"false\", not {:?}",
+                other.chars().take(64).collect::<String>()
+            )));
+        }
+    };
+    if kind != VolumeMode::CsiFiles {
+        return match asked {
+            None => Ok(false),
+            Some(_) => Err(Conflict(format!(
+                "annotation {IP_SAN_ANNOTATION}: only a csi-files volume takes it (this pod's \
+                 volume is {}, whose SIA certificate always names the pod's IP)",
+                kind.name()
+            ))),
+        };
+    }
+    Ok(asked.unwrap_or(t.files_ip_san))
+}
+
 /// The identity volume `pod` gets: its [`VOLUME_ANNOTATION`], else the template's. The
 /// annotation may ask only for a volume the operator allows ([`Template::allows`]); a mode that
 /// runs the SIA needs the template's image; any other value is refused, naming it.
@@ -276,6 +308,7 @@ fn volume_kind(t: &Template, pod: &Pod) -> Result<VolumeMode, Conflict> {
 pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     let kind = volume_kind(t, pod)?;
     let sds = wants_sds(pod)?;
+    let ip_san = wants_ip_san(t, pod, kind)?;
     let authz = authz_request(pod)?;
     let mut pod = pod.clone();
     let spec = pod
@@ -293,7 +326,7 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
             v.name
         )));
     }
-    volumes.push(identity_volume(kind));
+    volumes.push(identity_volume(kind, ip_san));
     if kind == VolumeMode::CsiFiles {
         if sds {
             return Err(Conflict(format!(
@@ -380,13 +413,21 @@ fn memory_volume(name: &str) -> Volume {
     }
 }
 
-/// The identity volume of `kind`: read-only; for CSI, the mode as its one attribute.
-fn identity_volume(kind: VolumeMode) -> Volume {
-    let csi = |mode: &str| CSIVolumeSource {
-        driver: CSI_DRIVER.to_owned(),
-        read_only: Some(true),
-        volume_attributes: Some([("mode".to_owned(), mode.to_owned())].into()),
-        ..CSIVolumeSource::default()
+/// The identity volume of `kind`: read-only; for CSI, the mode as its attribute, and
+/// `ipSAN: "true"` when `ip_san` (csi-files only; the driver's default is false).
+fn identity_volume(kind: VolumeMode, ip_san: bool) -> Volume {
+    let csi = |mode: &str| {
+        let mut attributes =
+            std::collections::BTreeMap::from([(MODE_KEY.to_owned(), mode.to_owned())]);
+        if ip_san {
+            attributes.insert(IP_SAN_KEY.to_owned(), "true".to_owned());
+        }
+        CSIVolumeSource {
+            driver: CSI_DRIVER.to_owned(),
+            read_only: Some(true),
+            volume_attributes: Some(attributes),
+            ..CSIVolumeSource::default()
+        }
     };
     let mut volume = Volume {
         name: IDENTITY_VOLUME.to_owned(),
@@ -599,7 +640,7 @@ mod tests {
             csi.volume_attributes
                 .as_ref()
                 .unwrap()
-                .get("mode")
+                .get(MODE_KEY)
                 .map(String::as_str),
             Some("files")
         );
@@ -613,6 +654,71 @@ mod tests {
         assert_eq!(skip_reason(&injected), Some(Skip::AlreadyInjected));
     }
 
+    /// The injected identity volume's `ipSAN` attribute, if any.
+    fn ip_san_attribute(t: &Template, p: &Pod) -> Option<String> {
+        let injected = inject(t, p).unwrap();
+        let volumes = injected.spec.unwrap().volumes.unwrap();
+        let identity = volumes.iter().find(|v| v.name == IDENTITY_VOLUME).unwrap();
+        identity
+            .csi
+            .as_ref()
+            .and_then(|c| c.volume_attributes.as_ref())
+            .and_then(|a| a.get(IP_SAN_KEY).cloned())
+    }
+
+    #[test]
+    fn a_files_volume_names_the_pod_ip_when_the_pod_or_the_template_asks() {
+        let files = csi_template("csi-files", false);
+        let files_with_ip = Template::from_yaml("volume: csi-files\nfilesIpSan: true\n").unwrap();
+        // the template's default: no IP SAN, and no attribute (the driver's default)
+        assert_eq!(ip_san_attribute(&files, &pod()), None);
+        assert_eq!(
+            ip_san_attribute(&files_with_ip, &pod()).as_deref(),
+            Some("true")
+        );
+        // the pod's annotation wins either way
+        let asks = with_annotations(&[(IP_SAN_ANNOTATION, "true")]);
+        let declines = with_annotations(&[(IP_SAN_ANNOTATION, "false")]);
+        assert_eq!(ip_san_attribute(&files, &asks).as_deref(), Some("true"));
+        assert_eq!(ip_san_attribute(&files_with_ip, &declines), None);
+        // a csi-socket template whose pod asks for csi-files
+        let socket = csi_template("csi-socket", true);
+        let files_pod = with_annotations(&[
+            (VOLUME_ANNOTATION, "csi-files"),
+            (IP_SAN_ANNOTATION, "true"),
+        ]);
+        assert_eq!(
+            ip_san_attribute(&socket, &files_pod).as_deref(),
+            Some("true")
+        );
+    }
+
+    #[test]
+    fn ip_san_refusals_name_the_annotation_and_the_reason() {
+        let files = csi_template("csi-files", false);
+        let err = inject(&files, &with_annotations(&[(IP_SAN_ANNOTATION, "yes")])).unwrap_err();
+        assert!(
+            err.0.contains(IP_SAN_ANNOTATION) && err.0.contains("\"yes\""),
+            "{err}"
+        );
+        // the SIA's modes always name the IP: asking either way is refused, not ignored
+        let socket = csi_template("csi-socket", true);
+        for value in ["true", "false"] {
+            let err =
+                inject(&socket, &with_annotations(&[(IP_SAN_ANNOTATION, value)])).unwrap_err();
+            assert!(
+                err.0.contains(IP_SAN_ANNOTATION) && err.0.contains("csi-socket"),
+                "{err}"
+            );
+        }
+        // a template that sets it where no csi-files volume can be had
+        let err = Template::from_yaml(
+            "image: registry.example/athenz-sia:1.0\nvolume: csi-socket\nallowedVolumes: [csi-socket]\nfilesIpSan: true\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("filesIpSan"), "{err}");
+    }
+
     #[test]
     fn csi_socket_injects_the_csi_volume_and_the_sia() {
         let injected = inject(&csi_template("csi-socket", true), &pod()).unwrap();
@@ -624,7 +730,7 @@ mod tests {
             csi.volume_attributes
                 .as_ref()
                 .unwrap()
-                .get("mode")
+                .get(MODE_KEY)
                 .map(String::as_str),
             Some("socket")
         );

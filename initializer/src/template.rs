@@ -48,6 +48,12 @@ pub struct Template {
     /// Kubernetes 1.29+) instead of a classic sidecar container.
     #[serde(default)]
     pub native_sidecar: bool,
+    /// Whether the csi-files volumes it injects ask for a certificate naming the pod's IP
+    /// (`volumeAttributes.ipSAN: "true"`) when the pod does not say (`athenz.io/ip-san`).
+    /// Default false: one issuance per pod, as the pod has no IP when its volume is published;
+    /// true costs a second issuance once it has one (docs/design.md §4.10).
+    #[serde(default)]
+    pub files_ip_san: bool,
     /// Give the SIA containers the pod's namespace, name and uid (POD_NAMESPACE, POD_NAME,
     /// POD_UID) through the downward API.
     #[serde(default = "yes")]
@@ -238,6 +244,12 @@ impl Template {
                 "volume",
                 "csi-files runs nothing in the pod: leave out image, group (the key's group is \
                  the pod's fsGroup) and nativeSidecar",
+            ));
+        }
+        if self.files_ip_san && !self.allows(VolumeMode::CsiFiles) {
+            return Err(field(
+                "filesIpSan",
+                "only csi-files volumes take it, and this template allows none",
             ));
         }
         if self.image.contains(char::is_whitespace) {

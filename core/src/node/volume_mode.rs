@@ -7,6 +7,13 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+/// The CSI attribute that picks the mode (`volumeAttributes.mode`).
+pub const MODE_KEY: &str = "mode";
+/// The CSI attribute that makes a files-mode certificate name the pod's IP
+/// (`volumeAttributes.ipSAN`, `"true"` or `"false"`, default false). The volume is published
+/// before the pod has an IP, so an IP SAN costs a second issuance once it has one.
+pub const IP_SAN_KEY: &str = "ipSAN";
+
 /// The three ways a pod gets its identity volume (docs/design.md §4.1, §4.10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, clap::ValueEnum)]
 pub enum VolumeMode {

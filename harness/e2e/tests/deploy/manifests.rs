@@ -216,21 +216,24 @@ fn every_document_is_a_valid_kubernetes_object() {
             .clone();
         assert!(o.service_accounts.contains(&sa.unwrap()));
     }
-    // RBAC: the callback reads pods, services and nodes and reviews tokens (node agents'
-    // attestation), nothing else; the agent reads its kubelet
+    // RBAC: the callback reads pods, services and nodes, lists and watches pods (its pod
+    // cache) and reviews tokens (node agents' attestation), nothing else; the agent reads its
+    // kubelet
     let callback = o.cluster_roles["athenz-callback"].rules.as_ref().unwrap();
-    assert_eq!(callback.len(), 2);
+    assert_eq!(callback.len(), 3);
     assert_eq!(callback[0].verbs, ["get"]);
     assert_eq!(
         callback[0].resources.as_ref().unwrap(),
         &["pods", "services", "nodes"]
     );
+    assert_eq!(callback[1].verbs, ["list", "watch"]);
+    assert_eq!(callback[1].resources.as_ref().unwrap(), &["pods"]);
     assert_eq!(
-        callback[1].api_groups.as_ref().unwrap(),
+        callback[2].api_groups.as_ref().unwrap(),
         &["authentication.k8s.io"]
     );
-    assert_eq!(callback[1].resources.as_ref().unwrap(), &["tokenreviews"]);
-    assert_eq!(callback[1].verbs, ["create"]);
+    assert_eq!(callback[2].resources.as_ref().unwrap(), &["tokenreviews"]);
+    assert_eq!(callback[2].verbs, ["create"]);
     let agent = &o.cluster_roles["athenz-agent"].rules.as_ref().unwrap()[0];
     // fine-grained kubelet authorization: nodes/pods, never nodes/proxy (exec through kubelets)
     assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/pods"]);
