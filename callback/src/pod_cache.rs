@@ -17,11 +17,13 @@
 //! `--pod-cache=false` turns it off.
 
 use crate::pods::PodFacts;
-use athenz_core::pod_fields::{MetaFields, PodFields, PodIpFields, SpecFields, StatusFields};
+use athenz_core::pod_fields::PodFields;
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, watcher::Event};
+use serde::{Deserialize, Deserializer};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -86,7 +88,7 @@ impl PodCache {
     }
 
     /// Takes one watcher event.
-    pub fn apply(&self, event: Event<Pod>) {
+    pub fn apply(&self, event: Event<WatchedPod>) {
         let mut state = self.state();
         state.last_event = Some(Instant::now());
         match event {
@@ -96,7 +98,7 @@ impl PodCache {
             }
             Event::InitApply(pod) => {
                 if let (Some(key), Some(list)) = (key_of(&pod), state.relisting.as_mut()) {
-                    list.insert(key, facts_of(&pod));
+                    list.insert(key, pod.facts);
                 }
             }
             Event::InitDone => {
@@ -107,7 +109,7 @@ impl PodCache {
             }
             Event::Apply(pod) => {
                 if let Some(key) = key_of(&pod) {
-                    state.pods.insert(key, facts_of(&pod));
+                    state.pods.insert(key, pod.facts);
                 }
                 // a watch resumed after an error delivers from where it stopped: in step again
                 state.synced = state.relisting.is_none();
@@ -140,7 +142,7 @@ impl PodCache {
         if !selector.is_empty() {
             config = config.labels(selector);
         }
-        let pods: kube::Api<Pod> = kube::Api::all(client);
+        let pods: kube::Api<WatchedPod> = kube::Api::all(client);
         let cache = self.clone();
         tokio::spawn(async move {
             let mut events = watcher(pods, config).default_backoff().boxed();
@@ -167,37 +169,61 @@ impl PodCache {
     }
 }
 
-fn key_of(pod: &Pod) -> Option<PodKey> {
+fn key_of(pod: &WatchedPod) -> Option<PodKey> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
 
-/// Exactly the fields the checks read, as [`crate::pods::pod_facts`] parses them from a `GET`.
-fn facts_of(pod: &Pod) -> PodFacts {
-    let owned = |s: &Option<String>| s.clone().map(Into::into);
-    PodFields {
-        metadata: MetaFields {
-            namespace: owned(&pod.metadata.namespace),
-            name: owned(&pod.metadata.name),
-            uid: owned(&pod.metadata.uid),
-            deletion_timestamp: pod.metadata.deletion_timestamp.is_some(),
-        },
-        spec: pod.spec.as_ref().map(|s| SpecFields {
-            node_name: owned(&s.node_name),
-            service_account_name: owned(&s.service_account_name),
-        }),
-        status: pod.status.as_ref().map(|s| StatusFields {
-            phase: owned(&s.phase),
-            pod_ip: owned(&s.pod_ip),
-            pod_ips: s.pod_ips.as_ref().map(|ips| {
-                ips.iter()
-                    .map(|p| PodIpFields {
-                        ip: p.ip.clone().into(),
-                    })
-                    .collect()
-            }),
-            // the launch checks read no condition
-            conditions: None,
-        }),
+/// A pod as the watch delivers it, parsed with the same field list as a `GET`
+/// ([`PodFields`]) and nothing else: every other field, `managedFields` among them, is skipped
+/// unread. A full `k8s_openapi` Pod built for every event of every pod cost the callback more
+/// CPU than the pod reads the cache saves.
+#[derive(Clone, Debug, Default)]
+pub struct WatchedPod {
+    /// Name, namespace, uid and resource version: what the watcher and the cache key need.
+    metadata: ObjectMeta,
+    /// What the checks read (no conditions, no resource version: nothing reads them).
+    facts: PodFacts,
+}
+
+impl<'de> Deserialize<'de> for WatchedPod {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut facts = PodFields::deserialize(deserializer)?.into_owned();
+        let text = |field: &Option<Cow<'static, str>>| field.as_deref().map(str::to_owned);
+        let metadata = ObjectMeta {
+            namespace: text(&facts.metadata.namespace),
+            name: text(&facts.metadata.name),
+            uid: text(&facts.metadata.uid),
+            resource_version: facts.metadata.resource_version.take().map(Cow::into_owned),
+            ..ObjectMeta::default()
+        };
+        if let Some(status) = facts.status.as_mut() {
+            status.conditions = None;
+        }
+        Ok(Self { metadata, facts })
+    }
+}
+
+impl kube::Resource for WatchedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind((): &()) -> Cow<'_, str> {
+        "Pod".into()
+    }
+    fn group((): &()) -> Cow<'_, str> {
+        "".into()
+    }
+    fn version((): &()) -> Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural((): &()) -> Cow<'_, str> {
+        "pods".into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
@@ -206,7 +232,8 @@ mod tests {
     use super::*;
     use athenz_testbed::real_pods::{RealPod, real_pod, real_status};
 
-    fn pod(name: &str, ip: Option<&str>, deleting: bool) -> Pod {
+    /// A real-size pod's JSON, as the API sends it (with a resource version).
+    fn pod_json(name: &str, ip: Option<&str>, deleting: bool) -> Vec<u8> {
         let mut pod = real_pod(&RealPod {
             namespace: "payments",
             name,
@@ -215,6 +242,7 @@ mod tests {
         })
         .expect("real pod");
         pod.metadata.uid = Some(format!("uid-of-{name}"));
+        pod.metadata.resource_version = Some("4711".into());
         if let Some(ip) = ip {
             pod.status =
                 Some(serde_json::from_value(real_status(ip, "192.0.2.10")).expect("status"));
@@ -225,10 +253,14 @@ mod tests {
                     k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
                 ));
         }
-        pod
+        serde_json::to_vec(&pod).expect("json")
     }
 
-    fn listed(pods: Vec<Pod>) -> PodCache {
+    fn pod(name: &str, ip: Option<&str>, deleting: bool) -> WatchedPod {
+        serde_json::from_slice(&pod_json(name, ip, deleting)).expect("a watched pod")
+    }
+
+    fn listed(pods: Vec<WatchedPod>) -> PodCache {
         let cache = PodCache::default();
         cache.apply(Event::Init);
         for p in pods {
@@ -239,18 +271,64 @@ mod tests {
     }
 
     #[test]
-    fn the_projection_is_what_a_get_of_the_same_pod_parses() {
-        for p in [
-            pod("web-0", Some("10.1.2.3"), false),
-            pod("web-1", None, true),
-        ] {
-            let json = serde_json::to_vec(&p).expect("json");
+    fn a_watched_pod_holds_what_a_get_of_the_same_pod_parses() {
+        use kube::ResourceExt;
+        for (ip, deleting) in [(Some("10.1.2.3"), false), (None, true)] {
+            let json = pod_json("web-0", ip, deleting);
+            assert!(
+                json.len() > 8 * 1024,
+                "a real-size pod: {} bytes",
+                json.len()
+            );
+            let watched: WatchedPod = serde_json::from_slice(&json).expect("watched");
             let mut parsed = crate::pods::pod_facts(&json).expect("facts");
+            // what the cache does not keep: conditions and the resource version
             if let Some(status) = parsed.status.as_mut() {
                 status.conditions = None;
             }
-            assert_eq!(facts_of(&p), parsed);
+            assert_eq!(
+                parsed.metadata.resource_version.take().as_deref(),
+                Some("4711")
+            );
+            assert_eq!(watched.facts, parsed);
+            assert_eq!(watched.resource_version().as_deref(), Some("4711"));
+            assert_eq!(watched.namespace().as_deref(), Some("payments"));
+            assert_eq!(watched.name_any(), "web-0");
+            assert_eq!(watched.uid().as_deref(), Some("uid-of-web-0"));
         }
+    }
+
+    #[test]
+    fn a_watched_pod_that_is_not_a_pod_is_an_error_or_ignored() {
+        let deep = format!(
+            "{{\"metadata\":{{\"labels\":{}1{}}}}}",
+            "[".repeat(300),
+            "]".repeat(300)
+        );
+        for bad in [
+            &b"{\"metadata\":{\"name\":7}}"[..],
+            b"{\"metadata\":",
+            b"\"a pod\"",
+        ] {
+            assert!(
+                serde_json::from_slice::<WatchedPod>(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        // an object without a name or namespace parses (deep nesting in a field no check reads
+        // is skipped, not recursed into), and the cache holds nothing for it
+        let cache = listed(vec![]);
+        for nameless in [
+            &b"[]"[..],
+            b"{}",
+            b"{\"metadata\":{\"name\":\"web-0\"}}",
+            deep.as_bytes(),
+        ] {
+            let pod: WatchedPod = serde_json::from_slice(nameless).expect("parses");
+            cache.apply(Event::Apply(pod));
+        }
+        assert!(cache.is_empty());
     }
 
     #[test]

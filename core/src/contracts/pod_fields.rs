@@ -42,6 +42,10 @@ pub struct MetaFields<'a> {
     /// Whether `metadata.deletionTimestamp` is set (its value does not matter).
     #[serde(default, deserialize_with = "present")]
     pub deletion_timestamp: bool,
+    /// `metadata.resourceVersion`: where a watch resumes (the callback's pod cache); no check
+    /// reads it.
+    #[serde(default, borrow, deserialize_with = "text")]
+    pub resource_version: Option<Cow<'a, str>>,
 }
 
 /// `spec` of [`PodFields`].
@@ -130,6 +134,7 @@ impl PodFields<'_> {
                 name: owned(self.metadata.name),
                 uid: owned(self.metadata.uid),
                 deletion_timestamp: self.metadata.deletion_timestamp,
+                resource_version: owned(self.metadata.resource_version),
             },
             spec: self.spec.map(|s| SpecFields {
                 node_name: owned(s.node_name),
