@@ -359,13 +359,19 @@ pub fn free_port() -> anyhow::Result<u16> {
         let port = 20_000 + (athenz_core::random::unit() * 12_000.0) as u16;
         // a directory this process cannot write (e.g. a user namespace's root over the real
         // root's files) only loses the reservation, never the port
+        // a lock file this process cannot create or write (a user namespace's root over the
+        // real root's files: the same directory, as its euid is 0 there) is still opened to
+        // read, and its lock taken: a stack run as a normal user then respects the ports the
+        // real root's stacks hold instead of racing them for the bind
+        let path = dir.join(format!("{port}.lock"));
         let file = can_reserve
             .then(|| {
                 std::fs::OpenOptions::new()
                     .create(true)
                     .truncate(false)
                     .write(true)
-                    .open(dir.join(format!("{port}.lock")))
+                    .open(&path)
+                    .or_else(|_| std::fs::File::open(&path))
                     .ok()
             })
             .flatten();
