@@ -8,9 +8,10 @@
 //! Each way: every pod created meanwhile gets its identity (0 without), the pods made before
 //! keep theirs and their next refresh is served (three-minute certificates), ZTS refuses no refresh,
 //! and never more than one node is without a Ready agent. One exception, named and printed: in
-//! the upgrade, ZTS's connection to a terminating callback pod of a release that stopped
-//! accepting at SIGTERM ([`STOPS_ACCEPTING_AT_SIGTERM`]); this release's pods go on accepting for
-//! their drain delay, so the rollback allows none. During the roll, new pods meet both
+//! the upgrade, a connection to a terminating pod of a release that stopped accepting at SIGTERM
+//! ([`STOPS_ACCEPTING_AT_SIGTERM`]): ZTS's to its callback, and the API server's to its webhook
+//! (the pod's creation is then tried again, as a ReplicaSet's controller would); this release's
+//! pods go on accepting for their drain delay, so the rollback allows none. During the roll, new pods meet both
 //! wires: this release's SIA (the template's image changes at once) on nodes whose agent is
 //! still the previous release's, and the previous release's SIAs on upgraded nodes.
 //!
@@ -38,7 +39,8 @@ use common::previous_release::PreviousRelease;
 use common::release::build_image;
 
 /// The releases whose Deployments stopped accepting at SIGTERM (no `DRAIN_DELAY_SECONDS`): a
-/// rollout replacing their pods can have ZTS's connection to the callback refused.
+/// rollout replacing their pods can have ZTS's connection to the callback refused, and the API
+/// server's to the webhook.
 const STOPS_ACCEPTING_AT_SIGTERM: [&str; 1] = ["0.2.0"];
 
 /// Releases whose callback refuses a refresh that names no IP for a pod that has one (before
@@ -46,6 +48,10 @@ const STOPS_ACCEPTING_AT_SIGTERM: [&str; 1] = ["0.2.0"];
 /// agents on the nodes not yet rolled back, refreshing IP-less files-mode volumes; each such
 /// pod's next refresh, by the rolled-back agent with the IP, is served (CHANGELOG 0.3.0).
 const REFUSES_IP_LESS_REFRESH: [&str; 1] = ["0.2.0"];
+
+/// How many times a pod's creation refused by a terminating previous-release webhook is tried,
+/// a second apart: kube-proxy drops the pod's endpoint within a second or two.
+const WEBHOOK_REFUSED_TRIES: u32 = 10;
 
 /// How long a pod created during a roll may take to be Ready.
 const POD_READY: Duration = Duration::from_secs(240);
@@ -108,7 +114,17 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
         ("rollback", previous.deploy.as_path(), &previous_ref),
     ] {
         let log_before = zts_log(&layout).len();
-        let rolled = roll(&scenario, &layout, &info, step, deploy, &zts.url, &zts.ca);
+        let previous_stops_at_once =
+            step == "upgrade" && STOPS_ACCEPTING_AT_SIGTERM.contains(&previous.version.as_str());
+        let rolled = roll(
+            &scenario,
+            &layout,
+            &info,
+            (step, previous_stops_at_once),
+            deploy,
+            &zts.url,
+            &zts.ca,
+        );
         assert_agents_run(scenario.kubectl(), image);
         rolled.check(&scenario, step);
         // the pods made before the roll still hold identities, and their next refresh (due
@@ -120,9 +136,7 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
         // accepting at SIGTERM lets ZTS meet a refused connection to it, which no step of the
         // new release can prevent; the pod's next refresh (waited for above) is served
         let (abrupt, refused): (Vec<String>, Vec<String>) = refused.into_iter().partition(|l| {
-            (step == "upgrade"
-                && STOPS_ACCEPTING_AT_SIGTERM.contains(&previous.version.as_str())
-                && is_callback_connection_refused(l))
+            (previous_stops_at_once && is_callback_connection_refused(l))
                 || (step == "rollback"
                     && REFUSES_IP_LESS_REFRESH.contains(&previous.version.as_str())
                     && is_ip_less_refresh_refused(l))
@@ -140,6 +154,15 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
                 abrupt.len(),
                 previous.version,
                 abrupt.join("\n")
+            );
+        }
+        if !rolled.webhook_refused.is_empty() {
+            eprintln!(
+                "{step}: {} pod creations met a {} webhook pod that had stopped accepting, each \
+                 created on a later try:\n{}",
+                rolled.webhook_refused.len(),
+                previous.version,
+                rolled.webhook_refused.join("\n")
             );
         }
         eprintln!(
@@ -243,18 +266,25 @@ fn refresh_refusals(log: &str) -> Vec<String> {
         .collect()
 }
 
-/// Whether a refused refresh is ZTS failing to connect to the callback (`Connection refused`),
-/// not a judgement.
 /// The previous release's callback refusing a refresh without an IP for a pod that has one.
 fn is_ip_less_refresh_refused(line: &str) -> bool {
     line.contains("unable to verify attestation data")
         && line.contains("an identity without an IP is only for a pod that has none yet")
 }
 
+/// Whether a refused refresh is ZTS failing to connect to the callback (`Connection refused`),
+/// not a judgement.
 fn is_callback_connection_refused(line: &str) -> bool {
     line.contains("unable to verify attestation data")
         && line.contains("athenz-callback.")
         && line.contains("Connection refused")
+}
+
+/// Whether a pod's creation failed because the API server could not connect to the injection
+/// webhook (`connection refused`), not because the webhook judged the pod.
+fn is_webhook_connection_refused(error: &str) -> bool {
+    error.contains("failed calling webhook \"initializer.athenz.io\"")
+        && error.contains("connect: connection refused")
 }
 
 /// `line` without its ANSI escape sequences (`ESC [ … letter`).
@@ -302,10 +332,31 @@ fn refused_refreshes_are_counted_and_registrations_are_not() {
     assert!(is_callback_connection_refused(unreachable));
 }
 
-/// What one roll did: the pods created during it, and the order the nodes' agents were replaced.
+#[test]
+fn only_a_refused_connection_to_the_webhook_is_tried_again() {
+    // as kubectl printed it while a 0.2.0 webhook pod was being replaced
+    let refused = "applying pod upgrade-12 failed (exit status: 1): Error from server \
+                   (InternalError): error when creating \"STDIN\": Internal error occurred: \
+                   failed calling webhook \"initializer.athenz.io\": failed to call webhook: Post \
+                   \"https://athenz-initializer.k8s-admin.svc:443/mutate?timeout=5s\": dial tcp \
+                   10.244.1.2:8443: connect: connection refused";
+    assert!(is_webhook_connection_refused(refused));
+    let judged = "applying pod upgrade-12 failed (exit status: 1): Error from server \
+                  (Forbidden): admission webhook \"initializer.athenz.io\" denied the request: \
+                  athenz.io/ip-san is for csi-files volumes only";
+    assert!(!is_webhook_connection_refused(judged));
+    let timed_out = "failed calling webhook \"initializer.athenz.io\": failed to call webhook: \
+                     Post \"https://athenz-initializer.k8s-admin.svc:443/mutate?timeout=5s\": \
+                     context deadline exceeded";
+    assert!(!is_webhook_connection_refused(timed_out));
+}
+
+/// What one roll did: the pods created during it, the order the nodes' agents were replaced,
+/// and each creation refused by a terminating previous-release webhook (then tried again).
 struct Rolled {
     created: Vec<(String, VolumeMode)>,
     order: Vec<String>,
+    webhook_refused: Vec<String>,
 }
 
 impl Rolled {
@@ -324,12 +375,13 @@ impl Rolled {
 
 /// `deploy` applied under the install's overlay (docs/operating.md's upgrade), while a pod is
 /// created every second and the agents are watched: returns once every workload rolled out and
-/// 10 s more passed.
+/// 10 s more passed. `previous_stops_at_once`: the pods being replaced stop accepting at SIGTERM,
+/// so a creation their webhook refuses to connect is tried again.
 fn roll(
     scenario: &Scenario,
     layout: &Layout,
     info: &ClusterInfo,
-    step: &str,
+    (step, previous_stops_at_once): (&str, bool),
     deploy: &Path,
     zts_url: &str,
     zts_ca: &Path,
@@ -337,7 +389,9 @@ fn roll(
     let stop = Arc::new(AtomicBool::new(false));
     let creator = {
         let (layout, stop, step) = (layout.clone(), stop.clone(), step.to_owned());
-        std::thread::spawn(move || create_one_a_second(&layout, &step, &stop))
+        std::thread::spawn(move || {
+            create_one_a_second(&layout, &step, previous_stops_at_once, &stop)
+        })
     };
     let watcher = {
         let (layout, stop) = (layout.clone(), stop.clone());
@@ -362,20 +416,28 @@ fn roll(
     }
     std::thread::sleep(Duration::from_secs(10));
     stop.store(true, Ordering::Relaxed);
-    let created = creator.join().unwrap();
+    let (created, webhook_refused) = creator.join().unwrap();
     let order = watcher.join().unwrap();
-    Rolled { created, order }
+    Rolled {
+        created,
+        order,
+        webhook_refused,
+    }
 }
 
 /// Creates a pod every second (csi-socket and csi-files in turn, as a `restricted` namespace's
-/// tenants write them) until `stop`; returns them.
+/// tenants write them) until `stop`; returns them, and each refused connection to the webhook
+/// that `webhook_may_refuse` allowed (that creation tried again a second later, up to
+/// [`WEBHOOK_REFUSED_TRIES`] times).
 fn create_one_a_second(
     layout: &Layout,
     step: &str,
+    webhook_may_refuse: bool,
     stop: &AtomicBool,
-) -> Vec<(String, VolumeMode)> {
+) -> (Vec<(String, VolumeMode)>, Vec<String>) {
     let kubectl = Kubectl::new(layout);
     let mut created = Vec::new();
+    let mut webhook_refused = Vec::new();
     let started = Instant::now();
     for i in 0.. {
         if stop.load(Ordering::Relaxed) {
@@ -393,16 +455,31 @@ fn create_one_a_second(
             service: false,
         });
         pod["metadata"]["name"] = name.clone().into();
-        kubectl
-            .apply_manifest(&pod.to_string(), &format!("pod {name}"))
-            .unwrap_or_else(|e| panic!("creating {name}: {e:#}"));
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match kubectl.apply_manifest(&pod.to_string(), &format!("pod {name}")) {
+                Ok(_) => break,
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    if !(webhook_may_refuse
+                        && is_webhook_connection_refused(&error)
+                        && tries < WEBHOOK_REFUSED_TRIES)
+                    {
+                        panic!("creating {name} (try {tries}): {error}");
+                    }
+                    webhook_refused.push(error);
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
         created.push((name, mode));
         let next = Duration::from_secs(i + 1);
         if let Some(wait) = next.checked_sub(started.elapsed()) {
             std::thread::sleep(wait);
         }
     }
-    created
+    (created, webhook_refused)
 }
 
 /// Watches the agents every 250 ms until `stop`: fails if more than one node is ever without a
