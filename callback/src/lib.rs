@@ -97,8 +97,9 @@ pub struct Config {
     #[arg(long, env = "POD_CACHE", default_value_t = true, action = clap::ArgAction::Set)]
     pub pod_cache: bool,
     /// Label selector of the pods the cache holds (empty: all); a pod outside it is read from
-    /// the API when confirmed.
-    #[arg(long, env = "POD_CACHE_SELECTOR", default_value = "")]
+    /// the API when confirmed. The default holds the pods the initializer injected, so the
+    /// replicas neither receive nor keep the cluster's other pods.
+    #[arg(long, env = "POD_CACHE_SELECTOR", default_value = athenz_core::volume_mode::INJECTED_LABEL)]
     pub pod_cache_selector: String,
 }
 

@@ -13,8 +13,10 @@
 //!
 //! Memory: one small entry per pod the selector matches (the names, uid, node, service account,
 //! phase and IPs; a few hundred bytes), so 150 000 pods, Kubernetes' tested limit, cost tens of
-//! MiB per replica. `--pod-cache-selector` narrows it to the pods that ask for identities;
-//! `--pod-cache=false` turns it off.
+//! MiB per replica. The default selector is the initializer's label
+//! ([`athenz_core::volume_mode::INJECTED_LABEL`]): only the pods it gave an identity volume are
+//! watched, and a pod with a hand-written volume is read when confirmed. `--pod-cache-selector ""`
+//! watches every pod; `--pod-cache=false` turns the cache off.
 
 use crate::pods::PodFacts;
 use athenz_core::pod_fields::PodFields;

@@ -4,7 +4,7 @@
 //! container. Pure functions of (template, pod), so every case is tested without a server.
 
 use crate::template::Template;
-use athenz_core::volume_mode::{IP_SAN_KEY, MODE_KEY, VolumeMode};
+use athenz_core::volume_mode::{INJECTED_LABEL, IP_SAN_KEY, MODE_KEY, VolumeMode};
 use k8s_openapi::api::core::v1::{
     CSIVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, FlexVolumeSource,
     ObjectFieldSelector, Pod, Volume, VolumeMount,
@@ -311,6 +311,11 @@ pub fn inject(t: &Template, pod: &Pod) -> Result<Pod, Conflict> {
     let ip_san = wants_ip_san(t, pod, kind)?;
     let authz = authz_request(pod)?;
     let mut pod = pod.clone();
+    // the callback's pod cache holds the pods carrying it (an error below drops this copy)
+    pod.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(INJECTED_LABEL.to_owned(), kind.name().to_owned());
     let spec = pod
         .spec
         .as_mut()
@@ -507,6 +512,32 @@ mod tests {
             spec.containers[1].args.as_deref(),
             Some(&["refresh".to_owned()][..])
         );
+    }
+
+    #[test]
+    fn an_injected_pod_is_labelled_with_its_volume_mode_and_keeps_its_own_labels() {
+        let mut labelled = pod();
+        labelled.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+        for (annotation, mode) in [
+            (None, "csi-socket"),
+            (Some("csi-files"), "csi-files"),
+            (Some("flex"), "flex"),
+        ] {
+            let mut asking = labelled.clone();
+            if let Some(value) = annotation {
+                asking.metadata.annotations =
+                    Some([(VOLUME_ANNOTATION.to_owned(), value.to_owned())].into());
+            }
+            let t = Template::from_yaml(
+                "image: registry.example/athenz-sia:1.0\n\
+                 allowedVolumes: [flex, csi-socket, csi-files]\n",
+            )
+            .unwrap();
+            let injected = inject(&t, &asking).unwrap();
+            let labels = injected.metadata.labels.unwrap();
+            assert_eq!(labels.get(INJECTED_LABEL).map(String::as_str), Some(mode));
+            assert_eq!(labels.get("app").map(String::as_str), Some("web"));
+        }
     }
 
     #[test]

@@ -13,6 +13,11 @@ pub const MODE_KEY: &str = "mode";
 /// (`volumeAttributes.ipSAN`, `"true"` or `"false"`, default false). The volume is published
 /// before the pod has an IP, so an IP SAN costs a second issuance once it has one.
 pub const IP_SAN_KEY: &str = "ipSAN";
+/// The label the initializer puts on each pod it gives an identity volume, valued with the
+/// volume's mode: the callback's pod cache holds only the pods carrying it (its default
+/// selector), and an operator finds them with `kubectl get pods -l athenz.io/identity-volume`.
+/// A pod without it (a hand-written volume) is still confirmed, from a read of the pod.
+pub const INJECTED_LABEL: &str = "athenz.io/identity-volume";
 
 /// The three ways a pod gets its identity volume (docs/design.md §4.1, §4.10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, clap::ValueEnum)]

@@ -67,6 +67,16 @@ async fn initializer_injection_is_what_the_driver_and_sia_expect() {
     json_patch::patch(&mut patched, &patch).unwrap();
     let patched: Pod = serde_json::from_value(patched).unwrap();
     let spec = patched.spec.clone().unwrap();
+    // the label the callback's pod cache selects, added beside the pod's own (the patch path
+    // escapes its '/')
+    let labels = patched.metadata.labels.clone().unwrap();
+    assert_eq!(
+        labels
+            .get(athenz_core::volume_mode::INJECTED_LABEL)
+            .map(String::as_str),
+        Some("flex")
+    );
+    assert_eq!(labels.get("app").map(String::as_str), Some("web"));
 
     // The flex volume: the driver kubelet will exec is the one the agent installs, and the volume
     // name is the one whose mount dir the devstack (as kubelet) uses.
