@@ -17,6 +17,8 @@
 //!   namespaces only (failurePolicy Fail, as documented); the agent deleted while a pod waits
 //!   for its identity is restarted by its DaemonSet and the pod still gets it.
 //!
+//! The faults are in `real_cluster/faults.rs`, the audit log's verdict in `real_cluster/audit.rs`.
+//!
 //! Needs root, `harness/real-node/kube/build.sh`'s binaries, buildah, cargo-auditable (the image) and the
 //! node's tools; it fails naming what is missing, never skips.
 
@@ -24,20 +26,20 @@
 
 use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::Layout;
-use athenz_devstack::cluster::control_plane::AUDIT_LOG;
-use athenz_devstack::cluster::install::{self, CONTROL_NAMESPACE, NODE_NAMESPACE, WORKLOADS};
+use athenz_devstack::cluster::install::{self, WORKLOADS};
 use athenz_devstack::cluster::runbook;
 use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario, Workload};
-use athenz_devstack::cluster::tenant_pods;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
+#[path = "real_cluster/audit.rs"]
+mod audit;
 mod common;
+#[path = "real_cluster/faults.rs"]
+mod faults;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::previous_release::PreviousRelease;
 use common::real_node::{
-    access, audit_events, callback_pod_reads, check_metrics_reference, granted,
-    uninstall_as_documented, webhook_ca_bundle,
+    callback_pod_reads, check_metrics_reference, uninstall_as_documented, webhook_ca_bundle,
 };
 use common::release::{build_image, check_features, rotate_the_athenz_ca_and_check_new_pods};
 
@@ -242,244 +244,11 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     );
     let scenario_seconds = started.elapsed().as_secs_f64();
 
-    // a terminating pod's SIA is refused by the agent (the pod is being deleted)
-    let doomed = Workload {
-        namespace: "media-sports",
-        service_account: "api",
-        mode: VolumeMode::Flex,
-        service: true,
-    };
-    let pod = scenario
-        .pods_of(doomed.namespace, doomed.service_account)
-        .unwrap()[0]
-        .clone();
-    let doomed_pod = pod.clone();
-    kubectl
-        .run(&[
-            "-n",
-            doomed.namespace,
-            "delete",
-            "pod",
-            &pod,
-            "--wait=false",
-            "--grace-period=30",
-        ])
-        .unwrap();
-    let refused = Command::new(info.kube_bin.join("kubectl"))
-        .arg("--kubeconfig")
-        .arg(&info.kubeconfig)
-        .args([
-            "-n",
-            doomed.namespace,
-            "exec",
-            &pod,
-            "-c",
-            "athenz-sia-refresh",
-            "--",
-        ])
-        .args(["athenz-sia", "init"])
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&refused.stdout),
-        String::from_utf8_lossy(&refused.stderr)
-    );
-    assert!(
-        !refused.status.success(),
-        "a terminating pod got an identity: {said}"
-    );
-    assert!(
-        said.contains("403") && said.contains("being deleted"),
-        "{said}"
-    );
-
-    // the webhook unavailable: pod creation in opted-in namespaces fails (failurePolicy Fail);
-    // elsewhere it goes on
-    kubectl
-        .run(&[
-            "-n",
-            CONTROL_NAMESPACE,
-            "scale",
-            "deployment/athenz-initializer",
-            "--replicas=0",
-        ])
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let refusal = loop {
-        let attempt = kubectl.run(&[
-            "-n",
-            "news-feed",
-            "run",
-            "while-down",
-            "--image=localhost/athenz-devstack/busybox:1",
-            "--image-pull-policy=Never",
-            "--restart=Never",
-            "--command",
-            "--",
-            "/bin/busybox",
-            "sleep",
-            "5",
-        ]);
-        match attempt {
-            Err(e) => break format!("{e:#}"),
-            Ok(_) => {
-                // the endpoints had not gone yet: try again with the pod removed
-                let _ = kubectl.run(&["-n", "news-feed", "delete", "pod", "while-down", "--wait"]);
-                assert!(
-                    Instant::now() < deadline,
-                    "pods were admitted with the webhook down"
-                );
-                std::thread::sleep(Duration::from_millis(500));
-            }
-        }
-    };
-    assert!(refusal.contains("initializer.athenz.io"), "{refusal}");
-    scenario.ensure_namespace("shop-cart", false).unwrap();
-    kubectl
-        .run(&[
-            "-n",
-            "shop-cart",
-            "run",
-            "elsewhere",
-            "--image=localhost/athenz-devstack/busybox:1",
-            "--image-pull-policy=Never",
-            "--restart=Never",
-            "--command",
-            "--",
-            "/bin/busybox",
-            "sleep",
-            "5",
-        ])
-        .expect("a namespace that did not opt in is not affected");
-    kubectl
-        .run(&[
-            "-n",
-            CONTROL_NAMESPACE,
-            "scale",
-            "deployment/athenz-initializer",
-            "--replicas=2",
-        ])
-        .unwrap();
-    kubectl
-        .wait_rolled_out(
-            CONTROL_NAMESPACE,
-            "deployment/athenz-initializer",
-            Duration::from_secs(120),
-        )
-        .unwrap();
-
-    // the agent deleted while a new pod waits for its identity: its DaemonSet starts another,
-    // and the pod's init container gets the identity from it
-    let late = Workload {
-        namespace: "news-feed",
-        service_account: "late",
-        mode: VolumeMode::Flex,
-        service: false,
-    };
-    kubectl
-        .run(&[
-            "-n",
-            NODE_NAMESPACE,
-            "delete",
-            "pod",
-            "-l",
-            "app.kubernetes.io/name=athenz-agent",
-            "--wait=false",
-        ])
-        .unwrap();
-    let pods = scenario.deploy(&late).unwrap();
-    for pod in &pods {
-        scenario
-            .check_identity(late.namespace, pod, late.mode)
-            .unwrap();
-    }
-
-    // a namespace whose domain would fall in the admin domain (k8s-admin-evil -> k8s.admin.evil):
-    // the agent refuses, and the SIA's init container says why in its log
-    let evil = "k8s-admin-evil";
-    scenario.ensure_namespace(evil, true).unwrap();
-    kubectl
-        .apply_manifest(
-            &format!(
-                "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: app, namespace: {evil}}}\n"
-            ),
-            "the service account",
-        )
-        .unwrap();
-    let pod = scenario
-        .pod_json(
-            evil,
-            "evil",
-            "app",
-            Some(VolumeMode::Flex),
-            tenant_pods::app_container(),
-        )
-        .unwrap();
-    kubectl
-        .apply_manifest(&pod.to_string(), "pod k8s-admin-evil/evil")
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(90);
-    let mut init_log = String::new();
-    loop {
-        let pod = kubectl.get_json(&["pod", "-n", evil, "evil"]).unwrap();
-        let init = &pod["status"]["initContainerStatuses"][0];
-        let failed = [
-            &init["state"]["terminated"],
-            &init["lastState"]["terminated"],
-        ]
-        .iter()
-        .any(|t| t["exitCode"].as_i64().is_some_and(|c| c != 0));
-        if failed {
-            let mut args = vec!["-n", evil, "logs", "evil", "-c", "athenz-sia-init"];
-            if init["state"]["terminated"].is_null() {
-                // it is waiting to start again: the log of the run that failed
-                args.push("--previous");
-            }
-            // The kubelet answers "unable to retrieve container logs" when the failed run's
-            // container is already gone (it restarted again): read the next failed run's log
-            init_log = kubectl.run(&args).unwrap();
-            if init_log.contains("reserved for system namespaces") {
-                break;
-            }
-        }
-        assert_ne!(
-            pod["status"]["phase"], "Running",
-            "a pod of {evil} got an identity"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "the init container never failed saying why: {init}; its last log: {init_log}"
-        );
-        std::thread::sleep(Duration::from_secs(1));
-    }
-    assert!(
-        init_log.contains("reserved for system namespaces"),
-        "the refusal does not say why: {init_log}"
-    );
-
-    // containerd killed: the node's supervisor restarts it, running pods keep their identity
-    // and a new pod gets one
-    let containerd = info.pids["containerd"];
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(containerd as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let after_restart = Workload {
-        namespace: RESTRICTED_NAMESPACE,
-        service_account: "after-restart",
-        mode: VolumeMode::CsiFiles,
-        service: false,
-    };
-    let pods = scenario.deploy(&after_restart).unwrap();
-    scenario
-        .check_identity(after_restart.namespace, &pods[0], after_restart.mode)
-        .unwrap();
-    let restarted = athenz_devstack::cluster::ClusterInfo::read(&state_dir.join("cluster.json"))
-        .unwrap()
-        .pids["containerd"];
-    assert_ne!(restarted, containerd, "containerd was not restarted");
+    let doomed_pod = faults::a_terminating_pods_sia_is_refused(&scenario, &info);
+    faults::the_webhook_down_stops_only_opted_in_namespaces(&scenario);
+    faults::the_agent_deleted_while_a_pod_waits_is_replaced(&scenario);
+    let evil = faults::a_namespace_in_the_admin_domain_is_refused(&scenario);
+    faults::containerd_killed_is_restarted(&scenario, &info, &state_dir);
 
     // the sidecar refreshes a flex and a csi-socket pod's certificate (the flex Deployment's
     // pods but the one deleted above), the agent rotates a files-mode volume's
@@ -506,81 +275,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         }
     }
 
-    // the real API server's audit log: our service accounts used exactly what deploy/ grants
-    // them (a missing grant is a 403 here; an unused one is an extra), and the kubelet let the
-    // agent read its /pods
-    let audit = audit_events(&state_dir.join("logs").join(AUDIT_LOG));
-    let callback_user = format!("system:serviceaccount:{CONTROL_NAMESPACE}:athenz-callback");
-    let mut used = std::collections::BTreeSet::new();
-    let mut non_resource = std::collections::BTreeSet::new();
-    for event in &audit {
-        let user = event["user"]["username"].as_str().unwrap_or_default();
-        let ours = [NODE_NAMESPACE, CONTROL_NAMESPACE]
-            .iter()
-            .any(|ns| user.starts_with(&format!("system:serviceaccount:{ns}:")));
-        if ours {
-            assert_ne!(event["responseStatus"]["code"], 403, "refused: {event}");
-        }
-        if user == callback_user {
-            if event["objectRef"].is_null() {
-                // a non-resource URL (discovery, /version): every authenticated user may
-                non_resource.insert(format!(
-                    "{} {}",
-                    event["verb"].as_str().unwrap_or(""),
-                    event["requestURI"].as_str().unwrap_or("")
-                ));
-            } else {
-                used.insert(access(event));
-            }
-        }
-    }
-    let callback_granted = granted(kubectl, "athenz-callback");
-    assert_eq!(
-        used, callback_granted,
-        "the callback's use of the API (left) against its ClusterRole (right)"
-    );
-    let agent_user = format!("system:serviceaccount:{NODE_NAMESPACE}:athenz-agent");
-    let kubelet_checks: Vec<_> = audit
-        .iter()
-        .filter(|e| e["objectRef"]["resource"] == "subjectaccessreviews")
-        .filter(|e| e["requestObject"]["spec"]["user"] == agent_user.as_str())
-        .map(|e| {
-            let attrs = &e["responseObject"]["spec"]["resourceAttributes"];
-            (
-                format!(
-                    "{}/{}",
-                    attrs["resource"].as_str().unwrap_or(""),
-                    attrs["subresource"].as_str().unwrap_or("")
-                ),
-                e["responseObject"]["status"]["allowed"] == true,
-            )
-        })
-        .collect();
-    assert!(
-        kubelet_checks.iter().any(|(_, allowed)| *allowed),
-        "the kubelet never allowed the agent's token: {kubelet_checks:?}"
-    );
-    // fine-grained kubelet authorization: the kubelet asks for nodes/pods first and, allowed,
-    // never for nodes/proxy; the agent's ClusterRole is exactly what the kubelet asked
-    let asked: std::collections::BTreeSet<String> = kubelet_checks
-        .iter()
-        .map(|(resource, allowed)| {
-            assert!(
-                allowed,
-                "the kubelet refused the agent {resource}: {kubelet_checks:?}"
-            );
-            format!("get {resource}")
-        })
-        .collect();
-    assert_eq!(
-        asked,
-        granted(kubectl, "athenz-agent"),
-        "what the kubelet required of the agent (left) against its ClusterRole (right)"
-    );
-    eprintln!("the kubelet's checks of the agent's token: {kubelet_checks:?}");
-    eprintln!(
-        "the callback's API use: {used:?}; outside its ClusterRole, allowed to every authenticated user: {non_resource:?}"
-    );
+    audit::our_accounts_used_exactly_their_grants(kubectl, &state_dir);
 
     // docs/operating.md's metrics reference is what each daemon serves
     check_metrics_reference(kubectl);
