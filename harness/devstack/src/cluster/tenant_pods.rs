@@ -183,10 +183,13 @@ impl Scenario {
             Some(VolumeMode::CsiFiles) => {
                 // written by hand as docs/operating.md shows, with the label that has the
                 // callback's pod cache hold it
-                pod.metadata.labels.get_or_insert_with(Default::default).insert(
-                    athenz_core::volume_mode::INJECTED_LABEL.to_owned(),
-                    VolumeMode::CsiFiles.name().to_owned(),
-                );
+                pod.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(
+                        athenz_core::volume_mode::INJECTED_LABEL.to_owned(),
+                        VolumeMode::CsiFiles.name().to_owned(),
+                    );
                 if let Some(spec) = pod.spec.as_mut() {
                     spec.volumes = Some(vec![serde_json::from_value(serde_json::json!({
                         "name": "athenz-identity",
