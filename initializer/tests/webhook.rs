@@ -169,8 +169,18 @@ async fn injects_exactly_the_identity_and_nothing_else() {
         );
     }
 
+    // the label the callback's pod cache selects, beside the pod's own
+    assert_eq!(
+        patched["metadata"]["labels"][athenz_core::volume_mode::INJECTED_LABEL],
+        "flex"
+    );
+
     // nothing else changed: strip exactly the additions and get the original back, byte for byte
     let mut stripped = patched.clone();
+    stripped["metadata"]["labels"]
+        .as_object_mut()
+        .unwrap()
+        .remove(athenz_core::volume_mode::INJECTED_LABEL);
     let spec = stripped["spec"].as_object_mut().unwrap();
     spec.get_mut("volumes")
         .unwrap()
