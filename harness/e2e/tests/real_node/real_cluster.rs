@@ -192,21 +192,12 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         "restricted"
     );
     // ... which does enforce it: a flex pod there is refused by Pod Security, naming the volume
-    let flex_there = kubectl.run(&[
-        "-n",
+    let flex_there = faults::run_busybox(
+        kubectl,
         RESTRICTED_NAMESPACE,
-        "run",
         "flex-in-restricted",
-        "--image=localhost/athenz-devstack/busybox:1",
-        "--image-pull-policy=Never",
-        "--restart=Never",
-        "--annotations=athenz.io/volume=flex",
-        "--command",
-        "--",
-        "/bin/busybox",
-        "sleep",
-        "5",
-    ]);
+        &["--annotations=athenz.io/volume=flex"],
+    );
     let refusal = format!(
         "{:#}",
         flex_there.expect_err("a flex pod was admitted under restricted")

@@ -5,11 +5,34 @@
 use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::info::ClusterInfo;
 use athenz_devstack::cluster::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
+use athenz_devstack::cluster::kubectl::Kubectl;
 use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario, Workload};
 use athenz_devstack::cluster::tenant_pods;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+/// `kubectl run`s a pod `name` in `ns` that sleeps five seconds (the devstack's busybox, never
+/// pulled), with `extra` flags; kubectl's output, or its refusal.
+pub fn run_busybox(
+    kubectl: &Kubectl,
+    ns: &str,
+    name: &str,
+    extra: &[&str],
+) -> anyhow::Result<String> {
+    let mut args = vec![
+        "-n",
+        ns,
+        "run",
+        name,
+        "--image=localhost/athenz-devstack/busybox:1",
+        "--image-pull-policy=Never",
+        "--restart=Never",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--command", "--", "/bin/busybox", "sleep", "5"]);
+    kubectl.run(&args)
+}
 
 /// A terminating pod's SIA is refused by the agent (the pod is being deleted); returns that pod.
 pub fn a_terminating_pods_sia_is_refused(scenario: &Scenario, info: &ClusterInfo) -> String {
@@ -81,20 +104,7 @@ pub fn the_webhook_down_stops_only_opted_in_namespaces(scenario: &Scenario) {
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     let refusal = loop {
-        let attempt = kubectl.run(&[
-            "-n",
-            "news-feed",
-            "run",
-            "while-down",
-            "--image=localhost/athenz-devstack/busybox:1",
-            "--image-pull-policy=Never",
-            "--restart=Never",
-            "--command",
-            "--",
-            "/bin/busybox",
-            "sleep",
-            "5",
-        ]);
+        let attempt = run_busybox(kubectl, "news-feed", "while-down", &[]);
         match attempt {
             Err(e) => break format!("{e:#}"),
             Ok(_) => {
@@ -110,21 +120,7 @@ pub fn the_webhook_down_stops_only_opted_in_namespaces(scenario: &Scenario) {
     };
     assert!(refusal.contains("initializer.athenz.io"), "{refusal}");
     scenario.ensure_namespace("shop-cart", false).unwrap();
-    kubectl
-        .run(&[
-            "-n",
-            "shop-cart",
-            "run",
-            "elsewhere",
-            "--image=localhost/athenz-devstack/busybox:1",
-            "--image-pull-policy=Never",
-            "--restart=Never",
-            "--command",
-            "--",
-            "/bin/busybox",
-            "sleep",
-            "5",
-        ])
+    run_busybox(kubectl, "shop-cart", "elsewhere", &[])
         .expect("a namespace that did not opt in is not affected");
     kubectl
         .run(&[
