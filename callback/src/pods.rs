@@ -78,10 +78,16 @@ impl Cluster {
         // SIA) retries with its own back-off, bounded by its init timeout.
         config.default_retry = false;
         config.connect_timeout = Some(timeout);
-        config.read_timeout = Some(timeout);
-        config.write_timeout = Some(timeout);
+        // Every call on this client is bounded as a whole by `timed_raw`. A read timeout on the
+        // connection would also end every pooled connection idle for that long (the connector's
+        // timer runs while the pool waits on it), so a callback whose cache answers every
+        // confirmation opened a new TLS connection to the API server for each `/version` its
+        // readiness asks: most of what an idle replica cost on the real node (docs/benchmarks.md).
+        config.read_timeout = None;
+        config.write_timeout = None;
         let mut watch_config = config.clone();
         watch_config.read_timeout = Some(WATCH_READ_TIMEOUT);
+        watch_config.write_timeout = Some(timeout);
         let client = kube::Client::try_from(config).map_err(|e| ApiError(e.to_string()))?;
         let watch_client =
             kube::Client::try_from(watch_config).map_err(|e| ApiError(e.to_string()))?;
@@ -472,5 +478,91 @@ mod tests {
         *cluster.last_answer.lock().unwrap() = None;
         assert!(cluster.pod("payments", "web").await.is_err());
         assert!(cluster.last_answer.lock().unwrap().is_none());
+    }
+
+    /// An API on loopback that answers `/version` on every request of a kept-alive connection
+    /// (or, with `answer` false, reads requests and never answers); returns its URL and the
+    /// number of connections it accepted.
+    async fn api_keeping_connections(
+        answer: bool,
+    ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let body = br#"{"major":"1","minor":"37","gitVersion":"v1.37.2","gitCommit":"x","gitTreeState":"clean","buildDate":"2026-11-01T00:00:00Z","goVersion":"go1.26","compiler":"gc","platform":"linux/amd64"}"#;
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    loop {
+                        match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                        while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+                            head.drain(..end + 4);
+                            if !answer {
+                                continue;
+                            }
+                            let reply = format!(
+                                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                                body.len()
+                            );
+                            if conn.write_all(reply.as_bytes()).await.is_err()
+                                || conn.write_all(body).await.is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    /// Readiness asked twice, further apart than the call timeout, reuses the connection: an
+    /// idle pooled connection is not ended by the timeout (it was, by a read timeout on the
+    /// connector, and each `/version` then cost a new TLS connection to the API server).
+    #[tokio::test]
+    async fn an_idle_connection_outlives_the_call_timeout() {
+        athenz_core::install_crypto_provider();
+        let (url, accepted) = api_keeping_connections(true).await;
+        let timeout = Duration::from_millis(300);
+        let cluster = Cluster::connect(Some(&url), timeout, Histogram::new([0.1]))
+            .await
+            .unwrap();
+        assert!(cluster.reachable().await, "the API answers");
+        tokio::time::sleep(timeout * 3).await;
+        assert!(cluster.reachable().await, "the API answers again");
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "both answers came over one connection"
+        );
+    }
+
+    /// Without a read timeout on the connection, a call to an API that never answers still
+    /// ends at the call timeout, as unreachable.
+    #[tokio::test]
+    async fn an_api_that_never_answers_is_unreachable_at_the_call_timeout() {
+        athenz_core::install_crypto_provider();
+        let (url, _) = api_keeping_connections(false).await;
+        let timeout = Duration::from_millis(300);
+        let cluster = Cluster::connect(Some(&url), timeout, Histogram::new([0.1]))
+            .await
+            .unwrap();
+        assert!(!cluster.reachable().await, "no answer is not reachable");
+        let err = cluster
+            .pod("payments", "web-0")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no answer within 300ms"), "{err}");
     }
 }
