@@ -11,7 +11,7 @@ use crate::service::{Agent, PodIp};
 use athenz_core::agent_api::{AttestationResponse, CertificateReport, CsrTemplate, KeySource};
 use athenz_core::crypto::{CertInfo, pem_certificates};
 use athenz_core::http::ConnInfo;
-use athenz_core::volume::{VolumeId, VolumePaths, VolumeState, write_json_file};
+use athenz_core::volume::{VolumeId, VolumePaths, VolumeState, write_json_record};
 use http::StatusCode;
 
 impl Agent {
@@ -163,7 +163,7 @@ impl Agent {
         self.metrics
             .cert_expiry
             .set(info.not_after.unix_timestamp());
-        write_json_file(&paths.state_json, &updated, 0o600)
+        write_json_record(&paths.state_json, &updated)
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
     }
 }

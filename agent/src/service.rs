@@ -17,7 +17,7 @@ use athenz_core::subject::PodSubject;
 use athenz_core::tls;
 use athenz_core::volume::{
     VolumeData, VolumeError, VolumeId, VolumePaths, VolumeState, VolumeStatusRecord, VolumesDir,
-    read_json_file, write_json_file,
+    read_json_file, write_json_record,
 };
 use athenz_core::zts::{InstanceIdentity, InstanceRegisterInformation, ZtsClient};
 use athenz_csi_driver::Issued;
@@ -409,7 +409,7 @@ impl Agent {
         self.metrics
             .cert_expiry
             .set(info.not_after.unix_timestamp());
-        write_json_file(&paths.state_json, &state, 0o600)
+        write_json_record(&paths.state_json, &state)
             .map_err(|e| fail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         let key_pem = key
             .made_here

@@ -55,7 +55,7 @@ pub use crate::files::single::FileError as VolumeError;
 /// The volume files' reads and writes (single files, atomic; JSON capped in size).
 pub use crate::files::single::{
     read_json_file, sync_dir, write_file_atomic, write_file_atomic_unsynced, write_json_file,
-    write_new_file,
+    write_json_record, write_new_file,
 };
 
 fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> VolumeError + 'a {
@@ -706,6 +706,35 @@ mod tests {
         assert_eq!(p.state_json, Path::new(&format!("{base}/state.json")));
         assert_eq!(p.id_file, Path::new(&format!("{base}/mount/id")));
         assert_eq!(p.connect, Path::new(&format!("{base}/mount/connect")));
+    }
+
+    /// A record replaces the old one whole, owner-only whatever the umask, and leaves no
+    /// temporary file beside it; a reader never sees a part of it.
+    #[test]
+    fn a_record_is_replaced_whole_and_owner_only() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("state.json");
+        let first = serde_json::json!({"certSerial": "01", "pad": "x".repeat(3000)});
+        let second = serde_json::json!({"certSerial": "02"});
+        write_json_record(&path, &first).unwrap();
+        write_json_record(&path, &second).unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let back: serde_json::Value = read_json_file(&path).unwrap();
+        assert_eq!(back, second, "the second record, not a mix of both");
+        let names: Vec<String> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["state.json"], "no temporary file is left");
+        // a record whose directory is gone fails naming the path, and nothing is created
+        let missing = tmp.path().join("gone").join("state.json");
+        let err = write_json_record(&missing, &second)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("gone/state.json"), "{err}");
     }
 
     #[test]

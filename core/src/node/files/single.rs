@@ -1,7 +1,8 @@
-//! Single files replaced atomically (temporary file, fsync, rename, fsync of the directory), and
-//! JSON files read with a size cap and never through a symlink: the agent's and the driver's
-//! records (`data.json`, `state.json`, `status.json`), the node key, status files. Beside the set
-//! swap of [`super`], below the volume model that uses both.
+//! Single files replaced atomically (temporary file, fsync, rename, fsync of the directory; the
+//! volumes' records without the fsyncs, see [`write_json_record`]), and JSON files read with a
+//! size cap and never through a symlink: the agent's and the driver's records (`data.json`,
+//! `state.json`, `status.json`), the node key, status files. Beside the set swap of [`super`],
+//! below the volume model that uses both.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -84,6 +85,21 @@ pub fn write_json_file<T: Serialize>(path: &Path, value: &T, mode: u32) -> Resul
         source,
     })?;
     write_file_atomic(path, &json, mode)
+}
+
+/// Writes a volume's record (`state.json`) as JSON: atomic for readers, without the fsyncs of
+/// [`write_json_file`]. A record lives no longer than its volume, and a crash that could lose an
+/// unsynced write (the kernel's, or the node's power) also ends every container of the pod: a
+/// files-mode volume's tmpfs is gone and kubelet publishes it again from the start, and a SIA
+/// starts again with an init, which needs no record. What the fsyncs bought is therefore nothing a
+/// reader can use; their cost was about a tenth of the agent's CPU per identity on the real node
+/// (an ext4 inode and its block written synchronously, docs/benchmarks.md).
+pub fn write_json_record<T: Serialize>(path: &Path, value: &T) -> Result<(), FileError> {
+    let json = serde_json::to_vec_pretty(value).map_err(|source| FileError::Json {
+        path: path.to_owned(),
+        source,
+    })?;
+    write_file_atomic_unsynced(path, &json, 0o600)
 }
 
 /// Creates `path` (which must not exist) with `mode` and writes `bytes`, without fsync. For files
