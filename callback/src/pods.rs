@@ -526,19 +526,30 @@ mod tests {
         (url, accepted)
     }
 
+    /// The call timeout of the clusters [`cluster_keeping_connections`] makes.
+    const KEPT_CALL_TIMEOUT: Duration = Duration::from_millis(300);
+
+    /// A cluster client of [`KEPT_CALL_TIMEOUT`] for an [`api_keeping_connections`] API, and the
+    /// count of connections that API accepted.
+    async fn cluster_keeping_connections(
+        answer: bool,
+    ) -> (Cluster, Arc<std::sync::atomic::AtomicUsize>) {
+        athenz_core::install_crypto_provider();
+        let (url, accepted) = api_keeping_connections(answer).await;
+        let cluster = Cluster::connect(Some(&url), KEPT_CALL_TIMEOUT, Histogram::new([0.1]))
+            .await
+            .unwrap();
+        (cluster, accepted)
+    }
+
     /// Readiness asked twice, further apart than the call timeout, reuses the connection: an
     /// idle pooled connection is not ended by the timeout (it was, by a read timeout on the
     /// connector, and each `/version` then cost a new TLS connection to the API server).
     #[tokio::test]
     async fn an_idle_connection_outlives_the_call_timeout() {
-        athenz_core::install_crypto_provider();
-        let (url, accepted) = api_keeping_connections(true).await;
-        let timeout = Duration::from_millis(300);
-        let cluster = Cluster::connect(Some(&url), timeout, Histogram::new([0.1]))
-            .await
-            .unwrap();
+        let (cluster, accepted) = cluster_keeping_connections(true).await;
         assert!(cluster.reachable().await, "the API answers");
-        tokio::time::sleep(timeout * 3).await;
+        tokio::time::sleep(KEPT_CALL_TIMEOUT * 3).await;
         assert!(cluster.reachable().await, "the API answers again");
         assert_eq!(
             accepted.load(std::sync::atomic::Ordering::SeqCst),
@@ -551,12 +562,7 @@ mod tests {
     /// ends at the call timeout, as unreachable.
     #[tokio::test]
     async fn an_api_that_never_answers_is_unreachable_at_the_call_timeout() {
-        athenz_core::install_crypto_provider();
-        let (url, _) = api_keeping_connections(false).await;
-        let timeout = Duration::from_millis(300);
-        let cluster = Cluster::connect(Some(&url), timeout, Histogram::new([0.1]))
-            .await
-            .unwrap();
+        let (cluster, _) = cluster_keeping_connections(false).await;
         assert!(!cluster.reachable().await, "no answer is not reachable");
         let err = cluster
             .pod("payments", "web-0")
