@@ -15,6 +15,7 @@ use athenz_core::daemon::{OpsArgs, Shutdown, StartError, TlsServerArgs};
 use athenz_core::http::{HttpMetrics, Readiness};
 use clap::Parser;
 use jsonwebtoken::Algorithm;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -101,6 +102,13 @@ pub struct Config {
     /// replicas neither receive nor keep the cluster's other pods.
     #[arg(long, env = "POD_CACHE_SELECTOR", default_value = athenz_core::volume_mode::INJECTED_LABEL)]
     pub pod_cache_selector: String,
+    /// Field selector of the pods the cache holds (empty: all). The default holds a pod only
+    /// while it is bound to a node and `Pending`, when its first certificate is confirmed (a
+    /// CSI publish and an init container both come before the pod runs): a running pod's
+    /// status and deletion events, most of a pod's watch events, are then never sent to the
+    /// replicas, and a refresh reads its pod with one `GET`.
+    #[arg(long, env = "POD_CACHE_FIELDS", default_value = pod_cache::PENDING_ON_A_NODE)]
+    pub pod_cache_fields: String,
 }
 
 pub use athenz_core::daemon::Bound;
@@ -188,11 +196,20 @@ pub async fn start(
     .map_err(|e| StartError::new("--kube-api-url (KUBE_API_URL)", e))?;
     let pod_cache = config.pod_cache.then(pod_cache::PodCache::default);
     let pod_watch = pod_cache.as_ref().map(|cache| {
+        let held = Gauge::<i64>::default();
+        registry.register("pod_cache_pods", "Pods held by the pod cache", held.clone());
         let answered = cluster.clone();
+        let counted = cache.clone();
         cache.spawn_watch(
             cluster.watch_client(),
-            &config.pod_cache_selector,
-            move || answered.note_answer(),
+            &pod_cache::Selectors {
+                labels: &config.pod_cache_selector,
+                fields: &config.pod_cache_fields,
+            },
+            move || {
+                answered.note_answer();
+                held.set(i64::try_from(counted.len()).unwrap_or(i64::MAX));
+            },
         )
     });
     let setup = config.tls.load().await?;

@@ -27,6 +27,7 @@
 use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::cluster::Layout;
 use athenz_devstack::cluster::install::{self, WORKLOADS};
+use athenz_devstack::cluster::kubectl::Kubectl;
 use athenz_devstack::cluster::runbook;
 use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario, Workload};
 use std::time::{Duration, Instant};
@@ -39,7 +40,8 @@ mod faults;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::previous_release::PreviousRelease;
 use common::real_node::{
-    callback_pod_reads, check_metrics_reference, uninstall_as_documented, webhook_ca_bundle,
+    callback_pod_cache_sizes, callback_pod_reads, check_metrics_reference, uninstall_as_documented,
+    webhook_ca_bundle,
 };
 use common::release::{build_image, check_features, rotate_the_athenz_ca_and_check_new_pods};
 
@@ -279,6 +281,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         reads.get("cache").copied().unwrap_or(0) > 0,
         "no confirmation was answered from the pod cache: {reads:?}"
     );
+    each_pod_cache_holds_only_the_pending_pods(kubectl);
 
     // the install's steps run again (what an upgrade under the same overlay does): nothing
     // changes, the webhook keeps its CA bundle and a new pod is admitted and gets its identity
@@ -330,4 +333,48 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         identities.len()
     );
     drop(guard);
+}
+
+/// The callback's pod cache holds only the injected pods pending on a node (the default
+/// `--pod-cache-fields status.phase=Pending,spec.nodeName!=`): once a pod runs, the real API
+/// server tells the watch it is gone and sends none of its later events.
+fn each_pod_cache_holds_only_the_pending_pods(kubectl: &Kubectl) {
+    let injected = |fields: &str| {
+        kubectl
+            .run(&[
+                "get",
+                "pods",
+                "-A",
+                "-l",
+                athenz_core::volume_mode::INJECTED_LABEL,
+                "--field-selector",
+                fields,
+                "-o",
+                "name",
+            ])
+            .unwrap()
+            .lines()
+            .count() as u64
+    };
+    let running = injected("status.phase=Running");
+    assert!(
+        running > 0,
+        "no injected pod runs, so a cache of every pod would pass"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pending = injected("status.phase=Pending,spec.nodeName!=");
+        let held = callback_pod_cache_sizes(kubectl);
+        eprintln!(
+            "pod caches hold {held:?}; injected pods: {pending} pending on a node, {running} running"
+        );
+        if !held.is_empty() && held.iter().all(|&n| n == pending) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the callback's pod caches hold {held:?} pods, but {pending} injected pods are pending on a node ({running} run)"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
 }

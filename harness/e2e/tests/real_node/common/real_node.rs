@@ -132,9 +132,8 @@ pub fn check_metrics_reference(kubectl: &Kubectl) {
     }
 }
 
-/// The callback replicas' `athenz_callback_pod_reads_total`, summed by `source` (`cache`, `api`),
-/// scraped through the API server's pod proxy.
-pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<String, u64> {
+/// Each callback replica's metrics exposition, scraped through the API server's pod proxy.
+fn callback_expositions(kubectl: &Kubectl) -> Vec<String> {
     let pods = kubectl
         .run(&[
             "-n",
@@ -147,15 +146,25 @@ pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<Strin
             "jsonpath={.items[*].metadata.name}",
         ])
         .unwrap();
+    pods.split_whitespace()
+        .map(|pod| {
+            kubectl
+                .run(&[
+                    "get",
+                    "--raw",
+                    &format!(
+                        "/api/v1/namespaces/{CONTROL_NAMESPACE}/pods/{pod}:9090/proxy/metrics"
+                    ),
+                ])
+                .unwrap()
+        })
+        .collect()
+}
+
+/// The callback replicas' `athenz_callback_pod_reads_total`, summed by `source` (`cache`, `api`).
+pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<String, u64> {
     let mut reads = std::collections::BTreeMap::new();
-    for pod in pods.split_whitespace() {
-        let exposition = kubectl
-            .run(&[
-                "get",
-                "--raw",
-                &format!("/api/v1/namespaces/{CONTROL_NAMESPACE}/pods/{pod}:9090/proxy/metrics"),
-            ])
-            .unwrap();
+    for exposition in callback_expositions(kubectl) {
         for line in exposition.lines() {
             let Some(rest) = line.strip_prefix("athenz_callback_pod_reads_total{source=\"") else {
                 continue;
@@ -165,6 +174,20 @@ pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<Strin
         }
     }
     reads
+}
+
+/// Each callback replica's `athenz_callback_pod_cache_pods`: the pods its cache holds.
+pub fn callback_pod_cache_sizes(kubectl: &Kubectl) -> Vec<u64> {
+    callback_expositions(kubectl)
+        .iter()
+        .map(|exposition| {
+            let line = exposition
+                .lines()
+                .find_map(|line| line.strip_prefix("athenz_callback_pod_cache_pods "))
+                .unwrap_or_else(|| panic!("no athenz_callback_pod_cache_pods in {exposition}"));
+            line.trim().parse().unwrap()
+        })
+        .collect()
 }
 
 /// The webhook's caBundle, which must be set.
