@@ -390,12 +390,15 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
 }
 
 /// `cluster bench`: starts the cluster with our release, runs [`bench::run`], prints the report
-/// (JSON or lines), takes the cluster down.
+/// (JSON or lines), takes the cluster down; SIGTERM or Ctrl-C stops the bench and takes the
+/// cluster down too (`cluster down --state-dir` asks it to).
 pub async fn bench_command(
     options: ClusterOptions,
     bench_options: bench::BenchOptions,
     json: bool,
 ) -> anyhow::Result<()> {
+    let stop = athenz_core::http::termination_signal();
+    tokio::pin!(stop);
     let mut report = |line: String| {
         if json {
             eprintln!("{line}");
@@ -403,8 +406,22 @@ pub async fn bench_command(
             println!("{line}");
         }
     };
-    let cluster = Cluster::start(&options, &mut report).await?;
-    let outcome = bench::run(&cluster.layout, &cluster.info, bench_options, &mut report).await;
+    let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
+    layout.write_supervisor_pid()?;
+    let cluster = tokio::select! {
+        result = Cluster::start(&options, &mut report) => result?,
+        () = &mut stop => {
+            report("stopped while starting; taking everything down".into());
+            clean_up(&layout, &mut report).await?;
+            anyhow::bail!("stopped by a signal before the bench began");
+        }
+    };
+    let outcome = tokio::select! {
+        outcome = bench::run(&cluster.layout, &cluster.info, bench_options, &mut report) => outcome,
+        () = &mut stop => Err(anyhow::anyhow!(
+            "stopped by a signal during the bench; its cluster is taken down"
+        )),
+    };
     let stopped = cluster.stop(&mut |_| {}).await;
     let result = outcome?;
     stopped?;

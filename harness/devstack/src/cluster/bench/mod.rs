@@ -13,6 +13,7 @@ mod costs;
 mod kinds;
 mod pods;
 mod report;
+mod room;
 
 use super::health::Checker;
 use super::images::{self, ImageSpec};
@@ -136,6 +137,8 @@ pub async fn run(
     } else {
         None
     };
+    let (allocatable, present) = room::capacity(scenario.kubectl())?;
+    room::check(room::pods_at_once(&options), allocatable, present)?;
     let measured = |kind: &Kind| match kind.system() {
         Some(System::Spire) => options.systems.spire,
         Some(System::Athenz) => options.systems.athenz,
