@@ -248,21 +248,34 @@ async fn stop_processes(processes: &mut Vec<Process>) {
     }
 }
 
+/// Starts the cluster as this process's (`cluster down` asks it to stop), unless `stop` comes
+/// first: then whatever had started is taken down and there is no cluster.
+async fn start_unless_stopped(
+    options: &ClusterOptions,
+    stop: std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    report: &mut dyn FnMut(String),
+) -> anyhow::Result<Option<Cluster>> {
+    let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
+    layout.write_supervisor_pid()?;
+    tokio::select! {
+        result = Cluster::start(options, &mut *report) => result.map(Some),
+        () = stop => {
+            report("stopped while starting; taking everything down".into());
+            // the processes started so far were dropped (and killed) with the start
+            clean_up(&layout, report).await.map(|()| None)
+        }
+    }
+}
+
 /// `cluster up`: start, describe, supervise until SIGTERM or Ctrl-C, take down.
 pub async fn up(options: ClusterOptions) -> anyhow::Result<()> {
     let started = Instant::now();
     let stop = athenz_core::http::termination_signal();
     tokio::pin!(stop);
     let mut report = |line: String| println!("{line}");
-    let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
-    layout.write_supervisor_pid()?;
-    let mut cluster = tokio::select! {
-        result = Cluster::start(&options, &mut report) => result?,
-        () = &mut stop => {
-            println!("stopped while starting; taking everything down");
-            // the processes started so far were dropped (and killed) with the start
-            return clean_up(&layout, &mut report).await;
-        }
+    let Some(mut cluster) = start_unless_stopped(&options, stop.as_mut(), &mut report).await?
+    else {
+        return Ok(());
     };
     let info = &cluster.info;
     println!(
@@ -406,15 +419,8 @@ pub async fn bench_command(
             println!("{line}");
         }
     };
-    let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
-    layout.write_supervisor_pid()?;
-    let cluster = tokio::select! {
-        result = Cluster::start(&options, &mut report) => result?,
-        () = &mut stop => {
-            report("stopped while starting; taking everything down".into());
-            clean_up(&layout, &mut report).await?;
-            anyhow::bail!("stopped by a signal before the bench began");
-        }
+    let Some(cluster) = start_unless_stopped(&options, stop.as_mut(), &mut report).await? else {
+        anyhow::bail!("stopped by a signal before the bench began");
     };
     let outcome = tokio::select! {
         outcome = bench::run(&cluster.layout, &cluster.info, bench_options, &mut report) => outcome,

@@ -91,25 +91,10 @@ pub fn check_metrics_reference(kubectl: &Kubectl) {
     ];
     assert_eq!(reference.len(), daemons.len());
     for (daemon, ns, app, port) in daemons {
-        let pod = kubectl
-            .run(&[
-                "-n",
-                ns,
-                "get",
-                "pods",
-                "-l",
-                &format!("app.kubernetes.io/name={app}"),
-                "-o",
-                "jsonpath={.items[0].metadata.name}",
-            ])
-            .unwrap();
-        let exposition = kubectl
-            .run(&[
-                "get",
-                "--raw",
-                &format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics"),
-            ])
-            .unwrap();
+        let exposition = metrics_expositions(kubectl, ns, app, port)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("no {app} pod in {ns}"));
         let served = runbook::served_metrics(&exposition);
         let undocumented: Vec<_> = served.difference(&reference[daemon]).collect();
         assert!(
@@ -132,16 +117,17 @@ pub fn check_metrics_reference(kubectl: &Kubectl) {
     }
 }
 
-/// Each callback replica's metrics exposition, scraped through the API server's pod proxy.
-fn callback_expositions(kubectl: &Kubectl) -> Vec<String> {
+/// The `/metrics` exposition of each pod of `app` in `ns`, scraped on `port` through the API
+/// server's pod proxy.
+fn metrics_expositions(kubectl: &Kubectl, ns: &str, app: &str, port: u16) -> Vec<String> {
     let pods = kubectl
         .run(&[
             "-n",
-            CONTROL_NAMESPACE,
+            ns,
             "get",
             "pods",
             "-l",
-            "app.kubernetes.io/name=athenz-callback",
+            &format!("app.kubernetes.io/name={app}"),
             "-o",
             "jsonpath={.items[*].metadata.name}",
         ])
@@ -152,13 +138,16 @@ fn callback_expositions(kubectl: &Kubectl) -> Vec<String> {
                 .run(&[
                     "get",
                     "--raw",
-                    &format!(
-                        "/api/v1/namespaces/{CONTROL_NAMESPACE}/pods/{pod}:9090/proxy/metrics"
-                    ),
+                    &format!("/api/v1/namespaces/{ns}/pods/{pod}:{port}/proxy/metrics"),
                 ])
                 .unwrap()
         })
         .collect()
+}
+
+/// Each callback replica's metrics exposition.
+fn callback_expositions(kubectl: &Kubectl) -> Vec<String> {
+    metrics_expositions(kubectl, CONTROL_NAMESPACE, "athenz-callback", 9090)
 }
 
 /// The callback replicas' `athenz_callback_pod_reads_total`, summed by `source` (`cache`, `api`).
