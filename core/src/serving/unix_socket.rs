@@ -311,32 +311,42 @@ mod tests {
     /// used to appear with the umask's mode until the chmod), and nothing is left beside it.
     #[tokio::test]
     async fn the_socket_appears_only_with_its_final_mode() {
-        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
         let tmp = tempfile::tempdir().unwrap();
         let socket = tmp.path().join("watched.sock");
         let done = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(AtomicU32::new(0));
         let watcher = {
-            let (socket, done) = (socket.clone(), Arc::clone(&done));
+            let (socket, done, seen) = (socket.clone(), Arc::clone(&done), Arc::clone(&seen));
             std::thread::spawn(move || {
-                let (mut seen, mut wrong) = (0u32, Vec::new());
+                let mut wrong = Vec::new();
                 while !done.load(Ordering::Relaxed) {
                     if let Ok(meta) = std::fs::symlink_metadata(&socket) {
-                        seen += 1;
+                        seen.fetch_add(1, Ordering::Relaxed);
                         if meta.mode() & 0o777 != 0o600 {
                             wrong.push(meta.mode() & 0o777);
                         }
                     }
                 }
-                (seen, wrong)
+                wrong
             })
         };
-        for _ in 0..300 {
+        // On a loaded machine the watcher thread may not run at all during a fixed number of
+        // binds, so bind until it has looked often enough to have caught a wrong mode, within a
+        // deadline.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut binds = 0u32;
+        while binds < 300
+            || (seen.load(Ordering::Relaxed) < 100 && std::time::Instant::now() < deadline)
+        {
             let listener = bind(&socket, PRIVATE).unwrap();
             drop(listener);
             std::fs::remove_file(&socket).unwrap();
+            binds += 1;
         }
         done.store(true, Ordering::Relaxed);
-        let (seen, wrong) = watcher.join().unwrap();
+        let wrong = watcher.join().unwrap();
+        let seen = seen.load(Ordering::Relaxed);
         assert!(seen > 0, "the watcher never saw the socket");
         assert!(
             wrong.is_empty(),
