@@ -3,9 +3,11 @@
 //! (harness/peers/spire/deploy/spire.yaml: spire-server with SQLite and k8s_psat node attestation,
 //! spire-agent as a DaemonSet with the k8s workload attestor against the real kubelet, the SPIFFE
 //! CSI driver), from images built here of SPIRE's and spiffe-csi's published Go modules
-//! (harness/peers/spire/build.sh). Registration entries are made before any pod starts (SPIRE's best
-//! case): one node alias for every agent of the cluster, and one entry per namespace and
-//! service account the bench uses.
+//! (harness/peers/spire/build.sh). Its registration entries are made one of two ways
+//! ([`Entries`]): with spire-server's CLI before any pod starts (SPIRE's best case: one node
+//! alias for every agent of the cluster, and one entry per namespace and service account the
+//! bench uses), or by spire-controller-manager, one per pod, from a ClusterSPIFFEID per namespace
+//! (the way SPIRE's Helm chart runs it: harness/peers/spire/deploy/kustomization.yaml).
 //!
 //! Two parts are the devstack's own, each forced by this machine: the CSI driver is registered
 //! with the kubelet by [`athenz_csi_driver::registration`] on the host (the Go module proxy here
@@ -22,6 +24,30 @@ use std::time::{Duration, Instant};
 
 /// The manifests.
 const MANIFEST: &str = include_str!("../../../peers/spire/deploy/spire.yaml");
+/// The directory `kubectl kustomize` renders SPIRE with spire-controller-manager from: its
+/// kustomization.yaml adds controller-manager.yaml and controller-manager-server.yaml to
+/// spire.yaml.
+const DEPLOY_DIR: &str = "harness/peers/spire/deploy";
+/// spire-controller-manager's version (harness/peers/spire/controller-manager/go.mod) and image.
+const CONTROLLER_MANAGER_VERSION: &str = "0.6.4";
+const CONTROLLER_MANAGER_IMAGE: &str = "localhost/athenz-devstack/spire-controller-manager:0.6.4";
+/// The custom resources spire-controller-manager watches, whose CRDs build.sh copies from its
+/// module into `crds/` beside the binaries.
+const CONTROLLER_MANAGER_CRDS: [&str; 3] = [
+    "clusterspiffeids",
+    "clusterstaticentries",
+    "clusterfederatedtrustdomains",
+];
+
+/// How SPIRE's registration entries are made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Entries {
+    /// With spire-server's CLI before the pods: one per namespace and service account.
+    Cli,
+    /// By spire-controller-manager beside spire-server: one per pod, from a ClusterSPIFFEID per
+    /// measured namespace.
+    ControllerManager,
+}
 /// The namespace the manifests put SPIRE in.
 pub const NAMESPACE: &str = "spire";
 /// SPIRE's trust domain in the manifests.
@@ -40,12 +66,12 @@ const PLUGINS_REGISTRY: &str = "/var/lib/kubelet/plugins_registry";
 /// Where a SPIRE pod's app container finds the Workload API (the CSI volume's mount).
 pub const WORKLOAD_API_DIR: &str = "/spiffe-workload-api";
 /// The probe image: harness/peers/spire/probe, a Workload API client (go-spiffe).
-pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/spire-probe:2";
+pub const PROBE_IMAGE: &str = "localhost/athenz-devstack/spire-probe:3";
 /// How long SPIRE may take to come up (server ready, agent attested).
 const READY_LIMIT: Duration = Duration::from_secs(180);
 
-/// The images, with their binaries from harness/peers/spire/build.sh.
-fn image_specs(bin: &Path) -> Vec<ImageSpec> {
+/// The images `entries` needs, with their binaries from harness/peers/spire/build.sh.
+fn image_specs(bin: &Path, entries: Entries) -> Vec<ImageSpec> {
     let image = |name: &str, binary: &str| ImageSpec {
         name: name.to_owned(),
         files: vec![(bin.join(binary), format!("/{binary}"))],
@@ -66,21 +92,46 @@ fn image_specs(bin: &Path) -> Vec<ImageSpec> {
         ),
         image(PROBE_IMAGE, "probe"),
     ]
+    .into_iter()
+    .chain(
+        (entries == Entries::ControllerManager)
+            .then(|| image(CONTROLLER_MANAGER_IMAGE, "spire-controller-manager")),
+    )
+    .collect()
 }
 
 /// What the bench reports as SPIRE's configuration (`spire_config`): its version, how entries
 /// are made, and every setting of the agent's k8s workload attestor as spire.yaml has it.
-pub fn config() -> std::collections::BTreeMap<String, String> {
+pub fn config(entries: Entries) -> std::collections::BTreeMap<String, String> {
+    let made = match entries {
+        Entries::Cli => {
+            "one per namespace and service account (k8s:ns, k8s:sa), made with spire-server's \
+             CLI before the pods"
+        }
+        Entries::ControllerManager => {
+            "one per pod (k8s:pod-uid), made by spire-controller-manager in the spire-server pod \
+             from a ClusterSPIFFEID per namespace (spiffe://example.org/ns/<ns>/sa/<sa>); no \
+             validating webhook"
+        }
+    };
     let mut config = std::collections::BTreeMap::from([
         ("version".to_owned(), "1.13.3".to_owned()),
         ("spiffe_csi_driver".to_owned(), "0.2.6".to_owned()),
-        (
-            "entries".to_owned(),
-            "one per namespace and service account (k8s:ns, k8s:sa), made with spire-server's \
-             CLI before the pods"
-                .to_owned(),
-        ),
+        ("entries".to_owned(), made.to_owned()),
     ]);
+    let probe_wait = match entries {
+        Entries::Cli => "a Workload API fetch, again every 20 ms until served",
+        Entries::ControllerManager => {
+            "go-spiffe's X509Source (its watch, retried on its default backoff: 1 s, 2 s, 3 s...)"
+        }
+    };
+    config.insert("probe_wait".to_owned(), probe_wait.to_owned());
+    if entries == Entries::ControllerManager {
+        config.insert(
+            "spire_controller_manager".to_owned(),
+            CONTROLLER_MANAGER_VERSION.to_owned(),
+        );
+    }
     for (key, value) in workload_attestor_settings(MANIFEST) {
         config.insert(format!("workload_attestor_k8s.{key}"), value);
     }
@@ -113,6 +164,7 @@ pub fn default_bin_dir() -> PathBuf {
 /// SPIRE, installed on a running cluster; its CSI registration runs until this is dropped.
 pub struct Spire {
     bin: PathBuf,
+    entries: Entries,
     registration: tokio::task::JoinHandle<()>,
 }
 
@@ -123,16 +175,18 @@ impl Drop for Spire {
 }
 
 impl Spire {
-    /// Imports the images, applies the manifests, registers the CSI driver with the kubelet,
-    /// and waits until the server is ready and this node's agent attested; then makes the
-    /// node alias.
+    /// Imports the images, applies the manifests (with spire-controller-manager's CRDs first,
+    /// when it makes the entries), registers the CSI driver with the kubelet, and waits until
+    /// the server is ready and this node's agent attested; then makes the node alias the CLI's
+    /// entries are parented to.
     pub async fn install(
         layout: &Layout,
         kubectl: &Kubectl,
         bin: &Path,
+        entries: Entries,
         report: &mut dyn FnMut(String),
     ) -> anyhow::Result<Self> {
-        for spec in image_specs(bin) {
+        for spec in image_specs(bin, entries) {
             for (file, _) in &spec.files {
                 if !file.is_file() {
                     bail!(
@@ -147,9 +201,22 @@ impl Spire {
         let registration = register_csi_driver()?;
         let spire = Self {
             bin: bin.to_owned(),
+            entries,
             registration,
         };
-        kubectl.apply_manifest(MANIFEST, "SPIRE's manifests")?;
+        match entries {
+            Entries::Cli => {
+                kubectl.apply_manifest(MANIFEST, "SPIRE's manifests")?;
+            }
+            Entries::ControllerManager => {
+                apply_controller_manager_crds(kubectl, bin)?;
+                let deploy = crate::cluster::workspace_path(DEPLOY_DIR);
+                let manifests = kubectl
+                    .run(&["kustomize", &deploy.to_string_lossy()])
+                    .context("rendering SPIRE with spire-controller-manager")?;
+                kubectl.apply_manifest(&manifests, "SPIRE's manifests with its controller")?;
+            }
+        }
         let started = Instant::now();
         kubectl.run(&[
             "-n",
@@ -177,6 +244,10 @@ impl Spire {
             "spire-agent attested in {:.1} s",
             started.elapsed().as_secs_f64()
         ));
+        if entries == Entries::ControllerManager {
+            // its entries are parented to each node's agent, no alias
+            return Ok(spire);
+        }
         spire.server_cli(&[
             "entry",
             "create",
@@ -189,9 +260,27 @@ impl Spire {
         Ok(spire)
     }
 
-    /// Registers the pods of service account `sa` in `ns`; returns their SPIFFE ID.
-    pub fn register_workload(&self, ns: &str, sa: &str) -> anyhow::Result<String> {
+    /// How its entries are made.
+    pub fn entries(&self) -> Entries {
+        self.entries
+    }
+
+    /// Registers the pods of service account `sa` in `ns`: an entry now, or a ClusterSPIFFEID
+    /// from which spire-controller-manager makes each pod's; returns their SPIFFE ID.
+    pub fn register_workload(
+        &self,
+        kubectl: &Kubectl,
+        ns: &str,
+        sa: &str,
+    ) -> anyhow::Result<String> {
         let id = workload_id(ns, sa);
+        if self.entries == Entries::ControllerManager {
+            kubectl.apply_manifest(
+                &cluster_spiffe_id(ns).to_string(),
+                &format!("the ClusterSPIFFEID of {ns}"),
+            )?;
+            return Ok(id);
+        }
         self.server_cli(&[
             "entry",
             "create",
@@ -218,18 +307,64 @@ impl Spire {
     }
 }
 
+/// spire-controller-manager's CRDs, from build.sh's copy of its module's, established before
+/// the controller starts (it waits for their informers).
+fn apply_controller_manager_crds(kubectl: &Kubectl, bin: &Path) -> anyhow::Result<()> {
+    for crd in CONTROLLER_MANAGER_CRDS {
+        let file = bin.join(format!("crds/spire.spiffe.io_{crd}.yaml"));
+        let manifest = std::fs::read_to_string(&file).with_context(|| {
+            format!(
+                "reading {}: build SPIRE with harness/peers/spire/build.sh",
+                file.display()
+            )
+        })?;
+        kubectl.apply_manifest(&manifest, &format!("the CRD of {crd}"))?;
+    }
+    let names: Vec<String> = CONTROLLER_MANAGER_CRDS
+        .iter()
+        .map(|crd| format!("crd/{crd}.spire.spiffe.io"))
+        .collect();
+    let mut args = vec!["wait", "--for", "condition=established", "--timeout=60s"];
+    args.extend(names.iter().map(String::as_str));
+    kubectl.run(&args)?;
+    Ok(())
+}
+
+/// The ClusterSPIFFEID for the pods of namespace `ns`: the template of SPIRE's Helm chart's
+/// default (namespace and service account), selecting that namespace alone.
+fn cluster_spiffe_id(ns: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "spire.spiffe.io/v1alpha1",
+        "kind": "ClusterSPIFFEID",
+        "metadata": {"name": format!("bench-{ns}")},
+        "spec": {
+            "spiffeIDTemplate": format!(
+                "spiffe://{{{{ .TrustDomain }}}}/ns/{{{{ .PodMeta.Namespace }}}}/sa/{{{{ .PodSpec.ServiceAccountName }}}}"
+            ),
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        },
+    })
+}
+
 /// The SPIFFE ID of service account `sa` in `ns` (SPIRE's Kubernetes convention).
 pub fn workload_id(ns: &str, sa: &str) -> String {
     format!("spiffe://{TRUST_DOMAIN}/ns/{ns}/sa/{sa}")
 }
 
-/// What a SPIRE pod's app container is: the probe, asking for `id` on the CSI volume's socket.
-pub fn probe_container(id: &str) -> serde_json::Value {
+/// What a SPIRE pod's app container is: the probe, asking for `id` on the CSI volume's socket
+/// and waiting for it as a workload would where `entries` are made: fetching again every 20 ms
+/// for entries made before the pods, as go-spiffe's X509Source (its backoff) for entries made
+/// per pod after it starts (harness/peers/spire/probe says why).
+pub fn probe_container(id: &str, entries: Entries) -> serde_json::Value {
+    let wait = match entries {
+        Entries::Cli => "fetch",
+        Entries::ControllerManager => "source",
+    };
     serde_json::json!({
         "name": "app",
         "image": PROBE_IMAGE,
         "imagePullPolicy": "Never",
-        "args": [format!("unix://{WORKLOAD_API_DIR}/spire-agent.sock"), id],
+        "args": [format!("unix://{WORKLOAD_API_DIR}/spire-agent.sock"), id, wait],
         "volumeMounts": [{"name": "spiffe-workload-api", "mountPath": WORKLOAD_API_DIR, "readOnly": true}],
     })
 }
@@ -277,18 +412,87 @@ mod tests {
             assert!(MANIFEST.contains(&needle), "spire.yaml lacks {needle}");
         }
         assert!(CSI_ENDPOINT.starts_with("/var/lib/kubelet/plugins/csi.spiffe.io/"));
-        for spec in image_specs(Path::new("/bin")) {
+        for spec in image_specs(Path::new("/bin"), Entries::ControllerManager) {
             assert!(
-                MANIFEST.contains(&format!("image: {}", spec.name)) || spec.name == PROBE_IMAGE,
+                MANIFEST.contains(&format!("image: {}", spec.name))
+                    || CONTROLLER_MANAGER_SERVER.contains(&format!("image: {}", spec.name))
+                    || spec.name == PROBE_IMAGE,
                 "{} is not in the manifests",
                 spec.name
             );
         }
+        assert!(
+            !image_specs(Path::new("/bin"), Entries::Cli)
+                .iter()
+                .any(|spec| spec.name == CONTROLLER_MANAGER_IMAGE)
+        );
+    }
+
+    const CONTROLLER_MANAGER: &str =
+        include_str!("../../../peers/spire/deploy/controller-manager.yaml");
+    const CONTROLLER_MANAGER_SERVER: &str =
+        include_str!("../../../peers/spire/deploy/controller-manager-server.yaml");
+    const KUSTOMIZATION: &str = include_str!("../../../peers/spire/deploy/kustomization.yaml");
+
+    /// spire-controller-manager's config names spire.yaml's cluster, trust domain and server
+    /// socket (as mounted in its container), and keeps the entries it did not make.
+    #[test]
+    fn the_controller_manager_agrees_with_the_server() {
+        for needle in [
+            format!("clusterName: {PSAT_CLUSTER}"),
+            format!("trustDomain: {TRUST_DOMAIN}"),
+            "spireServerSocketPath: /spire-server/api.sock".to_owned(),
+            "entryIDPrefix: ".to_owned(),
+        ] {
+            assert!(
+                CONTROLLER_MANAGER.contains(&needle),
+                "controller-manager.yaml lacks {needle}"
+            );
+        }
+        let server_socket_dir = Path::new(SERVER_SOCKET).parent().unwrap();
+        assert!(MANIFEST.contains(&format!(
+            "{{name: server-socket, mountPath: {}}}",
+            server_socket_dir.display()
+        )));
+        assert!(
+            CONTROLLER_MANAGER_SERVER
+                .contains("{name: server-socket, mountPath: /spire-server, readOnly: true}")
+        );
+        assert!(CONTROLLER_MANAGER_IMAGE.ends_with(CONTROLLER_MANAGER_VERSION));
+        assert!(KUSTOMIZATION.contains("resources: [spire.yaml, controller-manager.yaml]"));
+        // its ignoreNamespaces are unanchored regular expressions: each must match one name
+        let ignored = CONTROLLER_MANAGER
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("ignoreNamespaces: "))
+            .expect("controller-manager.yaml sets ignoreNamespaces");
+        let ignored: Vec<String> = serde_json::from_str(ignored).unwrap();
+        assert!(ignored.contains(&format!("^{NAMESPACE}$")), "{ignored:?}");
+        for pattern in &ignored {
+            assert!(
+                pattern.starts_with('^') && pattern.ends_with('$'),
+                "{pattern} would ignore every namespace containing it, the bench's too"
+            );
+        }
+        assert!(KUSTOMIZATION.contains("- path: controller-manager-server.yaml"));
+        let id = cluster_spiffe_id("bench-spire");
+        assert_eq!(
+            id["spec"]["spiffeIDTemplate"],
+            "spiffe://{{ .TrustDomain }}/ns/{{ .PodMeta.Namespace }}/sa/{{ .PodSpec.ServiceAccountName }}"
+        );
+        assert_eq!(
+            id["spec"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+            "bench-spire"
+        );
+        assert_eq!(
+            config(Entries::ControllerManager)["spire_controller_manager"],
+            CONTROLLER_MANAGER_VERSION
+        );
+        assert!(!config(Entries::Cli).contains_key("spire_controller_manager"));
     }
 
     #[test]
     fn the_reported_config_is_the_manifests() {
-        let config = config();
+        let config = config(Entries::Cli);
         assert_eq!(
             config["workload_attestor_k8s.disable_container_selectors"],
             "true"
@@ -315,14 +519,17 @@ mod tests {
             workload_id("bench-spire", "probe"),
             "spiffe://example.org/ns/bench-spire/sa/probe"
         );
-        let container = probe_container(&workload_id("a", "b"));
+        let container = probe_container(&workload_id("a", "b"), Entries::Cli);
         assert_eq!(
             container["args"],
             serde_json::json!([
                 "unix:///spiffe-workload-api/spire-agent.sock",
-                "spiffe://example.org/ns/a/sa/b"
+                "spiffe://example.org/ns/a/sa/b",
+                "fetch"
             ])
         );
+        let per_pod = probe_container(&workload_id("a", "b"), Entries::ControllerManager);
+        assert_eq!(per_pod["args"][2], "source");
         assert_eq!(workload_api_volume()["csi"]["driver"], CSI_DRIVER);
     }
 }

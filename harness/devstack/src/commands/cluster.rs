@@ -191,6 +191,15 @@ pub enum BenchSystem {
     Spire,
 }
 
+/// How SPIRE's registration entries are made in `cluster bench`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SpireEntries {
+    /// With spire-server's CLI before the pods, one per namespace and service account.
+    Cli,
+    /// By spire-controller-manager beside spire-server, one per pod from a ClusterSPIFFEID.
+    ControllerManager,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     #[command(flatten)]
@@ -217,6 +226,9 @@ pub struct BenchArgs {
     /// harness/peers/spire/build.sh), or both.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "athenz")]
     systems: Vec<BenchSystem>,
+    /// How SPIRE's registration entries are made, when it is measured.
+    #[arg(long, value_enum, default_value = "cli")]
+    spire_entries: SpireEntries,
     /// Print JSON instead of lines.
     #[arg(long)]
     json: bool,
@@ -236,7 +248,14 @@ impl BenchArgs {
             },
             systems: cluster::bench::Systems {
                 athenz: self.systems.contains(&BenchSystem::Athenz),
-                spire: self.systems.contains(&BenchSystem::Spire),
+                spire: self.systems.contains(&BenchSystem::Spire).then_some(
+                    match self.spire_entries {
+                        SpireEntries::Cli => cluster::spire::Entries::Cli,
+                        SpireEntries::ControllerManager => {
+                            cluster::spire::Entries::ControllerManager
+                        }
+                    },
+                ),
             },
         }
     }

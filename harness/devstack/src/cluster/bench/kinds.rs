@@ -118,20 +118,22 @@ impl Kind {
         }
     }
 
-    /// The pod `name` of this kind in `ns`, run as service account `sa`; `spiffe_id` is what a
-    /// SPIRE pod's probe asks for.
+    /// The pod `name` of this kind in `ns`, run as service account `sa`; `spire` is what a
+    /// SPIRE pod's probe asks for and how SPIRE's entries are made.
     pub fn pod(
         self,
         scenario: &Scenario,
         ns: &str,
         name: &str,
         sa: &str,
-        spiffe_id: Option<&str>,
+        spire: Option<(&str, spire::Entries)>,
     ) -> anyhow::Result<Value> {
         let container = match self {
-            Kind::Spire => spire::probe_container(
-                spiffe_id.ok_or_else(|| anyhow::anyhow!("a SPIRE pod needs its SPIFFE ID"))?,
-            ),
+            Kind::Spire => {
+                let (id, entries) =
+                    spire.ok_or_else(|| anyhow::anyhow!("a SPIRE pod needs its SPIFFE ID"))?;
+                spire::probe_container(id, entries)
+            }
             _ => probe_container(self.mode().map(|mode| Expected {
                 spiffe_id: scenario::spiffe_id(ns, sa),
                 names_pod_ip: mode != VolumeMode::CsiFiles,

@@ -54,8 +54,8 @@ pub struct BenchOptions {
 pub struct Systems {
     /// Ours: every volume mode, and a pod of their shape without identity.
     pub athenz: bool,
-    /// SPIRE (harness/peers/spire).
-    pub spire: bool,
+    /// SPIRE (harness/peers/spire), its entries made this way.
+    pub spire: Option<spire::Entries>,
 }
 
 /// A phase of the bench.
@@ -124,23 +124,23 @@ pub async fn run(
     let scenario = Scenario::new(layout, &zts.ca);
     let api = Checker::for_cluster(layout, info)?;
     let cgroups = Cgroups::host();
-    let spire = if options.systems.spire {
-        Some(
+    let spire = match options.systems.spire {
+        Some(entries) => Some(
             Spire::install(
                 layout,
                 scenario.kubectl(),
                 &spire::default_bin_dir(),
+                entries,
                 report,
             )
             .await?,
-        )
-    } else {
-        None
+        ),
+        None => None,
     };
     let (allocatable, present) = room::capacity(scenario.kubectl())?;
     room::check(room::pods_at_once(&options), allocatable, present)?;
     let measured = |kind: &Kind| match kind.system() {
-        Some(System::Spire) => options.systems.spire,
+        Some(System::Spire) => options.systems.spire.is_some(),
         Some(System::Athenz) => options.systems.athenz,
         None => *kind == Kind::Bare || options.systems.athenz,
     };
@@ -154,7 +154,10 @@ pub async fn run(
         }
         scenario.ensure_service_account(&ns, SERVICE_ACCOUNT)?;
         let spiffe_id = match (&spire, kind) {
-            (Some(spire), Kind::Spire) => Some(spire.register_workload(&ns, SERVICE_ACCOUNT)?),
+            (Some(spire), Kind::Spire) => Some((
+                spire.register_workload(scenario.kubectl(), &ns, SERVICE_ACCOUNT)?,
+                spire.entries(),
+            )),
             _ => None,
         };
         let prototype = kind.pod(
@@ -162,7 +165,9 @@ pub async fn run(
             &ns,
             "prototype",
             SERVICE_ACCOUNT,
-            spiffe_id.as_deref(),
+            spiffe_id
+                .as_ref()
+                .map(|(id, entries)| (id.as_str(), *entries)),
         )?;
         workloads.push(Workload {
             scenario: &scenario,
@@ -290,7 +295,7 @@ pub async fn run(
             .map(KindTotals::kubernetes_ms_per_pod)
             .unwrap_or_default(),
         systems,
-        spire_config: options.systems.spire.then(spire::config),
+        spire_config: options.systems.spire.map(spire::config),
         dev_zts_build: if cfg!(debug_assertions) {
             "debug"
         } else {
@@ -357,7 +362,7 @@ async fn system_meters(
     let mut meters = BTreeMap::new();
     let chosen = [
         (System::Athenz, systems.athenz),
-        (System::Spire, systems.spire),
+        (System::Spire, systems.spire.is_some()),
     ];
     for (system, _) in chosen.into_iter().filter(|(_, on)| *on) {
         let mut lists = Vec::new();

@@ -74,7 +74,7 @@ mod tests {
             churn,
             systems: Systems {
                 athenz: true,
-                spire: true,
+                spire: Some(crate::cluster::spire::Entries::Cli),
             },
         }
     }
