@@ -6,7 +6,8 @@ use athenz_core::crypto::{KeyKind, PublicKey};
 use jsonwebtoken::{Algorithm, DecodingKey};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::SystemTime;
 
 /// A verification key.
 #[derive(Clone)]
@@ -21,6 +22,27 @@ pub struct VerifyKey {
 pub struct PublicKeys {
     dir: PathBuf,
     keys: RwLock<Arc<BTreeMap<String, VerifyKey>>>,
+    /// The key files as they were when last read: a reload with the same ones parses nothing.
+    read_from: Mutex<Stamps>,
+}
+
+/// Each `v<N>.pem` file's inode, modification time and length: a Secret or ConfigMap volume
+/// swaps in new files (new inodes), and an edit in place changes the time or the length.
+type Stamps = BTreeMap<String, (u64, Option<SystemTime>, u64)>;
+
+/// The stamps of the key files in `dir` (the files a symlink names, as a volume's are).
+fn stamps(dir: &Path) -> std::io::Result<Stamps> {
+    use std::os::unix::fs::MetadataExt;
+    let mut stamps = Stamps::new();
+    for entry in std::fs::read_dir(dir)?.filter_map(Result::ok) {
+        let Some(kid) = entry.file_name().to_str().and_then(version_name) else {
+            continue;
+        };
+        if let Ok(meta) = std::fs::metadata(entry.path()) {
+            stamps.insert(kid, (meta.ino(), meta.modified().ok(), meta.len()));
+        }
+    }
+    Ok(stamps)
 }
 
 fn version_name(name: &str) -> Option<String> {
@@ -77,6 +99,8 @@ fn read_dir(dir: &Path) -> Result<BTreeMap<String, VerifyKey>, String> {
 impl PublicKeys {
     /// Loads the directory; fails if it holds no usable key.
     pub fn load(dir: &Path) -> Result<Self, String> {
+        // stamped before reading: a file changed in between is read again at the next reload
+        let read_from = stamps(dir).unwrap_or_default();
         let keys = read_dir(dir)?;
         if keys.is_empty() {
             return Err(format!(
@@ -87,6 +111,7 @@ impl PublicKeys {
         Ok(Self {
             dir: dir.to_owned(),
             keys: RwLock::new(Arc::new(keys)),
+            read_from: Mutex::new(read_from),
         })
     }
 
@@ -109,17 +134,35 @@ impl PublicKeys {
             .collect()
     }
 
-    /// Re-reads the directory (added and removed versions take effect).
-    pub fn reload(&self) {
+    /// Re-reads the directory if its key files changed (added, removed and replaced versions
+    /// take effect); true if it did.
+    pub fn reload(&self) -> bool {
+        let now = match stamps(&self.dir) {
+            Ok(now) => now,
+            Err(e) => {
+                tracing::warn!(error = %e, dir = %self.dir.display(), "cannot list the public keys; keeping the current ones");
+                return false;
+            }
+        };
+        let mut read_from = self
+            .read_from
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *read_from == now {
+            return false;
+        }
         match read_dir(&self.dir) {
             Ok(keys) => {
                 *self
                     .keys
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(keys);
+                *read_from = now;
+                true
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot re-read the public keys; keeping the current ones")
+                tracing::warn!(error = %e, "cannot re-read the public keys; keeping the current ones");
+                false
             }
         }
     }
@@ -130,6 +173,52 @@ impl PublicKeys {
         interval: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
         let this = Arc::clone(self);
-        athenz_core::daemon::every(interval, move || this.reload())
+        athenz_core::daemon::every(interval, move || {
+            this.reload();
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use athenz_core::crypto::{KeyAlgorithm, PrivateKey};
+
+    fn public_pem(alg: KeyAlgorithm) -> String {
+        let private = PrivateKey::generate(alg).unwrap().to_pkcs8_pem().unwrap();
+        athenz_jwt_service::signer::JwtSigner::from_pem(private.expose().as_bytes())
+            .unwrap()
+            .public_key_pem()
+            .unwrap()
+    }
+
+    /// A reload parses the keys only when a file was added, removed or replaced: an idle
+    /// callback re-listed its keys every 5 s and parsed every one of them again.
+    #[test]
+    fn only_changed_key_files_are_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("v1.pem"), public_pem(KeyAlgorithm::P256)).unwrap();
+        let keys = PublicKeys::load(dir.path()).unwrap();
+        assert_eq!(keys.get("v1").unwrap().alg, Algorithm::ES256);
+        assert!(!keys.reload(), "nothing changed");
+
+        // replaced as a Secret volume replaces it: another file, here another algorithm
+        let staged = dir.path().join("..v1.tmp");
+        std::fs::write(&staged, public_pem(KeyAlgorithm::Rsa2048)).unwrap();
+        std::fs::rename(&staged, dir.path().join("v1.pem")).unwrap();
+        assert!(keys.reload());
+        assert_eq!(keys.get("v1").unwrap().alg, Algorithm::RS256);
+        assert!(!keys.reload());
+
+        std::fs::write(dir.path().join("v2.pem"), public_pem(KeyAlgorithm::P256)).unwrap();
+        assert!(keys.reload());
+        assert_eq!(keys.kids(), ["v1", "v2"]);
+        std::fs::remove_file(dir.path().join("v1.pem")).unwrap();
+        assert!(keys.reload());
+        assert_eq!(keys.kids(), ["v2"]);
+
+        // a file that is not a key version changes nothing
+        std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+        assert!(!keys.reload());
     }
 }
