@@ -9,13 +9,28 @@ pub struct ServiceDns {
     resolver: Option<athenz_core::serving::dns::Resolver>,
 }
 
+/// The system's resolver configuration, whose name servers the lookups ask when no server is
+/// given.
+const SYSTEM_RESOLV_CONF: &str = "/etc/resolv.conf";
+
 impl ServiceDns {
-    /// Looks names up under `cluster_domain`, through `server` or the system resolver.
+    /// Looks names up under `cluster_domain`, through `server`, or else the name servers of
+    /// `/etc/resolv.conf` (in process, read once). Only if that file names none does a lookup
+    /// go through the system resolver (`getaddrinfo`, on a blocking thread).
     pub fn new(cluster_domain: String, server: Option<std::net::SocketAddr>) -> Self {
+        use athenz_core::serving::dns;
+        const TIMEOUT: Duration = Duration::from_secs(2);
+        let resolver = match server {
+            Some(addr) => Some(dns::resolver_via(addr, TIMEOUT)),
+            None => dns::resolver_from(std::path::Path::new(SYSTEM_RESOLV_CONF), TIMEOUT)
+                .inspect_err(|e| {
+                    tracing::warn!(error = %e, "service IP lookups go through the system resolver")
+                })
+                .ok(),
+        };
         Self {
             cluster_domain,
-            resolver: server
-                .map(|addr| athenz_core::serving::dns::resolver_via(addr, Duration::from_secs(2))),
+            resolver,
         }
     }
 
