@@ -110,8 +110,8 @@ impl Kind {
             }
             Kind::Spire => {
                 "SPIRE 1.13.3: spire-agent DaemonSet (k8s_psat, k8s workload attestor), SPIFFE CSI \
-                 driver 0.2.6 for the Workload API socket, entry by namespace and service account \
-                 made before the pods; the app fetches its X.509-SVID over the Workload API"
+                 driver 0.2.6 for the Workload API socket, registration entries made as \
+                 spire_config.entries says; the app fetches its X.509-SVID over the Workload API"
             }
             Kind::Bare => "no identity",
             Kind::SameShape => "no identity, an init container and a native sidecar",
