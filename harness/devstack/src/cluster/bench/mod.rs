@@ -14,6 +14,7 @@ mod kinds;
 mod pods;
 mod report;
 mod room;
+mod volume_wait;
 
 use super::health::Checker;
 use super::images::{self, ImageSpec};
@@ -271,6 +272,20 @@ pub async fn run(
             );
         }
     }
+    let kubelet_log = layout
+        .logs
+        .join(format!("{}.log", super::components::KUBELET));
+    let kubelet_log = std::fs::read_to_string(&kubelet_log)
+        .with_context(|| format!("reading {}", kubelet_log.display()))?;
+    let phase_names: Vec<&str> = Phase::ALL.iter().map(|p| p.name()).collect();
+    let volume_waits = workloads
+        .iter()
+        .map(|w| {
+            let waits = volume_wait::by_phase(&kubelet_log, &w.ns, &phase_names);
+            (w.kind.name().to_owned(), waits)
+        })
+        .filter(|(_, waits)| !waits.is_empty())
+        .collect();
     Ok(BenchReport {
         kubernetes_version: info.kubernetes_version.clone(),
         sequential_pods: options.sequential,
@@ -296,6 +311,7 @@ pub async fn run(
             .unwrap_or_default(),
         systems,
         spire_config: options.systems.spire.map(spire::config),
+        volume_waits,
         dev_zts_build: if cfg!(debug_assertions) {
             "debug"
         } else {

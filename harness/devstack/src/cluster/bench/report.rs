@@ -44,6 +44,10 @@ pub struct BenchReport {
     /// SPIRE's settings, when it ran ([`crate::cluster::spire::config`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spire_config: Option<BTreeMap<String, String>>,
+    /// From the kubelet's log, by kind and phase: the pods that waited past the kubelet's first
+    /// 300 ms volume check, and the set-up time of their CSI or flex volume.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub volume_waits: BTreeMap<String, BTreeMap<String, super::volume_wait::VolumeWaits>>,
 }
 
 /// The churn phase's shape.
@@ -271,6 +275,34 @@ impl BenchReport {
                 s.api_requests_per_credential,
                 s.idle_cpu_ms_per_s.node
             ));
+        }
+        if !self.volume_waits.is_empty() {
+            out.push_str(&format!(
+                "\n{:<24} {}\n",
+                "waited > 1 volume check",
+                phases.map(|p| format!("{p:>20}")).join("")
+            ));
+        }
+        for (kind, by_phase) in &self.volume_waits {
+            let cells = phases.map(|p| {
+                by_phase.get(p).map_or(format!("{:>20}", "-"), |w| {
+                    let setup = w
+                        .identity_volume_setup_ms
+                        .as_ref()
+                        .map_or(String::new(), |l| format!(", {:.0} ms", l.p50));
+                    format!(
+                        "{:>20}",
+                        format!(
+                            "{} of {}{setup}",
+                            w.pods_waiting_more_than_one_check, w.pods
+                        )
+                    )
+                })
+            });
+            out.push_str(&format!("{kind:<24} {}\n", cells.join("")));
+        }
+        if !self.volume_waits.is_empty() {
+            out.push_str("(pods; the identity volume's set-up p50)\n");
         }
         out
     }
