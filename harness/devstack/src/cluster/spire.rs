@@ -48,6 +48,7 @@ pub enum Entries {
     /// measured namespace.
     ControllerManager,
 }
+
 /// The namespace the manifests put SPIRE in.
 pub const NAMESPACE: &str = "spire";
 /// SPIRE's trust domain in the manifests.
