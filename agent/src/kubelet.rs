@@ -212,7 +212,11 @@ pub enum IpWait {
     /// before the kubelet lists the IP its sandbox already has; answering 503 at once made the
     /// SIA wait a whole backoff step (2 s) for what takes the kubelet well under one.
     Wait,
-    /// The pod as the list shows it (CSI files mode publishes before the sandbox exists).
+    /// The pod as the list shows it (CSI files mode publishes before the sandbox exists):
+    /// an entry with the caller's uid in a list within the TTL is the answer, IP or not. A
+    /// newer list would only show the same pod (kubelet mounts its volumes before it makes the
+    /// sandbox), and each such list costs the kubelet a serialisation of every pod on the
+    /// node and the agent a parse: during a rollout, one list serves the pods it already holds.
     DontWait,
 }
 
@@ -361,9 +365,9 @@ impl PodCache {
     /// Finds the pod `namespace/name` with `uid`, waiting up to `wait` for the kubelet to list it.
     ///
     /// An entry from a list asked for before this call that is not yet usable (another uid: the
-    /// name was reused; no IP yet, or the IP of a sandbox older than the node: the list predates
-    /// the pod's sandbox) is checked once against a newer list rather than answered from the
-    /// cache. The entry is returned whatever its
+    /// name was reused; with [`IpWait::Wait`], no IP yet, or the IP of a sandbox older than the
+    /// node: the list predates the pod's sandbox) is checked once against a newer list rather
+    /// than answered from the cache. The entry is returned whatever its
     /// state once a list newer than the call has it. When no list has it: with
     /// [`Absent::MayAppear`] (a new pod the kubelet may not list yet), `None` at the deadline;
     /// with [`Absent::Gone`] (a pod that had an identity, so was listed before), `None` as soon
@@ -390,7 +394,7 @@ impl PodCache {
             match snapshot.pods.get(&key) {
                 Some(pod) => {
                     let has_ip = pod.ip.is_some() && pod.sandbox.ip_is_current(self.node_boot);
-                    if pod.uid == uid && has_ip {
+                    if pod.uid == uid && (has_ip || ip_wait == IpWait::DontWait) {
                         return Ok(Some(Arc::clone(pod)));
                     }
                     // a list newer than the call is the answer, unless this pod (not being

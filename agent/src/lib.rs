@@ -13,6 +13,7 @@ pub mod key_pool;
 pub mod kubelet;
 pub mod metrics;
 pub mod node_identity;
+mod pod_subject;
 pub mod refresh;
 pub mod routes;
 pub mod service;

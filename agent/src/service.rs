@@ -118,6 +118,9 @@ pub(crate) enum KeyRequest<'a> {
     Pod(&'a CsrInfo),
 }
 
+/// A slot of [`Agent::issuance_slots`], with the key pool held back while it is held.
+pub(crate) type IssuanceSlot<'a> = (tokio::sync::SemaphorePermit<'a>, crate::key_pool::Busy<'a>);
+
 /// What an issued certificate must be for.
 pub(crate) struct KeyFor {
     /// The key, when the agent made it (and hands it over).
@@ -217,105 +220,6 @@ impl Agent {
             }
             Some(why) => Err(fail(StatusCode::FORBIDDEN, why)),
         }
-    }
-
-    /// The pod of a volume, checked: on this node, same uid, not terminating, and with an IP
-    /// if `ip` is [`PodIp::Required`] (a CSI files-mode volume is published before the pod has
-    /// one). With [`PodIp::Omitted`] the subject names no IP whatever the pod has.
-    pub(crate) async fn pod_subject(
-        &self,
-        data: &VolumeData,
-        ip: PodIp,
-        absent: Absent,
-    ) -> Result<(PodSubject, Option<IpAddr>), Failure> {
-        let started = std::time::Instant::now();
-        let found = self
-            .pods
-            .find(
-                &data.namespace,
-                &data.pod_name,
-                &data.pod_uid,
-                self.pod_wait,
-                absent,
-                match ip {
-                    PodIp::Required => crate::kubelet::IpWait::Wait,
-                    PodIp::Optional | PodIp::Omitted => crate::kubelet::IpWait::DontWait,
-                },
-            )
-            .await;
-        self.metrics.observe("kubelet", started);
-        self.metrics
-            .cached_pods
-            .set(i64::try_from(self.pods.cached_pods()).unwrap_or(i64::MAX));
-        let pod = found
-            .map_err(|e| fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?
-            .ok_or_else(|| {
-                fail(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "pod {}/{} is not on this node ({})",
-                        data.namespace,
-                        data.pod_name,
-                        self.node.node_name()
-                    ),
-                )
-            })?;
-        if pod.uid != data.pod_uid {
-            return Err(fail(
-                StatusCode::FORBIDDEN,
-                format!(
-                    "pod {}/{} is not the pod this volume was mounted for",
-                    data.namespace, data.pod_name
-                ),
-            ));
-        }
-        if pod.terminating {
-            return Err(fail(
-                StatusCode::FORBIDDEN,
-                format!("pod {}/{} is being deleted", data.namespace, data.pod_name),
-            ));
-        }
-        // an IP from a sandbox older than the node died with it: until the kubelet reports the
-        // new one, the pod has no IP this agent may name
-        let stale = pod.ip.is_some() && !pod.sandbox.ip_is_current(self.node_boot);
-        let pod_ip = pod.ip.as_deref().filter(|_| !stale && ip != PodIp::Omitted);
-        if pod_ip.is_none() && ip == PodIp::Required {
-            return Err(fail(
-                StatusCode::SERVICE_UNAVAILABLE,
-                if stale {
-                    "the pod's listed IP is its sandbox's from before this node started; waiting \
-                     for the kubelet to report the new one"
-                } else {
-                    "the pod has no IP yet"
-                },
-            ));
-        }
-        let domain = self
-            .mapper
-            .namespace_to_domain(&data.namespace)
-            .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
-        let account = pod.service_account.clone();
-        let subject = PodSubject::new(
-            data.namespace.clone(),
-            data.pod_name.clone(),
-            data.pod_uid.clone(),
-            domain,
-            account,
-            pod_ip,
-        )
-        .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
-        let service_ip = self.service_ip(&subject).await;
-        Ok((subject, service_ip))
-    }
-
-    /// `<service>.<namespace>.svc.<cluster-domain>` in DNS, when that option is on. A failed
-    /// lookup only leaves the SAN out: the pod still gets its identity.
-    async fn service_ip(&self, subject: &PodSubject) -> Option<IpAddr> {
-        let dns = self.service_dns.as_ref()?;
-        let started = std::time::Instant::now();
-        let ip = dns.lookup(&subject.service, &subject.namespace).await;
-        self.metrics.observe("dns", started);
-        ip
     }
 
     /// What the certificate of `subject` must say (docs/design.md §3).
@@ -424,9 +328,7 @@ impl Agent {
     /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer).
     ///
     /// While one is held the key pool does not refill: pods waiting now come first.
-    pub(crate) async fn issuance_slot(
-        &self,
-    ) -> Result<(tokio::sync::SemaphorePermit<'_>, crate::key_pool::Busy<'_>), Failure> {
+    pub(crate) async fn issuance_slot(&self) -> Result<IssuanceSlot<'_>, Failure> {
         let busy = self.keys.busy();
         let slot = self
             .issuance_slots
@@ -517,17 +419,40 @@ impl Agent {
                 "this volume was initialised for another pod",
             ));
         }
-        let (subject, service_ip) = self.pod_subject(data, ip, absent).await?;
-        // the pod's CSR is checked before anything leaves the node: a refusal costs no JWT
-        let identity = self.expected_identity(&subject, service_ip)?;
-        if let KeyRequest::Pod(csr) = key {
-            crate::csr_check::check(csr, &identity)?;
-        }
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
-        let _slot = self.issuance_slot().await?;
-        let jwt = self.identity_jwt(&subject).await?;
+        let admitted = match (key, self.subject_from_volume(data, ip)) {
+            // the agent makes the key and the volume's record names the subject: the kubelet is
+            // asked while the JWT is signed (crate::pod_subject)
+            (KeyRequest::Agent, Some(expected)) => {
+                self.admit_while_signing(data, ip, absent, expected).await?
+            }
+            _ => {
+                let (subject, service_ip) = self.pod_subject(data, ip, absent).await?;
+                // the pod's CSR is checked before anything leaves the node: a refusal costs no
+                // JWT
+                if let KeyRequest::Pod(csr) = key {
+                    let identity = self.expected_identity(&subject, service_ip)?;
+                    crate::csr_check::check(csr, &identity)?;
+                }
+                let slot = self.issuance_slot().await?;
+                let jwt = self.identity_jwt(&subject).await?;
+                crate::pod_subject::Admitted {
+                    subject,
+                    service_ip,
+                    slot,
+                    jwt,
+                }
+            }
+        };
+        let crate::pod_subject::Admitted {
+            subject,
+            service_ip,
+            slot: _slot,
+            jwt,
+        } = admitted;
+        let identity = self.expected_identity(&subject, service_ip)?;
         let (key, csr) = self.csr(&identity, key).await?;
         let started = std::time::Instant::now();
         let registered = self

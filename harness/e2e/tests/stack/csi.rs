@@ -81,6 +81,27 @@ async fn a_files_volume_without_ip_san_is_issued_once() {
     );
     assert!(later.ip_addresses.is_empty(), "{:?}", later.ip_addresses);
     unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
+
+    // The agent asks for the JWT of the subject the publish names while it asks the kubelet;
+    // the kubelet's list decides. A publish naming another service account than the list
+    // (which no real kubelet sends) gets the listed account's identity, not its own.
+    let (_, listed) = pending_pod(&stack, "web-listed").await;
+    let claimed = CsiPod {
+        service_account: "db".into(),
+        ..listed
+    };
+    let volume = kubelet
+        .publish(&claimed, &[("mode", "files")])
+        .await
+        .unwrap();
+    let issued = read_set(&volume.target);
+    assert_eq!(issued.common_name, first.common_name, "{issued:?}");
+    assert!(
+        issued.common_name.ends_with(".web"),
+        "{}",
+        issued.common_name
+    );
+    unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
 }
 
 /// Files mode with `ipSAN: "true"`, the whole life of a pod: publish before the pod has an IP
