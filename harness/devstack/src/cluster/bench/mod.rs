@@ -9,6 +9,7 @@
 //! system's node and control-plane pods over its windows, its pods' own identity containers'
 //! CPU and memory, the API requests its system caused, and its node agent's peak RSS.
 
+mod agent_steps;
 mod costs;
 mod kinds;
 mod pods;
@@ -197,6 +198,8 @@ pub async fn run(
     let kubernetes = kubernetes_meter(layout)?;
     let audit = AuditLog::at(layout.logs.join(super::control_plane::AUDIT_LOG));
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
+    let metrics_client = reqwest::Client::new();
+    let mut agent_upstreams: BTreeMap<String, BTreeMap<String, _>> = BTreeMap::new();
     for (index, phase) in Phase::ALL.into_iter().enumerate() {
         let count = match phase {
             Phase::Sequential => options.sequential,
@@ -208,6 +211,12 @@ pub async fn run(
         }
         for workload in in_turn(&workloads, index) {
             let meter = workload.kind.system().and_then(|s| meters.get(&s));
+            let ours = workload.kind.system() == Some(System::Athenz);
+            let agent_before = if ours {
+                Some(agent_steps::scrape(&metrics_client, &info.node_ip).await?)
+            } else {
+                None
+            };
             let before = meter.map(|m| m.snapshot(&cgroups)).transpose()?;
             let kubernetes_before = kubernetes.snapshot(&cgroups)?;
             let from = audit.end();
@@ -216,6 +225,15 @@ pub async fn run(
                 .await
                 .with_context(|| format!("{}, {}", workload.kind.name(), phase.name()))?;
             let to = audit.end();
+            if let Some(agent_before) = agent_before {
+                let steps = agent_steps::scrape(&metrics_client, &info.node_ip)
+                    .await?
+                    .since(&agent_before);
+                agent_upstreams
+                    .entry(workload.kind.name().to_owned())
+                    .or_default()
+                    .insert(phase.name().to_owned(), steps);
+            }
             let kind_totals = totals.entry(workload.kind).or_default();
             kind_totals
                 .kubernetes
@@ -312,6 +330,7 @@ pub async fn run(
         systems,
         spire_config: options.systems.spire.map(spire::config),
         volume_waits,
+        agent_upstream_ms: agent_upstreams,
         dev_zts_build: if cfg!(debug_assertions) {
             "debug"
         } else {

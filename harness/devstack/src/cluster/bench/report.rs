@@ -48,6 +48,11 @@ pub struct BenchReport {
     /// 300 ms volume check, and the set-up time of their CSI or flex volume.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub volume_waits: BTreeMap<String, BTreeMap<String, super::volume_wait::VolumeWaits>>,
+    /// Our node agent's own account, by kind and phase: each upstream it waited on (`kubelet`,
+    /// `dns`, `jwt_service`, `zts_register`, `zts_refresh`), its calls and mean milliseconds.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub agent_upstream_ms:
+        BTreeMap<String, BTreeMap<String, BTreeMap<String, super::agent_steps::Step>>>,
 }
 
 /// The churn phase's shape.
@@ -303,6 +308,20 @@ impl BenchReport {
         }
         if !self.volume_waits.is_empty() {
             out.push_str("(pods; the identity volume's set-up p50)\n");
+        }
+        for (kind, by_phase) in &self.agent_upstream_ms {
+            out.push_str(&format!(
+                "\n{kind}: the agent's upstream calls, mean ms (calls)\n"
+            ));
+            for (phase, steps) in by_phase {
+                let cells: Vec<String> = steps
+                    .iter()
+                    .map(|(upstream, step)| {
+                        format!("{upstream} {:.1} ({})", step.mean_ms, step.calls)
+                    })
+                    .collect();
+                out.push_str(&format!("  {phase:<12} {}\n", cells.join(", ")));
+            }
         }
         out
     }
