@@ -7,7 +7,7 @@
 use crate::Config;
 use crate::failure::Failure;
 use crate::kubelet::Absent;
-use crate::service::{Agent, KeyRequest, PodIp, RecentInit};
+use crate::service::{Agent, KeyRequest, PodCheck, PodIp, RecentInit};
 use athenz_core::daemon::StartError;
 use athenz_core::volume::VolumesDir;
 use athenz_core::volume::{VolumeData, VolumeId};
@@ -46,9 +46,9 @@ impl Issuer for AgentIssuer {
         registration: Registration,
     ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
-        let absent = match registration {
-            Registration::First => Absent::MayAppear,
-            Registration::Again => Absent::Gone,
+        let check = match registration {
+            Registration::First => PodCheck::KubeletCall,
+            Registration::Again => PodCheck::KubeletList(Absent::Gone),
         };
         self.agent
             // files mode: no process in the pod, so the key is made here whatever --key-source says
@@ -56,7 +56,7 @@ impl Issuer for AgentIssuer {
                 &paths,
                 data,
                 PodIp::for_files_volume(data),
-                absent,
+                check,
                 KeyRequest::Agent,
             )
             .await

@@ -1,14 +1,16 @@
-//! Which pod a volume's call is for: the subject the kubelet's list confirms (docs/design.md
-//! §4.2), the Service IP its certificate may name, and, for a CSI files-mode issuance, the JWT
-//! asked for while the kubelet is asked.
+//! Which pod a call is for, and who says so: the kubelet's pod list (the socket API, and a
+//! files-mode volume registered again), or the kubelet's own `NodePublishVolume` call (a CSI
+//! files-mode volume's first registration); then the Service IP its certificate may name.
 //!
-//! A files-mode volume's record already names its subject: kubelet's `NodePublishVolume`
-//! carried the pod's namespace, name, uid and service account (podInfoOnMount), and such a
-//! certificate names no IP. So its JWT and its Service lookup need not wait for the kubelet's
-//! list: the three run at once and the list still decides. A refusal drops the JWT unused; a
-//! list that names another subject (an IP the kubelet lists by now, for an `ipSAN` volume) gets
-//! a JWT of its own. Where the subject names the pod's IP (the socket API) only the list knows
-//! it, and the steps run one after another.
+//! A files-mode publish comes from the kubelet itself (its plugin socket is reachable by root
+//! on this node only) and names the pod it mounts for (podInfoOnMount: namespace, name, uid,
+//! service account), and the certificate it gets names no IP. The kubelet's list would say the
+//! same thing the same kubelet just said, and cost the kubelet a serialisation of every pod on
+//! the node and this agent a parse, on the path of every new pod. So that registration reads
+//! no list: its JWT and Service lookup start at once. Nothing is trusted that was not before:
+//! ZTS's callback checks every registration's pod with the API server (uid, service account,
+//! not terminating, and scheduled on the node whose agent asked: docs/design.md §4.4), the
+//! check a node cannot get around, where this agent's own check only repeats its kubelet.
 
 use crate::failure::{Failure, fail};
 use crate::kubelet::Absent;
@@ -19,9 +21,9 @@ use athenz_core::volume::VolumeData;
 use http::StatusCode;
 use std::net::IpAddr;
 
-/// A pod confirmed by the kubelet's list, with what its issuance needs before the CSR.
+/// A pod confirmed on this node, with what its issuance needs before the CSR.
 pub(crate) struct Admitted<'a> {
-    /// The subject as the kubelet's list confirms it.
+    /// The subject.
     pub subject: PodSubject,
     /// The Service IP the certificate names, if that option is on and DNS answered.
     pub service_ip: Option<IpAddr>,
@@ -45,10 +47,8 @@ impl Agent {
         Ok((subject, service_ip))
     }
 
-    /// The subject a volume's own record names, when it cannot depend on the kubelet's list:
-    /// never with [`PodIp::Required`], whose IP only the list knows. `None` also when the
-    /// record does not make a valid subject (the list's answer then decides, one step after
-    /// another).
+    /// The subject a CSI files-mode volume's record names (what kubelet's publish said), when
+    /// it makes a valid one: never with [`PodIp::Required`], whose IP only the list knows.
     pub(crate) fn subject_from_volume(&self, data: &VolumeData, ip: PodIp) -> Option<PodSubject> {
         if ip == PodIp::Required {
             return None;
@@ -65,49 +65,16 @@ impl Agent {
         .ok()
     }
 
-    /// Checks the pod with the kubelet while the JWT for `expected` (from
-    /// [`Agent::subject_from_volume`]) and its Service IP are asked for: the issuance's steps
-    /// before the CSR in the time of the longest. The list's refusal is the answer whatever the
-    /// others did; a list naming another subject than `expected` gets its own JWT and lookup.
-    pub(crate) async fn admit_while_signing(
-        &self,
-        data: &VolumeData,
-        ip: PodIp,
-        absent: Absent,
-        expected: PodSubject,
-    ) -> Result<Admitted<'_>, Failure> {
+    /// What the issuance of `subject`, vouched for by the kubelet's call, needs before its CSR:
+    /// the JWT (once a slot is free) and the Service IP, asked for at once.
+    pub(crate) async fn admit_vouched(&self, subject: PodSubject) -> Result<Admitted<'_>, Failure> {
         let signing = async {
             let slot = self.issuance_slot().await?;
-            let jwt = self.identity_jwt(&expected).await;
+            let jwt = self.identity_jwt(&subject).await?;
             Ok::<_, Failure>((slot, jwt))
         };
-        let (checked, service_ip, signed) = tokio::join!(
-            self.checked_subject(data, ip, absent),
-            self.service_ip(&expected),
-            signing
-        );
-        let subject = checked?;
+        let (service_ip, signed) = tokio::join!(self.service_ip(&subject), signing);
         let (slot, jwt) = signed?;
-        if subject == expected {
-            return Ok(Admitted {
-                subject,
-                service_ip,
-                slot,
-                jwt: jwt?,
-            });
-        }
-        tracing::debug!(
-            namespace = %subject.namespace,
-            pod = %subject.name,
-            "the kubelet's list names another subject than the volume's record: signing that one"
-        );
-        let service_ip =
-            if (&subject.service, &subject.namespace) == (&expected.service, &expected.namespace) {
-                service_ip
-            } else {
-                self.service_ip(&subject).await
-            };
-        let jwt = self.identity_jwt(&subject).await?;
         Ok(Admitted {
             subject,
             service_ip,

@@ -57,6 +57,19 @@ impl PodIp {
     }
 }
 
+/// Who confirms, on this node, the pod a registration is for. ZTS's callback checks the pod
+/// again with the API server whatever this says (docs/design.md §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodCheck {
+    /// The kubelet's pod list: the socket API (the list says which pod the calling process's
+    /// volume is for, and its IP), and a files-mode volume registered again (its pod may be
+    /// gone).
+    KubeletList(Absent),
+    /// The kubelet's own `NodePublishVolume` call, which named the pod: a CSI files-mode
+    /// volume's first registration reads no list (`crate::pod_subject` says why).
+    KubeletCall,
+}
+
 /// What the agent needs to issue identities.
 pub struct Agent {
     /// Metrics.
@@ -392,7 +405,13 @@ impl Agent {
             None => KeyRequest::Agent,
         };
         let answer = self
-            .register(&paths, &data, PodIp::Required, Absent::MayAppear, key)
+            .register(
+                &paths,
+                &data,
+                PodIp::Required,
+                PodCheck::KubeletList(Absent::MayAppear),
+                key,
+            )
             .await?
             .answer;
         self.metrics.issued("init", self.key_source);
@@ -408,7 +427,7 @@ impl Agent {
         paths: &VolumePaths,
         data: &VolumeData,
         ip: PodIp,
-        absent: Absent,
+        check: PodCheck,
         key: KeyRequest<'_>,
     ) -> Result<Issued, Failure> {
         if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
@@ -422,13 +441,16 @@ impl Agent {
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
-        let admitted = match (key, self.subject_from_volume(data, ip)) {
-            // the agent makes the key and the volume's record names the subject: the kubelet is
-            // asked while the JWT is signed (crate::pod_subject)
-            (KeyRequest::Agent, Some(expected)) => {
-                self.admit_while_signing(data, ip, absent, expected).await?
+        let admitted = match (check, key, self.subject_from_volume(data, ip)) {
+            // kubelet's publish named the pod: no list is read (crate::pod_subject says why)
+            (PodCheck::KubeletCall, KeyRequest::Agent, Some(subject)) => {
+                self.admit_vouched(subject).await?
             }
-            _ => {
+            (check, _, _) => {
+                let absent = match check {
+                    PodCheck::KubeletList(absent) => absent,
+                    PodCheck::KubeletCall => Absent::MayAppear,
+                };
                 let (subject, service_ip) = self.pod_subject(data, ip, absent).await?;
                 // the pod's CSR is checked before anything leaves the node: a refusal costs no
                 // JWT

@@ -145,7 +145,7 @@ fn pod_uid(scenario: &Scenario, pod: &str) -> String {
 }
 
 /// Node B's CSI driver (its socket, as node B's kubelet calls it) asked to mount an identity
-/// for a pod running on node A: refused, naming node B.
+/// for a pod running on node A: refused by ZTS's callback, naming node B.
 fn csi_driver_of_b_refuses_a_pod_of_a(
     state_dir: &Path,
     info: &ClusterInfo,
@@ -182,10 +182,17 @@ fn csi_driver_of_b_refuses_a_pod_of_a(
     .expect_err("node B's CSI driver mounted an identity for a pod of node A");
     let said = refused.to_string();
     eprintln!("node B's CSI driver, asked for a pod of node A: {said}");
+    // kubelet's publish names the pod, so node B's agent reads no list and asks ZTS, whose
+    // callback refuses: the pod is scheduled on A, and B's agent asked (docs/design.md §4.10)
+    assert_eq!(
+        refused.code(),
+        Some(tonic::Code::PermissionDenied),
+        "{said}"
+    );
     assert!(
         said.contains(&format!(
-            "pod {RESTRICTED_NAMESPACE}/{pod_on_a} is not on this node ({node_b})"
-        )),
+            "pod_node: pod {RESTRICTED_NAMESPACE}/{pod_on_a} is scheduled on"
+        )) && said.contains(&format!("but the identity was asked for by node {node_b}")),
         "{said}"
     );
 }

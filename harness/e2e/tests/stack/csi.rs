@@ -82,26 +82,30 @@ async fn a_files_volume_without_ip_san_is_issued_once() {
     assert!(later.ip_addresses.is_empty(), "{:?}", later.ip_addresses);
     unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
 
-    // The agent asks for the JWT of the subject the publish names while it asks the kubelet;
-    // the kubelet's list decides. A publish naming another service account than the list
-    // (which no real kubelet sends) gets the listed account's identity, not its own.
+    // A first publish reads no kubelet list: the subject is what kubelet's call named, and
+    // ZTS's callback checks it with the API server. A publish naming another service account
+    // than the pod runs as (which no real kubelet sends) is refused there, and leaves nothing.
     let (_, listed) = pending_pod(&stack, "web-listed").await;
     let claimed = CsiPod {
         service_account: "db".into(),
         ..listed
     };
-    let volume = kubelet
+    let mounts = under_kubelet_mounts(&stack);
+    let err = kubelet
         .publish(&claimed, &[("mode", "files")])
         .await
-        .unwrap();
-    let issued = read_set(&volume.target);
-    assert_eq!(issued.common_name, first.common_name, "{issued:?}");
+        .unwrap_err();
+    assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
+    let said = err.to_string();
     assert!(
-        issued.common_name.ends_with(".web"),
-        "{}",
-        issued.common_name
+        said.contains("service_account") && said.contains("db"),
+        "{said}"
     );
-    unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
+    assert_eq!(
+        under_kubelet_mounts(&stack),
+        mounts,
+        "a refused publish left mounts"
+    );
 }
 
 /// Files mode with `ipSAN: "true"`, the whole life of a pod: publish before the pod has an IP
@@ -348,8 +352,13 @@ async fn refusals_and_rollback() {
         .publish(&other, &[("mode", "files")])
         .await
         .unwrap_err();
+    // refused by ZTS's callback: the pod is scheduled on another node than the agent's
     assert_eq!(err.code(), Some(Code::PermissionDenied), "{err}");
-    assert!(err.to_string().contains("not on this node"), "{err}");
+    let said = err.to_string();
+    assert!(
+        said.contains("pod_node") && said.contains(&stack.info.nodes[1].name),
+        "{said}"
+    );
     let target = kubelet
         .volume_dir(&other.uid, "athenz-identity")
         .join("mount");
