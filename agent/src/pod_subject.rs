@@ -14,24 +14,11 @@
 
 use crate::failure::{Failure, fail};
 use crate::kubelet::Absent;
-use crate::service::{Agent, IssuanceSlot, PodIp};
-use athenz_core::secret::Secret;
+use crate::service::{Admitted, Agent, PodIp};
 use athenz_core::subject::PodSubject;
 use athenz_core::volume::VolumeData;
 use http::StatusCode;
 use std::net::IpAddr;
-
-/// A pod confirmed on this node, with what its issuance needs before the CSR.
-pub(crate) struct Admitted<'a> {
-    /// The subject.
-    pub subject: PodSubject,
-    /// The Service IP the certificate names, if that option is on and DNS answered.
-    pub service_ip: Option<IpAddr>,
-    /// The issuance slot, held until ZTS answers.
-    pub slot: IssuanceSlot<'a>,
-    /// The identity JWT for `subject`.
-    pub jwt: Secret,
-}
 
 impl Agent {
     /// The pod of a volume, checked by the kubelet's list ([`Agent::checked_subject`]), and the

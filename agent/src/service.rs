@@ -134,6 +134,18 @@ pub(crate) enum KeyRequest<'a> {
 /// A slot of [`Agent::issuance_slots`], with the key pool held back while it is held.
 pub(crate) type IssuanceSlot<'a> = (tokio::sync::SemaphorePermit<'a>, crate::key_pool::Busy<'a>);
 
+/// A pod confirmed on this node, with what its issuance needs before the CSR.
+pub(crate) struct Admitted<'a> {
+    /// The subject.
+    pub(crate) subject: PodSubject,
+    /// The Service IP the certificate names, if that option is on and DNS answered.
+    pub(crate) service_ip: Option<IpAddr>,
+    /// The issuance slot, held until ZTS answers.
+    pub(crate) slot: IssuanceSlot<'a>,
+    /// The identity JWT for `subject`.
+    pub(crate) jwt: Secret,
+}
+
 /// What an issued certificate must be for.
 pub(crate) struct KeyFor {
     /// The key, when the agent made it (and hands it over).
@@ -460,7 +472,7 @@ impl Agent {
                 }
                 let slot = self.issuance_slot().await?;
                 let jwt = self.identity_jwt(&subject).await?;
-                crate::pod_subject::Admitted {
+                Admitted {
                     subject,
                     service_ip,
                     slot,
@@ -468,7 +480,7 @@ impl Agent {
                 }
             }
         };
-        let crate::pod_subject::Admitted {
+        let Admitted {
             subject,
             service_ip,
             slot: _slot,
