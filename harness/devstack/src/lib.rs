@@ -21,6 +21,7 @@
 // a doc where it says something (why, a unit, a format), not one that repeats its name.
 #![allow(missing_docs)]
 
+pub mod agent_upstreams;
 pub mod bench;
 pub mod chaos;
 pub mod cluster;

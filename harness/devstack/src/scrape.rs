@@ -7,19 +7,22 @@ use std::time::Duration;
 
 /// How long a scrape may take.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest page read: an agent's is a few KiB, a real API server's a few MiB.
+const MAX_PAGE: usize = 16 << 20;
 
-/// The text at `url` (`GET`, a success status required).
+/// The text at `url` (`GET`, a success status required, at most [`MAX_PAGE`] bytes of UTF-8).
 pub async fn text(url: &str) -> anyhow::Result<String> {
-    reqwest::Client::new()
+    let response = reqwest::Client::new()
         .get(url)
         .timeout(SCRAPE_TIMEOUT)
         .send()
         .await
         .and_then(reqwest::Response::error_for_status)
-        .with_context(|| format!("reading {url}"))?
-        .text()
+        .with_context(|| format!("reading {url}"))?;
+    let page = athenz_core::client::read_limited(response, MAX_PAGE)
         .await
-        .with_context(|| format!("reading {url}"))
+        .with_context(|| format!("reading {url}"))?;
+    String::from_utf8(page).with_context(|| format!("{url}: not UTF-8"))
 }
 
 /// Every sample of the metric whose name ends with `name` (a registry may prefix it): its

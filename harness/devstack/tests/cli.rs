@@ -308,6 +308,15 @@ fn bench_reports_arrivals_of_real_size_pods() {
         }
         assert!(report["latency_ms"]["p50"].as_f64().unwrap() > 0.0);
         assert!(report["system"]["ratio"].as_f64().unwrap() > 0.0);
+        // the agent's own upstream histogram, read from its metrics page: one registration
+        // with ZTS per pod at least, each taking some time
+        let registrations = &report["agent_upstreams"]["zts_register"];
+        assert!(
+            registrations["calls"].as_u64().unwrap() >= 3,
+            "{}",
+            report["agent_upstreams"]
+        );
+        assert!(registrations["mean_ms"].as_f64().unwrap() > 0.0);
     }
     // flex pays a driver and a SIA process per pod; files mode none
     assert!(reports[0]["per_pod_process_ms"].as_f64().unwrap() > 0.0);

@@ -23,13 +23,10 @@ use std::time::{Duration, Instant};
 mod floor;
 mod latency;
 mod print;
-mod upstreams;
 pub use floor::{CryptoFloor, FloorStep, crypto_floor};
 use latency::ms;
 pub use latency::{Latency, LatencyParts};
 pub use print::{print_comparison, print_human};
-pub use upstreams::UpstreamCalls;
-use upstreams::agent_upstreams;
 
 /// What to run: `bench`'s options, as its command line gives them.
 #[derive(Debug, Clone, clap::Args)]
@@ -153,7 +150,7 @@ pub struct BenchReport {
     pub runtime: athenz_testbed::runtime::RuntimeKind,
     /// The agent's calls to what it depends on during the run (its
     /// `upstream_duration_seconds` histogram), by upstream: where the SIA's init waits.
-    pub agent_upstreams: BTreeMap<String, UpstreamCalls>,
+    pub agent_upstreams: BTreeMap<String, crate::agent_upstreams::Step>,
     pub pods: usize,
     /// Pods in flight at once (with `arrival_ms` 0).
     pub concurrency: usize,
@@ -202,6 +199,19 @@ pub struct BenchReport {
 }
 
 /// CPU seconds of the children reaped so far.
+/// The agent's upstream calls over its life (this run's agent started with it); empty, with a
+/// warning, when its metrics cannot be read: the report says so by being empty, the run is not
+/// failed for it.
+async fn upstream_calls(metrics_url: &str) -> BTreeMap<String, crate::agent_upstreams::Step> {
+    match crate::agent_upstreams::scrape(metrics_url).await {
+        Ok(counts) => counts.since(&Default::default()),
+        Err(error) => {
+            eprintln!("warning: no agent upstream times: {error:#}");
+            BTreeMap::new()
+        }
+    }
+}
+
 fn children_usage() -> f64 {
     match getrusage(UsageWho::RUSAGE_CHILDREN) {
         Ok(u) => {
@@ -401,7 +411,7 @@ async fn measure(
     let wall = started.elapsed();
     let children_cpu_after = children_usage();
     let after = stack.usage();
-    let agent_upstreams = agent_upstreams(&info.agent.metrics_url).await;
+    let agent_upstreams = upstream_calls(&info.agent.metrics_url).await;
 
     // Unmount as kubelet does when the pods go: outside the identities' latency and CPU, but
     // measured apart, because a pod's volume costs the node this too.

@@ -9,7 +9,6 @@
 //! system's node and control-plane pods over its windows, its pods' own identity containers'
 //! CPU and memory, the API requests its system caused, and its node agent's peak RSS.
 
-mod agent_steps;
 mod costs;
 mod kinds;
 mod pods;
@@ -24,6 +23,7 @@ use super::layout::Processes;
 use super::scenario::Scenario;
 use super::spire::{self, Spire};
 use super::{ClusterInfo, Layout};
+use crate::agent_upstreams;
 use crate::bench::Latency;
 use anyhow::Context;
 use athenz_core::volume_mode::VolumeMode;
@@ -35,6 +35,10 @@ pub use report::BenchReport;
 use report::{ChurnShape, IdleRates, KindTotals};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+/// The agent's ops port on its node (`OPS_LISTEN: $(NODE_IP):9190`, deploy/base/agent.yaml);
+/// the agent runs on the host's network.
+const AGENT_OPS_PORT: u16 = 9190;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -198,7 +202,7 @@ pub async fn run(
     let kubernetes = kubernetes_meter(layout)?;
     let audit = AuditLog::at(layout.logs.join(super::control_plane::AUDIT_LOG));
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
-    let metrics_client = reqwest::Client::new();
+    let agent_metrics = format!("http://{}:{AGENT_OPS_PORT}/metrics", info.node_ip);
     let mut agent_upstreams: BTreeMap<String, BTreeMap<String, _>> = BTreeMap::new();
     for (index, phase) in Phase::ALL.into_iter().enumerate() {
         let count = match phase {
@@ -213,7 +217,7 @@ pub async fn run(
             let meter = workload.kind.system().and_then(|s| meters.get(&s));
             let ours = workload.kind.system() == Some(System::Athenz);
             let agent_before = if ours {
-                Some(agent_steps::scrape(&metrics_client, &info.node_ip).await?)
+                Some(agent_upstreams::scrape(&agent_metrics).await?)
             } else {
                 None
             };
@@ -226,7 +230,7 @@ pub async fn run(
                 .with_context(|| format!("{}, {}", workload.kind.name(), phase.name()))?;
             let to = audit.end();
             if let Some(agent_before) = agent_before {
-                let steps = agent_steps::scrape(&metrics_client, &info.node_ip)
+                let steps = agent_upstreams::scrape(&agent_metrics)
                     .await?
                     .since(&agent_before);
                 agent_upstreams

@@ -52,7 +52,7 @@ pub struct BenchReport {
     /// `dns`, `jwt_service`, `zts_register`, `zts_refresh`), its calls and mean milliseconds.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub agent_upstream_ms:
-        BTreeMap<String, BTreeMap<String, BTreeMap<String, super::agent_steps::Step>>>,
+        BTreeMap<String, BTreeMap<String, BTreeMap<String, crate::agent_upstreams::Step>>>,
 }
 
 /// The churn phase's shape.

@@ -1,25 +1,17 @@
 //! Where our identities' time goes, as the node agent itself counts it: its
 //! `athenz_agent_upstream_duration_seconds` histogram (docs/operating.md, "Metrics") has the
 //! calls and total time of each step that waits on another party (the kubelet's pod list, the
-//! Service lookup, the jwt-service, ZTS). Scraped from the agent's ops port before and after
-//! each phase of one of our kinds, the difference is that phase's calls and mean time per step:
-//! what a faster publish has to cut, read beside the kubelet's own view of the volume
-//! (`volume_wait`).
+//! Service lookup, the jwt-service, ZTS). Both benches read it: `athenz-devstack bench` once
+//! after its run, `cluster bench` before and after each phase of one of our kinds, where the
+//! difference is that phase's calls and mean time per step: what a faster publish has to cut,
+//! read beside the kubelet's own view of the volume (`volume_wait`).
 
 use anyhow::Context;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-/// The agent's ops port on its node (`OPS_LISTEN: $(NODE_IP):9190`, deploy/base/agent.yaml);
-/// the agent runs on the host's network.
-pub const AGENT_OPS_PORT: u16 = 9190;
 /// The histogram read.
 const METRIC: &str = "athenz_agent_upstream_duration_seconds";
-/// Largest metrics page read (the agent's is a few KiB).
-const MAX_PAGE: usize = 1 << 20;
-/// Longest a scrape may take.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most distinct upstreams accepted (the agent has five).
 const MAX_UPSTREAMS: usize = 32;
 
@@ -135,21 +127,10 @@ fn upstream_label(rest: &str) -> Option<&str> {
     .then_some(value)
 }
 
-/// Scrapes the agent at `node_ip`.
-pub async fn scrape(client: &reqwest::Client, node_ip: &str) -> anyhow::Result<Counts> {
-    let url = format!("http://{node_ip}:{AGENT_OPS_PORT}/metrics");
-    let response = client
-        .get(&url)
-        .timeout(SCRAPE_TIMEOUT)
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status)
-        .with_context(|| format!("scraping the agent's metrics at {url}"))?;
-    let page = athenz_core::client::read_limited(response, MAX_PAGE)
-        .await
-        .with_context(|| format!("reading the agent's metrics at {url}"))?;
-    let page = std::str::from_utf8(&page).with_context(|| format!("{url}: not UTF-8"))?;
-    Counts::parse(page).with_context(|| format!("the agent's metrics at {url}"))
+/// Scrapes the agent's metrics page at `metrics_url`.
+pub async fn scrape(metrics_url: &str) -> anyhow::Result<Counts> {
+    let page = crate::scrape::text(metrics_url).await?;
+    Counts::parse(&page).with_context(|| format!("the agent's metrics at {metrics_url}"))
 }
 
 #[cfg(test)]
@@ -184,6 +165,26 @@ athenz_agent_identities_issued_total{verb=\"csi_publish\",key_source=\"agent\"} 
         let first = after.since(&Counts::default());
         assert_eq!(first["zts_register"].calls, 100);
         assert!((first["zts_register"].mean_ms - 12.0).abs() < 1e-9);
+    }
+
+    /// The histogram as prometheus-client writes it, read once over an agent's whole life (what
+    /// `athenz-devstack bench` reports): an upstream never called is left out.
+    #[test]
+    fn one_scrape_reads_the_means_per_upstream() {
+        let page = format!(
+            "{PAGE}{METRIC}_sum{{upstream=\"dns\"}} 0\n{METRIC}_count{{upstream=\"dns\"}} 0\n"
+        );
+        let calls = Counts::parse(&page).unwrap().since(&Counts::default());
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls["kubelet"].calls, 100);
+        assert!((calls["kubelet"].mean_ms - 5.0).abs() < 1e-9);
+        assert!((calls["zts_register"].mean_ms - 12.0).abs() < 1e-9);
+        assert!(
+            Counts::parse("garbage\n{}{} 1")
+                .unwrap()
+                .since(&Counts::default())
+                .is_empty()
+        );
     }
 
     #[test]
