@@ -207,7 +207,8 @@ pub struct BenchArgs {
     /// Pods created one per --interval, per mode.
     #[arg(long, default_value_t = 50)]
     sequential: usize,
-    /// The time between two of those pods.
+    /// The time between two of those pods (each also placed within the kubelet's 100 ms loop
+    /// period, spread evenly, so every kind meets the kubelet's phases alike).
     #[arg(long, default_value = "1s", value_parser = parse_arrival)]
     interval: std::time::Duration,
     /// Pods created at once, per mode.
@@ -216,7 +217,7 @@ pub struct BenchArgs {
     /// How long the churn phase creates pods (0: no churn).
     #[arg(long, default_value = "120s", value_parser = parse_arrival)]
     churn: std::time::Duration,
-    /// One churn pod created this often.
+    /// One churn pod created this often (placed as --interval's pods are).
     #[arg(long, default_value = "1s", value_parser = parse_arrival)]
     churn_interval: std::time::Duration,
     /// Each churn pod deleted this long after its creation (once it holds its credential).

@@ -9,6 +9,7 @@
 //! system's node and control-plane pods over its windows, its pods' own identity containers'
 //! CPU and memory, the API requests its system caused, and its node agent's peak RSS.
 
+mod arrivals;
 mod costs;
 mod kinds;
 mod pods;

@@ -4,6 +4,7 @@
 //! containers just before the pod is deleted.
 
 use super::Phase;
+use super::arrivals;
 use super::costs::{self, Cgroups, PodShare};
 use super::kinds::Kind;
 use crate::cluster::health::Checker;
@@ -141,8 +142,8 @@ impl Workload<'_> {
         Ok(outcome)
     }
 
-    /// `count` pods created `interval` apart (zero: all at once, each its own request), then
-    /// each one's time.
+    /// `count` pods created `interval` apart, each a little later within the kubelet's loop
+    /// period (`arrivals`; zero: all at once, each its own request), then each one's time.
     async fn created_then_timed(
         &self,
         phase: Phase,
@@ -164,10 +165,9 @@ impl Workload<'_> {
                 sent.context("a pod's creation task")??;
             }
         } else {
+            let start = tokio::time::Instant::now();
             for i in 0..count {
-                if i > 0 {
-                    tokio::time::sleep(interval).await;
-                }
+                tokio::time::sleep_until(start + arrivals::arrival(i, interval)).await;
                 let name = pod_name(phase, i);
                 created.insert(name.clone(), self.create(&name).await?);
             }
@@ -197,19 +197,22 @@ impl Workload<'_> {
         Ok(outcome)
     }
 
-    /// Pods created one per `churn.interval` for `churn.duration`, each deleted once it is
+    /// Pods created one per `churn.interval` for `churn.duration` (each a little later within
+    /// the kubelet's loop period, `arrivals`), each deleted once it is
     /// `churn.lifetime` old and holds its credential; creation and deletion overlap, as in a
     /// rollout or a batch of short jobs. Creating keeps its own pace: it runs beside the
     /// watching (which asks every pending pod's probe, slower the more there are).
     async fn churn(&self, churn: Churn) -> anyhow::Result<PhaseOutcome> {
+        if churn.interval.is_zero() {
+            bail!("a churn needs an interval between its pods (--churn-interval): 0 given");
+        }
         let (created_tx, mut created_rx) = tokio::sync::mpsc::unbounded_channel();
         let create = async move {
-            let started = Instant::now();
-            let mut ticks = tokio::time::interval(churn.interval);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let started = tokio::time::Instant::now();
             let mut i = 0;
-            while started.elapsed() < churn.duration {
-                ticks.tick().await;
+            // one pod per interval, the first at once and the last at the phase's end
+            while churn.interval.mul_f64(i as f64) <= churn.duration {
+                tokio::time::sleep_until(started + arrivals::arrival(i, churn.interval)).await;
                 let name = pod_name(Phase::Churn, i);
                 let at = self.create(&name).await?;
                 // the watcher outlives this loop, so the send only fails if it failed first
