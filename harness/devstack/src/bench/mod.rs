@@ -198,7 +198,6 @@ pub struct BenchReport {
     pub cpu_to_floor_ratio: f64,
 }
 
-/// CPU seconds of the children reaped so far.
 /// The agent's upstream calls over its life (this run's agent started with it); empty, with a
 /// warning, when its metrics cannot be read: the report says so by being empty, the run is not
 /// failed for it.
@@ -212,6 +211,7 @@ async fn upstream_calls(metrics_url: &str) -> BTreeMap<String, crate::agent_upst
     }
 }
 
+/// CPU seconds of the children reaped so far.
 fn children_usage() -> f64 {
     match getrusage(UsageWho::RUSAGE_CHILDREN) {
         Ok(u) => {

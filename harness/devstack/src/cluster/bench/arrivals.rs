@@ -5,7 +5,7 @@
 //! Why: the kubelet starts a pod's volume mounts from two loops that run every 100 ms (its
 //! volume populator and reconciler), and its pod worker checks the pod's volumes at once and then
 //! every 300 ms. A pod whose mounts start just before the 300 ms check waits for the next one,
-//! whatever its volumes cost (`volume_wait`, docs/benchmarks.md "Where the p99s go"). Pods
+//! whatever its volumes cost (`volume_wait`, docs/benchmarks.md "Where the burst and churn p99s go"). Pods
 //! created exactly one interval apart meet those loops at nearly the same point, drifting a few
 //! milliseconds per pod. So the unlucky pods come as a streak, and they decide the p99 of
 //! whichever kind is running when the drift reaches the bad point: run 9's sequential csi-files
