@@ -230,6 +230,10 @@ pub struct BenchArgs {
     /// How SPIRE's registration entries are made, when it is measured.
     #[arg(long, value_enum, default_value = "cli")]
     spire_entries: SpireEntries,
+    /// Rotates the kinds' order by this many places before the phases alternate it: give a
+    /// series of runs 0, 1, 2, … so each system meets each point of the node's life.
+    #[arg(long, default_value_t = 0)]
+    order_offset: usize,
     /// Print JSON instead of lines.
     #[arg(long)]
     json: bool,
@@ -258,6 +262,7 @@ impl BenchArgs {
                     },
                 ),
             },
+            order_offset: self.order_offset,
         }
     }
 }

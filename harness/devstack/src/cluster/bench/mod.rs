@@ -54,6 +54,9 @@ pub struct BenchOptions {
     pub churn: Churn,
     /// Which identity systems to measure.
     pub systems: Systems,
+    /// How far [`Kind::ALL`]'s order is rotated before the phases alternate it: a series of
+    /// runs given 0, 1, 2, … puts each kind first, second, … in turn ([`in_turn`]).
+    pub order_offset: usize,
 }
 
 /// The identity systems a bench measures, in one run on one node.
@@ -98,11 +101,16 @@ fn namespaces(system: System) -> &'static [&'static str] {
     }
 }
 
-/// The workloads in the order phase `index` measures them: [`Kind::ALL`]'s, reversed every other
-/// phase, so no system always runs right after another (the node's state, the caches it left,
-/// fall on each in turn).
-fn in_turn<T>(workloads: &[T], index: usize) -> Vec<&T> {
+/// The workloads in the order phase `index` measures them: [`Kind::ALL`]'s rotated left by
+/// `offset`, then reversed every other phase, so no system always runs right after another (the
+/// node's state, the caches it left, fall on each in turn), and runs with different offsets
+/// put each system at a different point of the node's life (the kubelet's loops drift against
+/// the clock, so where they stand in a kind's minute can repeat from run to run at one offset).
+fn in_turn<T>(workloads: &[T], index: usize, offset: usize) -> Vec<&T> {
     let mut order: Vec<&T> = workloads.iter().collect();
+    if let Some(shift) = offset.checked_rem(order.len()) {
+        order.rotate_left(shift);
+    }
     if index % 2 == 1 {
         order.reverse();
     }
@@ -214,7 +222,7 @@ pub async fn run(
         if count == 0 && (phase != Phase::Churn || options.churn.duration.is_zero()) {
             continue;
         }
-        for workload in in_turn(&workloads, index) {
+        for workload in in_turn(&workloads, index, options.order_offset) {
             let meter = workload.kind.system().and_then(|s| meters.get(&s));
             let ours = workload.kind.system() == Some(System::Athenz);
             let agent_before = if ours {
@@ -314,6 +322,16 @@ pub async fn run(
         sequential_pods: options.sequential,
         sequential_interval_ms: options.interval.as_secs_f64() * 1e3,
         burst_pods: options.burst,
+        order_offset: options.order_offset,
+        kind_order: Phase::ALL
+            .iter()
+            .enumerate()
+            .map(|(index, phase)| {
+                let order = in_turn(&workloads, index, options.order_offset);
+                let names = order.iter().map(|w| w.kind.name().to_owned()).collect();
+                (phase.name().to_owned(), names)
+            })
+            .collect(),
         churn: ChurnShape {
             seconds: options.churn.duration.as_secs_f64(),
             interval_ms: options.churn.interval.as_secs_f64() * 1e3,
@@ -434,9 +452,9 @@ mod tests {
     #[test]
     fn every_other_phase_measures_the_kinds_the_other_way_round() {
         let kinds = Kind::ALL;
-        let first: Vec<&str> = in_turn(&kinds, 0).iter().map(|k| k.name()).collect();
-        let second: Vec<&str> = in_turn(&kinds, 1).iter().map(|k| k.name()).collect();
-        let third: Vec<&str> = in_turn(&kinds, 2).iter().map(|k| k.name()).collect();
+        let first: Vec<&str> = in_turn(&kinds, 0, 0).iter().map(|k| k.name()).collect();
+        let second: Vec<&str> = in_turn(&kinds, 1, 0).iter().map(|k| k.name()).collect();
+        let third: Vec<&str> = in_turn(&kinds, 2, 0).iter().map(|k| k.name()).collect();
         assert_eq!(first[..3], ["none", "csi-files", "spire"]);
         assert_eq!(second[3..], ["spire", "csi-files", "none"]);
         assert_eq!(first, third);
@@ -444,5 +462,24 @@ mod tests {
         let at = |order: &[&str], name| order.iter().position(|n| *n == name);
         assert!(at(&first, "csi-files") < at(&first, "spire"));
         assert!(at(&second, "csi-files") > at(&second, "spire"));
+    }
+
+    #[test]
+    fn an_order_offset_puts_each_kind_first_in_turn() {
+        let kinds = Kind::ALL;
+        let firsts: Vec<&str> = (0..kinds.len())
+            .map(|offset| in_turn(&kinds, 0, offset)[0].name())
+            .collect();
+        let all: Vec<&str> = kinds.iter().map(|k| k.name()).collect();
+        assert_eq!(firsts, all);
+        // the offset wraps, and the phases still alternate around it
+        let wrapped: Vec<&str> = in_turn(&kinds, 0, kinds.len() + 1)
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(wrapped[..2], ["csi-files", "spire"]);
+        let reversed: Vec<&str> = in_turn(&kinds, 1, 1).iter().map(|k| k.name()).collect();
+        assert_eq!(reversed[4..], ["spire", "csi-files"]);
+        assert!(in_turn::<Kind>(&[], 0, 3).is_empty());
     }
 }

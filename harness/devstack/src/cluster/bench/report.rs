@@ -20,6 +20,10 @@ pub struct BenchReport {
     pub sequential_interval_ms: f64,
     /// Pods in the burst, per kind.
     pub burst_pods: usize,
+    /// `--order-offset`: how far the kinds' order was rotated in this run.
+    pub order_offset: usize,
+    /// The kinds in the order each phase measured them.
+    pub kind_order: BTreeMap<String, Vec<String>>,
     /// The churn phase: seconds of creations, ms between two, ms each pod lives.
     pub churn: ChurnShape,
     /// Created → app started for a pod with no identity, by phase: the kubelet's and

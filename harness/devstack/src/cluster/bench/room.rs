@@ -76,6 +76,7 @@ mod tests {
                 athenz: true,
                 spire: Some(crate::cluster::spire::Entries::Cli),
             },
+            order_offset: 0,
         }
     }
 
