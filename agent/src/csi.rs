@@ -199,15 +199,13 @@ pub(crate) fn start(
     tracing::info!(socket = %path.display(), resumed, "CSI driver csi.athenz.io listening");
     Ok(Box::new(move |stop| {
         Box::pin(async move {
+            // the gauges are refreshed from the reload thread, whose ticks wake no runtime
             let counts = {
                 let driver = Arc::clone(&driver);
-                tokio::spawn(async move {
-                    loop {
-                        let (tracked, bad) = driver.rotation().counts();
-                        volumes.set(i64::try_from(tracked).unwrap_or(i64::MAX));
-                        abnormal.set(i64::try_from(bad).unwrap_or(i64::MAX));
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                    }
+                athenz_core::periodic::every(Duration::from_secs(5), move || {
+                    let (tracked, bad) = driver.rotation().counts();
+                    volumes.set(i64::try_from(tracked).unwrap_or(i64::MAX));
+                    abnormal.set(i64::try_from(bad).unwrap_or(i64::MAX));
                 })
             };
             // one stop for both servers

@@ -138,6 +138,9 @@ impl KeyPool {
             return;
         }
         tokio::pin!(stop);
+        // the demand re-check's clock: the reload thread's ticks wake an idle agent once each,
+        // a `tokio::time` sleep of 5 s three times (an idle daemon's CPU is its wake-ups)
+        let recheck = athenz_core::periodic::Ticks::new(Duration::from_secs(5));
         loop {
             let wanted = self.ready() < self.target();
             if wanted && self.busy.load(Ordering::SeqCst) == 0 {
@@ -152,11 +155,11 @@ impl KeyPool {
                 }
                 continue;
             }
-            // woken by a take or the last issuance ending; the timer re-checks demand decay
+            // woken by a take or the last issuance ending; the ticks re-check demand decay
             tokio::select! {
                 () = &mut stop => return,
                 () = self.wake.notified() => {}
-                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                () = recheck.tick() => {}
             }
         }
     }

@@ -244,14 +244,15 @@ pub async fn start(
     let key_watcher = keys.spawn_watcher(config.keys_reload_interval);
     // readiness follows whether the Kubernetes API answers: the confirmations' own reads and the
     // pod watch's events show it while they come; only a callback without one in the period
-    // asks `/version`
+    // asks `/version` (on the reload thread's ticks: an idle callback's CPU is its wake-ups)
     let probe = {
         let readiness = readiness.clone();
         tokio::spawn(async move {
             const PERIOD: Duration = Duration::from_secs(5);
+            let ticks = athenz_core::periodic::Ticks::new(PERIOD);
             loop {
                 readiness.set(cluster.reachable_within(PERIOD).await);
-                tokio::time::sleep(PERIOD).await;
+                ticks.tick().await;
             }
         })
     };
