@@ -31,8 +31,9 @@ pub fn every(
 
 /// Ticks for periodic async work (a readiness check that asks a server), from the same thread:
 /// the runtime wakes once per tick, where a `tokio::time` sleep of a few seconds wakes it three
-/// times. The first tick comes one `interval` after this is made; ticks missed while the owner
-/// was busy are not kept (the next wait ends at once, then ticks resume on time).
+/// times. The first tick comes at the next deadline (within one `interval`, never at once);
+/// ticks missed while the owner was busy are not kept (the next wait ends at once, then ticks
+/// resume on time).
 pub struct Ticks {
     notify: Arc<tokio::sync::Notify>,
     _registration: Registration,
