@@ -96,11 +96,7 @@ fn ticker() -> Arc<Ticker> {
     static TICKER: OnceLock<Arc<Ticker>> = OnceLock::new();
     TICKER
         .get_or_init(|| {
-            let ticker = Arc::new(Ticker {
-                epoch: Instant::now(),
-                entries: Mutex::new(Entries::default()),
-                changed: Condvar::new(),
-            });
+            let ticker = Arc::new(Ticker::new());
             let running = Arc::clone(&ticker);
             // A process that cannot start a thread has worse problems; its reloaders would
             // then never run, which the log says once.
@@ -116,6 +112,15 @@ fn ticker() -> Arc<Ticker> {
 }
 
 impl Ticker {
+    /// A ticker with nothing to run, its deadlines counted from now.
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            entries: Mutex::new(Entries::default()),
+            changed: Condvar::new(),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -259,11 +264,7 @@ mod tests {
 
     #[test]
     fn deadlines_fall_on_multiples_of_the_interval_so_reloaders_share_wake_ups() {
-        let ticker = Ticker {
-            epoch: Instant::now(),
-            entries: Mutex::new(Entries::default()),
-            changed: Condvar::new(),
-        };
+        let ticker = Ticker::new();
         let at = |secs: f64| ticker.epoch + Duration::from_secs_f64(secs);
         let five = Duration::from_secs(5);
         let ten = Duration::from_secs(10);

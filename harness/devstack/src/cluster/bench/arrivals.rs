@@ -5,12 +5,12 @@
 //! Why: the kubelet starts a pod's volume mounts from two loops that run every 100 ms (its
 //! volume populator and reconciler), and its pod worker checks the pod's volumes at once and then
 //! every 300 ms. A pod whose mounts start just before the 300 ms check waits for the next one,
-//! whatever its volumes cost (`volume_wait`, docs/benchmarks.md "Where the burst and churn p99s go"). Pods
-//! created exactly one interval apart meet those loops at nearly the same point, drifting a few
-//! milliseconds per pod. So the unlucky pods come as a streak, and they decide the p99 of
-//! whichever kind is running when the drift reaches the bad point: run 9's sequential csi-files
-//! pods 36 to 39 all had their mounts started 284 to 301 ms after the first check, and no
-//! SPIRE pod had. Offsets from the golden-ratio (Weyl) sequence spread every kind's pods evenly
+//! whatever its volumes cost (`volume_wait`; docs/benchmarks.md, "Where the burst and churn
+//! p99s go"). Pods created exactly one interval apart meet those loops at nearly the same
+//! point, drifting a few milliseconds per pod. So the unlucky pods come as a streak, and they
+//! decide the p99 of whichever kind is running when the drift reaches the bad point: run 9's
+//! sequential csi-files pods 36 to 39 all had their mounts started 284 to 301 ms after the
+//! first check, and no SPIRE pod had. Offsets from the golden-ratio (Weyl) sequence spread every kind's pods evenly
 //! over the loops' period, so each kind meets the kubelet's phases in the same proportion
 //! wherever the drift stands when its turn comes. The sequence is the same for every kind.
 

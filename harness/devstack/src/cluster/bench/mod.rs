@@ -213,6 +213,8 @@ pub async fn run(
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
     let agent_metrics = format!("http://{}:{AGENT_OPS_PORT}/metrics", info.node_ip);
     let mut agent_upstreams: BTreeMap<String, BTreeMap<String, _>> = BTreeMap::new();
+    // the kinds in the order each phase measured them, as they ran
+    let mut kind_order: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (index, phase) in Phase::ALL.into_iter().enumerate() {
         let count = match phase {
             Phase::Sequential => options.sequential,
@@ -222,7 +224,12 @@ pub async fn run(
         if count == 0 && (phase != Phase::Churn || options.churn.duration.is_zero()) {
             continue;
         }
-        for workload in in_turn(&workloads, index, options.order_offset) {
+        let order = in_turn(&workloads, index, options.order_offset);
+        kind_order.insert(
+            phase.name().to_owned(),
+            order.iter().map(|w| w.kind.name().to_owned()).collect(),
+        );
+        for workload in order {
             let meter = workload.kind.system().and_then(|s| meters.get(&s));
             let ours = workload.kind.system() == Some(System::Athenz);
             let agent_before = if ours {
@@ -323,15 +330,7 @@ pub async fn run(
         sequential_interval_ms: options.interval.as_secs_f64() * 1e3,
         burst_pods: options.burst,
         order_offset: options.order_offset,
-        kind_order: Phase::ALL
-            .iter()
-            .enumerate()
-            .map(|(index, phase)| {
-                let order = in_turn(&workloads, index, options.order_offset);
-                let names = order.iter().map(|w| w.kind.name().to_owned()).collect();
-                (phase.name().to_owned(), names)
-            })
-            .collect(),
+        kind_order,
         churn: ChurnShape {
             seconds: options.churn.duration.as_secs_f64(),
             interval_ms: options.churn.interval.as_secs_f64() * 1e3,

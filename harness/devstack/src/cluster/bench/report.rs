@@ -22,7 +22,7 @@ pub struct BenchReport {
     pub burst_pods: usize,
     /// `--order-offset`: how far the kinds' order was rotated in this run.
     pub order_offset: usize,
-    /// The kinds in the order each phase measured them.
+    /// The kinds in the order each phase that ran measured them.
     pub kind_order: BTreeMap<String, Vec<String>>,
     /// The churn phase: seconds of creations, ms between two, ms each pod lives.
     pub churn: ChurnShape,
