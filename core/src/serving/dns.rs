@@ -120,17 +120,34 @@ pub fn resolver_from(
 
 /// The first address of the fully qualified `name` (no trailing dot needed), or `None` when
 /// the server has none or does not answer within `deadline`.
+///
+/// An IPv4 address is asked for first and an IPv6 one only when the name exists without one.
+/// An NXDOMAIN answer says the name has no records of any type (RFC 8020), so it ends the lookup:
+/// most pods have no Service of their account's name, and the agent asks on the path of every
+/// files-mode publish, where hickory's `lookup_ip` would ask a second time for nothing.
 pub async fn first_address(resolver: &Resolver, name: &str, deadline: Duration) -> Option<IpAddr> {
     let fqdn = format!("{}.", name.trim_end_matches('.'));
-    let lookup = tokio::time::timeout(deadline, resolver.lookup_ip(fqdn)).await;
-    lookup.ok()?.ok()?.iter().next()
+    let lookup = async {
+        match resolver.ipv4_lookup(fqdn.as_str()).await {
+            Ok(found) => {
+                if let Some(a) = found.iter().next() {
+                    return Some(IpAddr::V4(a.0));
+                }
+            }
+            Err(e) if e.is_nx_domain() => return None,
+            Err(_) => {}
+        }
+        let found = resolver.ipv6_lookup(fqdn.as_str()).await.ok()?;
+        found.iter().next().map(|aaaa| IpAddr::V6(aaaa.0))
+    };
+    tokio::time::timeout(deadline, lookup).await.ok()?
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use hickory_resolver::proto::op::{Message, MessageType, ResponseCode};
-    use hickory_resolver::proto::rr::{RData, Record, RecordType, rdata::A};
+    use hickory_resolver::proto::rr::{RData, Record, RecordType, rdata::A, rdata::AAAA};
     use hickory_resolver::proto::serialize::binary::BinEncodable;
 
     fn resolv_conf(text: &[u8]) -> (tempfile::TempDir, std::path::PathBuf) {
@@ -183,8 +200,9 @@ mod tests {
         assert!(resolver_from(&none, Duration::from_secs(1)).is_err());
     }
 
-    /// A DNS server on loopback that knows `web.shop.svc.cluster.local.` (10.96.0.7) and answers
-    /// every other name NXDOMAIN; it counts the queries it is asked.
+    /// A DNS server on loopback that knows `web.shop.svc.cluster.local.` (10.96.0.7) and
+    /// `v6.shop.svc.cluster.local.` (fd00::7, no IPv4 address), and answers every other name
+    /// NXDOMAIN; it counts the queries it is asked.
     async fn dns_server() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = socket.local_addr().unwrap();
@@ -204,16 +222,27 @@ mod tests {
                     .set_recursion_available(true);
                 answer.add_queries(query.queries().to_vec());
                 for q in query.queries() {
-                    if q.name().to_ascii() == "web.shop.svc.cluster.local." {
-                        if q.query_type() == RecordType::A {
-                            answer.add_answer(Record::from_rdata(
-                                q.name().clone(),
-                                5,
-                                RData::A(A::new(10, 96, 0, 7)),
-                            ));
+                    let known = match (q.name().to_ascii().as_str(), q.query_type()) {
+                        ("web.shop.svc.cluster.local.", RecordType::A) => {
+                            Some(Some(RData::A(A::new(10, 96, 0, 7))))
                         }
-                    } else {
-                        answer.set_response_code(ResponseCode::NXDomain);
+                        ("v6.shop.svc.cluster.local.", RecordType::AAAA) => {
+                            Some(Some(RData::AAAA(AAAA::new(0xfd00, 0, 0, 0, 0, 0, 0, 7))))
+                        }
+                        ("web.shop.svc.cluster.local." | "v6.shop.svc.cluster.local.", _) => {
+                            Some(None)
+                        }
+                        _ => None,
+                    };
+                    match known {
+                        Some(Some(rdata)) => {
+                            answer.add_answer(Record::from_rdata(q.name().clone(), 5, rdata));
+                        }
+                        // the name exists without that type: NOERROR and no answer (NODATA)
+                        Some(None) => {}
+                        None => {
+                            answer.set_response_code(ResponseCode::NXDomain);
+                        }
                     }
                 }
                 socket
@@ -250,6 +279,44 @@ mod tests {
             )
             .await,
             None
+        );
+        assert_eq!(
+            first_address(
+                &resolver,
+                "v6.shop.svc.cluster.local",
+                Duration::from_secs(3)
+            )
+            .await,
+            Some("fd00::7".parse().unwrap()),
+            "a name with only an IPv6 address is found by its second question"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_name_that_does_not_exist_is_asked_about_once() {
+        let (server, asked) = dns_server().await;
+        let resolver = resolver_via(server, Duration::from_secs(2));
+        let lookup = first_address(
+            &resolver,
+            "none.shop.svc.cluster.local",
+            Duration::from_secs(3),
+        );
+        assert_eq!(lookup.await, None);
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "NXDOMAIN ends the lookup: no AAAA question follows it"
+        );
+        let exists_without_v4 = first_address(
+            &resolver,
+            "v6.shop.svc.cluster.local",
+            Duration::from_secs(3),
+        );
+        assert!(exists_without_v4.await.is_some());
+        assert_eq!(
+            asked.load(std::sync::atomic::Ordering::SeqCst),
+            3,
+            "a name that exists without an IPv4 address is asked for IPv6 too"
         );
     }
 }

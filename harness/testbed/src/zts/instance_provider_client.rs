@@ -18,6 +18,7 @@
 //! Athenz's own `InstanceHttpProvider` is run beside this port on the same cases by
 //! callback/tests/athenz_provider_client.rs (harness/peers/athenz/java): both must conclude the same.
 
+use super::provider_addresses::ProviderAddresses;
 use super::provider_answer;
 use super::registry::ProviderEntry;
 use athenz_core::client::{error_chain, read_limited};
@@ -27,7 +28,7 @@ use rustls_pki_types::CertificateDer;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest provider answer read.
 const MAX_ANSWER: usize = 256 * 1024;
@@ -84,6 +85,7 @@ pub struct ProviderClients {
     timeout: Duration,
     configs: Mutex<HashMap<String, Arc<rustls::ClientConfig>>>,
     resolver: Option<athenz_core::serving::dns::Resolver>,
+    addresses: ProviderAddresses,
 }
 
 impl ProviderClients {
@@ -99,6 +101,7 @@ impl ProviderClients {
             timeout,
             configs: Mutex::new(HashMap::new()),
             resolver: None,
+            addresses: ProviderAddresses::default(),
         }
     }
 
@@ -109,9 +112,10 @@ impl ProviderClients {
         self
     }
 
-    /// Where the endpoint's host name points, through the configured DNS server; `None` when
-    /// none is configured or the host is an address. A name the server cannot resolve is the
-    /// provider being unreachable (504, as an unknown host is to ZTS).
+    /// Where the endpoint's host name points, through the configured DNS server (an answer is
+    /// reused for 30 s, as ZTS's JVM reuses it: [`ProviderAddresses`]); `None` when none is
+    /// configured or the host is an address. A name the server cannot resolve is the provider
+    /// being unreachable (504, as an unknown host is to ZTS).
     async fn resolve(&self, endpoint: &str) -> Result<Option<(String, SocketAddr)>, String> {
         let Some(resolver) = &self.resolver else {
             return Ok(None);
@@ -129,9 +133,16 @@ impl ProviderClients {
             return Ok(None);
         }
         let port = url.port_or_known_default().unwrap_or(443);
-        let ip = athenz_core::serving::dns::first_address(resolver, host, self.timeout)
-            .await
-            .ok_or_else(|| format!("provider endpoint host {host} has no address"))?;
+        let ip = match self.addresses.get(host, Instant::now()) {
+            Some(ip) => ip,
+            None => {
+                let ip = athenz_core::serving::dns::first_address(resolver, host, self.timeout)
+                    .await
+                    .ok_or_else(|| format!("provider endpoint host {host} has no address"))?;
+                self.addresses.put(host, ip, Instant::now());
+                ip
+            }
+        };
         Ok(Some((host.to_owned(), SocketAddr::new(ip, port))))
     }
 

@@ -12,6 +12,7 @@ pub mod instance_provider_client;
 pub mod instance_refresh;
 pub mod instance_refresh_request;
 pub mod instances;
+pub mod provider_addresses;
 pub mod provider_answer;
 pub mod refusal;
 pub mod register_log;
