@@ -32,7 +32,7 @@ impl ProviderAddresses {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         found
             .get(host)
-            .filter(|(_, at)| now.saturating_duration_since(*at) < POSITIVE_TTL)
+            .filter(|(_, at)| is_fresh(*at, now))
             .map(|(ip, _)| *ip)
     }
 
@@ -42,7 +42,7 @@ impl ProviderAddresses {
             .found
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        found.retain(|_, (_, at)| now.saturating_duration_since(*at) < POSITIVE_TTL);
+        found.retain(|_, (_, at)| is_fresh(*at, now));
         if found.len() >= MAX_HOSTS
             && let Some(oldest) = found
                 .iter()
@@ -53,6 +53,11 @@ impl ProviderAddresses {
         }
         found.insert(host.to_owned(), (ip, now));
     }
+}
+
+/// Whether an address found at `at` may still be used at `now`.
+fn is_fresh(at: Instant, now: Instant) -> bool {
+    now.saturating_duration_since(at) < POSITIVE_TTL
 }
 
 #[cfg(test)]
