@@ -182,7 +182,7 @@ impl Clients {
 }
 
 /// Puts the world in the state the case needs (`leave` undoes it).
-fn enter(f: &Fixture, world: World) {
+async fn enter(f: &Fixture, world: World) {
     match world {
         World::PodDeleted => {
             f.kube.cluster().delete_pod(NAMESPACE, POD_NAME).unwrap();
@@ -194,7 +194,7 @@ fn enter(f: &Fixture, world: World) {
                     .update_pod(NAMESPACE, POD_NAME, mark_terminating)
             );
         }
-        World::ApiUnreachable => f.kube.set_unreachable(true),
+        World::ApiUnreachable => f.kube.set_unreachable(true).await,
         World::Api503 => f
             .kube
             .set_failing_status(Some(http::StatusCode::SERVICE_UNAVAILABLE)),
@@ -202,10 +202,10 @@ fn enter(f: &Fixture, world: World) {
     }
 }
 
-fn leave(f: &Fixture, world: World, restore_pod: impl Fn()) {
+async fn leave(f: &Fixture, world: World, restore_pod: impl Fn()) {
     match world {
         World::PodDeleted | World::PodTerminating => restore_pod(),
-        World::ApiUnreachable => f.kube.set_unreachable(false),
+        World::ApiUnreachable => f.kube.set_unreachable(false).await,
         World::Api503 => f.kube.set_failing_status(None),
         World::AsIs | World::Replayed => {}
     }
@@ -241,10 +241,10 @@ async fn zts_own_provider_client_concludes_as_the_dev_zts_does() {
                 }
             }
         }
-        enter(&f, case.world);
+        enter(&f, case.world).await;
         let ours = clients.ours(&ask, &for_ours).await;
         let theirs = clients.athenz(&ask, &for_java).await;
-        leave(&f, case.world, || f.kube.cluster().put_pod(pod.clone()));
+        leave(&f, case.world, || f.kube.cluster().put_pod(pod.clone())).await;
         // both tokens' confirmations are the same but for the attestation data
         let want = match case.want {
             Outcome::Echoed => Want::Confirmed(echoed(&for_ours)),

@@ -30,10 +30,9 @@ async fn an_unreachable_kubernetes_api_is_504_not_a_verdict() {
     let f = start().await;
     // Real ZTS passes only a provider's 504 on as retryable (ZTSImpl.validateConfirmationData):
     // every "cannot tell now" is 504 with its cause, never 403 and never another 5xx.
-    f.kube.set_unreachable(true);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    f.kube.set_unreachable(true).await;
     undecided(&f).await;
-    f.kube.set_unreachable(false);
+    f.kube.set_unreachable(false).await;
     for failing in [429, 500, 503] {
         f.kube
             .set_failing_status(Some(http::StatusCode::from_u16(failing).unwrap()));

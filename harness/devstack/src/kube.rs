@@ -117,7 +117,8 @@ pub async fn run_standins(
                 f.api_status
                     .and_then(|s| reqwest::StatusCode::from_u16(s).ok()),
             );
-            api.set_unreachable(f.api_unreachable);
+            // a chaos run takes the fault when the stand-in gets to it: no need to wait here
+            drop(api.set_unreachable(f.api_unreachable));
             for kubelet in &kubelets {
                 let controls = kubelet.controls();
                 controls.set_delay(std::time::Duration::from_millis(f.kubelet_delay_ms));

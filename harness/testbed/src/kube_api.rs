@@ -474,12 +474,17 @@ fn with_kind<T: serde::Serialize>(object: T, kind: &str) -> serde_json::Value {
     value
 }
 
+/// How long [`KubeApi::set_unreachable`]'s future waits for the port to be closed or bound.
+pub const IN_FORCE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A running stand-in.
 pub struct KubeApi {
     cluster: Cluster,
     faults: Arc<ApiFaults>,
     addr: SocketAddr,
     serving: tokio::sync::watch::Sender<Serving>,
+    /// The state the serving task has put in force (bound or closed the port).
+    in_force: tokio::sync::watch::Receiver<Serving>,
 }
 
 impl KubeApi {
@@ -500,12 +505,14 @@ impl KubeApi {
             requests: Arc::default(),
         });
         let (serving, watch) = tokio::sync::watch::channel(Serving::Up);
-        tokio::spawn(serve_until_stopped(listener, addr, handler, watch));
+        let (reached, in_force) = tokio::sync::watch::channel(Serving::Up);
+        tokio::spawn(serve_until_stopped(listener, addr, handler, watch, reached));
         Ok(Self {
             cluster,
             faults,
             addr,
             serving,
+            in_force,
         })
     }
 
@@ -527,7 +534,12 @@ impl KubeApi {
 
     /// While set, the port is closed: open connections are drained and new ones refused, as
     /// with an API server that is down; cleared, it listens again on the same address.
-    pub fn set_unreachable(&self, unreachable: bool) {
+    ///
+    /// The change is asked for at once; the port is closed or bound again by the serving task a
+    /// moment later. The returned future ends when that has happened (or after
+    /// [`IN_FORCE_WAIT`]), so a test that awaits it asks nothing of the old state. A chaos run
+    /// that takes the fault whenever the stand-in gets to it may drop the future.
+    pub fn set_unreachable(&self, unreachable: bool) -> impl Future<Output = ()> + use<> {
         self.serving.send_if_modified(|now| {
             let next = match (*now, unreachable) {
                 (Serving::Stopped, _) => return false,
@@ -538,6 +550,14 @@ impl KubeApi {
             *now = next;
             changed
         });
+        let wanted = *self.serving.borrow();
+        let mut in_force = self.in_force.clone();
+        async move {
+            let reached = in_force.wait_for(|s| *s == wanted || wanted == Serving::Stopped);
+            if tokio::time::timeout(IN_FORCE_WAIT, reached).await.is_err() {
+                tracing::warn!(?wanted, "the API stand-in did not reach its state in time");
+            }
+        }
     }
 
     /// `http://127.0.0.1:<port>`.

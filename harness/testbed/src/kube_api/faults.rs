@@ -56,12 +56,14 @@ pub(super) enum Serving {
 
 /// Serves on `listener` while the state is [`Serving::Up`]; closes the port while it is
 /// [`Serving::Unreachable`] and binds `addr` again when it is up again; ends at
-/// [`Serving::Stopped`].
+/// [`Serving::Stopped`]. Each state is reported on `in_force` once it holds: up once the port is
+/// bound (a connection made then is taken), unreachable once the port is closed.
 pub(super) async fn serve_until_stopped(
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
     handler: Arc<ApiHandler>,
     mut watch: tokio::sync::watch::Receiver<Serving>,
+    in_force: tokio::sync::watch::Sender<Serving>,
 ) {
     let mut listener = Some(listener);
     loop {
@@ -69,6 +71,9 @@ pub(super) async fn serve_until_stopped(
         match state {
             Serving::Stopped => return,
             Serving::Unreachable => {
+                // the first listener too, if the port is closed before it was ever served on
+                drop(listener.take());
+                in_force.send_replace(Serving::Unreachable);
                 if watch.changed().await.is_err() {
                     return;
                 }
@@ -85,6 +90,7 @@ pub(super) async fn serve_until_stopped(
                         }
                     },
                 };
+                in_force.send_replace(Serving::Up);
                 let mut stop = watch.clone();
                 Server::new(Listener::Tcp(bound), handler.clone())
                     .serve(async move {
@@ -92,6 +98,34 @@ pub(super) async fn serve_until_stopped(
                     })
                     .await;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::super::KubeApi;
+
+    async fn connects(api: &KubeApi) -> bool {
+        let addr = api.url().trim_start_matches("http://").to_owned();
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    }
+
+    /// Once `set_unreachable`'s future has ended the port is in the state asked for: a test that
+    /// awaits it never meets the previous state (a connection refused right after the API came
+    /// back was once a flaky verdict).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_port_is_closed_and_bound_again_when_the_future_ends() {
+        let api = KubeApi::start().await.unwrap();
+        for round in 0..20 {
+            api.set_unreachable(true).await;
+            assert!(
+                !connects(&api).await,
+                "connected while unreachable, round {round}"
+            );
+            api.set_unreachable(false).await;
+            assert!(connects(&api).await, "refused once reachable again");
         }
     }
 }
