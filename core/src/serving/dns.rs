@@ -11,9 +11,22 @@ use std::time::Duration;
 /// The resolver [`resolver_via`] makes.
 pub type Resolver = hickory_resolver::TokioResolver;
 
+/// How long an answer that a name does not exist (NXDOMAIN) is kept at most: for the
+/// time-to-live its zone's SOA gave it, never longer than this. CoreDNS gives its cluster's names
+/// 5 s (its `kubernetes` plugin's default `ttl`) and keeps an NXDOMAIN as long itself, so a
+/// Service made since the last lookup is seen no later than by a pod asking CoreDNS. Most
+/// files-mode pods have no Service of their account's name, and their agent asked CoreDNS so on
+/// every publish. Found addresses are not kept: a Service deleted since the last lookup must not
+/// be answered from memory, where it would put an address in a certificate request that the
+/// callback refuses.
+pub const MAX_NEGATIVE_TTL: Duration = Duration::from_secs(5);
+
+/// How many answers are kept: a node's pods name a few hundred service accounts at most.
+const ANSWER_CACHE_SIZE: usize = 256;
+
 /// A resolver that asks only `server`, over UDP falling back to TCP, once per lookup, with
-/// `timeout`, and keeps no answer cache: a Service deleted since the last lookup must not be
-/// answered from memory.
+/// `timeout`; it keeps no address it found, and a name's absence for its SOA's time-to-live up to
+/// [`MAX_NEGATIVE_TTL`].
 pub fn resolver_via(server: SocketAddr, timeout: Duration) -> Resolver {
     resolver_for(&[server], timeout)
 }
@@ -36,7 +49,10 @@ fn resolver_for(servers: &[SocketAddr], timeout: Duration) -> Resolver {
     );
     builder.options_mut().timeout = timeout;
     builder.options_mut().attempts = 1;
-    builder.options_mut().cache_size = 0;
+    let options = builder.options_mut();
+    options.cache_size = ANSWER_CACHE_SIZE;
+    options.positive_max_ttl = Some(Duration::ZERO);
+    options.negative_max_ttl = Some(MAX_NEGATIVE_TTL);
     builder.build()
 }
 
@@ -110,7 +126,7 @@ pub fn name_servers(path: &std::path::Path) -> Result<Vec<SocketAddr>, ResolvCon
 
 /// A resolver that asks the name servers `resolv_conf` names (read once: a changed file takes
 /// a restart), as [`resolver_via`] asks its one: in order, once per lookup each, with `timeout`,
-/// no answer cache. Its search domains are not used: callers look up absolute names.
+/// absences kept as there. Its search domains are not used: callers look up absolute names.
 pub fn resolver_from(
     resolv_conf: &std::path::Path,
     timeout: Duration,
@@ -202,8 +218,12 @@ mod tests {
 
     /// A DNS server on loopback that knows `web.shop.svc.cluster.local.` (10.96.0.7) and
     /// `v6.shop.svc.cluster.local.` (fd00::7, no IPv4 address), and answers every other name
-    /// NXDOMAIN; it counts the queries it is asked.
-    async fn dns_server() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    /// NXDOMAIN, with its zone's SOA as CoreDNS does if `soa`; every answer has time-to-live
+    /// `ttl`. It counts the queries it is asked.
+    async fn dns_server(
+        ttl: u32,
+        soa: bool,
+    ) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
         let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let addr = socket.local_addr().unwrap();
         let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -236,12 +256,15 @@ mod tests {
                     };
                     match known {
                         Some(Some(rdata)) => {
-                            answer.add_answer(Record::from_rdata(q.name().clone(), 5, rdata));
+                            answer.add_answer(Record::from_rdata(q.name().clone(), ttl, rdata));
                         }
                         // the name exists without that type: NOERROR and no answer (NODATA)
                         Some(None) => {}
                         None => {
                             answer.set_response_code(ResponseCode::NXDomain);
+                            if soa {
+                                answer.add_name_server(zone_soa(ttl));
+                            }
                         }
                     }
                 }
@@ -254,47 +277,111 @@ mod tests {
         (addr, asked)
     }
 
-    #[tokio::test]
-    async fn the_resolver_asks_its_server_every_time_and_finds_only_what_it_knows() {
-        let (server, asked) = dns_server().await;
-        let resolver = resolver_via(server, Duration::from_secs(2));
-        for _ in 0..2 {
-            assert_eq!(
-                first_address(
-                    &resolver,
-                    "web.shop.svc.cluster.local",
-                    Duration::from_secs(3)
-                )
-                .await,
-                Some("10.96.0.7".parse().unwrap())
-            );
-        }
-        let after_two = asked.load(std::sync::atomic::Ordering::SeqCst);
-        assert!(after_two >= 2, "no cache: both lookups asked ({after_two})");
-        assert_eq!(
-            first_address(
-                &resolver,
-                "none.shop.svc.cluster.local.",
-                Duration::from_secs(3)
-            )
-            .await,
-            None
+    /// `cluster.local.`'s SOA as CoreDNS sends it with an NXDOMAIN, its minimum `ttl`.
+    fn zone_soa(ttl: u32) -> Record {
+        use hickory_resolver::proto::rr::{Name, rdata::SOA};
+        let zone = Name::from_ascii("cluster.local.").unwrap();
+        let soa = SOA::new(
+            Name::from_ascii("ns.dns.cluster.local.").unwrap(),
+            Name::from_ascii("hostmaster.cluster.local.").unwrap(),
+            1,
+            7200,
+            1800,
+            86400,
+            ttl,
         );
+        Record::from_rdata(zone, ttl, RData::SOA(soa))
+    }
+
+    fn asked_so_far(asked: &std::sync::atomic::AtomicUsize) -> usize {
+        asked.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[tokio::test]
+    async fn the_resolver_finds_only_what_its_server_knows() {
+        let (server, _) = dns_server(5, true).await;
+        let resolver = resolver_via(server, Duration::from_secs(2));
+        let lookup = |name| first_address(&resolver, name, Duration::from_secs(3));
         assert_eq!(
-            first_address(
-                &resolver,
-                "v6.shop.svc.cluster.local",
-                Duration::from_secs(3)
-            )
-            .await,
+            lookup("web.shop.svc.cluster.local").await,
+            Some("10.96.0.7".parse().unwrap())
+        );
+        assert_eq!(lookup("none.shop.svc.cluster.local.").await, None);
+        assert_eq!(
+            lookup("v6.shop.svc.cluster.local").await,
             Some("fd00::7".parse().unwrap()),
             "a name with only an IPv6 address is found by its second question"
         );
     }
 
+    /// A name's absence is kept for its SOA's time-to-live and asked about again after it; a
+    /// found address is asked for every time.
+    #[tokio::test]
+    async fn an_absence_is_kept_for_its_time_to_live_and_an_address_not_at_all() {
+        let (server, asked) = dns_server(1, true).await;
+        let resolver = resolver_via(server, Duration::from_secs(2));
+        let lookup = |name| first_address(&resolver, name, Duration::from_secs(3));
+        for _ in 0..3 {
+            assert!(lookup("none.shop.svc.cluster.local").await.is_none());
+        }
+        assert_eq!(asked_so_far(&asked), 1, "one question within the TTL");
+        for _ in 0..3 {
+            assert!(lookup("web.shop.svc.cluster.local").await.is_some());
+        }
+        assert_eq!(asked_so_far(&asked), 4, "a found address is never kept");
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        assert!(lookup("none.shop.svc.cluster.local").await.is_none());
+        assert_eq!(asked_so_far(&asked), 5, "asked again once the TTL ran out");
+    }
+
+    /// An NXDOMAIN with a zero TTL, or without its zone's SOA, is not kept.
+    #[tokio::test]
+    async fn an_absence_without_a_time_to_live_is_not_kept() {
+        let (server, asked) = dns_server(0, true).await;
+        let resolver = resolver_via(server, Duration::from_secs(2));
+        for _ in 0..2 {
+            let none = first_address(
+                &resolver,
+                "none.shop.svc.cluster.local",
+                Duration::from_secs(3),
+            );
+            assert!(none.await.is_none());
+        }
+        assert_eq!(asked_so_far(&asked), 2);
+        let (without_soa, asked) = dns_server(5, false).await;
+        let resolver = resolver_via(without_soa, Duration::from_secs(2));
+        for _ in 0..2 {
+            let none = first_address(
+                &resolver,
+                "none.shop.svc.cluster.local",
+                Duration::from_secs(3),
+            );
+            assert!(none.await.is_none());
+        }
+        assert_eq!(asked_so_far(&asked), 2, "no SOA, no time-to-live");
+    }
+
+    /// An hour-long TTL on an NXDOMAIN is kept no longer than [`MAX_NEGATIVE_TTL`].
+    #[tokio::test]
+    async fn a_long_time_to_live_is_cut_to_the_cap() {
+        let (server, _) = dns_server(3600, true).await;
+        let resolver = resolver_via(server, Duration::from_secs(2));
+        let none = resolver
+            .ipv4_lookup("none.shop.svc.cluster.local.")
+            .await
+            .unwrap_err();
+        let negative_ttl = match none.proto().map(|p| p.kind()) {
+            Some(hickory_resolver::proto::ProtoErrorKind::NoRecordsFound {
+                negative_ttl, ..
+            }) => *negative_ttl,
+            other => panic!("not a negative answer: {other:?}"),
+        };
+        assert_eq!(negative_ttl, Some(5), "an NXDOMAIN kept {negative_ttl:?} s");
+    }
+
     #[tokio::test]
     async fn a_name_that_does_not_exist_is_asked_about_once() {
-        let (server, asked) = dns_server().await;
+        let (server, asked) = dns_server(5, true).await;
         let resolver = resolver_via(server, Duration::from_secs(2));
         let lookup = first_address(
             &resolver,
