@@ -292,11 +292,12 @@ fn file_set_on_tmpfs(c: &mut Criterion) {
 }
 
 /// One files-mode volume from publish to unpublish, without its identity: the tmpfs, `data.json`,
-/// the first credential set, the read-only bind at the target, and the unmount and removal
+/// the first credential set, the agent's `state.json` and `status.json`, the read-only bind at
+/// the target, and the unmount and removal
 /// (docs/design.md §4.10). Real mounts, so only as root; otherwise it says so and measures nothing.
 fn files_volume_lifecycle(c: &mut Criterion) {
     use athenz_core::pod_info::PodInfo;
-    use athenz_core::volume::{CsiVolume, VolumesDir};
+    use athenz_core::volume::{CsiVolume, VolumeStatusRecord, VolumesDir};
     use athenz_core::volume_mode::VolumeMode;
     use athenz_core::volume_mount::files_mode;
     use athenz_core::volume_mount::{HostDirs, VolumeRequest, unmount_volume};
@@ -332,6 +333,18 @@ fn files_volume_lifecycle(c: &mut Criterion) {
     };
     let contents = CredentialContents::sized_as_a_pod_s();
     let files = contents.specs();
+    let state = serde_json::json!({
+        "provider": "k8s.admin.athenz-k8s-identity",
+        "instanceId": "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c",
+        "domain": "media-sports",
+        "service": "web",
+        "podUid": "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c",
+        "certSerial": "3f2a9c0d8e7b6a5f4e3d2c1b0a998877",
+        "certExpiry": "2026-11-30T10:00:00Z",
+        "updatedAt": "2026-11-29T10:00:00Z",
+        "keySource": "agent"
+    });
+    let next_refresh = time::OffsetDateTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     let lifecycle = || {
         std::fs::create_dir(&target).unwrap();
         let pending = files_mode::begin(
@@ -343,6 +356,12 @@ fn files_volume_lifecycle(c: &mut Criterion) {
         .unwrap();
         FileSet::new(pending.files_dir())
             .write(&files, None)
+            .unwrap();
+        // the agent's two records, as a publish writes them: its refresh state and the
+        // operator's status (when it re-issues next)
+        let paths = pending.paths().clone();
+        athenz_core::volume::write_json_record(&paths.state_json, &state).unwrap();
+        VolumeStatusRecord::update(&paths.status_json, |r| r.next_refresh = Some(next_refresh))
             .unwrap();
         pending.publish().unwrap();
         unmount_volume(&host, &target_text).unwrap();
