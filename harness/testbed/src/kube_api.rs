@@ -14,6 +14,8 @@
 //! real server answers.
 
 mod faults;
+mod objects;
+mod pod_store;
 mod requests;
 pub mod tokens;
 mod writes;
@@ -22,60 +24,18 @@ use athenz_core::http::{Body, ConnInfo, Handler, json_response};
 use bytes::Bytes;
 use faults::{ApiFaults, Serving, failure, serve_until_stopped};
 use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::api::core::v1::{Node, Pod, PodSpec, PodStatus, Service, ServiceSpec};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use objects::now_timestamp;
+pub use objects::{
+    cluster_ip_service, mark_terminating, node_agent_pod, report_sandbox, running_pod,
+};
+use pod_store::PodStore;
 use requests::RequestCounts;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
-
-/// The pods, each with a revision that changes whenever it may have changed (any write or
-/// mutable access), so readers that cache a pod's encoding compare one number instead of the
-/// whole pod (the kubelet stand-in did that for every pod of every list: most of its CPU with
-/// real-size pods).
-#[derive(Default)]
-struct PodStore {
-    pods: BTreeMap<(String, String), (Pod, u64)>,
-    last_revision: u64,
-}
-
-impl PodStore {
-    fn next_revision(&mut self) -> u64 {
-        self.last_revision += 1;
-        self.last_revision
-    }
-
-    fn insert(&mut self, key: (String, String), pod: Pod) {
-        let revision = self.next_revision();
-        self.pods.insert(key, (pod, revision));
-    }
-
-    fn get(&self, key: &(String, String)) -> Option<&Pod> {
-        self.pods.get(key).map(|(pod, _)| pod)
-    }
-
-    /// The pod to change: counted as changed.
-    fn get_mut(&mut self, key: &(String, String)) -> Option<&mut Pod> {
-        let revision = self.next_revision();
-        self.pods.get_mut(key).map(|(pod, seen)| {
-            *seen = revision;
-            pod
-        })
-    }
-
-    fn remove(&mut self, key: &(String, String)) -> Option<Pod> {
-        self.pods.remove(key).map(|(pod, _)| pod)
-    }
-
-    fn contains_key(&self, key: &(String, String)) -> bool {
-        self.pods.contains_key(key)
-    }
-
-    fn values(&self) -> impl Iterator<Item = &Pod> {
-        self.pods.values().map(|(pod, _)| pod)
-    }
-}
 
 #[derive(Default)]
 struct Store {
@@ -223,53 +183,6 @@ impl Cluster {
     }
 }
 
-/// A running pod, as the API server reports it.
-pub fn running_pod(
-    namespace: &str,
-    name: &str,
-    uid: &str,
-    service_account: &str,
-    ip: &str,
-    node: &str,
-) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            namespace: Some(namespace.to_owned()),
-            name: Some(name.to_owned()),
-            uid: Some(uid.to_owned()),
-            creation_timestamp: Some(Time(now_timestamp())),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            service_account_name: Some(service_account.to_owned()),
-            node_name: Some(node.to_owned()),
-            containers: Vec::new(),
-            ..PodSpec::default()
-        }),
-        status: Some(PodStatus {
-            phase: Some("Running".to_owned()),
-            pod_ip: (!ip.is_empty()).then(|| ip.to_owned()),
-            pod_ips: (!ip.is_empty())
-                .then(|| vec![k8s_openapi::api::core::v1::PodIP { ip: ip.to_owned() }]),
-            ..PodStatus::default()
-        }),
-    }
-}
-
-/// A node's agent pod, as its DaemonSet makes it: `athenz-system/athenz-agent-<node>`, running as
-/// the agents' service account on `node` (a new uid each call).
-pub fn node_agent_pod(node: &str) -> Pod {
-    use crate::fixtures::{AGENT_NAMESPACE, AGENT_SERVICE_ACCOUNT};
-    running_pod(
-        AGENT_NAMESPACE,
-        &format!("athenz-agent-{node}"),
-        &tokens::uuid_v4(),
-        AGENT_SERVICE_ACCOUNT,
-        "",
-        node,
-    )
-}
-
 impl Cluster {
     /// Adds node `node` and its agent pod, and mints that pod's projected token (audience
     /// `athenz-node`, an hour), as the kubelet does for the DaemonSet; returns the pod and token.
@@ -292,24 +205,6 @@ impl Cluster {
             expiration_secs: None,
         })?;
         Ok((pod, token))
-    }
-}
-
-/// A ClusterIP service.
-pub fn cluster_ip_service(namespace: &str, name: &str, cluster_ip: &str) -> Service {
-    Service {
-        metadata: ObjectMeta {
-            namespace: Some(namespace.to_owned()),
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(ServiceSpec {
-            cluster_ip: Some(cluster_ip.to_owned()),
-            cluster_ips: Some(vec![cluster_ip.to_owned()]),
-            type_: Some("ClusterIP".to_owned()),
-            ..ServiceSpec::default()
-        }),
-        status: None,
     }
 }
 
@@ -580,36 +475,4 @@ impl Drop for KubeApi {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// Marks a pod as being deleted, as the API server does when deletion starts.
-pub fn mark_terminating(pod: &mut Pod) {
-    pod.metadata.deletion_timestamp = Some(Time(now_timestamp()));
-}
-
-/// Reports the pod's sandbox as the kubelet does once it has made it: `ip`, and the
-/// `PodReadyToStartContainers` condition true since `since` (Unix seconds; `None`: now).
-pub fn report_sandbox(pod: &mut Pod, ip: &str, since: Option<i64>) {
-    let at = since
-        .and_then(|s| k8s_openapi::jiff::Timestamp::from_second(s).ok())
-        .unwrap_or_else(now_timestamp);
-    let status = pod.status.get_or_insert_with(PodStatus::default);
-    status.pod_ip = Some(ip.to_owned());
-    status.pod_ips = Some(vec![k8s_openapi::api::core::v1::PodIP {
-        ip: ip.to_owned(),
-    }]);
-    let conditions = status.conditions.get_or_insert_with(Vec::new);
-    conditions.retain(|c| c.type_ != "PodReadyToStartContainers");
-    conditions.push(k8s_openapi::api::core::v1::PodCondition {
-        type_: "PodReadyToStartContainers".into(),
-        status: "True".into(),
-        last_transition_time: Some(Time(at)),
-        ..Default::default()
-    });
-}
-
-fn now_timestamp() -> k8s_openapi::jiff::Timestamp {
-    let secs = time::OffsetDateTime::now_utc().unix_timestamp();
-    k8s_openapi::jiff::Timestamp::from_second(secs)
-        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
