@@ -69,7 +69,7 @@ pub fn newest_release(changelog: &str) -> Option<(String, String)> {
     })
 }
 
-/// Where released images built from their commits are kept, with their cargo target dirs:
+/// Where released images built from their commits are kept:
 /// `$ATHENZ_RELEASE_CACHE`, else `${XDG_CACHE_HOME:-$HOME/.cache}/athenz-k8s-identity/releases`.
 /// A commit's image never changes, so like Go's and cargo's caches this one outlives a clone
 /// (CI's clean clones reuse it); deleting it only costs the build again.
@@ -168,6 +168,9 @@ impl PreviousRelease {
         );
         std::fs::rename(src.join("target/image").join(&name), &kept).unwrap();
         std::fs::remove_dir_all(&src).unwrap();
+        // only the image is read again (a commit's image never changes); its release build is
+        // 1.4 GiB that would otherwise stay on the disk CI builds on
+        std::fs::remove_dir_all(base.join("build")).unwrap();
         kept
     }
 }
