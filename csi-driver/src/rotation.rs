@@ -22,6 +22,7 @@ use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::secret::Secret;
 use athenz_core::volume::{RecordedVolume, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir};
 use athenz_core::volume_mode::VolumeMode;
+use athenz_core::volume_mount::files_mode;
 use athenz_core::volume_mount::mountinfo::MountTable;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -290,7 +291,7 @@ impl<I: Issuer> Rotation<I> {
             if data.mode() != VolumeMode::CsiFiles {
                 continue;
             }
-            if !table.is_mounted(&paths.files) {
+            if !files_mode::tmpfs_mounted(&table, &paths) {
                 tracing::warn!(%id, "files-mode volume lost its tmpfs (a reboot?); left for kubelet");
                 continue;
             }

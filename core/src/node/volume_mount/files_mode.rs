@@ -16,6 +16,13 @@
 //! Dropping a pending volume (the issue failed) undoes everything. The tmpfs keeps keys off disk
 //! and bounds what a volume may hold; it is a mount of its own so that unmounting the target
 //! never depends on what the pod did.
+//!
+//! A later release may mount the tmpfs on `<id>/` itself, records and `files/` inside it, so
+//! that a volume costs the node's disk one directory instead of two and three files (see
+//! docs/benchmarks.md, "Where the agent's CPU goes per files-mode pod"). This release writes the
+//! layout above but already recognises, resumes and removes that one ([`tmpfs_mounted`],
+//! [`is_complete`], [`super::unmount_volume`], and [`begin`] clearing the empty directory such a
+//! volume leaves after a reboot), so that a rollback from that release to this one keeps working.
 
 use super::mountinfo::MountTable;
 use super::steps::{
@@ -95,6 +102,20 @@ pub fn begin_failing(
     fail_at: Option<FilesStep>,
 ) -> Result<PendingFilesVolume, StepError> {
     let (id, paths) = host.volume_of(target_text)?;
+    // a volume whose tmpfs held its records (the later layout above) leaves its directory
+    // empty after a reboot; rmdir removes nothing else (a directory with anything in it stays,
+    // and creating it below fails, naming it)
+    match fs::remove_dir(&paths.dir) {
+        Err(e)
+            if e.kind() != std::io::ErrorKind::NotFound
+                && !matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) =>
+        {
+            return Err(step(format!("removing the empty {}", paths.dir.display()))(
+                e,
+            ));
+        }
+        _ => {}
+    }
     let mut rollback = Rollback::new();
     fs::DirBuilder::new()
         .mode(0o700)
@@ -169,10 +190,16 @@ impl PendingFilesVolume {
     }
 }
 
-/// Whether a files-mode volume is fully in place at `target`: its tmpfs mounted once and bound
-/// once at the target.
+/// Whether a files-mode volume is fully in place at `target`: its tmpfs mounted once (on
+/// `files/`, or on the volume directory in the later layout) and bound once at the target.
 pub fn is_complete(table: &MountTable, target: &Path, paths: &VolumePaths) -> bool {
-    table.count(target) == 1 && table.count(&paths.files) == 1
+    table.count(target) == 1 && table.count(&paths.files) + table.count(&paths.dir) == 1
+}
+
+/// Whether a files-mode volume's tmpfs is still mounted, in either layout: after a reboot it is
+/// not, and the volume is left for kubelet's next publish.
+pub fn tmpfs_mounted(table: &MountTable, paths: &VolumePaths) -> bool {
+    table.is_mounted(&paths.files) || table.is_mounted(&paths.dir)
 }
 
 #[cfg(test)]
@@ -257,5 +284,66 @@ mod tests {
         assert_eq!(volume_dirs(), 0);
         // and again, on what is already gone
         super::super::unmount_volume(&host, target_text).unwrap();
+    }
+
+    /// The later layout (the tmpfs on the volume directory, records and `files/` inside it),
+    /// made here by hand as that release would: recognised as complete and mounted, removed by
+    /// the common unmount; after a reboot (its mounts gone) the empty directory it leaves does
+    /// not stop a new publish (real mounts: needs root).
+    #[test]
+    fn the_later_layout_is_recognised_and_removed() {
+        let (_tmp, root, host) = super::super::test_support::host();
+        let target = root.join("mount");
+        fs::create_dir(&target).unwrap();
+        let target_text = target.to_str().unwrap();
+        let (_, paths) = host.volume_of(target_text).unwrap();
+        let make_later_layout = || {
+            fs::create_dir(&paths.dir).unwrap();
+            mount(
+                Some("athenz-identity"),
+                &paths.dir,
+                Some("tmpfs"),
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+                Some("size=65536,mode=0700"),
+            )
+            .unwrap();
+            let json = serde_json::to_vec(&request().data(target_text)).unwrap();
+            fs::write(&paths.data_json, json).unwrap();
+            fs::write(&paths.state_json, b"{}").unwrap();
+            fs::write(paths.dir.join("status.json"), b"{}").unwrap();
+            fs::create_dir(&paths.files).unwrap();
+            fs::write(paths.files.join("service.cert.pem"), b"cert").unwrap();
+            bind(&paths.files, &target, false).unwrap();
+            remount_read_only(&target).unwrap();
+        };
+
+        make_later_layout();
+        let table = MountTable::read().unwrap();
+        assert!(is_complete(&table, &target, &paths));
+        assert!(tmpfs_mounted(&table, &paths));
+        assert_eq!(fs::read(target.join("service.cert.pem")).unwrap(), b"cert");
+        super::super::unmount_volume(&host, target_text).unwrap();
+        assert_eq!(MountTable::read().unwrap().under(&root).count(), 0);
+        assert_eq!(super::super::test_support::volume_dirs(&host), 0);
+
+        // a reboot: both mounts gone, the volume directory left empty on the node's disk
+        make_later_layout();
+        nix::mount::umount(&target).unwrap();
+        nix::mount::umount(&paths.dir).unwrap();
+        assert!(paths.dir.is_dir());
+        let table = MountTable::read().unwrap();
+        assert!(!is_complete(&table, &target, &paths));
+        assert!(!tmpfs_mounted(&table, &paths));
+        let pending = begin(&host, target_text, &request(), 65536).unwrap();
+        pending.publish().unwrap();
+        assert!(is_complete(&MountTable::read().unwrap(), &target, &paths));
+        super::super::unmount_volume(&host, target_text).unwrap();
+
+        // a volume directory with anything in it is never removed by a publish
+        fs::create_dir(&paths.dir).unwrap();
+        fs::write(paths.dir.join("kept"), b"x").unwrap();
+        let err = begin(&host, target_text, &request(), 65536).unwrap_err();
+        assert!(err.0.contains(&paths.dir.display().to_string()), "{err:?}");
+        assert_eq!(fs::read(paths.dir.join("kept")).unwrap(), b"x");
     }
 }

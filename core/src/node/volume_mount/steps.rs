@@ -391,6 +391,8 @@ pub fn unmount_volume(host: &HostDirs, dir_text: &str) -> Result<VolumeId, StepE
     unmount_all(dir)?;
     unmount_all(&paths.connect)?;
     unmount_all(&paths.files)?;
+    // files mode's later layout: the tmpfs on the volume directory, records inside it
+    unmount_all(&paths.dir)?;
     remove_volume_dir(&paths)?;
     Ok(id)
 }
