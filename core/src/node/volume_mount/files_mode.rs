@@ -310,7 +310,7 @@ mod tests {
             let json = serde_json::to_vec(&request().data(target_text)).unwrap();
             fs::write(&paths.data_json, json).unwrap();
             fs::write(&paths.state_json, b"{}").unwrap();
-            fs::write(paths.dir.join("status.json"), b"{}").unwrap();
+            fs::write(&paths.status_json, b"{}").unwrap();
             fs::create_dir(&paths.files).unwrap();
             fs::write(paths.files.join("service.cert.pem"), b"cert").unwrap();
             bind(&paths.files, &target, false).unwrap();
