@@ -480,11 +480,11 @@ mod tests {
         assert!(cluster.last_answer.lock().unwrap().is_none());
     }
 
-    /// An API on loopback that answers `/version` on every request of a kept-alive connection
-    /// (or, with `answer` false, reads requests and never answers); returns its URL and the
-    /// number of connections it accepted.
+    /// An API on loopback that answers `/version` on every request of a kept-alive connection,
+    /// `answer_after` each request (or, with `None`, reads requests and never answers); returns
+    /// its URL and the number of connections it accepted.
     async fn api_keeping_connections(
-        answer: bool,
+        answer_after: Option<Duration>,
     ) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         use std::sync::atomic::Ordering;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -506,9 +506,10 @@ mod tests {
                         }
                         while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
                             head.drain(..end + 4);
-                            if !answer {
+                            let Some(delay) = answer_after else {
                                 continue;
-                            }
+                            };
+                            tokio::time::sleep(delay).await;
                             let reply = format!(
                                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
                                 body.len()
@@ -532,10 +533,10 @@ mod tests {
     /// A cluster client of [`KEPT_CALL_TIMEOUT`] for an [`api_keeping_connections`] API, and the
     /// count of connections that API accepted.
     async fn cluster_keeping_connections(
-        answer: bool,
+        answer_after: Option<Duration>,
     ) -> (Cluster, Arc<std::sync::atomic::AtomicUsize>) {
         athenz_core::install_crypto_provider();
-        let (url, accepted) = api_keeping_connections(answer).await;
+        let (url, accepted) = api_keeping_connections(answer_after).await;
         let cluster = Cluster::connect(Some(&url), KEPT_CALL_TIMEOUT, Histogram::new([0.1]))
             .await
             .unwrap();
@@ -547,10 +548,33 @@ mod tests {
     /// connector, and each `/version` then cost a new TLS connection to the API server).
     #[tokio::test]
     async fn an_idle_connection_outlives_the_call_timeout() {
-        let (cluster, accepted) = cluster_keeping_connections(true).await;
+        let (cluster, accepted) = cluster_keeping_connections(Some(Duration::ZERO)).await;
         assert!(cluster.reachable().await, "the API answers");
         tokio::time::sleep(KEPT_CALL_TIMEOUT * 3).await;
         assert!(cluster.reachable().await, "the API answers again");
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "both answers came over one connection"
+        );
+    }
+
+    /// A call sent on a connection that has waited idle almost the call timeout is answered,
+    /// however long the answer takes within that timeout. With a read timeout of the call
+    /// timeout on the connector (0.2.0's client), the timer started when the connection went
+    /// idle ends it under the call: `client error (SendRequest)`, which the callback answers as
+    /// 504 "cannot tell now".
+    #[tokio::test]
+    async fn a_call_on_a_connection_idle_almost_the_call_timeout_is_answered() {
+        let answer_after = KEPT_CALL_TIMEOUT / 3;
+        let (cluster, accepted) = cluster_keeping_connections(Some(answer_after)).await;
+        assert!(cluster.reachable().await, "the API answers");
+        tokio::time::sleep(KEPT_CALL_TIMEOUT - answer_after / 2).await;
+        let version = cluster.timed(cluster.client.apiserver_version()).await;
+        assert!(
+            version.is_ok(),
+            "the call on the idle connection: {version:?}"
+        );
         assert_eq!(
             accepted.load(std::sync::atomic::Ordering::SeqCst),
             1,
@@ -562,7 +586,7 @@ mod tests {
     /// ends at the call timeout, as unreachable.
     #[tokio::test]
     async fn an_api_that_never_answers_is_unreachable_at_the_call_timeout() {
-        let (cluster, _) = cluster_keeping_connections(false).await;
+        let (cluster, _) = cluster_keeping_connections(None).await;
         assert!(!cluster.reachable().await, "no answer is not reachable");
         let err = cluster
             .pod("payments", "web-0")
