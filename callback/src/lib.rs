@@ -217,7 +217,7 @@ pub async fn start(
         .local_addr()
         .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
-    let http_metrics = HttpMetrics::register(&mut registry);
+    let http_metrics = HttpMetrics::register_tls(&mut registry);
     let handler = Arc::new(handler::CallbackHandler {
         base_path: config.base_path.clone(),
         allowed: setup.allowed.clone(),

@@ -199,7 +199,7 @@ pub async fn start(
         .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_initializer");
-    let http_metrics = HttpMetrics::register(&mut registry);
+    let http_metrics = HttpMetrics::register_tls(&mut registry);
     let reviews = Family::<ReviewLabels, Counter>::default();
     registry.register("reviews", "Admission reviews, by outcome", reviews.clone());
     registry.register(

@@ -68,7 +68,7 @@ pub async fn start(
         .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_jwt_service");
-    let http_metrics = HttpMetrics::register(&mut registry);
+    let http_metrics = HttpMetrics::register_tls(&mut registry);
     let handler = Arc::new(service::JwtHandler {
         keys: keys.clone(),
         allowed: setup.allowed.clone(),

@@ -179,14 +179,55 @@ pub struct RouteLabels {
     pub route: &'static str,
 }
 
+/// Labels of the TLS handshake counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// `1.2` or `1.3`.
+    pub version: &'static str,
+    /// `full` (the client's certificate verified) or `resumed` (taken from its session).
+    pub kind: &'static str,
+}
+
+impl HandshakeLabels {
+    /// The labels of a completed handshake.
+    pub fn of(session: &rustls::ServerConnection) -> Self {
+        let version = match session.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_2) => "1.2",
+            Some(rustls::ProtocolVersion::TLSv1_3) => "1.3",
+            _ => "other",
+        };
+        let kind = match session.handshake_kind() {
+            Some(rustls::HandshakeKind::Resumed) => "resumed",
+            _ => "full",
+        };
+        Self { version, kind }
+    }
+}
+
 /// Request metrics of one server.
 #[derive(Clone, Debug)]
 pub struct HttpMetrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<RouteLabels, Histogram>,
+    /// Only a TLS server's ([`HttpMetrics::register_tls`]).
+    handshakes: Option<Family<HandshakeLabels, Counter>>,
 }
 
 impl HttpMetrics {
+    /// A TLS server's: [`HttpMetrics::register`]'s and `tls_handshakes`.
+    pub fn register_tls(registry: &mut Registry) -> Self {
+        let handshakes = Family::<HandshakeLabels, Counter>::default();
+        registry.register(
+            "tls_handshakes",
+            "TLS handshakes completed, by version and kind (full, or resumed from a session)",
+            handshakes.clone(),
+        );
+        Self {
+            handshakes: Some(handshakes),
+            ..Self::register(registry)
+        }
+    }
+
     /// Creates and registers `http_requests` and `http_request_duration_seconds` in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let requests = Family::<RequestLabels, Counter>::default();
@@ -205,7 +246,19 @@ impl HttpMetrics {
             "Time to answer a request, by route",
             latency.clone(),
         );
-        Self { requests, latency }
+        Self {
+            requests,
+            latency,
+            handshakes: None,
+        }
+    }
+
+    fn record_handshake(&self, session: &rustls::ServerConnection) {
+        if let Some(handshakes) = &self.handshakes {
+            handshakes
+                .get_or_create(&HandshakeLabels::of(session))
+                .inc();
+        }
     }
 
     fn record(&self, route: &'static str, status: StatusCode, elapsed: Duration) {
@@ -329,6 +382,9 @@ impl<H: Handler> Server<H> {
                             }
                         };
                         let session = tls_stream.get_ref().1;
+                        if let Some(metrics) = &shared.metrics {
+                            metrics.record_handshake(session);
+                        }
                         let leaf = crate::tls::peer_leaf(session);
                         let principal = leaf
                             .as_ref()

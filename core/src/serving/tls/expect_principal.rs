@@ -16,19 +16,32 @@ pub fn client_config_expecting(
     identity: Option<ClientIdentity>,
     expected_principal: &str,
 ) -> Result<ClientConfig, TlsError> {
-    client_config_verifying(cas, identity, expected_principal, HostName::Checked)
+    client_config_verifying(
+        cas,
+        identity,
+        expected_principal,
+        HostName::Checked,
+        rustls::DEFAULT_VERSIONS,
+    )
 }
 
 /// A client config that trusts `cas` and accepts a server whose certificate chains to them and
 /// whose CN is `expected_principal`, whatever host names it carries: what Athenz ZTS checks of an
 /// instance provider (`ProviderHostnameVerifier` replaces the host name check with the CN check;
-/// the chain is still verified by ZTS's trust store).
+/// the chain is still verified by ZTS's trust store), speaking only the TLS `versions` given.
 pub fn client_config_expecting_cn_only(
     cas: &[CertificateDer<'static>],
     identity: Option<ClientIdentity>,
     expected_principal: &str,
+    versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Result<ClientConfig, TlsError> {
-    client_config_verifying(cas, identity, expected_principal, HostName::Ignored)
+    client_config_verifying(
+        cas,
+        identity,
+        expected_principal,
+        HostName::Ignored,
+        versions,
+    )
 }
 
 fn client_config_verifying(
@@ -36,6 +49,7 @@ fn client_config_verifying(
     identity: Option<ClientIdentity>,
     expected_principal: &str,
     host_name: HostName,
+    versions: &[&'static rustls::SupportedProtocolVersion],
 ) -> Result<ClientConfig, TlsError> {
     let roots = root_store(cas)?;
     let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
@@ -47,7 +61,7 @@ fn client_config_verifying(
         host_name,
     });
     let builder = ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
+        .with_protocol_versions(versions)
         .map_err(|e| TlsError::Config(e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(verifier);

@@ -1,7 +1,8 @@
 //! rustls configurations for every TLS endpoint of the system.
 //!
 //! - Servers always require a client certificate chaining to a configured CA, and hand the handler
-//!   the client's principal (the certificate CN) so it can check an allow-list.
+//!   the client's principal (the certificate CN) so it can check an allow-list. A session may be
+//!   resumed for [`SESSION_MAX_AGE`] after its client was verified ([`ExpiringSessionCache`]).
 //! - Clients trust only a configured CA bundle — never the system roots.
 //! - Certificates and keys are reloaded from disk when they change ([`ReloadingIdentity`]); a
 //!   half-written pair (key not matching certificate) is skipped and the old pair keeps serving.
@@ -26,8 +27,10 @@ use thiserror::Error;
 
 mod expect_principal;
 mod reloading_client_ca;
+mod session_cache;
 pub use expect_principal::{client_config_expecting, client_config_expecting_cn_only};
 pub use reloading_client_ca::ReloadingClientCa;
+pub use session_cache::{ExpiringSessionCache, SESSION_MAX_AGE};
 
 /// Largest certificate or key file read.
 const MAX_TLS_FILE_LEN: u64 = 256 * 1024;
@@ -429,6 +432,7 @@ pub fn server_config_with(
         .with_client_cert_verifier(verifier)
         .with_cert_resolver(identity);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.session_storage = ExpiringSessionCache::for_servers();
     Ok(Arc::new(config))
 }
 
@@ -444,6 +448,7 @@ pub fn server_config_reloading(
         .with_client_cert_verifier(client_ca)
         .with_cert_resolver(identity);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.session_storage = ExpiringSessionCache::for_servers();
     Ok(Arc::new(config))
 }
 
@@ -459,6 +464,7 @@ pub fn server_config_without_client_auth(
         .with_no_client_auth()
         .with_cert_resolver(identity);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.session_storage = ExpiringSessionCache::for_servers();
     Ok(Arc::new(config))
 }
 

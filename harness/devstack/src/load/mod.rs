@@ -5,9 +5,10 @@
 //! callback's TokenReview, as in a cluster), `--pods-per-node` real-size pods on each node in
 //! the API, then for `--seconds` at `--rate` identities a second, spread over the nodes: each
 //! identity is a JWT from the jwt-service, asked with that node's own certificate (the agent →
-//! jwt-service path), then a confirmation from the callback over a new mutual-TLS connection
-//! with a full handshake, as ZTS makes every one (`ZTSImpl`: a fresh `InstanceHttpProvider` per
-//! request). A quarter of the identities are refreshes (the callback's `/refresh`), the rest
+//! jwt-service path), then a confirmation from the callback over a new mutual-TLS connection,
+//! as ZTS makes every one (`ZTSImpl`: a fresh `InstanceHttpProvider` per request, all from its
+//! one TLS 1.2 `SSLContext`, so a connection resumes an earlier one's session when the replica
+//! it reaches still holds it). A quarter of the identities are refreshes (the callback's `/refresh`), the rest
 //! launches (`/instance`). The API stand-in counts every request (`apiserver_request_total`),
 //! so the report says what each identity, each refresh and each node renewal costs the API.
 

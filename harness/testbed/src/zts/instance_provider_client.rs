@@ -1,9 +1,11 @@
 //! ZTS's calls to instance providers, as Athenz makes them (`InstanceHttpProvider`,
 //! `InstanceProviderClient`, `ProviderHostnameVerifier` in `libs/java/instance_provider`):
 //!
-//! - a new client, so a new mutual-TLS connection with a full handshake, for every confirmation
-//!   (`ZTSImpl` gets a fresh `InstanceHttpProvider` per request and closes it afterwards); no
-//!   connection is pooled and no TLS session resumed;
+//! - a new client, so a new mutual-TLS connection, for every confirmation (`ZTSImpl` gets a
+//!   fresh `InstanceHttpProvider` per request and closes it afterwards); no connection is pooled.
+//!   Every client is made from ZTS's one `SSLContext` (`ZTSUtils.getAthenzServerSSLContext`,
+//!   `TLSv1.2`), made at start-up, so TLS 1.2 only, and a new connection resumes the session
+//!   of an earlier one to the same host and port when the provider's server still holds it;
 //! - the provider's server certificate must chain to ZTS's trust store and have the provider's
 //!   service name as its CN; its host names are not checked (`ProviderHostnameVerifier.verify`
 //!   stands in for the host name check). This is checked in the handshake, before the attestation
@@ -146,8 +148,12 @@ impl ProviderClients {
         Ok(Some((host.to_owned(), SocketAddr::new(ip, port))))
     }
 
-    /// The TLS configuration for `provider`'s server, without session resumption: every
-    /// confirmation pays a full handshake, as each of Athenz's fresh provider clients does.
+    /// The TLS configuration for `provider`'s server, as ZTS's: TLS 1.2 only (ZTS's provider
+    /// clients use the context `ZTSUtils.getAthenzServerSSLContext` makes with
+    /// `SSLContext.getInstance("TLSv1.2")`), and one session cache for every confirmation. ZTS
+    /// makes a new client and connection per confirmation, but they all share that one
+    /// `SSLContext`, made at start-up, whose client session cache lets a new connection to the
+    /// same host and port resume (docs/design.md §4.4).
     fn config(&self, provider: &str) -> Result<Arc<rustls::ClientConfig>, String> {
         let mut configs = self
             .configs
@@ -156,10 +162,14 @@ impl ProviderClients {
         if let Some(c) = configs.get(provider) {
             return Ok(c.clone());
         }
-        let mut config =
-            tls::client_config_expecting_cn_only(&self.cas, Some(self.identity.clone()), provider)
-                .map_err(|e| e.to_string())?;
-        config.resumption = rustls::client::Resumption::disabled();
+        let config = tls::client_config_expecting_cn_only(
+            &self.cas,
+            Some(self.identity.clone()),
+            provider,
+            &[&rustls::version::TLS12],
+        )
+        .map_err(|e| e.to_string())?;
+        // the clients made from clones of this config share its session store
         let config = Arc::new(config);
         configs.insert(provider.to_owned(), config.clone());
         Ok(config)

@@ -279,7 +279,7 @@ impl DevZts {
             .local_addr()
             .map_err(io("reading the bound address"))?;
         let mut metrics_registry = prometheus_client::registry::Registry::with_prefix("dev_zts");
-        let metrics = HttpMetrics::register(&mut metrics_registry);
+        let metrics = HttpMetrics::register_tls(&mut metrics_registry);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let server = Server::new(
             Listener::Tcp(listener),

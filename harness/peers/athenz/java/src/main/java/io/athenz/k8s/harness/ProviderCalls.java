@@ -12,7 +12,9 @@ import javax.net.ssl.SSLContext;
  * ZTS calling an HTTP instance provider, as ZTSImpl does for each launch and refresh: a new
  * InstanceHttpProvider initialized with the provider's name and endpoint and ZTS's own
  * SSLContext (so Athenz's ProviderHostnameVerifier requires the provider's CN), then
- * confirmInstance or refreshInstance, then close. A request's "read_timeout_ms" is ZTS's
+ * confirmInstance or refreshInstance, then close. The SSLContext is ZTS's one
+ * (Tls.ztsProviderContext): TLS 1.2, the same object for every call with the same identity, so a
+ * new connection may resume an earlier one's session. A request's "read_timeout_ms" is ZTS's
  * athenz.instance.provider.client.read_timeout (30 s unset).
  */
 final class ProviderCalls {
@@ -25,7 +27,7 @@ final class ProviderCalls {
 
     static ObjectNode call(JsonNode request) throws Exception {
         SSLContext zts =
-                Tls.context(
+                Tls.ztsProviderContext(
                         Requests.file(request, "ca"),
                         Requests.file(request, "cert"),
                         Requests.file(request, "key"));
