@@ -23,6 +23,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
 };
+use rustls::HandshakeKind;
 use rustls_pki_types::ServerName;
 use std::hint::black_box;
 use std::sync::Arc;
@@ -162,6 +163,10 @@ fn pki() -> Pki {
     }
 }
 
+/// A mutual-TLS handshake over loopback, both ends in this process, the server configured as
+/// every daemon's (`tls::server_config`): TLS 1.3 full (the agents' and the API server's
+/// clients), and TLS 1.2 as ZTS calls the callback, full and resumed (ZTS's one `SSLContext`
+/// resumes, docs/design.md §4.4). Each checks that its handshakes are of the kind it names.
 fn handshake(c: &mut Criterion) {
     athenz_core::install_crypto_provider();
     let pki = pki();
@@ -171,8 +176,6 @@ fn handshake(c: &mut Criterion) {
         .build()
         .unwrap();
     let server_config = tls::server_config(pki.server.clone(), &pki.ca_der).unwrap();
-    let client_config =
-        Arc::new(tls::client_config(&pki.ca_der, Some(pki.client.clone())).unwrap());
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
@@ -191,16 +194,47 @@ fn handshake(c: &mut Criterion) {
             });
         }
     });
-    let connector = tokio_rustls::TlsConnector::from(client_config);
     let name = ServerName::try_from("localhost").unwrap();
-    c.bench_function("tls/mutual_handshake_loopback", |b| {
-        b.iter(|| {
+    let mut tls13 = tls::client_config(&pki.ca_der, Some(pki.client.clone())).unwrap();
+    tls13.resumption = rustls::client::Resumption::disabled();
+    let as_zts = |resumption: rustls::client::Resumption| {
+        let mut config = tls::client_config_expecting_cn_only(
+            &pki.ca_der,
+            Some(pki.client.clone()),
+            "k8s.admin.athenz-callback",
+            &[&rustls::version::TLS12],
+        )
+        .unwrap();
+        config.resumption = resumption;
+        config
+    };
+    let cases = [
+        ("tls/mutual_handshake_loopback", tls13, HandshakeKind::Full),
+        (
+            "tls/tls12_as_zts_full",
+            as_zts(rustls::client::Resumption::disabled()),
+            HandshakeKind::Full,
+        ),
+        (
+            "tls/tls12_as_zts_resumed",
+            as_zts(rustls::client::Resumption::default()),
+            HandshakeKind::Resumed,
+        ),
+    ];
+    for (bench, config, kind) in cases {
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let connect = || {
             rt.block_on(async {
                 let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-                connector.connect(name.clone(), tcp).await.unwrap()
+                let tls = connector.connect(name.clone(), tcp).await.unwrap();
+                tls.get_ref().1.handshake_kind()
             })
-        })
-    });
+        };
+        // the first handshake of a resuming client is full: it makes the session
+        connect();
+        assert_eq!(connect(), Some(kind), "{bench}");
+        c.bench_function(bench, |b| b.iter(connect));
+    }
 }
 
 /// A pod's credential set: key, certificate, CA bundle and ntoken, of their usual sizes.
