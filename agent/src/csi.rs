@@ -5,6 +5,7 @@
 //! [`start`] binds the CSI socket (and kubelet's registration socket) for the agent.
 
 use crate::Config;
+use crate::early_issue::{BoundPod, PodNames};
 use crate::failure::Failure;
 use crate::kubelet::Absent;
 use crate::service::{Agent, KeyRequest, PodCheck, PodIp, RecentInit};
@@ -47,7 +48,18 @@ impl Issuer for AgentIssuer {
     ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
         let check = match registration {
-            Registration::First => PodCheck::KubeletCall,
+            Registration::First => {
+                // issued when the pod was bound (crate::early_issue): only written here
+                if let Some(registered) =
+                    self.agent.early.take(&data.pod_uid, &names_of(data)).await
+                {
+                    return self
+                        .agent
+                        .record_registered(&paths, data, registered)
+                        .map_err(issue_error);
+                }
+                PodCheck::KubeletCall
+            }
             Registration::Again => PodCheck::KubeletList(Absent::Gone),
         };
         self.agent
@@ -102,6 +114,67 @@ impl Issuer for AgentIssuer {
     fn ready(&self) -> bool {
         self.agent.node.is_valid()
     }
+}
+
+/// The pod a volume's record names, as an early issuance is matched to it.
+fn names_of(data: &VolumeData) -> PodNames {
+    PodNames {
+        namespace: data.namespace.clone(),
+        name: data.pod_name.clone(),
+        service_account: data.service_account.clone(),
+    }
+}
+
+/// The server ends a watch within 290 s; a connection silent longer than this is dead.
+const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Starts the watch of this node's pending pods that issues files-mode identities when their
+/// pod is bound (`--csi-early-issue`, crate::early_issue). The API client is made now, so a
+/// missing in-cluster configuration stops the agent at start; the watch's own errors (no RBAC,
+/// the API away) only leave every publish to issue itself, and are logged.
+pub(crate) async fn watch_bound_pods(
+    config: &Config,
+    agent: &Arc<Agent>,
+) -> Result<tokio::task::JoinHandle<()>, StartError> {
+    let setting = "--csi-early-issue/--kube-api-url (CSI_EARLY_ISSUE/KUBE_API_URL)";
+    let mut kube_config = match &config.kube_api_url {
+        Some(url) => kube::Config::new(
+            url.parse::<http::Uri>()
+                .map_err(|e| StartError::new(setting, format!("URL {url:?}: {e}")))?,
+        ),
+        None => kube::Config::infer().await.map_err(|e| {
+            StartError::new(setting, format!("no in-cluster config or kubeconfig: {e}"))
+        })?,
+    };
+    kube_config.connect_timeout = Some(config.upstream_timeout);
+    kube_config.read_timeout = Some(WATCH_READ_TIMEOUT);
+    kube_config.write_timeout = Some(config.upstream_timeout);
+    let client = kube::Client::try_from(kube_config).map_err(|e| StartError::new(setting, e))?;
+    let issuer = Arc::clone(agent);
+    tracing::info!(node = %config.node_name, "issuing files-mode identities when their pods are bound here");
+    Ok(crate::early_issue::spawn_watch(
+        client,
+        config.node_name.clone(),
+        Arc::clone(&agent.early),
+        move |pod: &BoundPod| {
+            let subject = issuer.subject_of_bound(pod)?;
+            let names = PodNames {
+                namespace: subject.namespace.clone(),
+                name: subject.name.clone(),
+                service_account: pod.service_account.clone(),
+            };
+            let agent = Arc::clone(&issuer);
+            Some((names, async move {
+                agent
+                    .register_vouched(subject)
+                    .await
+                    .map_err(|f| {
+                        tracing::info!(status = f.status.as_u16(), error = %f.message, "issuing ahead of the publish failed; the publish issues itself");
+                    })
+                    .ok()
+            }))
+        },
+    ))
 }
 
 /// A CSI server ready to run until its stop signal.

@@ -6,6 +6,7 @@
 pub mod attestation;
 pub mod csi;
 pub mod csr_check;
+pub mod early_issue;
 pub mod failure;
 pub mod install;
 pub mod jwt_client;
@@ -187,6 +188,15 @@ pub struct Config {
     /// UNAVAILABLE, which kubelet retries (its own call timeout is 2 minutes).
     #[arg(long, env = "CSI_ISSUE_TIMEOUT", default_value = "60s", value_parser = athenz_core::refresh::parse_duration)]
     pub csi_issue_timeout: Duration,
+    /// Issue a files-mode pod's identity as soon as the API server binds the pod to this node,
+    /// before the kubelet's publish asks (docs/design.md §4.10): watches this node's pending
+    /// pods that carry the injection label, which needs `list` and `watch` on pods.
+    #[arg(long, env = "CSI_EARLY_ISSUE", default_value_t = false, action = clap::ArgAction::Set, requires = "csi_socket")]
+    pub csi_early_issue: bool,
+    /// Kubernetes API URL for `--csi-early-issue` (plain, no auth; for the local stack).
+    /// Without it: the in-cluster configuration or kubeconfig.
+    #[arg(long, env = "KUBE_API_URL")]
+    pub kube_api_url: Option<String>,
     /// The latest a CSI files-mode certificate is re-issued, whatever its lifetime (as the
     /// SIA's REFRESH_INTERVAL); normally it is re-issued at 70 % of its lifetime.
     #[arg(long, env = "CSI_REFRESH_INTERVAL", default_value = "24h", value_parser = athenz_core::refresh::parse_duration)]
@@ -255,6 +265,7 @@ pub async fn start(
     )
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
     let metrics = metrics::AgentMetrics::register(&mut registry);
+    let early_issues = metrics.early_issues.clone();
     metrics.set_key_source(config.key_source);
     let node_boot = match config.node_boot_time {
         Some(at) => at,
@@ -296,10 +307,16 @@ pub async fn start(
         zts_url: config.zts_url.trim_end_matches('/').to_owned(),
         zts_ca: Arc::clone(&zts_ca),
         tunnel,
+        early: early_issue::EarlyIssues::new(early_issue::HOLD, early_issues),
     });
     let csi = match &config.csi_socket {
         Some(path) => Some(csi::start(&config, path, &agent, &mut registry)?),
         None => None,
+    };
+    let early_watch = if config.csi_early_issue {
+        Some(csi::watch_bound_pods(&config, &agent).await?)
+    } else {
+        None
     };
     let http_metrics = HttpMetrics::register(&mut registry);
     let filler = tokio::spawn(Arc::clone(&keys).fill(shutdown.wait()));
@@ -330,6 +347,9 @@ pub async fn start(
             let _ = csi.await;
         }
         ca_watcher.abort();
+        if let Some(early_watch) = early_watch {
+            early_watch.abort();
+        }
         let _ = std::fs::remove_file(&socket);
         let _ = ops.await;
     });

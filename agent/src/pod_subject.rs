@@ -52,6 +52,26 @@ impl Agent {
         .ok()
     }
 
+    /// The subject of a pod the API server bound to this node (crate::early_issue), when it
+    /// makes a valid one: named as a publish for it will name it, with no IP (a files-mode
+    /// volume's first certificate has none).
+    pub(crate) fn subject_of_bound(
+        &self,
+        pod: &crate::early_issue::BoundPod,
+    ) -> Option<PodSubject> {
+        let namespace = pod.namespace()?;
+        let domain = self.mapper.namespace_to_domain(namespace).ok()?;
+        PodSubject::new(
+            namespace.to_owned(),
+            pod.name()?.to_owned(),
+            pod.uid()?.to_owned(),
+            domain,
+            pod.service_account.clone(),
+            None,
+        )
+        .ok()
+    }
+
     /// What the issuance of `subject`, vouched for by the kubelet's call, needs before its CSR:
     /// the JWT (once a slot is free) and the Service IP, asked for at once.
     pub(crate) async fn admit_vouched(&self, subject: PodSubject) -> Result<Admitted<'_>, Failure> {

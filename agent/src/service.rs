@@ -115,6 +115,9 @@ pub struct Agent {
     pub zts_ca: Arc<crate::zts_ca::ZtsCa>,
     /// The `CONNECT` tunnel to ZTS.
     pub tunnel: crate::tunnel::Tunnel,
+    /// Files-mode identities issued when their pod was bound, waiting for its publish (empty
+    /// unless `--csi-early-issue`).
+    pub(crate) early: Arc<crate::early_issue::EarlyIssues<Registered>>,
 }
 
 /// The latest init answer of a volume, kept for [`COALESCE`], with the public key (DER) of the
@@ -153,6 +156,28 @@ pub(crate) struct KeyFor {
     /// The public key the CSR carried, DER SubjectPublicKeyInfo.
     public_key_der: Vec<u8>,
     source: KeySource,
+}
+
+/// A registration ZTS answered, held in memory until a volume records it.
+pub(crate) struct Registered {
+    /// Whom it is for.
+    pub(crate) subject: PodSubject,
+    /// Its key.
+    pub(crate) key: KeyFor,
+    /// ZTS's answer.
+    pub(crate) identity: InstanceIdentity,
+}
+
+/// A volume's refresh state, once written, names the pod it was first issued for: no other
+/// pod's registration may replace it.
+fn check_volume_pod(paths: &VolumePaths, data: &VolumeData) -> Result<(), Failure> {
+    match read_json_file::<VolumeState>(&paths.state_json) {
+        Ok(state) if state.pod_uid != data.pod_uid => Err(fail(
+            StatusCode::FORBIDDEN,
+            "this volume was initialised for another pod",
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl Agent {
@@ -442,14 +467,7 @@ impl Agent {
         check: PodCheck,
         key: KeyRequest<'_>,
     ) -> Result<Issued, Failure> {
-        if let Ok(state) = read_json_file::<VolumeState>(&paths.state_json)
-            && state.pod_uid != data.pod_uid
-        {
-            return Err(fail(
-                StatusCode::FORBIDDEN,
-                "this volume was initialised for another pod",
-            ));
-        }
+        check_volume_pod(paths, data)?;
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
@@ -480,6 +498,29 @@ impl Agent {
                 }
             }
         };
+        let registered = self.register_admitted(admitted, key).await?;
+        self.finish_registered(paths, registered)
+    }
+
+    /// Registers a pod that something on this node already vouched for (the kubelet's
+    /// publish, or the API server binding the pod here: `crate::early_issue`), with a key the
+    /// agent makes, and keeps the answer in memory: nothing is written until
+    /// [`Agent::record_registered`] gives it a volume.
+    pub(crate) async fn register_vouched(
+        &self,
+        subject: PodSubject,
+    ) -> Result<Registered, Failure> {
+        let admitted = self.admit_vouched(subject).await?;
+        self.register_admitted(admitted, KeyRequest::Agent).await
+    }
+
+    /// ZTS's registration of an admitted pod: the CSR (and the key when the agent makes it),
+    /// then `postInstanceRegisterInformation`.
+    async fn register_admitted(
+        &self,
+        admitted: Admitted<'_>,
+        key: KeyRequest<'_>,
+    ) -> Result<Registered, Failure> {
         let Admitted {
             subject,
             service_ip,
@@ -503,8 +544,39 @@ impl Agent {
             .await;
         self.metrics.observe("zts_register", started);
         let registered = registered.map_err(zts_failure)?;
+        Ok(Registered {
+            subject,
+            key,
+            identity: registered.identity,
+        })
+    }
+
+    /// Records a registration made before its volume existed as volume `paths` of pod `data`'s
+    /// (refused if the volume already holds another pod's identity).
+    pub(crate) fn record_registered(
+        &self,
+        paths: &VolumePaths,
+        data: &VolumeData,
+        registered: Registered,
+    ) -> Result<Issued, Failure> {
+        check_volume_pod(paths, data)?;
+        self.finish_registered(paths, registered)
+    }
+
+    /// Builds the answer of a registration and saves its state.
+    fn finish_registered(
+        &self,
+        paths: &VolumePaths,
+        registered: Registered,
+    ) -> Result<Issued, Failure> {
         // a registration starts a new record in ZTS: no earlier certificate refreshes
-        self.finish(paths, &subject, &key, &registered.identity, None)
+        self.finish(
+            paths,
+            &registered.subject,
+            &registered.key,
+            &registered.identity,
+            None,
+        )
     }
 
     /// Keeps the volume's `status.json` (what `athenz-identity-agent status` shows) in step with

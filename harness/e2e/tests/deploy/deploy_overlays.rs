@@ -253,13 +253,15 @@ fn legacy_kubelet_authz_grants_nodes_proxy_instead_of_nodes_pods() {
     let role = key("ClusterRole", "", "athenz-agent");
     assert_eq!(c.changed, std::slice::from_ref(&role));
     assert!(c.added.is_empty() && c.removed.is_empty());
+    let watch =
+        serde_json::json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]});
     assert_eq!(
         base[&role]["rules"],
-        serde_json::json!([{"apiGroups": [""], "resources": ["nodes/pods"], "verbs": ["get"]}])
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes/pods"], "verbs": ["get"]}, watch])
     );
     assert_eq!(
         rendered[&role]["rules"],
-        serde_json::json!([{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}])
+        serde_json::json!([{"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}, watch])
     );
 }
 

@@ -238,9 +238,14 @@ fn every_document_is_a_valid_kubernetes_object() {
     );
     assert_eq!(callback[2].resources.as_ref().unwrap(), &["tokenreviews"]);
     assert_eq!(callback[2].verbs, ["create"]);
-    let agent = &o.cluster_roles["athenz-agent"].rules.as_ref().unwrap()[0];
+    let agent = o.cluster_roles["athenz-agent"].rules.as_ref().unwrap();
+    assert_eq!(agent.len(), 2);
     // fine-grained kubelet authorization: nodes/pods, never nodes/proxy (exec through kubelets)
-    assert_eq!(agent.resources.as_ref().unwrap(), &["nodes/pods"]);
+    assert_eq!(agent[0].resources.as_ref().unwrap(), &["nodes/pods"]);
+    assert_eq!(agent[0].verbs, ["get"]);
+    // the watch of the node's pending pods (CSI_EARLY_ISSUE), reading nothing else
+    assert_eq!(agent[1].resources.as_ref().unwrap(), &["pods"]);
+    assert_eq!(agent[1].verbs, ["list", "watch"]);
     assert_eq!(o.bindings.len(), 2);
     // every file is in the base's kustomization, and deploy/ installs the base
     let kustomization =
@@ -318,6 +323,26 @@ fn the_csi_driver_is_wired_as_kubelet_expects() {
         host_socket,
         Path::new("/var/lib/kubelet/plugins/csi.athenz.io/csi.sock")
     );
+    // files-mode identities are issued when their pod is bound (docs/design.md §4.10); the
+    // watch's in-cluster client reads the namespace beside the token and the CA
+    assert_eq!(env(&agent, "CSI_EARLY_ISSUE").as_deref(), Some("true"));
+    let api_access = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "kube-api-access")
+        .and_then(|v| v.projected.as_ref())
+        .and_then(|p| p.sources.as_ref())
+        .unwrap();
+    assert!(api_access.iter().any(|source| {
+        source.downward_api.as_ref().is_some_and(|d| {
+            d.items.iter().flatten().any(|item| {
+                item.path == "namespace"
+                    && item.field_ref.as_ref().map(|f| f.field_path.as_str())
+                        == Some("metadata.namespace")
+            })
+        })
+    }));
     // target paths are host paths: the agent sees kubelet's pods dir at the same path
     let pods = mount_of(&agent, "kubelet-pods");
     assert_eq!(pods.mount_path, "/var/lib/kubelet/pods");

@@ -40,8 +40,8 @@ mod faults;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::previous_release::PreviousRelease;
 use common::real_node::{
-    callback_pod_cache_sizes, callback_pod_reads, check_metrics_reference, uninstall_as_documented,
-    webhook_ca_bundle,
+    agent_early_issues, callback_pod_cache_sizes, callback_pod_reads, check_metrics_reference,
+    uninstall_as_documented, webhook_ca_bundle,
 };
 use common::release::{build_image, check_features, rotate_the_athenz_ca_and_check_new_pods};
 
@@ -282,6 +282,17 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         "no confirmation was answered from the pod cache: {reads:?}"
     );
     each_pod_cache_holds_only_the_pending_pods(kubectl);
+
+    // the injected csi-files pod's identity was issued when the pod was bound and only written
+    // by the publish (docs/design.md §4.10): the agent's watch of its node's pending pods works
+    // with the installed RBAC and in-cluster configuration
+    let early = agent_early_issues(kubectl);
+    eprintln!("the agents' early issuances by outcome: {early:?}");
+    assert!(
+        early.get("taken").copied().unwrap_or(0) >= 1,
+        "no files-mode publish wrote an identity issued when its pod was bound: {early:?}"
+    );
+    assert_eq!(early.get("failed"), None, "{early:?}");
 
     // the install's steps run again (what an upgrade under the same overlay does): nothing
     // changes, the webhook keeps its CA bundle and a new pod is admitted and gets its identity

@@ -150,19 +150,44 @@ fn callback_expositions(kubectl: &Kubectl) -> Vec<String> {
     metrics_expositions(kubectl, CONTROL_NAMESPACE, "athenz-callback", 9090)
 }
 
-/// The callback replicas' `athenz_callback_pod_reads_total`, summed by `source` (`cache`, `api`).
-pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<String, u64> {
-    let mut reads = std::collections::BTreeMap::new();
-    for exposition in callback_expositions(kubectl) {
+/// The counter `metric` with the one label `label`, summed over `expositions` by its value.
+fn counter_by_label(
+    expositions: &[String],
+    metric: &str,
+    label: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    let prefix = format!("{metric}{{{label}=\"");
+    let mut counts = std::collections::BTreeMap::new();
+    for exposition in expositions {
         for line in exposition.lines() {
-            let Some(rest) = line.strip_prefix("athenz_callback_pod_reads_total{source=\"") else {
+            let Some(rest) = line.strip_prefix(&prefix) else {
                 continue;
             };
-            let (source, value) = rest.split_once("\"} ").unwrap();
-            *reads.entry(source.to_owned()).or_default() += value.trim().parse::<u64>().unwrap();
+            let (value_of_label, count) = rest.split_once("\"} ").unwrap();
+            *counts.entry(value_of_label.to_owned()).or_default() +=
+                count.trim().parse::<u64>().unwrap();
         }
     }
-    reads
+    counts
+}
+
+/// The callback replicas' `athenz_callback_pod_reads_total`, summed by `source` (`cache`, `api`).
+pub fn callback_pod_reads(kubectl: &Kubectl) -> std::collections::BTreeMap<String, u64> {
+    counter_by_label(
+        &callback_expositions(kubectl),
+        "athenz_callback_pod_reads_total",
+        "source",
+    )
+}
+
+/// The agents' `athenz_agent_csi_early_issues_total`, summed by `outcome` (`taken`, `failed`,
+/// `expired`, `dropped`).
+pub fn agent_early_issues(kubectl: &Kubectl) -> std::collections::BTreeMap<String, u64> {
+    counter_by_label(
+        &metrics_expositions(kubectl, NODE_NAMESPACE, "athenz-agent", 9190),
+        "athenz_agent_csi_early_issues_total",
+        "outcome",
+    )
 }
 
 /// Each callback replica's `athenz_callback_pod_cache_pods`: the pods its cache holds.

@@ -8,11 +8,14 @@ use std::path::Path;
 
 /// The real API server's audit log: our service accounts used exactly what deploy/ grants them
 /// (a missing grant is a 403 here; an unused one is an extra), and the kubelet let the agent
-/// read its /pods, asking only for what the agent's ClusterRole grants.
+/// read its /pods, asking only for what the agent's ClusterRole grants beside the agent's own
+/// watch of its node's pending pods.
 pub fn our_accounts_used_exactly_their_grants(kubectl: &Kubectl, state_dir: &Path) {
     let audit = audit_events(&state_dir.join("logs").join(AUDIT_LOG));
     let callback_user = format!("system:serviceaccount:{CONTROL_NAMESPACE}:athenz-callback");
+    let agent_user = format!("system:serviceaccount:{NODE_NAMESPACE}:athenz-agent");
     let mut used = std::collections::BTreeSet::new();
+    let mut agent_used = std::collections::BTreeSet::new();
     let mut non_resource = std::collections::BTreeSet::new();
     for event in &audit {
         let user = event["user"]["username"].as_str().unwrap_or_default();
@@ -21,6 +24,10 @@ pub fn our_accounts_used_exactly_their_grants(kubectl: &Kubectl, state_dir: &Pat
             .any(|ns| user.starts_with(&format!("system:serviceaccount:{ns}:")));
         if ours {
             assert_ne!(event["responseStatus"]["code"], 403, "refused: {event}");
+        }
+        if user == agent_user && !event["objectRef"].is_null() {
+            // the agent's own API use: the watch of its node's pending pods
+            agent_used.insert(access(event));
         }
         if user == callback_user {
             if event["objectRef"].is_null() {
@@ -40,7 +47,6 @@ pub fn our_accounts_used_exactly_their_grants(kubectl: &Kubectl, state_dir: &Pat
         used, callback_granted,
         "the callback's use of the API (left) against its ClusterRole (right)"
     );
-    let agent_user = format!("system:serviceaccount:{NODE_NAMESPACE}:athenz-agent");
     let kubelet_checks: Vec<_> = audit
         .iter()
         .filter(|e| e["objectRef"]["resource"] == "subjectaccessreviews")
@@ -62,7 +68,8 @@ pub fn our_accounts_used_exactly_their_grants(kubectl: &Kubectl, state_dir: &Pat
         "the kubelet never allowed the agent's token: {kubelet_checks:?}"
     );
     // fine-grained kubelet authorization: the kubelet asks for nodes/pods first and, allowed,
-    // never for nodes/proxy; the agent's ClusterRole is exactly what the kubelet asked
+    // never for nodes/proxy; the agent's ClusterRole is exactly what the kubelet asked and what
+    // the agent's watch of its node's pending pods used
     let asked: std::collections::BTreeSet<String> = kubelet_checks
         .iter()
         .map(|(resource, allowed)| {
@@ -74,9 +81,17 @@ pub fn our_accounts_used_exactly_their_grants(kubectl: &Kubectl, state_dir: &Pat
         })
         .collect();
     assert_eq!(
-        asked,
+        agent_used,
+        ["list pods", "watch pods"].map(str::to_owned).into(),
+        "the agent's own API use: its watch of the node's pending pods (list, then watch)"
+    );
+    assert_eq!(
+        asked
+            .union(&agent_used)
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>(),
         granted(kubectl, "athenz-agent"),
-        "what the kubelet required of the agent (left) against its ClusterRole (right)"
+        "what the kubelet required of the agent and what the agent used (left) against its ClusterRole (right)"
     );
     eprintln!("the kubelet's checks of the agent's token: {kubelet_checks:?}");
     eprintln!(

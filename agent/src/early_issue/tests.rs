@@ -1,0 +1,234 @@
+use super::*;
+use kube::runtime::watcher::Event;
+use serde_json::json;
+use tokio::sync::oneshot;
+
+fn names(name: &str) -> PodNames {
+    PodNames {
+        namespace: "payments".into(),
+        name: name.into(),
+        service_account: "web".into(),
+    }
+}
+
+fn outcome(outcomes: &Family<OutcomeLabels, Counter>, outcome: &'static str) -> u64 {
+    outcomes.get_or_create(&OutcomeLabels { outcome }).get()
+}
+
+fn store() -> (Arc<EarlyIssues<String>>, Family<OutcomeLabels, Counter>) {
+    let outcomes = Family::default();
+    (EarlyIssues::new(HOLD, outcomes.clone()), outcomes)
+}
+
+/// An issuance that answers when told to.
+fn issuance() -> (
+    oneshot::Sender<Option<String>>,
+    impl Future<Output = Option<String>> + Send + 'static,
+) {
+    let (answer, answered) = oneshot::channel();
+    (answer, async move { answered.await.ok().flatten() })
+}
+
+#[tokio::test]
+async fn a_publish_waits_for_the_issuance_under_way_and_takes_it_once() {
+    let (early, outcomes) = store();
+    let (answer, issuing) = issuance();
+    early.begin("uid-1".into(), names("web-0"), issuing);
+    let taking = {
+        let early = Arc::clone(&early);
+        tokio::spawn(async move { early.take("uid-1", &names("web-0")).await })
+    };
+    tokio::task::yield_now().await;
+    assert!(!taking.is_finished(), "the publish waits for ZTS's answer");
+    answer.send(Some("identity".into())).expect("answered");
+    assert_eq!(taking.await.expect("task").as_deref(), Some("identity"));
+    assert_eq!(outcome(&outcomes, "taken"), 1);
+    assert!(early.is_empty());
+    assert_eq!(early.take("uid-1", &names("web-0")).await, None);
+}
+
+#[tokio::test]
+async fn an_identity_is_taken_only_for_the_pod_it_was_issued_for() {
+    let (early, outcomes) = store();
+    early.begin("uid-1".into(), names("web-0"), async {
+        Some("identity".to_owned())
+    });
+    tokio::task::yield_now().await;
+    let mut other_account = names("web-0");
+    other_account.service_account = "admin".into();
+    for other in [names("web-1"), other_account] {
+        assert_eq!(early.take("uid-1", &other).await, None);
+    }
+    assert_eq!(early.take("uid-2", &names("web-0")).await, None);
+    assert_eq!(outcome(&outcomes, "taken"), 0);
+    assert_eq!(
+        early.take("uid-1", &names("web-0")).await.as_deref(),
+        Some("identity")
+    );
+}
+
+#[tokio::test]
+async fn a_failed_issuance_leaves_the_publish_to_issue_itself() {
+    let (early, outcomes) = store();
+    let (answer, issuing) = issuance();
+    early.begin("uid-1".into(), names("web-0"), issuing);
+    let taking = {
+        let early = Arc::clone(&early);
+        tokio::spawn(async move { early.take("uid-1", &names("web-0")).await })
+    };
+    answer.send(None).expect("answered");
+    assert_eq!(taking.await.expect("task"), None);
+    assert_eq!(outcome(&outcomes, "failed"), 1);
+    assert!(early.is_empty());
+}
+
+#[tokio::test]
+async fn a_pod_gone_before_its_publish_drops_its_identity() {
+    let (early, outcomes) = store();
+    let (answer, issuing) = issuance();
+    early.begin("uid-1".into(), names("web-0"), issuing);
+    early.forget("uid-1");
+    answer.send(Some("identity".into())).expect("answered");
+    tokio::task::yield_now().await;
+    assert_eq!(early.take("uid-1", &names("web-0")).await, None);
+    assert_eq!(outcome(&outcomes, "dropped"), 1);
+    assert_eq!(outcome(&outcomes, "taken"), 0);
+    // forgetting a pod nothing was issued for counts nothing
+    early.forget("uid-9");
+    assert_eq!(outcome(&outcomes, "dropped"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_identity_no_publish_takes_is_dropped_after_the_hold() {
+    let (early, outcomes) = store();
+    early.begin("uid-1".into(), names("web-0"), async {
+        Some("identity".to_owned())
+    });
+    tokio::time::sleep(HOLD - Duration::from_secs(1)).await;
+    assert_eq!(early.len(), 1, "held until the hold is over");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(early.is_empty());
+    assert_eq!(outcome(&outcomes, "expired"), 1);
+    assert_eq!(early.take("uid-1", &names("web-0")).await, None);
+}
+
+#[tokio::test]
+async fn one_issuance_per_pod_and_a_bounded_number_at_once() {
+    let (early, _) = store();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = |runs: &Arc<std::sync::atomic::AtomicUsize>| {
+        let runs = Arc::clone(runs);
+        async move {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::future::pending::<Option<String>>().await
+        }
+    };
+    early.begin("uid-1".into(), names("web-0"), counted(&runs));
+    early.begin("uid-1".into(), names("web-0"), counted(&runs));
+    for i in 2..MAX_HELD + 10 {
+        early.begin(format!("uid-{i}"), names("web-0"), counted(&runs));
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(early.len(), MAX_HELD);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), MAX_HELD);
+}
+
+fn bound(uid: &str, node: &str, files: bool, terminating: bool) -> BoundPod {
+    let volumes = if files {
+        json!([{"name": "id", "csi": {"driver": "csi.athenz.io"}}])
+    } else {
+        json!([{"name": "id", "emptyDir": {}}])
+    };
+    let mut pod = json!({
+        "metadata": {"namespace": "payments", "name": format!("web-{uid}"), "uid": uid},
+        "spec": {"nodeName": node, "serviceAccountName": "web", "volumes": volumes},
+    });
+    if terminating {
+        pod["metadata"]["deletionTimestamp"] = json!("2026-12-02T10:00:00Z");
+    }
+    serde_json::from_value(pod).expect("pod")
+}
+
+fn issued(steps: &[Step]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Issue(pod) => pod.uid(),
+            Step::Forget(_) => None,
+        })
+        .collect()
+}
+
+fn forgotten(steps: &[Step]) -> Vec<&str> {
+    steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Forget(uid) => Some(uid.as_str()),
+            Step::Issue(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn only_a_pod_bound_while_the_agent_watches_is_issued_for() {
+    let mut seen = Seen::default();
+    assert!(seen.on_event("node-a", Event::Init).is_empty());
+    // pending when the watch started: its volume may be published already
+    assert!(
+        seen.on_event(
+            "node-a",
+            Event::InitApply(bound("listed", "node-a", true, false))
+        )
+        .is_empty()
+    );
+    assert!(seen.on_event("node-a", Event::InitDone).is_empty());
+    let listed_again = seen.on_event(
+        "node-a",
+        Event::Apply(bound("listed", "node-a", true, false)),
+    );
+    assert!(issued(&listed_again).is_empty());
+    let new = seen.on_event("node-a", Event::Apply(bound("new", "node-a", true, false)));
+    assert_eq!(issued(&new), ["new"]);
+    // its next status change is not a second binding
+    let again = seen.on_event("node-a", Event::Apply(bound("new", "node-a", true, false)));
+    assert!(again.is_empty());
+    for (uid, node, files) in [("plain", "node-a", false), ("elsewhere", "node-b", true)] {
+        let steps = seen.on_event("node-a", Event::Apply(bound(uid, node, files, false)));
+        assert!(steps.is_empty(), "{uid} on {node}");
+    }
+}
+
+#[test]
+fn a_pod_going_or_gone_is_forgotten() {
+    let mut seen = Seen::default();
+    seen.on_event("node-a", Event::Init);
+    seen.on_event("node-a", Event::InitDone);
+    seen.on_event("node-a", Event::Apply(bound("p1", "node-a", true, false)));
+    let deleting = seen.on_event("node-a", Event::Apply(bound("p1", "node-a", true, true)));
+    assert_eq!(forgotten(&deleting), ["p1"]);
+    // a pod first seen terminating is never issued for
+    let born_deleting = seen.on_event("node-a", Event::Apply(bound("p2", "node-a", true, true)));
+    assert_eq!(forgotten(&born_deleting), ["p2"]);
+    assert!(issued(&born_deleting).is_empty());
+    let deleted = seen.on_event("node-a", Event::Delete(bound("p1", "node-a", true, false)));
+    assert_eq!(forgotten(&deleted), ["p1"]);
+    // a pod that left while the watch was away goes at the relist
+    seen.on_event("node-a", Event::Apply(bound("p3", "node-a", true, false)));
+    seen.on_event("node-a", Event::Init);
+    seen.on_event(
+        "node-a",
+        Event::InitApply(bound("p2", "node-a", true, true)),
+    );
+    let relisted = seen.on_event("node-a", Event::InitDone);
+    assert_eq!(forgotten(&relisted), ["p3"]);
+}
+
+#[test]
+fn the_watch_asks_only_for_this_nodes_pending_pods() {
+    assert_eq!(
+        field_selector("node-a"),
+        "spec.nodeName=node-a,status.phase=Pending"
+    );
+}
