@@ -199,8 +199,10 @@ fn csi_driver_of_b_refuses_a_pod_of_a(
 
 /// Node B's agent's tokens (as its container holds them), used directly: against node A's
 /// kubelet and the API server they read only what RBAC grants every agent (`nodes/pods`: the
-/// pod list any agent's kubelet call needs), nothing else; the attestation token is good for
-/// nothing but the callback, which refuses it for node A's identity.
+/// pod list any agent's kubelet call needs; `list` and `watch` pods: the watch of a node's
+/// pending pods, which RBAC cannot scope to a node, so node A's pods are listed there too),
+/// nothing else; the attestation token is good for nothing but the callback, which refuses it
+/// for node A's identity.
 fn tokens_of_b_reach_nothing_of_a(info: &ClusterInfo, a: usize, b: usize, zts_ca: &Path) {
     let (node_a, node_b) = (&info.nodes[a], &info.nodes[b]);
     let api_token = agent_file(node_b, API_TOKEN);
@@ -273,6 +275,17 @@ fn tokens_of_b_reach_nothing_of_a(info: &ClusterInfo, a: usize, b: usize, zts_ca
             ),
             &api_token,
             403,
+        ),
+        // RBAC's list pods (CSI_EARLY_ISSUE's watch): the same pods kubelet A's list shows
+        (
+            "the API's pod list of node A",
+            Method::GET,
+            format!(
+                "{}/api/v1/pods?fieldSelector=spec.nodeName%3D{}",
+                info.api_server.url, node_a.name
+            ),
+            &api_token,
+            200,
         ),
         (
             "the API's node A",
