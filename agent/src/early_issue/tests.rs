@@ -29,15 +29,18 @@ fn issuance() -> (
     (answer, async move { answered.await.ok().flatten() })
 }
 
+/// A publish of pod `web-0` (uid `uid-1`) taking its identity, on a task of its own.
+fn spawn_take(early: &Arc<EarlyIssues<String>>) -> tokio::task::JoinHandle<Option<String>> {
+    let early = Arc::clone(early);
+    tokio::spawn(async move { early.take("uid-1", &names("web-0")).await })
+}
+
 #[tokio::test]
 async fn a_publish_waits_for_the_issuance_under_way_and_takes_it_once() {
     let (early, outcomes) = store();
     let (answer, issuing) = issuance();
     early.begin("uid-1".into(), names("web-0"), issuing);
-    let taking = {
-        let early = Arc::clone(&early);
-        tokio::spawn(async move { early.take("uid-1", &names("web-0")).await })
-    };
+    let taking = spawn_take(&early);
     tokio::task::yield_now().await;
     assert!(!taking.is_finished(), "the publish waits for ZTS's answer");
     answer.send(Some("identity".into())).expect("answered");
@@ -72,10 +75,7 @@ async fn a_failed_issuance_leaves_the_publish_to_issue_itself() {
     let (early, outcomes) = store();
     let (answer, issuing) = issuance();
     early.begin("uid-1".into(), names("web-0"), issuing);
-    let taking = {
-        let early = Arc::clone(&early);
-        tokio::spawn(async move { early.take("uid-1", &names("web-0")).await })
-    };
+    let taking = spawn_take(&early);
     answer.send(None).expect("answered");
     assert_eq!(taking.await.expect("task"), None);
     assert_eq!(outcome(&outcomes, "failed"), 1);
