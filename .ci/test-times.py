@@ -73,9 +73,10 @@ def main() -> int:
     binaries = [r for r in rows if not r[0].endswith("(doc tests)")]
     passed = sum(r[3] for r in rows)
     print(
-        f"\n==> test binaries: {len(binaries)} run ({len(rows) - len(binaries)} doc-test runs "
-        f"beside them), {passed} tests passed, {sum(r[4] for r in rows)} failed, "
-        f"{sum(r[5] for r in rows)} ignored; {round(time.time() - started)} s in all"
+        f"\n==> test binaries: {len(rows)} run ({len(binaries)} unit and integration, "
+        f"{len(rows) - len(binaries)} doc-test), {passed} tests passed, "
+        f"{sum(r[4] for r in rows)} failed, {sum(r[5] for r in rows)} ignored; "
+        f"{round(time.time() - started)} s in all"
     )
     print("slowest ten (target/ci/test-binaries.tsv):")
     for row in sorted(rows, key=lambda r: -r[2])[:10]:

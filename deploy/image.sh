@@ -54,6 +54,15 @@ command -v python3 >/dev/null || {
 # before minutes of builds: the chart and the image must be one release
 deploy/package-chart.sh --check
 
+# one build at a time in this checkout (target/image.lock, held to the end): CI builds the image
+# in the background while the tests that use it start, and those wait here, then find it built
+mkdir -p "$root/target"
+exec {image_lock}>"$root/target/image.lock"
+if ! flock --nonblock "$image_lock"; then
+  echo "image.sh: waiting for the image build under way ($root/target/image.lock)" >&2
+  flock "$image_lock"
+fi
+
 version="$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)"/\1/p' Cargo.toml)"
 source_url="$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"/\1/p' Cargo.toml)"
 name="${IMAGE_NAME:-ghcr.io/athenz-k8s-identity/athenz-k8s-identity}"

@@ -50,8 +50,11 @@ if [ -n "${HELM:-}" ]; then
   helm="$HELM"
 else
   kube_version="$(sed -n 's/^pub const KUBE_VERSION: &str = "\(.*\)";$/\1/p' harness/devstack/src/cluster/mod.rs 2>/dev/null || true)"
-  if [ -n "$kube_version" ] && [ -x "target/kube/$kube_version/bin/helm" ]; then
-    helm="$root/target/kube/$kube_version/bin/helm"
+  kube_bin="target/kube/$kube_version/bin"
+  # (not while harness/real-node/kube/build.sh is writing it: it holds $kube_bin.lock)
+  if [ -n "$kube_version" ] && [ -x "$kube_bin/helm" ] \
+    && { [ ! -e "$kube_bin.lock" ] || flock --nonblock --shared "$kube_bin.lock" true; }; then
+    helm="$root/$kube_bin/helm"
   elif command -v helm >/dev/null; then
     helm="$(command -v helm)"
   fi

@@ -17,6 +17,7 @@
 # plus one symlink per kube component, so each can be started under its name.
 #
 # Usage: harness/real-node/kube/build.sh [--kube-version vX.Y.Z] [--out DIR] [--update-pin] [--no-tools] [--e2e]
+#                                        [--unless-building]
 #
 #   --kube-version  Kubernetes release; default: the one harness/real-node/kube/go.mod pins.
 #                   Another version gets a go.mod generated from that release's
@@ -30,6 +31,15 @@
 #                   k8s.io/kubernetes/test/e2e, from harness/real-node/kube-e2e at the pinned version) into
 #                   target/kube/<version>/e2e: `athenz-devstack cluster storage-e2e` runs it.
 #                   About 9 minutes on 2 cores once kube is built; not part of harness/setup.
+#   --unless-building
+#                   when another build of the same --out is under way, leave it to that
+#                   build and exit 0 at once (harness/setup: CI starts this build in the
+#                   background, then the tests, which wait for it where they need it).
+#
+# One build of an --out at a time: a build holds DIR.lock (flock) until it ends, and a second
+# one waits for it (then finds everything built). The tests wait on the same lock before they
+# use DIR (athenz_devstack::cluster::default_kube_bin), so tests started beside a build use its
+# binaries once it is done, never half-written ones.
 #
 # Go's module and build caches are kept (never cleaned), so a rebuild with
 # nothing changed only re-checks them. Builds run at nice 19: the machines are
@@ -45,6 +55,7 @@ out=""
 update_pin=0
 with_tools=1
 with_e2e=0
+unless_building=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --kube-version) kube_version=${2:?--kube-version needs a value}; shift 2 ;;
@@ -54,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     --update-pin) update_pin=1; shift ;;
     --no-tools) with_tools=0; shift ;;
     --e2e) with_e2e=1; shift ;;
+    --unless-building) unless_building=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "build.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -82,6 +94,16 @@ minor=${BASH_REMATCH[1]}
 out=${out:-$repo/target/kube/$kube_version/bin}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+
+exec {lock_fd}>"$out.lock"
+if ! flock --nonblock "$lock_fd"; then
+  if [[ $unless_building == 1 ]]; then
+    echo "build.sh: a build of $out is under way; not building it again (what needs its binaries waits for it)"
+    exit 0
+  fi
+  echo "build.sh: waiting for the build of $out under way ($out.lock)"
+  flock "$lock_fd"
+fi
 
 # A release may need a newer Go than the one installed (GOTOOLCHAIN=local on
 # these machines); the only other toolchain reachable is one from the module

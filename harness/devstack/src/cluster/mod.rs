@@ -31,10 +31,12 @@ pub mod installed;
 pub mod iptables;
 pub mod kubectl;
 pub mod layout;
+pub mod node_build;
 pub mod node_loss;
 mod node_start;
 pub mod nodes;
 pub mod pki;
+pub mod previous_release;
 pub mod runbook;
 pub mod scenario;
 pub mod spire;
@@ -129,8 +131,12 @@ pub(crate) fn workspace_path(relative: &str) -> PathBuf {
 
 /// The default `--kube-bin`: `target/kube/<version>/bin` of this workspace, found from the
 /// current directory or, failing that, from this executable (`target/<profile>/athenz-devstack`).
+/// While `harness/real-node/kube/build.sh` is building it, this waits for that build to end
+/// (at most [`node_build::BUILD_WAIT`]), so a test started beside the build finds it whole.
 pub fn default_kube_bin() -> PathBuf {
-    workspace_path(&format!("target/kube/{KUBE_VERSION}/bin"))
+    let dir = workspace_path(&format!("target/kube/{KUBE_VERSION}/bin"));
+    node_build::wait_for_build(&dir, node_build::BUILD_WAIT);
+    dir
 }
 
 /// A running cluster: its processes (in start order) and what `cluster.json` says.

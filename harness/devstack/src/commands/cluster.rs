@@ -1,4 +1,4 @@
-//! `cluster up|demo|bench|storage-e2e|stop-node|down`: a real Kubernetes cluster on this
+//! `cluster up|demo|bench|storage-e2e|stop-node|down|previous-image`: a real Kubernetes cluster on this
 //! machine (one node, or several with `--nodes`), with our release installed as an operator
 //! installs it (or none: `--bare`).
 
@@ -36,6 +36,11 @@ pub enum ClusterCommand {
     /// Take the cluster in DIR down: its processes, containers, mounts, cgroups, iptables
     /// chains, bridge and IPAM state. Safe to run again.
     Down(DownArgs),
+    /// The previous release's image (CHANGELOG.md's newest release, built from its commit
+    /// with its own deploy/image.sh), found in the release cache or built into it; prints
+    /// the OCI archive's path. The upgrade tests take it from there; CI builds it this way in
+    /// the background, ahead of them.
+    PreviousImage(PreviousImageArgs),
 }
 
 /// Each `cluster` command to the function that runs it.
@@ -47,6 +52,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         ClusterCommand::StorageE2e(args) => storage_e2e(args),
         ClusterCommand::StopNode(args) => stop_node(&args),
         ClusterCommand::Down(args) => down(&args),
+        ClusterCommand::PreviousImage(args) => previous_image(&args),
     }
 }
 
@@ -328,5 +334,24 @@ fn stop_node(args: &StopNodeArgs) -> anyhow::Result<ExitCode> {
 
 fn down(args: &DownArgs) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(cluster::down(&args.state_dir))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PreviousImageArgs {
+    /// The repository whose CHANGELOG.md names the previous release; default: the one this
+    /// binary was built from.
+    #[arg(long, value_name = "DIR")]
+    repo: Option<PathBuf>,
+}
+
+fn previous_image(args: &PreviousImageArgs) -> anyhow::Result<ExitCode> {
+    let repo = args
+        .repo
+        .clone()
+        .unwrap_or_else(athenz_testbed::bins::repo_root);
+    let (version, commit) = cluster::previous_release::previous_version(&repo)?;
+    let archive = cluster::previous_release::image(&repo, &version, &commit)?;
+    println!("{}", archive.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -38,7 +38,7 @@ mod common;
 #[path = "real_cluster/faults.rs"]
 mod faults;
 use common::cluster::{require_prerequisites, start_cluster};
-use common::previous_release::PreviousRelease;
+use common::previous_release::{previous_image, previous_release};
 use common::real_node::{
     agent_early_issues, callback_pod_cache_sizes, callback_pod_reads, check_metrics_reference,
     uninstall_as_documented, webhook_ca_bundle,
@@ -62,8 +62,8 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     let state_dir = temp.path().join("state");
     // the previous release (its image built from its own commit, its manifests, installed with
     // its steps); upgraded below to this one's as docs/operating.md says
-    let previous = PreviousRelease::from_changelog();
-    let previous_image = previous.image();
+    let previous = previous_release();
+    let previous_image = previous_image(&previous);
     let archive_arg = previous_image.display().to_string();
     let previous_deploy = previous.deploy.display().to_string();
     let previous_steps = previous.page.display().to_string();

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 mod common;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::nodes::pods_on_every_node;
-use common::previous_release::PreviousRelease;
+use common::previous_release::{previous_image, previous_release};
 use common::release::build_image;
 
 /// The releases whose Deployments stopped accepting at SIGTERM (no `DRAIN_DELAY_SECONDS`): a
@@ -75,8 +75,8 @@ const POD_READY: Duration = Duration::from_secs(240);
 #[test]
 fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
     require_prerequisites();
-    let previous = PreviousRelease::from_changelog();
-    let previous_image = previous.image();
+    let previous = previous_release();
+    let previous_image = previous_image(&previous);
     let this_image = build_image();
     let temp = tempfile::Builder::new()
         .prefix("athenz-upgrade-")

@@ -2,7 +2,7 @@
 //! taken down when the test ends, however it ends.
 
 use super::DEVSTACK;
-use athenz_devstack::cluster::{ClusterInfo, KUBE_VERSION};
+use athenz_devstack::cluster::ClusterInfo;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -10,12 +10,10 @@ use std::time::{Duration, Instant};
 /// Debian's static busybox: the tests' app image.
 pub const BUSYBOX: &str = "/bin/busybox";
 
-/// The binaries `harness/real-node/kube/build.sh` builds for the pinned version.
+/// The binaries `harness/real-node/kube/build.sh` builds for the pinned version (once a build
+/// of them under way has ended).
 pub fn kube_bin() -> PathBuf {
-    athenz_testbed::bins::repo_root()
-        .join("target/kube")
-        .join(KUBE_VERSION)
-        .join("bin")
+    athenz_devstack::cluster::default_kube_bin()
 }
 
 /// Fails (never skips) when this machine cannot run the test, saying what to do.
