@@ -149,8 +149,12 @@ impl PreviousRelease {
 /// `<release cache>/<commit>.lock` is held while it is looked for and built, so a second caller
 /// (a test, while CI's background build runs) waits and then finds it.
 pub fn image(repo: &Path, version: &str, commit: &str) -> anyhow::Result<PathBuf> {
+    image_in(&release_cache()?, repo, version, commit)
+}
+
+/// [`image`], kept in the release cache `cache`.
+pub fn image_in(cache: &Path, repo: &Path, version: &str, commit: &str) -> anyhow::Result<PathBuf> {
     use nix::fcntl::{Flock, FlockArg};
-    let cache = release_cache()?;
     let base = cache.join(commit);
     let name = format!("athenz-k8s-identity-{version}.oci.tar");
     let kept = base.join(&name);
@@ -219,6 +223,84 @@ pub fn image(repo: &Path, version: &str, commit: &str) -> anyhow::Result<PathBuf
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A repository holding only a CHANGELOG.md with `text`.
+    fn repo_with_changelog(text: &str) -> tempfile::TempDir {
+        let repo = tempfile::tempdir().unwrap();
+        std::fs::write(repo.path().join("CHANGELOG.md"), text).unwrap();
+        repo
+    }
+
+    #[test]
+    fn the_previous_version_is_never_this_workspace_s_own() {
+        let this = env!("CARGO_PKG_VERSION");
+        let repo = repo_with_changelog(&format!("## {this} — 2026-12-01 (0123abc)\n"));
+        let refused = previous_version(repo.path()).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!("still calls itself {this}")),
+            "{refused}"
+        );
+        let repo = repo_with_changelog("# Changelog\n\n## Unreleased\n");
+        let refused = previous_version(repo.path()).unwrap_err().to_string();
+        assert!(
+            refused.contains("CHANGELOG.md names no release"),
+            "{refused}"
+        );
+        let repo = repo_with_changelog("## 0.0.1 — 2026-01-01 (0123abc)\n");
+        assert_eq!(
+            previous_version(repo.path()).unwrap(),
+            ("0.0.1".to_owned(), "0123abc".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_kept_image_is_found_without_building() {
+        let cache = tempfile::tempdir().unwrap();
+        let kept = cache
+            .path()
+            .join("0123abc/athenz-k8s-identity-0.0.1.oci.tar");
+        std::fs::create_dir_all(kept.parent().unwrap()).unwrap();
+        std::fs::write(&kept, b"archive").unwrap();
+        // no repository at all: finding the kept archive needs none
+        let nowhere = cache.path().join("no-repository");
+        let found = image_in(cache.path(), &nowhere, "0.0.1", "0123abc").unwrap();
+        assert_eq!(found, kept);
+    }
+
+    #[test]
+    fn a_second_caller_waits_for_the_build_under_way_then_finds_its_image() {
+        use nix::fcntl::{Flock, FlockArg};
+        let cache = tempfile::tempdir().unwrap();
+        let base = cache.path().join("0123abc");
+        std::fs::create_dir_all(&base).unwrap();
+        // a build under way: it holds the commit's lock and writes the archive before letting go
+        let lock = std::fs::File::create(cache.path().join("0123abc.lock")).unwrap();
+        let held = Flock::lock(lock, FlockArg::LockExclusive).unwrap();
+        let kept = base.join("athenz-k8s-identity-0.0.1.oci.tar");
+        let builder = {
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                std::fs::write(&kept, b"archive").unwrap();
+                drop(held);
+            })
+        };
+        // the second caller has no repository to build from: it can only succeed by waiting
+        let nowhere = cache.path().join("no-repository");
+        let found = image_in(cache.path(), &nowhere, "0.0.1", "0123abc").unwrap();
+        assert_eq!(found, kept);
+        builder.join().unwrap();
+    }
+
+    #[test]
+    fn a_missing_repository_is_named_when_there_is_no_image() {
+        let cache = tempfile::tempdir().unwrap();
+        let nowhere = cache.path().join("no-repository");
+        let refused = image_in(cache.path(), &nowhere, "0.0.1", "0123abc")
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("no-repository"), "{refused}");
+    }
 
     #[test]
     fn the_newest_released_heading_names_version_and_commit() {
