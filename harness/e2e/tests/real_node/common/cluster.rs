@@ -2,19 +2,13 @@
 //! taken down when the test ends, however it ends.
 
 use super::DEVSTACK;
-use athenz_devstack::cluster::ClusterInfo;
-use std::path::{Path, PathBuf};
+use athenz_devstack::cluster::{ClusterInfo, default_kube_bin};
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// Debian's static busybox: the tests' app image.
 pub const BUSYBOX: &str = "/bin/busybox";
-
-/// The binaries `harness/real-node/kube/build.sh` builds for the pinned version (once a build
-/// of them under way has ended).
-pub fn kube_bin() -> PathBuf {
-    athenz_devstack::cluster::default_kube_bin()
-}
 
 /// Fails (never skips) when this machine cannot run the test, saying what to do.
 pub fn require_prerequisites() {
@@ -23,7 +17,7 @@ pub fn require_prerequisites() {
         "the cluster test runs a kubelet, containerd and iptables: run it as root"
     );
     for binary in ["kube", "helm"] {
-        let path = kube_bin().join(binary);
+        let path = default_kube_bin().join(binary);
         assert!(
             path.is_file(),
             "{} is missing: run harness/real-node/kube/build.sh",
@@ -87,7 +81,7 @@ pub fn start_cluster<'a>(
         .args(["cluster", "up", "--state-dir"])
         .arg(state_dir)
         .arg("--kube-bin")
-        .arg(kube_bin())
+        .arg(default_kube_bin())
         .args(args)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
