@@ -367,7 +367,7 @@ async fn odd_provider_answers_are_read_as_zts_reads_them() {
             "200_confirmation_without_content_type",
             raw(200, confirmed),
             Want::Unreadable {
-                ours: "no reader for media type application/octet-stream",
+                ours: "MessageBodyReader not found for media type=application/octet-stream",
                 athenz: "MessageBodyReader not found for media type=application/octet-stream",
             },
         ),

@@ -432,7 +432,8 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     .unwrap();
     assert_eq!(cert.common_name, "media.sports.web");
     // the callback's certExpiryTime (90 minutes) was honoured
-    assert_eq!((cert.not_after - cert.not_before).whole_minutes() - 1, 90);
+    // (to the minute: ZTS, like the dev ZTS, starts a certificate when it signs it)
+    assert_eq!((cert.not_after - cert.not_before).whole_minutes(), 90);
     // the same JWT cannot be used again
     let err = zts.register(&info).await.unwrap_err();
     assert!(err.to_string().contains("jti"), "{err}");

@@ -20,6 +20,7 @@
 //! | [`process`] | SIGTERM and a bounded wait for real processes |
 //! | [`stats`] | latency percentiles for benchmarks |
 //! | [`openssl`] | cross-checks with the real `openssl` command-line tool |
+//! | [`real_zts`] | Athenz's own ZTS, built from its source, as a process (docs/real-zts.md) |
 
 pub mod athenz_clients;
 pub mod bins;
@@ -39,6 +40,7 @@ pub mod process;
 pub mod provider_stub;
 pub mod pyjwt;
 pub mod real_pods;
+pub mod real_zts;
 pub mod runtime;
 pub mod sds_client;
 pub mod stats;

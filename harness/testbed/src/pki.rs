@@ -53,6 +53,8 @@ pub struct LeafSpec {
     pub ip_addresses: Vec<IpAddr>,
     /// URI SANs.
     pub uris: Vec<String>,
+    /// Email (RFC 822) SANs.
+    pub emails: Vec<String>,
     /// Lifetime from now.
     pub validity: Duration,
     /// How far `notBefore` is set in the past, for clock skew (one minute by default).
@@ -68,6 +70,7 @@ impl LeafSpec {
             dns_names: dns_names.iter().map(|s| (*s).to_owned()).collect(),
             ip_addresses: Vec::new(),
             uris: Vec::new(),
+            emails: Vec::new(),
             validity: Duration::days(1),
             backdate: Duration::minutes(1),
         }
@@ -81,6 +84,7 @@ impl LeafSpec {
             dns_names: identity.dns_names.clone(),
             ip_addresses: identity.ip_addresses.clone(),
             uris: identity.uris.clone(),
+            emails: Vec::new(),
             validity,
             backdate: Duration::minutes(1),
         }
@@ -94,6 +98,7 @@ impl LeafSpec {
             dns_names: csr.dns_names.clone(),
             ip_addresses: csr.ip_addresses.clone(),
             uris: csr.uris.clone(),
+            emails: csr.emails.clone(),
             validity,
             backdate: Duration::minutes(1),
         }
@@ -174,11 +179,24 @@ fn ca_params(common_name: &str) -> CertificateParams {
     params
 }
 
+/// RFC 5280's first way of naming a CA's key (4.2.1.2): the SHA-1 of its public key's bits, as
+/// OpenSSL and most CAs do. Issuers that compute the Authority Key Identifier of what they sign
+/// from the CA's public key (Athenz's `Crypto.generateX509Certificate`, through BouncyCastle)
+/// then name the same key, and a verifier matching the two (Java's) finds the CA.
+fn rfc5280_key_id(key: &KeyPair) -> rcgen::KeyIdMethod {
+    let digest = aws_lc_rs::digest::digest(
+        &aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY,
+        key.public_key_raw(),
+    );
+    rcgen::KeyIdMethod::PreSpecified(digest.as_ref().to_vec())
+}
+
 impl CertAuthority {
     /// A new self-signed root with a P-256 key.
     pub fn new_root(common_name: &str) -> Result<Self, PkiError> {
         let key = KeyPair::generate().map_err(issuing(common_name))?;
-        let params = ca_params(common_name);
+        let mut params = ca_params(common_name);
+        params.key_identifier_method = rfc5280_key_id(&key);
         let cert = params.self_signed(&key).map_err(issuing(common_name))?;
         let cert_pem = cert.pem();
         Ok(Self {
@@ -192,7 +210,8 @@ impl CertAuthority {
     /// A new intermediate CA signed by this one.
     pub fn new_intermediate(&self, common_name: &str) -> Result<Self, PkiError> {
         let key = KeyPair::generate().map_err(issuing(common_name))?;
-        let params = ca_params(common_name);
+        let mut params = ca_params(common_name);
+        params.key_identifier_method = rfc5280_key_id(&key);
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(issuing(common_name))?;
@@ -288,6 +307,9 @@ impl CertAuthority {
         }
         for u in &spec.uris {
             sans.push(SanType::URI(ia5(u)?));
+        }
+        for e in &spec.emails {
+            sans.push(SanType::Rfc822Name(ia5(e)?));
         }
         params.subject_alt_names = sans;
         params.is_ca = IsCa::ExplicitNoCa;

@@ -282,8 +282,11 @@ async fn rolecert(bed: &Bed) -> Result<(), String> {
         DOMAIN,
         "-role-name",
         "readers",
+        // the CLI writes the email <principal>@<dns-domain>, and ZTS wants its host under a
+        // suffix (ends with ".athenz.cloud"), never the suffix itself: real ZTS refuses
+        // @athenz.cloud (harness/testbed/data/zts-recorded.json, role_cert_principal_as_email)
         "-dns-domain",
-        DNS_SUFFIX,
+        &format!("mail.{DNS_SUFFIX}"),
         "-role-cert-file",
         &bed.arg("readers.cert.pem"),
     ]

@@ -12,10 +12,10 @@ use athenz_core::names::{CsrIdentity, PodIdentityInput};
 use athenz_core::ntoken::NTokenBuilder;
 use athenz_testbed::athenz_clients::{AthenzClient, Harness};
 use athenz_testbed::fixtures::{DNS_SUFFIX, DOMAIN, PROVIDER, SERVICE};
-use athenz_testbed::pki::LeafSpec;
+use athenz_testbed::pki::{CertAuthority, LeafSpec};
 use athenz_testbed::provider_stub::{Decision, ProviderStub};
 use athenz_testbed::zts::authz::RoleEntry;
-use athenz_testbed::zts::registry::ProviderEntry;
+use athenz_testbed::zts::registry::{ProviderEntry, ServiceEntry};
 use athenz_testbed::zts::{DevZts, DevZtsConfig};
 use rcgen::SanType;
 use serde_json::{Value, json};
@@ -27,9 +27,14 @@ mod authz_rows;
 mod delivery;
 #[path = "zts_contract/instance_rows.rs"]
 mod instance_rows;
+#[path = "zts_contract/recorded.rs"]
+mod recorded;
+#[path = "zts_contract/under_test.rs"]
+mod under_test;
 
 use delivery::{Identity, Reply, ZtsCall, client, deliver};
 use instance_rows::{Sent, run};
+use under_test::ZtsUnderTest;
 
 const TABLE: &str = include_str!("../data/zts-contract.tsv");
 const BASE: &str = "/callback";
@@ -136,7 +141,7 @@ fn answer_misses(row: &Row, sent: &Sent) -> Vec<String> {
 struct Bed {
     /// When set, each row's request goes through this Athenz client instead of reqwest.
     athenz: Option<tokio::sync::Mutex<AthenzClient>>,
-    zts: DevZts,
+    zts: ZtsUnderTest,
     stub: ProviderStub,
     _others: Vec<ProviderStub>,
     service_key: PrivateKey,
@@ -146,37 +151,61 @@ async fn bed() -> Bed {
     bed_via(None).await
 }
 
-/// The bed, its rows sent through Athenz's own `harness` when given.
+/// The bed on the dev ZTS, its rows sent through Athenz's own `harness` when given.
 async fn bed_via(harness: Option<Harness>) -> Bed {
+    bed_on(false, harness).await
+}
+
+/// The bed's settings, the same for either ZTS: the roles the token rows ask about, the proxy
+/// user, and the keys the key-refresh rows sign their ntokens with (registered up front, as ZMS
+/// would hold them), for the jwt-service and for the callback (the principal-mismatch row).
+fn settings(service_key: &PrivateKey) -> DevZtsConfig {
     let role = |r: &str, m: &[&str]| RoleEntry {
         domain: DOMAIN.into(),
         role: r.into(),
         members: m.iter().map(|s| (*s).to_owned()).collect(),
     };
-    let zts = DevZts::start(DevZtsConfig {
+    let public_key = service_key.key_pair().public_key_pem();
+    DevZtsConfig {
         provider_timeout_ms: 2_000,
         roles: vec![
             role("readers", &["media.sports.web", PROXY, "finance.*"]),
             role("writers", &["media.sports.api"]),
         ],
         authorized_proxy_users: vec![PROXY.into()],
+        services: [KEY_SERVICE.1, "athenz-callback"]
+            .iter()
+            .map(|service| ServiceEntry {
+                name: format!("{}.{service}", KEY_SERVICE.0),
+                public_keys: [("v1".to_owned(), public_key.clone())].into(),
+            })
+            // the services instances are launched as, registered in their domains as ZMS
+            // holds them (ZTS refuses an instance of a service its domain does not list)
+            .chain([DOMAIN, "news"].iter().map(|domain| ServiceEntry {
+                name: format!("{domain}.{SERVICE}"),
+                public_keys: Default::default(),
+            }))
+            .collect(),
         ..DevZtsConfig::default()
-    })
-    .await
-    .unwrap();
+    }
+}
+
+/// The scripted providers every row may reach, from `ca`: the one that decides, one presenting
+/// another service's certificate, one whose certificate names no host; and a closed port.
+async fn providers(ca: &CertAuthority) -> (ProviderStub, Vec<ProviderStub>, Vec<ProviderEntry>) {
     let allow = Decision::Allow {
         cert_expiry_minutes: None,
     };
-    let stub = ProviderStub::start(zts.ca(), PROVIDER, zts.root_pem(), BASE, allow.clone())
+    let stub = ProviderStub::start(ca, PROVIDER, ca.root_pem(), BASE, allow.clone())
         .await
         .unwrap();
-    let wrong_cn = ProviderStub::start(zts.ca(), PROVIDER, zts.root_pem(), BASE, allow.clone())
+    let wrong_cn = ProviderStub::start(ca, PROVIDER, ca.root_pem(), BASE, allow.clone())
         .await
         .unwrap();
     let no_host = ProviderStub::start_with_leaf(
-        zts.ca(),
+        ca,
         &LeafSpec::service(NO_HOST_PROVIDER, &[]),
-        zts.root_pem(),
+        ca.root_pem(),
         BASE,
         allow,
     )
@@ -186,32 +215,51 @@ async fn bed_via(harness: Option<Harness>) -> Bed {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    for (name, endpoint) in [
+    let entries = [
         (PROVIDER, stub.endpoint().to_owned()),
         (WRONG_CN_PROVIDER, wrong_cn.endpoint().to_owned()),
         (NO_HOST_PROVIDER, no_host.endpoint().to_owned()),
         (DOWN_PROVIDER, format!("https://127.0.0.1:{closed}{BASE}")),
-    ] {
-        zts.add_provider(ProviderEntry {
-            name: name.into(),
-            endpoint,
-            dns_suffixes: vec![DNS_SUFFIX.into()],
-            launch: vec!["media.sports.*".into()],
-        })
-        .unwrap();
-    }
+    ]
+    .into_iter()
+    .map(|(name, endpoint)| ProviderEntry {
+        name: name.into(),
+        endpoint,
+        dns_suffixes: vec![DNS_SUFFIX.into()],
+        launch: vec!["media.sports.*".into()],
+    })
+    .collect();
+    (stub, vec![wrong_cn, no_host], entries)
+}
+
+/// The bed on the dev ZTS, or on Athenz's own ZTS when `real` (built by
+/// harness/peers/athenz/zts/build); its rows sent through Athenz's `harness` when given.
+async fn bed_on(real: bool, harness: Option<Harness>) -> Bed {
     let service_key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
-    zts.add_service_key(
-        &format!("{}.{}", KEY_SERVICE.0, KEY_SERVICE.1),
-        "v1",
-        &service_key.key_pair().public_key_pem(),
-    )
-    .unwrap();
+    let mut settings = settings(&service_key);
+    let (zts, stub, others) = if real {
+        // real ZTS reads its providers at start: they are up, and named, first
+        let signer = CertAuthority::new_root("Real ZTS Test Root")
+            .unwrap()
+            .new_intermediate("Real ZTS Test Signer")
+            .unwrap();
+        let (stub, others, entries) = providers(&signer).await;
+        settings.providers = entries;
+        let zts = ZtsUnderTest::start_real(&settings, signer).await;
+        (zts, stub, others)
+    } else {
+        let zts = DevZts::start(settings).await.unwrap();
+        let (stub, others, entries) = providers(zts.ca()).await;
+        for entry in entries {
+            zts.add_provider(entry).unwrap();
+        }
+        (ZtsUnderTest::Dev(zts), stub, others)
+    };
     Bed {
         athenz: harness.map(|h| tokio::sync::Mutex::new(AthenzClient::start(h).unwrap())),
         zts,
         stub,
-        _others: vec![wrong_cn, no_host],
+        _others: others,
         service_key,
     }
 }
@@ -364,16 +412,6 @@ async fn key_refresh(bed: &Bed, token_service: &str, csr: String) -> Reply {
     }
     .sign(&bed.service_key, time::OffsetDateTime::now_utc())
     .unwrap();
-    if token_service != KEY_SERVICE.1 {
-        // the token must verify for the path's mismatch to be the answer: register its key too
-        bed.zts
-            .add_service_key(
-                &format!("{}.{token_service}", KEY_SERVICE.0),
-                "v1",
-                &bed.service_key.key_pair().public_key_pem(),
-            )
-            .unwrap();
-    }
     deliver(
         bed,
         ZtsCall::KeyRefresh {

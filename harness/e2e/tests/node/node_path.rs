@@ -363,6 +363,7 @@ async fn refresh_refuses_certificates_athenz_did_not_issue_without_asking_zts() 
         dns_names: info.dns_names.clone(),
         ip_addresses: info.ip_addresses.clone(),
         uris: info.uris.clone(),
+        emails: Vec::new(),
         validity,
         backdate,
     };

@@ -86,6 +86,7 @@ fn expire_the_pods_set(node: &Node, out: &Path) -> CertInfo {
         dns_names: issued.dns_names.clone(),
         ip_addresses: issued.ip_addresses.clone(),
         uris: issued.uris.clone(),
+        emails: Vec::new(),
         validity: -time::Duration::minutes(1),
         backdate: time::Duration::minutes(2),
     };

@@ -16,6 +16,7 @@
 //! - the answer's `scope` is sent only for `<d>:domain` or when fewer roles were granted than
 //!   asked (`generateScopeResponse`), followed by `openid` when the ID token is on.
 
+use super::authz::DEFAULT_TOKEN_EXPIRY_SECS;
 use super::authz::{self, Scope};
 use super::refusal::{Refusal, parse_form};
 use super::server::ZtsHandler;
@@ -129,7 +130,8 @@ impl ZtsHandler {
         req: &Request<Bytes>,
         conn: &ConnInfo,
     ) -> Result<Response<Body>, Refusal> {
-        const CALLER: &str = "postAccessTokenRequest";
+        // ZTS's caller name: its ResourceContext's api name, lower case
+        const CALLER: &str = "postaccesstokenrequest";
         let form_type = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -182,7 +184,7 @@ impl ZtsHandler {
         let expires_in = if requested > 0 {
             requested.min(max)
         } else {
-            3600.min(max)
+            DEFAULT_TOKEN_EXPIRY_SECS.min(max)
         };
         let now = OffsetDateTime::now_utc().unix_timestamp();
         let host = req

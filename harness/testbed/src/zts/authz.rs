@@ -112,6 +112,10 @@ pub fn granted_roles(
     Ok(granted)
 }
 
+/// A token's lifetime when the request asks for none: ZTS's `athenz.zts.role_token_default_timeout`,
+/// two hours by default (ZTSImpl), for role tokens and access tokens alike.
+pub const DEFAULT_TOKEN_EXPIRY_SECS: i64 = 2 * 3600;
+
 /// 403 with `ZTSImpl.tokenErrorMessage`: `principal` is in none of the roles `scope` asks for.
 pub fn not_included(caller: &str, scope: &Scope, principal: &str) -> AuthzRefusal {
     let asked = if scope.roles.is_some() {
@@ -237,11 +241,11 @@ mod tests {
             ["readers", "public"]
         );
         let writers = role_scope("media.sports", Some("writers")).unwrap();
-        let err = granted_roles("getRoleToken", &r, &writers, "media.sports.web").unwrap_err();
+        let err = granted_roles("getroletoken", &r, &writers, "media.sports.web").unwrap_err();
         assert_eq!(err.0, 403);
         assert_eq!(
             err.1,
-            "getRoleToken: principal media.sports.web is not included in the requested role(s) \
+            "getroletoken: principal media.sports.web is not included in the requested role(s) \
              in domain media.sports"
         );
         let unknown_role = role_scope("media.sports", Some("nope")).unwrap();

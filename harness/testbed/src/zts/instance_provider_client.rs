@@ -47,6 +47,9 @@ pub enum ProviderRoute {
     Refresh,
 }
 
+/// The Java class Athenz's provider client reads a confirmation into (libs/java/instance_provider).
+const CONFIRMATION: &str = "com.yahoo.athenz.instance.provider.InstanceConfirmation";
+
 impl ProviderRoute {
     fn path(self) -> &'static str {
         match self {
@@ -242,12 +245,17 @@ impl ProviderClients {
         };
         let body = body.map_err(|e| unreadable(e.to_string()))?;
         if !provider_answer::is_json(content_type.as_deref()) {
-            return Err(unreadable(format!(
-                "no reader for media type {}",
-                content_type
-                    .as_deref()
-                    .unwrap_or("application/octet-stream")
-            )));
+            // Jersey's words, as real ZTS passes them on (harness/testbed/data/zts-recorded.json,
+            // register_provider_unreadable_200), with no "unreadable" prefix of ours
+            return Err(ProviderRefusal {
+                code: 200,
+                message: format!(
+                    "MessageBodyReader not found for media type={}, type=class {CONFIRMATION}, genericType=class {CONFIRMATION}.",
+                    content_type
+                        .as_deref()
+                        .unwrap_or("application/octet-stream")
+                ),
+            });
         }
         provider_answer::read_confirmation(&body).map_err(unreadable)
     }

@@ -4,7 +4,8 @@
 //! status codes and message texts: an ntoken of another service is `400 Principal mismatch:
 //! <path> vs. <token>`; a CSR that cannot be read is `400 Unable to parse PKCS10 certificate
 //! request`; then `400 Invalid CSR - data mismatch` (CN and names,
-//! `ZTSUtils.verifyCertificateRequest`), `- public key mismatch`, `- IP address mismatch`. A
+//! `ZTSUtils.verifyCertificateRequest`), `- public key mismatch`, and, with
+//! `cert_request_verify_ip` on (Athenz's default is off), `- IP address mismatch`. A
 //! missing, malformed, expired or unverifiable ntoken is 401, as ZTS's authority refuses it.
 
 use super::refusal::{Outcome, Refusal, parse_json};
@@ -86,12 +87,14 @@ impl ZtsHandler {
         if registered.is_none() {
             return Err(Refusal::bad_request("Invalid CSR - public key mismatch"));
         }
-        // As ZTS does: an IP SAN must be the address the request comes from.
+        // As ZTS does when told to (athenz.zts.cert_request_verify_ip, off by default): an IP
+        // SAN must be the address the request comes from.
         let caller_ip = client_ip(conn);
-        if csr
-            .ip_addresses
-            .iter()
-            .any(|ip| ip.to_string() != caller_ip)
+        if self.state.settings.cert_request_verify_ip
+            && csr
+                .ip_addresses
+                .iter()
+                .any(|ip| ip.to_string() != caller_ip)
         {
             return Err(Refusal::bad_request("Invalid CSR - IP address mismatch"));
         }

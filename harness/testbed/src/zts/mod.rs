@@ -81,7 +81,8 @@ pub struct DevZtsConfig {
     pub providers: Vec<ProviderEntry>,
     /// Longest certificate issued, minutes (Athenz's default is 30 days).
     pub max_cert_lifetime_minutes: u32,
-    /// How far certificates are backdated (notBefore in the past), seconds.
+    /// How far certificates are backdated (notBefore in the past), seconds. Athenz's signer
+    /// does not backdate (`Crypto.generateX509Certificate`: notBefore is now), hence 0.
     pub cert_backdate_secs: u32,
     /// Lifetime of ntokens handed to instances, seconds.
     pub token_lifetime_secs: u32,
@@ -107,6 +108,9 @@ pub struct DevZtsConfig {
     /// Principals that may ask for tokens and role certificates on behalf of another (Athenz's
     /// `athenz.zts.authorized_proxy_users`).
     pub authorized_proxy_users: Vec<String>,
+    /// Whether a key-based refresh's IP SANs must be the caller's address (Athenz's
+    /// `athenz.zts.cert_request_verify_ip`, default false).
+    pub cert_request_verify_ip: bool,
     /// The DNS server that resolves providers' endpoint host names (a cluster's DNS Service, so
     /// an endpoint can be registered as the callback Service's in-cluster name, as operators
     /// register it); the host's resolver when unset.
@@ -120,7 +124,7 @@ impl Default for DevZtsConfig {
             services: Vec::new(),
             providers: Vec::new(),
             max_cert_lifetime_minutes: 30 * 24 * 60,
-            cert_backdate_secs: 60,
+            cert_backdate_secs: 0,
             token_lifetime_secs: 2 * 3600,
             service_dns_suffixes: vec!["athenz.cloud".into()],
             provider_timeout_ms: 5_000,
@@ -131,6 +135,7 @@ impl Default for DevZtsConfig {
             max_token_expiry_secs: 24 * 3600,
             openid_scope: false,
             authorized_proxy_users: Vec::new(),
+            cert_request_verify_ip: false,
             provider_dns_server: None,
         }
     }
@@ -266,6 +271,7 @@ impl DevZts {
                 max_token_expiry: time::Duration::seconds(i64::from(config.max_token_expiry_secs)),
                 openid_scope: config.openid_scope,
                 authorized_proxy_users: config.authorized_proxy_users.clone(),
+                cert_request_verify_ip: config.cert_request_verify_ip,
             },
             roles: config.roles.clone(),
             instance_fault: std::sync::atomic::AtomicU16::new(0),

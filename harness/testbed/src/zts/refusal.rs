@@ -55,8 +55,9 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(
 
 /// A CSR ZTS can read, or 400 "unable to parse PKCS10 CSR".
 pub fn parse_csr(pem: &str) -> Result<CsrInfo, Refusal> {
+    // Athenz's Crypto.getPKCS10CertRequest: what is no PKCS#10 PEM is "Invalid csr provided"
     let csr = CsrInfo::from_pem(pem)
-        .map_err(|e| Refusal::bad_request(format!("unable to parse PKCS10 CSR: {e}")))?;
+        .map_err(|_| Refusal::bad_request("unable to parse PKCS10 CSR: Invalid csr provided"))?;
     check_parsable(&csr)
         .map_err(|e| Refusal::bad_request(format!("unable to parse PKCS10 CSR: {}", e.0)))?;
     Ok(csr)

@@ -54,6 +54,8 @@ pub struct RouteSettings {
     pub openid_scope: bool,
     /// Principals that may ask on behalf of another (Athenz `athenz.zts.authorized_proxy_users`).
     pub authorized_proxy_users: Vec<String>,
+    /// A key-based refresh's IP SANs must be the caller's (`athenz.zts.cert_request_verify_ip`).
+    pub cert_request_verify_ip: bool,
 }
 
 /// Everything the routes share.
@@ -169,6 +171,17 @@ impl Handler for ZtsHandler {
         };
         outcome.unwrap_or_else(|Refusal(status, message)| {
             tracing::info!(%path, %status, %message, "dev ZTS refused");
+            if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+                // JAX-RS refuses before ZTS's code runs: the container's page, no ZTS error
+                // object (real ZTS's body has no `message`; harness/testbed/data/zts-recorded.json)
+                let mut page = Response::new(Body::new(Bytes::from(message)));
+                *page.status_mut() = status;
+                page.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    header::HeaderValue::from_static("text/plain"),
+                );
+                return page;
+            }
             error_response(status, message)
         })
     }
@@ -219,8 +232,8 @@ impl ZtsHandler {
     ) -> Result<Vec<String>, Refusal> {
         if proxy_for.is_some() && !may_proxy(&self.state.settings, principal) {
             let what = match caller {
-                "postRoleCertificateRequestExt" => "role certificate",
-                "getRoleToken" => "role token",
+                "postrolecertificaterequestext" => "role certificate",
+                "getroletoken" => "role token",
                 _ => "access token",
             };
             return Err(Refusal::forbidden(format!(
@@ -448,7 +461,8 @@ impl ZtsHandler {
         conn: &ConnInfo,
         domain: &str,
     ) -> Result<Response<Body>, Refusal> {
-        const CALLER: &str = "getRoleToken";
+        // ZTS's caller name: its ResourceContext's api name, lower case
+        const CALLER: &str = "getroletoken";
         let Some(principal) = &conn.principal else {
             return Err(Refusal::unauthorized(
                 "a client certificate is required for a role token",
@@ -475,7 +489,7 @@ impl ZtsHandler {
         };
         let max = self.state.settings.max_token_expiry.whole_seconds();
         let lifetime = seconds("maxExpiryTime")?
-            .unwrap_or(3600)
+            .unwrap_or(super::authz::DEFAULT_TOKEN_EXPIRY_SECS)
             .max(seconds("minExpiryTime")?.unwrap_or(0))
             .min(max);
         let proxy_for = field("proxyForPrincipal")

@@ -46,8 +46,9 @@ fn check_schema(request: &RoleCertificateRequest) -> Result<(), Refusal> {
             && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
     };
     match request.x509_cert_signer_key_id.as_deref() {
+        // ZTSImpl.validate wraps the validator's ResourceException in its own message
         Some(id) if !simple_name(id) => Err(Refusal::bad_request(
-            "Invalid RoleCertificateRequest error: String pattern mismatch (expected \"[a-zA-Z0-9_][a-zA-Z0-9_-]*\")  for type SimpleName in data.x509CertSignerKeyId",
+            "Invalid RoleCertificateRequest error: ResourceException (400): {code: 400, message: \"Invalid RoleCertificateRequest error: String pattern mismatch (expected \"[a-zA-Z0-9_][a-zA-Z0-9_-]*\")  for type SimpleName in data.x509CertSignerKeyId\"}",
         )),
         _ => Ok(()),
     }
@@ -92,7 +93,7 @@ pub fn csr_is_valid(
             .is_some_and(|host| {
                 email_suffixes
                     .iter()
-                    .any(|suffix| host.ends_with(&format!(".{suffix}")) || host == suffix)
+                    .any(|suffix| host.ends_with(&format!(".{suffix}")))
             });
         if !valid_email {
             return false;
@@ -138,7 +139,8 @@ impl ZtsHandler {
         req: &Request<Bytes>,
         conn: &ConnInfo,
     ) -> Result<Response<Body>, Refusal> {
-        const CALLER: &str = "postRoleCertificateRequestExt";
+        // ZTS's caller name: its ResourceContext's api name, lower case
+        const CALLER: &str = "postrolecertificaterequestext";
         let (Some(principal), Some(cert_der)) = (&conn.principal, &conn.peer_certificate) else {
             return Err(Refusal::unauthorized(
                 "a client certificate is required for a role certificate",
@@ -159,10 +161,16 @@ impl ZtsHandler {
             .filter(|p| !p.is_empty())
             .map(str::to_lowercase);
         self.roles_for(CALLER, &scope, principal, proxy_for.as_deref())?;
+        // for a proxy request the certificate is the proxied principal's, and the proxy user
+        // (the caller) is named by its URI (ZTSImpl.processRoleCertificateRequest)
+        let (cert_principal, proxy_user) = match proxy_for.as_deref() {
+            Some(proxied) => (proxied, Some(principal.as_str())),
+            None => (principal.as_str(), None),
+        };
         if !csr_is_valid(
             &csr,
-            principal,
-            proxy_for.as_deref(),
+            cert_principal,
+            proxy_user,
             &caller_cert,
             &self.state.settings.service_dns_suffixes,
             (&domain, &role),

@@ -104,9 +104,11 @@ pub(super) async fn run_role_cert(bed: &Bed, case: &str) -> Reply {
         "role_cert_every_optional_field" => {
             role_cert(bed, PROXY, |key| {
                 json!({
+                    // the certificate is the proxied principal's; the proxy user URI names the
+                    // caller (ZTSImpl.processRoleCertificateRequest)
                     "csr": role_csr(key, vec![
-                        principal_uri(PROXY),
-                        uri("athenz://proxyuser/finance.ledger"),
+                        principal_uri("finance.ledger"),
+                        uri(&format!("athenz://proxyuser/{PROXY}")),
                         uri("spiffe://media.sports/ra/readers"),
                     ]),
                     "expiryTime": 60,
@@ -132,7 +134,8 @@ pub(super) async fn run_role_cert(bed: &Bed, case: &str) -> Reply {
         }
         "role_cert_principal_as_email" => {
             role_cert(bed, web, |key| {
-                json!({"csr": role_csr(key, vec![SanType::Rfc822Name(format!("{web}@{DNS_SUFFIX}").as_str().try_into().unwrap())])})
+                // under the suffix: ZTS wants the email's host to end with ".<suffix>"
+                json!({"csr": role_csr(key, vec![SanType::Rfc822Name(format!("{web}@mail.{DNS_SUFFIX}").as_str().try_into().unwrap())])})
             })
             .await
         }
@@ -183,7 +186,7 @@ pub(super) async fn run_role_cert(bed: &Bed, case: &str) -> Reply {
         "role_cert_proxy_not_authorized" => {
             role_cert(bed, web, |key| {
                 json!({
-                    "csr": role_csr(key, vec![principal_uri(web), uri("athenz://proxyuser/finance.ledger")]),
+                    "csr": role_csr(key, vec![principal_uri("finance.ledger"), uri(&format!("athenz://proxyuser/{web}"))]),
                     "proxyForPrincipal": "finance.ledger",
                 })
             })

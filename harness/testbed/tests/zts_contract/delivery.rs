@@ -18,18 +18,31 @@ pub(super) fn client(bed: &Bed, identity: Option<(&str, &str)>) -> reqwest::Clie
     builder.build().unwrap()
 }
 
-/// What a row's request got: status and message (empty for an answer without one), and a
-/// success as Athenz's client decoded it (none when sent with reqwest).
+/// What a row's request got: status and message (empty for an answer without one), a success
+/// as Athenz's client decoded it (none when sent with reqwest), and the body as sent (none when
+/// sent through an Athenz client).
 #[derive(Debug)]
 pub(super) struct Reply {
     pub(super) status: u16,
     pub(super) message: String,
     pub(super) decoded: Option<Value>,
+    pub(super) body: Option<Value>,
 }
 
-/// Status and message (empty for an answer without one).
+/// Status and message (empty for an answer without one); a request ZTS refused before any
+/// HTTP answer (its TLS handshake) is status 0 with the error as the message.
 pub(super) async fn send(request: reqwest::RequestBuilder) -> Reply {
-    let response = request.send().await.unwrap();
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => {
+            return Reply {
+                status: 0,
+                message: format!("no HTTP answer: {error:?}"),
+                decoded: None,
+                body: None,
+            };
+        }
+    };
     let status = response.status().as_u16();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     let message = body["message"].as_str().unwrap_or_default().to_owned();
@@ -37,6 +50,7 @@ pub(super) async fn send(request: reqwest::RequestBuilder) -> Reply {
         status,
         message,
         decoded: None,
+        body: Some(body),
     }
 }
 
@@ -218,5 +232,6 @@ pub(super) async fn deliver_via_athenz(
         status,
         message,
         decoded,
+        body: None,
     }
 }
