@@ -120,6 +120,7 @@ pub async fn run(
     volume: VolumeMode,
     key_source: athenz_core::agent_api::KeySource,
     runtime: Option<athenz_testbed::runtime::RuntimeKind>,
+    zts: crate::stack::ZtsServer,
     print: &mut dyn FnMut(String),
 ) -> anyhow::Result<DemoReport> {
     let started = Instant::now();
@@ -135,6 +136,7 @@ pub async fn run(
         csi_refresh_interval: (volume == VolumeMode::CsiFiles).then_some(DEMO_CSI_REFRESH),
         key_source,
         runtime,
+        zts,
         ..StackOptions::new(state_dir.to_owned(), "p256")
     })
     .await?;

@@ -191,6 +191,27 @@ fn standalone_zts_serves_and_stops_on_sigterm() {
     assert!(child.wait().unwrap().success());
 }
 
+/// Athenz's own ZTS where it was never built: the command names what is missing and how to
+/// build it, and writes no zts.json.
+#[test]
+fn athenz_zts_not_built_is_named_with_its_build_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(DEVSTACK)
+        .args(["zts", "--server", "athenz", "--state-dir"])
+        .arg(dir.path())
+        .env("ATHENZ_ZTS_HOME", dir.path().join("no-build"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no-build/webapps/zts.war is missing")
+            && err.contains("harness/peers/athenz/zts/build --source"),
+        "{err}"
+    );
+    assert!(!dir.path().join("zts.json").exists());
+}
+
 #[test]
 fn bad_arguments_are_named() {
     let out = Command::new(DEVSTACK)

@@ -5,6 +5,7 @@ use super::{privileged_in_temp_dir, runtime};
 use athenz_core::agent_api::KeySource;
 use athenz_core::volume_mode::VolumeMode;
 use athenz_devstack::demo;
+use athenz_devstack::stack::ZtsServer;
 use athenz_testbed::runtime::RuntimeKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,6 +30,10 @@ pub struct DemoArgs {
     /// default: runc when it is installed and this runs as root, else process.
     #[arg(long)]
     runtime: Option<RuntimeKind>,
+    /// Which ZTS: the development ZTS (dev) or Athenz's own, built from its source by
+    /// harness/peers/athenz/zts/build (athenz; docs/real-zts.md).
+    #[arg(long, value_enum, default_value_t = ZtsServer::Dev)]
+    zts: ZtsServer,
 }
 
 pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
@@ -44,6 +49,7 @@ pub fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
             args.volume,
             args.key_source,
             args.runtime,
+            args.zts,
             &mut print,
         ))?;
         if args.json {

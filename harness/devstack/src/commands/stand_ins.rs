@@ -4,6 +4,8 @@
 
 use super::stand_in_runtime;
 use athenz_devstack::kube;
+use athenz_devstack::stack::ZtsServer;
+use athenz_testbed::real_zts;
 use athenz_testbed::zts::{self, DevZtsConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,6 +21,11 @@ pub struct ZtsArgs {
     /// Follow this faults file (`chaos` injects ZTS errors through it).
     #[arg(long, hide = true)]
     faults_file: Option<PathBuf>,
+    /// Which ZTS: the development ZTS (dev), or Athenz's own built from its source by
+    /// harness/peers/athenz/zts/build (athenz; $ATHENZ_ZTS_HOME, else under target/), from the
+    /// same configuration.
+    #[arg(long, value_enum, default_value_t = ZtsServer::Dev)]
+    server: ZtsServer,
 }
 
 pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
@@ -27,12 +34,27 @@ pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
         Some(path) => DevZtsConfig::from_file(&path)?,
         None => DevZtsConfig::default(),
     };
-    stand_in_runtime()?.block_on(zts::run_standalone(
-        config,
-        &args.state_dir,
-        args.faults_file,
-        athenz_core::http::termination_signal(),
-    ))?;
+    match args.server {
+        ZtsServer::Dev => stand_in_runtime()?.block_on(zts::run_standalone(
+            config,
+            &args.state_dir,
+            args.faults_file,
+            athenz_core::http::termination_signal(),
+        ))?,
+        ZtsServer::Athenz => {
+            if args.faults_file.is_some() {
+                anyhow::bail!(
+                    "--faults-file: faults are injected into the dev ZTS only; Athenz's ZTS runs as built"
+                );
+            }
+            stand_in_runtime()?.block_on(real_zts::run_standalone(
+                config,
+                real_zts::default_home(),
+                &args.state_dir,
+                athenz_core::http::termination_signal(),
+            ))?
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

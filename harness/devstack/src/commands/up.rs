@@ -4,7 +4,7 @@
 use super::runtime;
 use athenz_core::agent_api::KeySource;
 use athenz_core::volume_mode::VolumeMode;
-use athenz_devstack::stack::{Stack, StackOptions};
+use athenz_devstack::stack::{Stack, StackOptions, ZtsServer};
 use athenz_devstack::userns;
 use athenz_testbed::runtime::RuntimeKind;
 use std::path::PathBuf;
@@ -44,6 +44,10 @@ pub struct UpArgs {
     /// default: runc when it is installed and this runs as root, else process.
     #[arg(long)]
     runtime: Option<RuntimeKind>,
+    /// Which ZTS: the development ZTS (dev) or Athenz's own, built from its source by
+    /// harness/peers/athenz/zts/build (athenz; docs/real-zts.md).
+    #[arg(long, value_enum, default_value_t = ZtsServer::Dev)]
+    zts: ZtsServer,
 }
 
 impl UpArgs {
@@ -58,6 +62,7 @@ impl UpArgs {
             fault_injection: self.fault_injection,
             key_source: self.key_source,
             runtime: self.runtime,
+            zts: self.zts,
             ..StackOptions::new(self.state_dir, &self.key)
         }
     }

@@ -54,8 +54,31 @@ pub fn demo_roles() -> Vec<athenz_testbed::zts::authz::RoleEntry> {
     ]
 }
 
+/// The tenant domains the stack's pods live in (the demo's, the bench's, the real node's
+/// restricted tenant), and their services: what Athenz's own ZTS must be told of
+/// ([`ZtsServer::Athenz`]); the dev ZTS lets its provider launch anything.
+pub const TENANT_DOMAINS: [&str; 3] = ["media.sports", "finance.ledger", "bank.vault"];
+/// The services of [`TENANT_DOMAINS`] the stack's pods run as.
+pub const TENANT_SERVICES: [&str; 4] = [
+    "media.sports.web",
+    "media.sports.api",
+    "finance.ledger.ledger",
+    "finance.ledger.web",
+];
+
 /// The faults file under the state dir, when the stack runs with fault injection.
 pub const FAULTS_FILE: &str = "faults.json";
+
+/// Which ZTS a stack runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum ZtsServer {
+    /// The development ZTS (`athenz_testbed::zts`).
+    #[default]
+    Dev,
+    /// Athenz's own ZTS, built from its source by harness/peers/athenz/zts/build
+    /// (docs/real-zts.md), from the same settings.
+    Athenz,
+}
 
 /// Choices for a stack.
 #[derive(Debug, Clone)]
@@ -88,6 +111,8 @@ pub struct StackOptions {
     /// Replicas of the jwt-service and of the callback, each Deployment behind one Service
     /// address when more than one ([`replicas`]).
     pub control_plane_replicas: usize,
+    /// Which ZTS.
+    pub zts: ZtsServer,
 }
 
 impl StackOptions {
@@ -106,6 +131,7 @@ impl StackOptions {
             cert_expiry_minutes: None,
             fault_injection: false,
             control_plane_replicas: 1,
+            zts: ZtsServer::Dev,
         }
     }
 }

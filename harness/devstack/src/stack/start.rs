@@ -11,8 +11,8 @@ use super::{
     ADMIN_DOMAIN, AGENT_NAMESPACE, AGENT_PRINCIPAL, AGENT_SERVICE_ACCOUNT, AgentInfo, CALLBACK,
     CALLBACK_BASE_PATH, CallbackInfo, Credential, Credentials, DEPLOY_TEMPLATE, DNS_SUFFIX,
     FAULTS_FILE, INITIALIZER, JWT_SERVICE, NODE_TOKEN_AUDIENCE, NodeAgentInfo, NodeAttestation,
-    NodeInfo, PROVIDER, STRANGER, Stack, StackInfo, StackOptions, Url, UrlCa, choose_runtime,
-    demo_roles, node_name, replicas,
+    NodeInfo, PROVIDER, STRANGER, Stack, StackInfo, StackOptions, TENANT_DOMAINS, TENANT_SERVICES,
+    Url, UrlCa, ZtsServer, choose_runtime, demo_roles, node_name, replicas,
 };
 use crate::kube::{KubeInfo, KubeNode};
 use crate::multicall;
@@ -208,7 +208,8 @@ impl<'a> Start<'a> {
         services: Vec<ServiceEntry>,
         ports: &Ports,
     ) -> anyhow::Result<StandaloneInfo> {
-        let config = DevZtsConfig {
+        let athenz = self.options.zts == ZtsServer::Athenz;
+        let mut config = DevZtsConfig {
             listen: ([127, 0, 0, 1], ports.zts).into(),
             services,
             providers: vec![ProviderEntry {
@@ -221,6 +222,25 @@ impl<'a> Start<'a> {
             roles: demo_roles(),
             ..DevZtsConfig::default()
         };
+        if athenz {
+            // what a ZMS administrator registers for Athenz's own ZTS: each tenant domain's
+            // launch grant and its services (ZTS refuses an instance of an unlisted service)
+            config.providers[0].launch = TENANT_DOMAINS
+                .iter()
+                .map(|d| format!("{d}.*"))
+                .chain([AGENT_PRINCIPAL.to_owned()])
+                .collect();
+            config.services.extend(
+                TENANT_SERVICES
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .chain([AGENT_PRINCIPAL.to_owned()])
+                    .map(|name| ServiceEntry {
+                        name,
+                        public_keys: Default::default(),
+                    }),
+            );
+        }
         let dir = self.state.join("zts");
         crate::json_file::write_atomically(&dir.join("config.json"), &config)?;
         let _ = std::fs::remove_file(dir.join("zts.json"));
@@ -229,6 +249,9 @@ impl<'a> Start<'a> {
             path_arg("state-dir", &dir),
             path_arg("config", &dir.join("config.json")),
         ];
+        if athenz {
+            args.push("--server=athenz".into());
+        }
         args.extend(self.faults_arg.clone());
         let mut zts = Process::start(Command::new("zts", &self.exe(), args), &self.logs)?;
         zts.wait_file(&dir.join("zts.json")).await?;

@@ -265,6 +265,38 @@ impl RealZts {
     }
 }
 
+/// Runs real ZTS until `shutdown` completes, as `zts::run_standalone` runs the dev ZTS: a fresh
+/// test CA signs (its root in `state_dir/ca.pem`), ZTS's files under `state_dir/athenz-zts`,
+/// and `state_dir/zts.json` ({url, ca}) written once it serves.
+pub async fn run_standalone(
+    settings: DevZtsConfig,
+    home: PathBuf,
+    state_dir: &Path,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), RealZtsError> {
+    let signer = CertAuthority::new_root("Athenz ZTS Test Root")?
+        .new_intermediate("Athenz ZTS Test Signer")?;
+    let ca = state_dir.join("ca.pem");
+    crate::pki::write_file(&ca, signer.root_pem().as_bytes(), 0o644)?;
+    let zts = RealZts::start(RealZtsConfig {
+        home,
+        work: state_dir.join("athenz-zts"),
+        settings: &settings,
+        signer: &signer,
+    })
+    .await?;
+    let info = crate::zts::StandaloneInfo {
+        url: zts.url().to_owned(),
+        ca,
+    };
+    let json = serde_json::to_vec_pretty(&info).map_err(|e| RealZtsError::Data(e.to_string()))?;
+    crate::pki::write_file(&state_dir.join("zts.json"), &json, 0o644)?;
+    tracing::info!(url = %info.url, log = %zts.log().display(), "Athenz's ZTS ready");
+    shutdown.await;
+    zts.stop().await;
+    Ok(())
+}
+
 /// `listen`, its port chosen now when 0 (Jetty takes a fixed port; the moment between choosing
 /// and Jetty binding it is the only race, and loopback ports are not contended here).
 fn free_port(listen: SocketAddr) -> Result<SocketAddr, RealZtsError> {
