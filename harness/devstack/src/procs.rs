@@ -26,6 +26,9 @@ pub struct Command {
     pub env: Vec<(String, String)>,
     /// Working directory (this process's if none).
     pub cwd: Option<PathBuf>,
+    /// Its usage counts its live descendants too: for a process that runs its server as a
+    /// child (Athenz's ZTS, a Java process under the `zts` command).
+    pub with_descendants: bool,
 }
 
 impl Command {
@@ -37,6 +40,7 @@ impl Command {
             args,
             env: Vec::new(),
             cwd: None,
+            with_descendants: false,
         }
     }
 }
@@ -234,9 +238,13 @@ impl Process {
         }
     }
 
-    /// What /proc says of it now.
+    /// What /proc says of it now (and of its live descendants, when its command says so).
     pub fn usage(&self) -> Usage {
-        Usage::of(self.pid())
+        if self.command.with_descendants {
+            Usage::of_tree(self.pid())
+        } else {
+            Usage::of(self.pid())
+        }
     }
 
     /// SIGTERM, then SIGKILL if it has not exited within the grace period.
@@ -319,6 +327,39 @@ impl Usage {
             threads: field("Threads:"),
         }
     }
+}
+
+impl Usage {
+    /// `pid` and its live descendants, summed (peaks too: an upper bound of the tree's peak).
+    pub fn of_tree(pid: u32) -> Self {
+        let mut total = Self::of(pid);
+        for child in children_of(pid) {
+            let u = Self::of_tree(child);
+            total.cpu_seconds += u.cpu_seconds;
+            total.rss_kib += u.rss_kib;
+            total.peak_rss_kib += u.peak_rss_kib;
+            total.fds += u.fds;
+            total.threads += u.threads;
+        }
+        total
+    }
+}
+
+/// The processes whose parent is `pid` (field 4 of /proc/<pid>/stat).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(proc_dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    proc_dir
+        .flatten()
+        .filter_map(|entry| {
+            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let after = stat.rsplit_once(')')?.1;
+            let parent: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
 }
 
 /// CPU time of a process's live threads in nanoseconds from `/proc/<pid>/task/*/schedstat`
@@ -438,6 +479,22 @@ pub fn pids_named(name: &str) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_counts_its_live_children() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        assert!(children_of(me).contains(&child.id()));
+        let alone = Usage::of(me);
+        let tree = Usage::of_tree(me);
+        assert!(tree.threads > alone.threads, "{tree:?} vs {alone:?}");
+        assert!(tree.rss_kib > alone.rss_kib);
+        child.kill().unwrap();
+        let _ = child.wait();
+    }
 
     #[test]
     fn usage_of_this_process_and_of_none() {

@@ -82,6 +82,11 @@ pub struct BenchOptions {
     /// default: runc when it is installed and this runs as root, else process.
     #[arg(long)]
     pub runtime: Option<athenz_testbed::runtime::RuntimeKind>,
+    /// Which ZTS: the development ZTS (dev) or Athenz's own, built from its source by
+    /// harness/peers/athenz/zts/build (athenz; docs/real-zts.md): its CPU per identity is
+    /// then Athenz's.
+    #[arg(long, value_enum, default_value_t = crate::stack::ZtsServer::Dev)]
+    pub zts: crate::stack::ZtsServer,
 }
 
 /// A duration like `20ms`, or `0` (what `--arrival` and `cluster bench`'s intervals take).
@@ -272,6 +277,7 @@ async fn run_one(
         volume,
         key_source,
         runtime: options.runtime,
+        zts: options.zts,
         ..StackOptions::new(state_dir.to_owned(), &options.key)
     })
     .await;

@@ -13,7 +13,7 @@ use std::time::Duration;
 /// A pod's long-running container (a sidecar), however it was started.
 pub enum PodContainer {
     /// A process in the pod's cgroup.
-    Process(Process),
+    Process(Box<Process>),
     /// A container in the pod's sandbox.
     Container {
         /// Its pod.

@@ -341,7 +341,9 @@ impl PodRuntime {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), v.clone()))
                 .collect();
-            return Ok(PodContainer::Process(Process::start(command, log_dir)?));
+            return Ok(PodContainer::Process(Box::new(Process::start(
+                command, log_dir,
+            )?)));
         };
         let (pod, _) = self.sandbox(oci, &volume.uid).await?;
         let spec = container_spec(*program, args, env, volume, &oci.zts_ca);

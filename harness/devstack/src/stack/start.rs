@@ -253,7 +253,10 @@ impl<'a> Start<'a> {
             args.push("--server=athenz".into());
         }
         args.extend(self.faults_arg.clone());
-        let mut zts = Process::start(Command::new("zts", &self.exe(), args), &self.logs)?;
+        let mut command = Command::new("zts", &self.exe(), args);
+        // Athenz's ZTS is a Java process under the command: its CPU and memory are that child's
+        command.with_descendants = athenz;
+        let mut zts = Process::start(command, &self.logs)?;
         zts.wait_file(&dir.join("zts.json")).await?;
         self.processes.push(zts);
         crate::json_file::read(&dir.join("zts.json")).context("reading zts.json")
