@@ -743,12 +743,13 @@ fn https_client(ca_pem: &[u8]) -> reqwest::Client {
 async fn status_and_unknown_routes() {
     let s = stack(allow()).await;
     let http = https_client(s.zts.root_pem().as_bytes());
+    // an authenticated resource, as in Athenz's ZTS: no credentials, no status
     let status = http
         .get(format!("{}/status", s.zts.url()))
         .send()
         .await
         .unwrap();
-    assert_eq!(status.status(), 200);
+    assert_eq!(status.status(), 401);
     let missing = http
         .get(format!("{}/nope", s.zts.url()))
         .send()
@@ -826,12 +827,13 @@ async fn standalone_server_writes_its_address_and_stops() {
     let info: StandaloneInfo = serde_json::from_slice(&std::fs::read(&info_path).unwrap()).unwrap();
     assert!(info.url.ends_with("/zts/v1"), "{}", info.url);
     let http = https_client(&std::fs::read(&info.ca).unwrap());
-    let status = http
-        .get(format!("{}/status", info.url))
+    // it serves: its keys to anyone (its status only to an authenticated caller)
+    let keys = http
+        .get(format!("{}/oauth2/keys?rfc=true", info.url))
         .send()
         .await
         .unwrap();
-    assert_eq!(status.status(), 200);
+    assert_eq!(keys.status(), 200);
     tx.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await

@@ -34,7 +34,7 @@ use http::{Request, StatusCode};
 
 /// What ZTS's authentication (`Http.authenticate` in `libs/java/server_common`) answers a request
 /// to an authenticated route without credentials it accepts, before the route runs: 401.
-const INVALID_CREDENTIALS: &str = "Invalid credentials";
+pub(super) const INVALID_CREDENTIALS: &str = "Invalid credentials";
 
 impl ZtsHandler {
     /// Serves a refresh (see the module's table).

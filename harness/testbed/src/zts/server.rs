@@ -10,7 +10,8 @@
 //! | `POST /zts/v1/oauth2/token` | client cert | 200 access token | [`super::access_token_request`] |
 //! | `GET /zts/v1/domain/{domain}/token` | client cert | 200 role token | here (`getRoleToken`) |
 //! | `POST /zts/v1/rolecert` | client cert | 200 role certificate | [`super::x509_role_cert_request`] |
-//! | `GET /zts/v1/oauth2/keys`, `GET /zts/v1/status` | none | 200 | |
+//! | `GET /zts/v1/oauth2/keys` | none | 200 | |
+//! | `GET /zts/v1/status` | a client certificate (else 401 `Invalid credentials`) | 200 | |
 //!
 //! Errors are always `{"code","message"}` with Athenz's message text (no caller prefix, as
 //! `ZTSImpl.error` builds them). `harness/testbed/data/zts-contract.tsv` lists every case with its Athenz
@@ -133,10 +134,17 @@ impl Handler for ZtsHandler {
             return error_response(status, format!("dev ZTS: injected fault ({status})"));
         }
         let outcome = match (req.method(), segments.as_slice()) {
-            (&Method::GET, ["status"]) => Ok(json_response(
-                StatusCode::OK,
-                &serde_json::json!({"code": 200, "message": "OK"}),
-            )),
+            // an authenticated resource, like every ZTS route but registration and the keys
+            // (ZTSResources.getStatus): a caller without credentials gets 401
+            (&Method::GET, ["status"]) => match conn.principal {
+                Some(_) => Ok(json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"code": 200, "message": "OK"}),
+                )),
+                None => Err(Refusal::unauthorized(
+                    super::instance_refresh::INVALID_CREDENTIALS,
+                )),
+            },
             (&Method::POST, ["instance"]) => self.register(&req, &conn).await,
             (&Method::POST, ["instance", domain, service, "refresh"]) => {
                 self.refresh_with_key(&req, &conn, domain, service)

@@ -143,6 +143,17 @@ pub(super) async fn run(bed: &Bed, case: &str) -> Sent {
             authz_rows::run_token(bed, case).await
         }
         case if case.starts_with("role_cert_") => authz_rows::run_role_cert(bed, case).await,
+        "status_without_credentials" => deliver(bed, ZtsCall::Status { identity: None }).await,
+        "status_ok" => {
+            let (identity, _) = service_identity(bed, "media.sports.web");
+            deliver(
+                bed,
+                ZtsCall::Status {
+                    identity: Some(identity),
+                },
+            )
+            .await
+        }
         other => panic!("the table has a case with no request here: {other}"),
     };
     Sent {
