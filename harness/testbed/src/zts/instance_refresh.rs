@@ -22,7 +22,7 @@
 
 use super::instance_provider_client::ProviderRoute;
 use super::instances::{InstanceKey, RefreshRefusal};
-use super::refusal::{Outcome, Refusal, parse_csr, parse_json};
+use super::refusal::{INVALID_CREDENTIALS, Outcome, Refusal, parse_csr, parse_json};
 use super::server::{RefreshPath, ZtsHandler};
 use super::x509_cert_request::{check_instance_csr, validate_instance_id};
 use athenz_core::crypto::CertInfo;
@@ -31,10 +31,6 @@ use athenz_core::names;
 use athenz_core::zts::{InstanceConfirmation, InstanceIdentity, InstanceRefreshInformation};
 use bytes::Bytes;
 use http::{Request, StatusCode};
-
-/// What ZTS's authentication (`Http.authenticate` in `libs/java/server_common`) answers a request
-/// to an authenticated route without credentials it accepts, before the route runs: 401.
-pub(super) const INVALID_CREDENTIALS: &str = "Invalid credentials";
 
 impl ZtsHandler {
     /// Serves a refresh (see the module's table).

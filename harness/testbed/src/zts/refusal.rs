@@ -8,6 +8,10 @@ use athenz_core::http::Body;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 
+/// What ZTS's authentication (`Http.authenticate` in `libs/java/server_common`) answers a request
+/// to an authenticated route without credentials it accepts, before the route runs: 401.
+pub const INVALID_CREDENTIALS: &str = "Invalid credentials";
+
 /// A refusal: status and message.
 #[derive(Debug)]
 pub struct Refusal(pub StatusCode, pub String);

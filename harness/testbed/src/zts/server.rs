@@ -141,9 +141,7 @@ impl Handler for ZtsHandler {
                     StatusCode::OK,
                     &serde_json::json!({"code": 200, "message": "OK"}),
                 )),
-                None => Err(Refusal::unauthorized(
-                    super::instance_refresh::INVALID_CREDENTIALS,
-                )),
+                None => Err(Refusal::unauthorized(super::refusal::INVALID_CREDENTIALS)),
             },
             (&Method::POST, ["instance"]) => self.register(&req, &conn).await,
             (&Method::POST, ["instance", domain, service, "refresh"]) => {
