@@ -243,17 +243,24 @@ fn normalizing_replaces_the_instance_other_uuids_and_ports() {
     );
 }
 
-/// Writes the record: every row sent to Athenz's own ZTS with reqwest (status, message,
-/// certificate) and through Athenz's Java client (what it decodes). Not part of a normal run:
-/// it needs ZTS built from Athenz's source, which CI cannot fetch; `harness/peers/athenz/zts/record`
-/// runs it and says how.
+/// The recording: every row sent with reqwest (status, message, certificate) and through
+/// Athenz's Java client (what it decodes), written as a [`Record`] and read back. With
+/// `ZTS_RECORD_OUT` set (`harness/peers/athenz/zts/record`) the rows go to Athenz's own ZTS,
+/// built from its source, and the record is written there; otherwise (every run: CI cannot
+/// build ZTS) the same recording runs against the dev ZTS into a temporary file, so the
+/// recorder itself is exercised on every landing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs Athenz's ZTS built from its source: harness/peers/athenz/zts/record runs it"]
-async fn record_real_zts_answers() {
-    let out = std::env::var("ZTS_RECORD_OUT").expect("ZTS_RECORD_OUT: where the record goes");
+async fn the_recording_writes_every_row_as_its_zts_answered() {
+    let (real, out, _scratch) = match std::env::var_os("ZTS_RECORD_OUT") {
+        Some(out) => (true, std::path::PathBuf::from(out), None),
+        None => {
+            let dir = tempfile::tempdir().unwrap();
+            (false, dir.path().join("zts-recorded.json"), Some(dir))
+        }
+    };
     let rows = rows();
-    let raw = bed_on(true, None).await;
-    let java = bed_on(true, Some(Harness::Java)).await;
+    let raw = bed_on(real, None).await;
+    let java = bed_on(real, Some(Harness::Java)).await;
     let mut answers = BTreeMap::new();
     for row in &rows {
         let sent = run(&raw, &row.case).await;
@@ -277,6 +284,21 @@ async fn record_real_zts_answers() {
     std::fs::write(&out, text).unwrap();
     if let ZtsUnderTest::Real { zts, .. } = &raw.zts {
         println!("zts-record: real ZTS's log: {}", zts.log().display());
+    }
+    // what was written reads back whole: every row, each answered over HTTP, the successes
+    // with what Athenz's client decoded
+    let back: Record = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(back.rows.len(), rows.len());
+    for row in &rows {
+        let answer = &back.rows[&row.case];
+        assert_ne!(
+            answer.status, 0,
+            "{}: no HTTP answer: {}",
+            row.case, answer.message
+        );
+        if answer.status < 300 && row.athenz_clients.iter().any(|c| c == "java") {
+            assert!(!answer.decoded.is_empty(), "{}: nothing decoded", row.case);
+        }
     }
 }
 
