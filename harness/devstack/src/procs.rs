@@ -347,17 +347,29 @@ impl Usage {
 
 /// The processes whose parent is `pid` (field 4 of /proc/<pid>/stat).
 fn children_of(pid: u32) -> Vec<u32> {
+    pids_where(|dir| {
+        let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+        let parent: u32 = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        Some(parent == pid)
+    })
+}
+
+/// The pids in /proc whose directory `test` holds true of (a process gone meanwhile: false).
+fn pids_where(test: impl Fn(&Path) -> Option<bool>) -> Vec<u32> {
     let Ok(proc_dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     proc_dir
         .flatten()
         .filter_map(|entry| {
-            let child: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            let after = stat.rsplit_once(')')?.1;
-            let parent: u32 = after.split_whitespace().nth(1)?.parse().ok()?;
-            (parent == pid).then_some(child)
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            test(&entry.path()).unwrap_or(false).then_some(pid)
         })
         .collect()
 }
@@ -461,19 +473,12 @@ pub fn restart_exited(processes: &mut [Process]) -> anyhow::Result<Vec<String>> 
 /// The pids of the processes named `name` on this host (argv[0]'s file name): how the benches
 /// find the daemons a DaemonSet started (ours, spire-agent, the SPIFFE CSI driver), one per node.
 pub fn pids_named(name: &str) -> Vec<u32> {
-    let Ok(proc_dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    proc_dir
-        .flatten()
-        .filter_map(|entry| {
-            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let argv0 = cmdline.split(|b| *b == 0).next()?;
-            let file = std::path::Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
-            (file == name).then_some(pid)
-        })
-        .collect()
+    pids_where(|dir| {
+        let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
+        let argv0 = cmdline.split(|b| *b == 0).next()?;
+        let file = Path::new(std::str::from_utf8(argv0).ok()?).file_name()?;
+        Some(file == name)
+    })
 }
 
 #[cfg(test)]
