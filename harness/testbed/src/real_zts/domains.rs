@@ -17,7 +17,6 @@
 use super::RealZtsError;
 use crate::zts::DevZtsConfig;
 use athenz_core::names;
-use base64::Engine;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -181,15 +180,8 @@ fn service_json(name: &str, modified: &str) -> Value {
     json!({"name": name, "modified": modified})
 }
 
-/// Athenz's Y64: base64 with `.`, `_`, `-` for `+`, `/`, `=` (libs/java/auth_core's
-/// `Crypto.ybase64`), how ZMS spells a public key.
-pub fn y64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD
-        .encode(bytes)
-        .replace('+', ".")
-        .replace('/', "_")
-        .replace('=', "-")
-}
+/// Athenz's Y64 (`Crypto.ybase64`), how ZMS spells a public key: athenz-core's, the ntokens' own.
+pub use athenz_core::ntoken::ybase64_encode as y64;
 
 #[cfg(test)]
 mod tests {
