@@ -1,6 +1,6 @@
 //! Our release on the real node, installed as an operator installs it (docs/design.md §5.1):
-//! cluster DNS, the Athenz side (the dev ZTS beside the cluster, knowing the control plane's
-//! registered keys and the provider), the release image imported into containerd, and then the
+//! cluster DNS, the Athenz side (the dev ZTS, or Athenz's own with `--zts athenz`, beside the
+//! cluster, knowing the control plane's registered keys and the provider), the release image imported into containerd, and then the
 //! shell steps of docs/operating.md's "Install", verbatim ([`runbook`]), in a copy of `deploy/`,
 //! with this Athenz's URL, CA and keys as the operator's `ZTS_URL`, `ATHENZ_CA` and `KEYS`. Nothing
 //! of `deploy/base` is changed here: what the real cluster proves wrong there is fixed in the base
@@ -16,10 +16,10 @@ use super::{CLUSTER_DNS, Layout};
 use crate::json_file;
 use crate::procs::{Command, Process, free_port};
 use crate::stack::keys::generate_keys;
-use crate::stack::{UrlCa, demo_roles};
+use crate::stack::{UrlCa, ZtsServer, demo_roles};
 use anyhow::Context;
-use athenz_testbed::fixtures::{DNS_SUFFIX, PROVIDER};
-use athenz_testbed::zts::registry::ProviderEntry;
+use athenz_testbed::fixtures::{AGENT_PRINCIPAL, DNS_SUFFIX, PROVIDER};
+use athenz_testbed::zts::registry::{ProviderEntry, ServiceEntry};
 use athenz_testbed::zts::{DevZtsConfig, StandaloneInfo};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -38,12 +38,12 @@ pub const WORKLOADS: [(&str, &str); 4] = [
     (NODE_NAMESPACE, "daemonset/athenz-agent"),
 ];
 /// The callback's endpoint as an operator registers it in Athenz (docs/operating.md): its
-/// Service, by its in-cluster name, which the dev ZTS resolves through the cluster's DNS.
+/// Service, by its in-cluster name, which either ZTS resolves through the cluster's DNS.
 pub const PROVIDER_ENDPOINT: &str = "https://athenz-callback.k8s-admin.svc.cluster.local:443";
 /// How long each workload may take to roll out (images are local; the control plane's init
 /// containers each get a certificate from ZTS first).
 const ROLLOUT: Duration = Duration::from_secs(180);
-/// The dev ZTS's process name (in `processes.json` and the logs).
+/// The ZTS's process name (in `processes.json` and the logs).
 pub const ZTS: &str = "zts";
 
 /// Which of docs/operating.md's install steps `cluster up` runs.
@@ -104,6 +104,9 @@ pub struct Release {
     /// (`kustomize edit add component`): `legacy-kubelet-authz` on a cluster before 1.33, say.
     /// The chart needs none of them for that: it reads the cluster's version itself.
     pub components: Vec<String>,
+    /// Which ZTS issues: the dev ZTS, or Athenz's own (built by harness/peers/athenz/zts/build)
+    /// with the cluster's tenants registered as they appear ([`super::tenant_domains`]).
+    pub zts: ZtsServer,
 }
 
 impl Release {
@@ -117,6 +120,7 @@ impl Release {
             installer: Installer::Kustomize,
             steps_page: None,
             components: Vec::new(),
+            zts: ZtsServer::Dev,
         }
     }
 
@@ -190,9 +194,10 @@ pub async fn install(
     ));
 
     let athenz = layout.athenz.clone();
-    let zts = start_dev_zts(layout, &athenz, node_ip, release.cert_minutes, processes).await?;
+    let zts = start_zts(layout, &athenz, node_ip, release, processes).await?;
     report(format!(
-        "dev ZTS at {} (provider endpoint {PROVIDER_ENDPOINT})",
+        "{} at {} (provider endpoint {PROVIDER_ENDPOINT})",
+        release.zts.describe(),
         zts.url
     ));
 
@@ -239,22 +244,25 @@ pub async fn install(
     })
 }
 
-/// Starts the dev ZTS on the node's address (pods reach it there; the agent on the host network
-/// too), knowing the control plane's registered keys and the provider; the keys stay in
-/// `athenz/keys` for the overlay's Secrets.
-async fn start_dev_zts(
+/// Starts the release's ZTS on the node's address (pods reach it there; the agent on the host
+/// network too), knowing the control plane's registered keys and the provider; the keys stay in
+/// `athenz/keys` for the overlay's Secrets. The dev ZTS's provider launches any tenant; Athenz's
+/// own is told the agents' service and, as they appear, each opted-in namespace's domain and
+/// services, as a ZMS administrator registers them.
+async fn start_zts(
     layout: &Layout,
     athenz: &Path,
     node_ip: Ipv4Addr,
-    cert_minutes: Option<u32>,
+    release: &Release,
     processes: &mut Vec<Process>,
 ) -> anyhow::Result<StandaloneInfo> {
+    let cert_minutes = release.cert_minutes;
     for dir in ["jwt-keys", "jwt-public", "zts"] {
         let dir = athenz.join(dir);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let (services, _) = generate_keys(athenz)?;
-    let config = DevZtsConfig {
+    let mut config = DevZtsConfig {
         listen: SocketAddr::from((node_ip, free_port()?)),
         services,
         providers: vec![ProviderEntry {
@@ -277,19 +285,34 @@ async fn start_dev_zts(
         ))),
         ..DevZtsConfig::default()
     };
+    let mut server_args = Vec::new();
+    if release.zts == ZtsServer::Athenz {
+        // the agents' node identity: launched by the provider, a service of the admin domain
+        config.providers[0].launch = vec![AGENT_PRINCIPAL.to_owned()];
+        config.services.push(ServiceEntry {
+            name: AGENT_PRINCIPAL.to_owned(),
+            public_keys: Default::default(),
+        });
+        server_args = vec![
+            "--server=athenz".to_owned(),
+            format!("--tenants-kubectl={}", layout.bin("kubectl").display()),
+            format!("--tenants-kubeconfig={}", layout.kubeconfig.display()),
+        ];
+    }
     let dir = athenz.join("zts");
     json_file::write_atomically(&dir.join("config.json"), &config)?;
     let exe = std::env::current_exe().context("finding athenz-devstack itself")?;
-    let args = vec![
+    let mut args = vec![
         "zts".to_owned(),
         format!("--state-dir={}", dir.display()),
         format!("--config={}", dir.join("config.json").display()),
     ];
+    args.extend(server_args);
     let mut zts = Process::start(Command::new(ZTS, &exe, args), &layout.logs)?;
     zts.wait_file(&dir.join("zts.json")).await?;
     processes.push(zts);
     write_pids(layout, processes)?;
-    json_file::read(&dir.join("zts.json")).context("reading the dev ZTS's zts.json")
+    json_file::read(&dir.join("zts.json")).context("reading the ZTS's zts.json")
 }
 
 /// The overlay the page's steps fill and apply, relative to the checkout.

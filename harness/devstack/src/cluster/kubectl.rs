@@ -25,6 +25,11 @@ impl Kubectl {
         }
     }
 
+    /// `bin` with `kubeconfig`: a process of its own that was handed both (the cluster's ZTS).
+    pub fn from_parts(bin: PathBuf, kubeconfig: PathBuf) -> Self {
+        Self { bin, kubeconfig }
+    }
+
     fn command(&self) -> Command {
         let mut command = Command::new(&self.bin);
         command.arg("--kubeconfig").arg(&self.kubeconfig);

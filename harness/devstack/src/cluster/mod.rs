@@ -42,6 +42,7 @@ pub mod scenario;
 pub mod spire;
 pub mod storage_e2e;
 pub mod teardown;
+pub mod tenant_domains;
 pub mod tenant_pods;
 
 pub use info::ClusterInfo;

@@ -5,6 +5,7 @@
 use super::{passed_or_failed, runtime};
 use athenz_devstack::bench::parse_arrival;
 use athenz_devstack::cluster::{self, ClusterOptions, install::Release};
+use athenz_devstack::stack::ZtsServer;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -90,6 +91,11 @@ pub struct UpArgs {
     /// adds one (repeatable): legacy-kubelet-authz on Kubernetes before 1.33.
     #[arg(long = "component", value_name = "NAME", conflicts_with = "bare")]
     components: Vec<String>,
+    /// Which ZTS issues: the dev ZTS, or Athenz's own built from its source by
+    /// harness/peers/athenz/zts/build (docs/real-zts.md), told of each opted-in namespace's
+    /// domain and services as they appear.
+    #[arg(long, value_enum, default_value_t = ZtsServer::Dev, conflicts_with = "bare")]
+    zts: ZtsServer,
     /// The binaries: kube (and its component symlinks), containerd, ctr, the runc shim;
     /// default: target/kube/v1.37.2/bin of this workspace.
     #[arg(long, value_name = "DIR")]
@@ -112,6 +118,7 @@ fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         installer: args.installer,
         steps_page: args.steps,
         components: args.components,
+        zts: args.zts,
         ..Release::new(args.image_archive, args.deploy)
     });
     if let Some(release) = &release {
@@ -148,6 +155,9 @@ pub struct ReleaseArgs {
     /// A deploy/components/<NAME> for the overlay (as for `cluster up`; repeatable).
     #[arg(long = "component", value_name = "NAME")]
     components: Vec<String>,
+    /// Which ZTS issues (as for `cluster up`).
+    #[arg(long, value_enum, default_value_t = ZtsServer::Dev)]
+    zts: ZtsServer,
 }
 
 impl ReleaseArgs {
@@ -156,6 +166,7 @@ impl ReleaseArgs {
     fn cluster_options(self, deploy: Option<PathBuf>) -> anyhow::Result<ClusterOptions> {
         let release = Release {
             components: self.components,
+            zts: self.zts,
             ..Release::new(self.image_archive, deploy)
         };
         release.check()?;

@@ -3,6 +3,8 @@
 //! Kubernetes API and the kubelets the stack starts.
 
 use super::stand_in_runtime;
+use athenz_devstack::cluster::kubectl::Kubectl;
+use athenz_devstack::cluster::tenant_domains;
 use athenz_devstack::kube;
 use athenz_devstack::stack::ZtsServer;
 use athenz_testbed::real_zts;
@@ -26,6 +28,14 @@ pub struct ZtsArgs {
     /// same configuration.
     #[arg(long, value_enum, default_value_t = ZtsServer::Dev)]
     server: ZtsServer,
+    /// With Athenz's ZTS: register the cluster's tenants as they appear (each opted-in
+    /// namespace a domain, its service accounts its services), asking the API with this
+    /// kubectl and --tenants-kubeconfig, as a ZMS administrator would register them.
+    #[arg(long, hide = true, requires = "tenants_kubeconfig")]
+    tenants_kubectl: Option<PathBuf>,
+    /// The kubeconfig for --tenants-kubectl.
+    #[arg(long, hide = true, requires = "tenants_kubectl")]
+    tenants_kubeconfig: Option<PathBuf>,
 }
 
 pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
@@ -34,6 +44,12 @@ pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
         Some(path) => DevZtsConfig::from_file(&path)?,
         None => DevZtsConfig::default(),
     };
+    let tenants = args.tenants_kubectl.zip(args.tenants_kubeconfig);
+    if tenants.is_some() && args.server == ZtsServer::Dev {
+        anyhow::bail!(
+            "--tenants-kubectl: the dev ZTS's provider launches any tenant; only Athenz's ZTS needs them registered"
+        );
+    }
     match args.server {
         ZtsServer::Dev => stand_in_runtime()?.block_on(zts::run_standalone(
             config,
@@ -47,10 +63,29 @@ pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
                     "--faults-file: faults are injected into the dev ZTS only; Athenz's ZTS runs as built"
                 );
             }
-            stand_in_runtime()?.block_on(real_zts::run_standalone(
+            let runtime = stand_in_runtime()?;
+            let updates = match tenants {
+                Some((kubectl, kubeconfig)) => {
+                    let (sender, receiver) = tokio::sync::mpsc::channel(1);
+                    let mapper = athenz_core::names::DomainMapper::new(
+                        athenz_testbed::fixtures::ADMIN_DOMAIN,
+                        [athenz_devstack::cluster::install::NODE_NAMESPACE],
+                    )?;
+                    runtime.spawn(tenant_domains::follow(
+                        Kubectl::from_parts(kubectl, kubeconfig),
+                        mapper,
+                        config.clone(),
+                        sender,
+                    ));
+                    Some(receiver)
+                }
+                None => None,
+            };
+            runtime.block_on(real_zts::run_standalone(
                 config,
                 real_zts::default_home(),
                 &args.state_dir,
+                updates,
                 athenz_core::http::termination_signal(),
             ))?
         }

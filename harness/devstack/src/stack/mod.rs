@@ -80,6 +80,16 @@ pub enum ZtsServer {
     Athenz,
 }
 
+impl ZtsServer {
+    /// What reports call it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::Dev => "dev ZTS",
+            Self::Athenz => "Athenz's ZTS",
+        }
+    }
+}
+
 /// Choices for a stack.
 #[derive(Debug, Clone)]
 pub struct StackOptions {

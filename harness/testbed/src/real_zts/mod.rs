@@ -7,6 +7,7 @@
 
 pub mod domains;
 mod files;
+mod hosts;
 
 use crate::pki::{CertAuthority, PkiError};
 use crate::zts::DevZtsConfig;
@@ -107,6 +108,11 @@ pub struct RealZts {
     root_pem: String,
     log: PathBuf,
     child: Option<tokio::process::Child>,
+    /// The built tree and the work directory, for [`RealZts::update_domains`].
+    home: PathBuf,
+    work: PathBuf,
+    /// Keeps the hosts file's provider names current while ZTS runs.
+    hosts_refresher: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RealZts {
@@ -144,6 +150,11 @@ impl RealZts {
         files::write_properties(&layout, &config.home, config.settings, listen, &url)?;
         files::write_domains(&layout, &config.home, config.settings)?;
 
+        let hosts = hosts::HostsFile::for_settings(config.settings, layout.path("conf/hosts"));
+        if let Some(hosts) = &hosts {
+            hosts.refresh().await?;
+        }
+
         let log = layout.path("zts.log");
         let out = std::fs::File::create(&log).map_err(|source| RealZtsError::Io {
             what: format!("creating {}", log.display()),
@@ -154,7 +165,11 @@ impl RealZts {
             source,
         })?;
         let p = |relative: &str| layout.path(relative).display().to_string();
+        let hosts_flag = hosts
+            .as_ref()
+            .map(|h| format!("-Djdk.net.hosts.file={}", h.path().display()));
         let child = tokio::process::Command::new("java")
+            .args(hosts_flag)
             .args([
                 // a bounded heap: ZTS's working set for a test's domains is far below it
                 "-Xmx512m".to_owned(),
@@ -190,6 +205,9 @@ impl RealZts {
             root_pem: config.signer.root_pem().to_owned(),
             log,
             child: Some(child),
+            home: config.home.clone(),
+            work: config.work.clone(),
+            hosts_refresher: hosts.map(hosts::HostsFile::spawn_refresher),
         };
         zts.wait_ready().await?;
         Ok(zts)
@@ -253,6 +271,21 @@ impl RealZts {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Writes and signs the domains of `settings` again, as a ZMS administrator changes them
+    /// (a tenant domain or service added); ZTS loads them at its next look at the directory,
+    /// within `athenz.zts.zms_domain_update_timeout` (5 s). Returns how many domains were written.
+    /// A domain no longer named keeps its file, as a domain outlives its last instance in ZMS.
+    pub async fn update_domains(&self, settings: &DevZtsConfig) -> Result<usize, RealZtsError> {
+        let layout = Layout {
+            work: self.work.clone(),
+        };
+        let home = self.home.clone();
+        let settings = settings.clone();
+        tokio::task::spawn_blocking(move || files::write_domains(&layout, &home, &settings))
+            .await
+            .map_err(|e| RealZtsError::Data(format!("signing the domains: {e}")))?
+    }
+
     /// SIGTERM, up to 30 s for Jetty to stop, then SIGKILL.
     pub async fn stop(mut self) {
         if let Some(mut child) = self.child.take()
@@ -265,13 +298,24 @@ impl RealZts {
     }
 }
 
+impl Drop for RealZts {
+    fn drop(&mut self) {
+        if let Some(refresher) = self.hosts_refresher.take() {
+            refresher.abort();
+        }
+    }
+}
+
 /// Runs real ZTS until `shutdown` completes, as `zts::run_standalone` runs the dev ZTS: a fresh
 /// test CA signs (its root in `state_dir/ca.pem`), ZTS's files under `state_dir/athenz-zts`,
-/// and `state_dir/zts.json` ({url, ca}) written once it serves.
+/// and `state_dir/zts.json` ({url, ca}) written once it serves. Each settings `updates` sends
+/// become its domains ([`RealZts::update_domains`]); a failed update is logged and ZTS keeps
+/// what it had.
 pub async fn run_standalone(
     settings: DevZtsConfig,
     home: PathBuf,
     state_dir: &Path,
+    mut updates: Option<tokio::sync::mpsc::Receiver<DevZtsConfig>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RealZtsError> {
     let signer = CertAuthority::new_root("Athenz ZTS Test Root")?
@@ -292,7 +336,26 @@ pub async fn run_standalone(
     let json = serde_json::to_vec_pretty(&info).map_err(|e| RealZtsError::Data(e.to_string()))?;
     crate::pki::write_file(&state_dir.join("zts.json"), &json, 0o644)?;
     tracing::info!(url = %info.url, log = %zts.log().display(), "Athenz's ZTS ready");
-    shutdown.await;
+    tokio::pin!(shutdown);
+    loop {
+        let next = async {
+            match updates.as_mut() {
+                Some(updates) => updates.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => break,
+            update = next => match update {
+                Some(settings) => match zts.update_domains(&settings).await {
+                    Ok(count) => tracing::info!(domains = count, "Athenz's ZTS: domains updated"),
+                    Err(e) => tracing::error!(error = %e, "Athenz's ZTS: updating its domains"),
+                },
+                // the sender is gone: no more updates, run until shutdown
+                None => updates = None,
+            },
+        }
+    }
     zts.stop().await;
     Ok(())
 }

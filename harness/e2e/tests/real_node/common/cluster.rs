@@ -67,8 +67,23 @@ impl Drop for Down<'_> {
     }
 }
 
+/// The environment variable that chooses the cluster's ZTS for these tests: `athenz` runs
+/// Athenz's own (`cluster up --zts athenz`, built by harness/peers/athenz/zts/build; a documented
+/// run, docs/real-zts.md); unset or `dev`, the dev ZTS, as CI runs them.
+pub const ZTS_VARIABLE: &str = "ATHENZ_E2E_ZTS";
+
+/// `--zts <server>` as [`ZTS_VARIABLE`] says; any other value fails the test, named.
+fn zts_args() -> Vec<String> {
+    match std::env::var(ZTS_VARIABLE).as_deref() {
+        Err(_) | Ok("" | "dev") => Vec::new(),
+        Ok("athenz") => vec!["--zts".into(), "athenz".into()],
+        Ok(other) => panic!("{ZTS_VARIABLE}={other:?}: expected dev or athenz"),
+    }
+}
+
 /// Runs `cluster up --state-dir <state_dir> <args>` (its output in `<state_dir>.log`) until
-/// cluster.json appears, within `limit`; fails with its output if it exits first.
+/// cluster.json appears, within `limit`; fails with its output if it exits first. The ZTS is
+/// the one [`ZTS_VARIABLE`] names.
 pub fn start_cluster<'a>(
     state_dir: &'a Path,
     args: &[&str],
@@ -83,6 +98,7 @@ pub fn start_cluster<'a>(
         .arg("--kube-bin")
         .arg(default_kube_bin())
         .args(args)
+        .args(zts_args())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()

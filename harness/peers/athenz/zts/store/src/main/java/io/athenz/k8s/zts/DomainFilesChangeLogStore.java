@@ -109,7 +109,9 @@ public class DomainFilesChangeLogStore implements ChangeLogStore {
         try {
             for (String domain : DomainFiles.domainsIn(dir)) {
                 Path file = DomainFiles.fileOf(dir, domain);
-                if (Files.getLastModifiedTime(file).toMillis() <= after) {
+                // a file stamped in the very millisecond the last scan began may have been
+                // listed before it was moved in: served again rather than missed
+                if (Files.getLastModifiedTime(file).toMillis() < after) {
                     continue;
                 }
                 try {

@@ -12,6 +12,7 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.FileTime;
 import java.security.PrivateKey;
 import java.util.ArrayList;
 import java.util.List;
@@ -24,7 +25,9 @@ import java.util.List;
  * <p>Usage: {@code DomainSigner <zms-private-key.pem> <key-id> <in-dir> <out-dir>}: every
  * {@code <domain>.json} of in-dir (ZMS's DomainData, no field it does not define) becomes a
  * SignedDomain in out-dir, written to a temporary file and moved into place, so the store never
- * reads half a file. A bad file stops the run, named, before anything of it is written.
+ * reads half a file, and stamped with the time after the move: a move keeps the temporary file's
+ * older time, which a scan of the store begun between the write and the move would take as seen.
+ * A bad file stops the run, named, before anything of it is written.
  */
 public final class DomainSigner {
 
@@ -79,6 +82,7 @@ public final class DomainSigner {
             Path temporary = out.resolve("." + domain + ".tmp");
             Files.write(temporary, mapper.writeValueAsBytes(signedDomain));
             Files.move(temporary, target, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+            Files.setLastModifiedTime(target, FileTime.fromMillis(System.currentTimeMillis()));
             count++;
         }
         return count;

@@ -39,6 +39,11 @@ class DomainFilesChangeLogStoreTest {
         assertTrue(names(store.getUpdatedSignedDomains(lastModified)).isEmpty());
         store.setLastModificationTimestamp(lastModified.toString());
 
+        // one stamped in the millisecond the last scan began is served again, never missed
+        write("sys.auth", Long.parseLong(lastModified.toString()));
+        assertEquals(Set.of("sys.auth"), names(store.getUpdatedSignedDomains(lastModified)));
+        store.setLastModificationTimestamp(lastModified.toString());
+
         // a domain written after the last look is the next update, alone
         write("media.sports", System.currentTimeMillis() + 60_000);
         assertEquals(Set.of("media.sports"), names(store.getUpdatedSignedDomains(lastModified)));

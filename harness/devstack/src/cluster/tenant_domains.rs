@@ -1,0 +1,232 @@
+//! The cluster's tenants as a ZMS administrator registers them for Athenz's own ZTS: each
+//! namespace opted in (`athenz.io/identity=enabled`) is the domain it maps to (docs/design.md
+//! §2), each of its service accounts a service of that domain, and the provider may launch every
+//! service of it. The dev ZTS needs none of this (its provider launches anything it is asked
+//! to); real ZTS refuses an instance of a domain or service it does not hold, so with
+//! `--zts athenz` the cluster's ZTS process follows the API and signs its domains again as
+//! namespaces and service accounts appear (docs/real-zts.md).
+
+use super::kubectl::Kubectl;
+use super::scenario::OPT_IN;
+use athenz_core::names::{self, DomainMapper};
+use athenz_testbed::zts::DevZtsConfig;
+use athenz_testbed::zts::registry::ServiceEntry;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// How often the API is asked (two `kubectl get` a round).
+const ROUND: Duration = Duration::from_secs(2);
+/// How long one `kubectl get` may take.
+const REQUEST_TIMEOUT: &str = "--request-timeout=10s";
+/// More tenants than this in one answer is not a cluster this harness makes: the rest are
+/// left out, said so in the log.
+const MAX_TENANTS: usize = 10_000;
+
+/// The opted-in services, as `(domain, service)`.
+pub type Tenants = BTreeSet<(String, String)>;
+
+/// The tenants in `kubectl`'s two answers: `namespaces` (the opted-in namespaces' names,
+/// separated by white space) and `service_accounts` (`<namespace>/<name>` a line, every
+/// namespace's). A namespace that maps to no tenant domain (a system namespace, one mapping
+/// into the admin domain, a malformed name) or a service account that is no Athenz service name
+/// is left out and named in `skipped`.
+pub fn tenants_of(
+    mapper: &DomainMapper,
+    namespaces: &str,
+    service_accounts: &str,
+    skipped: &mut Vec<String>,
+) -> Tenants {
+    let opted_in: BTreeSet<&str> = namespaces.split_whitespace().collect();
+    let mut tenants = Tenants::new();
+    for line in service_accounts.lines().filter(|l| !l.trim().is_empty()) {
+        let Some((namespace, account)) = line.trim().split_once('/') else {
+            skipped.push(format!("{line:?}: not <namespace>/<name>"));
+            continue;
+        };
+        if !opted_in.contains(namespace) {
+            continue;
+        }
+        if mapper.is_system_namespace(namespace) {
+            skipped.push(format!("namespace {namespace:?}: a system namespace"));
+            continue;
+        }
+        let domain = match mapper.namespace_to_domain(namespace) {
+            Ok(domain) => domain,
+            Err(e) => {
+                skipped.push(e.to_string());
+                continue;
+            }
+        };
+        if let Err(e) = names::validate_service("service account", account) {
+            skipped.push(e.to_string());
+            continue;
+        }
+        if tenants.len() == MAX_TENANTS {
+            skipped.push(format!("more than {MAX_TENANTS} services"));
+            break;
+        }
+        tenants.insert((domain, account.to_owned()));
+    }
+    tenants
+}
+
+/// `base` with `tenants` registered: the provider launches every service of each tenant domain
+/// (`<domain>.*`), and each service exists (without keys: its instances prove themselves
+/// through the provider).
+pub fn settings_with(base: &DevZtsConfig, tenants: &Tenants) -> DevZtsConfig {
+    let mut settings = base.clone();
+    let domains: BTreeSet<&str> = tenants.iter().map(|(d, _)| d.as_str()).collect();
+    for provider in &mut settings.providers {
+        provider
+            .launch
+            .extend(domains.iter().map(|d| format!("{d}.*")));
+    }
+    settings
+        .services
+        .extend(tenants.iter().map(|(domain, service)| ServiceEntry {
+            name: format!("{domain}.{service}"),
+            public_keys: Default::default(),
+        }));
+    settings
+}
+
+/// Asks the API every [`ROUND`] and sends `base` with the tenants found whenever they change,
+/// until `updates` is closed. A failed round is logged and tried again (the API server may be
+/// restarting).
+pub async fn follow(
+    kubectl: Kubectl,
+    mapper: DomainMapper,
+    base: DevZtsConfig,
+    updates: tokio::sync::mpsc::Sender<DevZtsConfig>,
+) {
+    let mut known: Option<Tenants> = None;
+    loop {
+        let asked = kubectl.clone();
+        let answer = tokio::task::spawn_blocking(move || {
+            let namespaces = asked.run(&[
+                "get",
+                "namespaces",
+                "-l",
+                OPT_IN,
+                REQUEST_TIMEOUT,
+                "-o",
+                "jsonpath={.items[*].metadata.name}",
+            ])?;
+            let accounts = asked.run(&[
+                "get",
+                "serviceaccounts",
+                "--all-namespaces",
+                REQUEST_TIMEOUT,
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}",
+            ])?;
+            anyhow::Ok((namespaces, accounts))
+        })
+        .await;
+        match answer {
+            Ok(Ok((namespaces, accounts))) => {
+                let mut skipped = Vec::new();
+                let tenants = tenants_of(&mapper, &namespaces, &accounts, &mut skipped);
+                if known.as_ref() != Some(&tenants) {
+                    for reason in &skipped {
+                        tracing::warn!(%reason, "not registered with ZTS");
+                    }
+                    tracing::info!(services = tenants.len(), "tenants registered with ZTS");
+                    if updates.send(settings_with(&base, &tenants)).await.is_err() {
+                        return;
+                    }
+                    known = Some(tenants);
+                }
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "asking the API for the tenants"),
+            Err(e) => tracing::warn!(error = %e, "asking the API for the tenants"),
+        }
+        tokio::time::sleep(ROUND).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use athenz_testbed::zts::registry::ProviderEntry;
+
+    fn mapper() -> DomainMapper {
+        DomainMapper::new("k8s.admin", ["athenz-system"]).unwrap()
+    }
+
+    #[test]
+    fn each_opted_in_namespace_is_a_domain_and_its_accounts_its_services() {
+        let mut skipped = Vec::new();
+        let tenants = tenants_of(
+            &mapper(),
+            "media-sports bank-vault\n",
+            "media-sports/api\nmedia-sports/default\nbank-vault/stats\nnews-feed/web\n",
+            &mut skipped,
+        );
+        let expected: Tenants = [
+            ("bank.vault", "stats"),
+            ("media.sports", "api"),
+            ("media.sports", "default"),
+        ]
+        .into_iter()
+        .map(|(d, s)| (d.to_owned(), s.to_owned()))
+        .collect();
+        assert_eq!(tenants, expected, "news-feed is not opted in");
+        assert!(skipped.is_empty(), "{skipped:?}");
+    }
+
+    #[test]
+    fn what_is_no_tenant_is_left_out_by_name() {
+        let mut skipped = Vec::new();
+        let long = "a".repeat(300);
+        let tenants = tenants_of(
+            &mapper(),
+            &format!("kube-system athenz-system k8s-admin-x Bad_NS {long} shop"),
+            &format!(
+                "kube-system/coredns\nathenz-system/agent\nk8s-admin-x/evil\nBad_NS/x\n\
+                 {long}/y\nshop/../etc\nshop/no slash here\nno-slash\n\nshop/cart\n"
+            ),
+            &mut skipped,
+        );
+        assert_eq!(
+            tenants.into_iter().collect::<Vec<_>>(),
+            [("shop".to_owned(), "cart".to_owned())]
+        );
+        let said = skipped.join("\n");
+        for reason in [
+            "\"kube-system\": a system namespace",
+            "\"athenz-system\": a system namespace",
+            "admin domain",
+            "Bad_NS",
+            "../etc",
+            "\"no-slash\": not <namespace>/<name>",
+        ] {
+            assert!(said.contains(reason), "{reason} missing from {said}");
+        }
+    }
+
+    #[test]
+    fn registering_grants_launch_per_domain_and_adds_each_service() {
+        let base = DevZtsConfig {
+            providers: vec![ProviderEntry {
+                name: "k8s.admin.athenz-callback".into(),
+                endpoint: "https://callback".into(),
+                dns_suffixes: vec!["athenz.cloud".into()],
+                launch: vec!["k8s.admin.athenz-agent".into()],
+            }],
+            ..DevZtsConfig::default()
+        };
+        let tenants: Tenants = [("media.sports", "api"), ("media.sports", "web")]
+            .into_iter()
+            .map(|(d, s)| (d.to_owned(), s.to_owned()))
+            .collect();
+        let settings = settings_with(&base, &tenants);
+        assert_eq!(
+            settings.providers[0].launch,
+            ["k8s.admin.athenz-agent", "media.sports.*"]
+        );
+        let services: Vec<&str> = settings.services.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(services, ["media.sports.api", "media.sports.web"]);
+        assert_eq!(settings_with(&base, &Tenants::new()), base);
+    }
+}
