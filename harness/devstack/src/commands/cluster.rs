@@ -13,9 +13,9 @@ use std::process::ExitCode;
 #[derive(Debug, clap::Subcommand)]
 pub enum ClusterCommand {
     /// Start etcd, the control plane, containerd, the kubelet and kube-proxy; wait until the
-    /// node is Ready; add cluster DNS, the dev ZTS and our release (deploy/overlays/local);
-    /// write DIR/kubeconfig and DIR/cluster.json; keep running until Ctrl-C or SIGTERM, then
-    /// take everything down.
+    /// node is Ready; add cluster DNS, a ZTS (the dev ZTS, or Athenz's with --zts athenz) and
+    /// our release (deploy/overlays/local); write DIR/kubeconfig and DIR/cluster.json; keep
+    /// running until Ctrl-C or SIGTERM, then take everything down.
     Up(UpArgs),
     /// `cluster up`, then the end-to-end: pods in flex, csi-socket and csi-files mode get
     /// their identity through the real kubelet and API server; prints what each app container

@@ -12,7 +12,11 @@
 //! - which services it may launch: each tenant domain grants `launch` on `<domain>:service.<s>`
 //!   (`service.*` for `domain.*`) to a role holding the provider;
 //! - a service's keys: `publicKeys` of the service, each key Y64-encoded PEM;
-//! - roles: `<domain>:role.<name>` with the members as written (`*` suffixes included).
+//! - roles: `<domain>:role.<name>` with the members as written (`*` suffixes included);
+//! - the longest certificate: each domain's `serviceCertExpiryMins` and `roleCertExpiryMins`.
+//!   ZTS caps a certificate's lifetime there (`ZTSImpl.getServiceCertRequestExpiryTime`);
+//!   `athenz.zts.certsign_max_expiry_time` is only the key-store signer's default when neither
+//!   the provider, the request nor the domain names one (`KeyStoreCertSigner`).
 
 use super::RealZtsError;
 use crate::zts::DevZtsConfig;
@@ -129,6 +133,8 @@ pub fn domain_data(
                 "services": d.services.into_values().collect::<Vec<_>>(),
                 "entities": [],
                 "groups": [],
+                "serviceCertExpiryMins": config.max_cert_lifetime_minutes,
+                "roleCertExpiryMins": config.max_cert_lifetime_minutes,
             });
             (name, data)
         })
@@ -249,6 +255,15 @@ mod tests {
         assert_eq!(
             data["news"]["policies"]["contents"]["policies"][0]["assertions"][0]["resource"],
             "news:service.web"
+        );
+        // the dev ZTS's longest certificate, where ZTS caps it
+        assert_eq!(
+            data["news"]["serviceCertExpiryMins"],
+            DevZtsConfig::default().max_cert_lifetime_minutes
+        );
+        assert_eq!(
+            data["sys.auth"]["roleCertExpiryMins"],
+            DevZtsConfig::default().max_cert_lifetime_minutes
         );
         let readers = &data["media.sports"]["roles"][1];
         assert_eq!(readers["name"], "media.sports:role.readers");
