@@ -42,6 +42,42 @@ pub fn shell_blocks(doc: &str, heading: &str, variant: &str) -> Vec<String> {
     blocks
 }
 
+/// README.md, whose install lines must be the page's (a newcomer pastes them).
+pub const README: &str = include_str!("../../../../README.md");
+
+/// The first `helm upgrade --install` command of `doc`'s shell blocks, its continuation lines
+/// joined and its white space collapsed, so two pages' commands compare as a shell reads them.
+pub fn helm_install_command(doc: &str) -> Option<String> {
+    let mut in_block = false;
+    let mut command: Option<String> = None;
+    for line in doc.lines() {
+        if line.trim_start().starts_with("```") {
+            in_block = !in_block && line.trim_start().starts_with("```sh");
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        let code = line.split(" #").next().unwrap_or(line).trim();
+        match &mut command {
+            None if code.starts_with("helm upgrade --install") => command = Some(String::new()),
+            None => continue,
+            Some(_) => {}
+        }
+        let text = command.get_or_insert_with(String::new);
+        let (part, continues) = match code.strip_suffix('\\') {
+            Some(part) => (part, true),
+            None => (code, false),
+        };
+        text.push_str(part);
+        text.push(' ');
+        if !continues {
+            break;
+        }
+    }
+    command.map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 /// The metric names the "Metrics" section lists, by the daemon whose `### <daemon>` table lists
 /// them (a name is a table row's first cell, in backquotes).
 pub fn metrics_reference(doc: &str) -> BTreeMap<String, BTreeSet<String>> {
@@ -106,6 +142,27 @@ pub fn served_metrics(exposition: &str) -> BTreeSet<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The README's Helm line is the page's, which the real-cluster installers' test runs after
+    /// the page's other steps: pasted, it installs (with the values the chart requires).
+    #[test]
+    fn the_readmes_helm_command_is_the_one_the_page_runs() {
+        let page = shell_blocks(OPERATING, "Install with Helm", "helm").concat();
+        let from_page = helm_install_command(&format!("```sh\n{page}```\n")).unwrap();
+        let from_readme = helm_install_command(README).expect("README.md has a helm command");
+        assert_eq!(from_readme, from_page);
+        for required in ["namespaces.create=false", "ztsUrl=", "ztsCa="] {
+            assert!(from_page.contains(required), "{required}: {from_page}");
+        }
+        assert_eq!(
+            helm_install_command("```sh\nhelm upgrade --install a b \\\n  --set x=1 # why\n```\n"),
+            Some("helm upgrade --install a b --set x=1".to_owned())
+        );
+        assert_eq!(
+            helm_install_command("`helm upgrade --install a` in prose"),
+            None
+        );
+    }
 
     #[test]
     fn the_install_and_uninstall_sections_have_their_scripts() {

@@ -1,6 +1,7 @@
-//! The Helm chart (`deploy/helm/athenz-k8s-identity`) renders, with its default values, exactly
-//! the objects `kubectl kustomize deploy/` does, and its values change what they say and nothing
-//! else. Rendered by the Helm CLI that `harness/real-node/kube/build.sh` builds from Helm's own module
+//! The Helm chart (`deploy/helm/athenz-k8s-identity`) renders, with its default values and the
+//! two it requires (the ZTS URL and CA), exactly the objects `kubectl kustomize deploy/` does with
+//! those two settings, its values change what they say and nothing else, and it refuses an
+//! install that could not work, naming the value. Rendered by the Helm CLI that `harness/real-node/kube/build.sh` builds from Helm's own module
 //! (`harness/real-node/helm`); a missing binary fails the test naming the command that builds it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -22,7 +23,17 @@ fn helm() -> PathBuf {
     helm
 }
 
-/// `helm template athenz <chart> <args>`, run.
+/// The ZTS URL every rendering below installs with (the chart requires one).
+const INSTALL_ZTS_URL: &str = "https://zts.acme.test:4443/zts/v1";
+/// The base's placeholder for it, and for the CA.
+const BASE_ZTS_URL: &str = "https://zts.athenz.example.com:4443/zts/v1";
+/// `ztsUrl=` the base's placeholder.
+const BASE_URL_VALUE: &str = "ztsUrl=https://zts.athenz.example.com:4443/zts/v1";
+const BASE_CA: &str = "# replace with the PEM certificates of your Athenz CA\n";
+/// The CA every rendering below installs with (the chart requires one).
+const INSTALL_CA: &str = "-----BEGIN CERTIFICATE-----\nQUJD\n-----END CERTIFICATE-----\n";
+
+/// `helm template athenz <chart> <args>`, run, with none of the values the chart requires.
 fn run_helm_template(args: &[&str]) -> std::process::Output {
     std::process::Command::new(helm())
         .args(["template", "athenz"])
@@ -32,9 +43,21 @@ fn run_helm_template(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// `helm template` of the chart with `args` (e.g. `--set k=v`), parsed by [`Key`].
+/// [`run_helm_template`] with the values the chart requires ([`INSTALL_ZTS_URL`],
+/// [`INSTALL_CA`]) first, then `args` (e.g. `--set k=v`; a later value wins).
+fn run_helm_template_installing(args: &[&str]) -> std::process::Output {
+    let ca_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca_file.path(), INSTALL_CA).unwrap();
+    let url = format!("ztsUrl={INSTALL_ZTS_URL}");
+    let ca = format!("ztsCa={}", ca_file.path().display());
+    let required = ["--set", url.as_str(), "--set-file", ca.as_str()];
+    run_helm_template(&[&required[..], args].concat())
+}
+
+/// `helm template` of the chart installing with `args` ([`run_helm_template_installing`]),
+/// parsed by [`Key`].
 fn helm_template(args: &[&str]) -> BTreeMap<Key, Value> {
-    let out = run_helm_template(args);
+    let out = run_helm_template_installing(args);
     assert!(
         out.status.success(),
         "helm template {args:?}: {}",
@@ -54,16 +77,67 @@ fn helm_template(args: &[&str]) -> BTreeMap<Key, Value> {
     objects
 }
 
-/// `helm template` with `args` that must fail: its stderr.
+/// `helm template` installing with `args` that must fail: its stderr.
 fn helm_template_error(args: &[&str]) -> String {
-    let out = run_helm_template(args);
+    helm_output_error(args, run_helm_template_installing(args))
+}
+
+/// `helm template` with `args` alone (none of the required values), which must fail: its stderr.
+fn helm_template_error_bare(args: &[&str]) -> String {
+    helm_output_error(args, run_helm_template(args))
+}
+
+fn helm_output_error(args: &[&str], out: std::process::Output) -> String {
     assert!(!out.status.success(), "helm template {args:?} succeeded");
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// `chart` with the two required settings put back to the base's placeholders: the ZTS URL, the
+/// CA in its ConfigMaps, and what the CA adds (the webhook's caBundle, the pods' checksum
+/// annotation that rolls them on a CA change). Each must be there to be put back.
+fn as_base(mut chart: BTreeMap<Key, Value>) -> BTreeMap<Key, Value> {
+    let mut put_back = 0;
+    for (k, object) in &mut chart {
+        match (k.0.as_str(), k.2.as_str()) {
+            ("ConfigMap", "athenz-cluster") => {
+                assert_eq!(object["data"]["ZTS_URL"], INSTALL_ZTS_URL, "{k:?}");
+                object["data"]["ZTS_URL"] = BASE_ZTS_URL.into();
+                put_back += 1;
+            }
+            ("ConfigMap", "athenz-zts-ca") => {
+                assert_eq!(object["data"]["ca.pem"], INSTALL_CA, "{k:?}");
+                object["data"]["ca.pem"] = BASE_CA.into();
+                put_back += 1;
+            }
+            ("MutatingWebhookConfiguration", _) => {
+                for webhook in object["webhooks"].as_array_mut().unwrap() {
+                    let config = webhook["clientConfig"].as_object_mut().unwrap();
+                    assert!(config.remove("caBundle").is_some(), "{k:?}: no caBundle");
+                    put_back += 1;
+                }
+            }
+            ("Deployment" | "DaemonSet", _) => {
+                let metadata = object["spec"]["template"]["metadata"]
+                    .as_object_mut()
+                    .unwrap();
+                let annotations = metadata["annotations"].as_object_mut().unwrap();
+                assert!(annotations.remove("checksum/zts-ca").is_some(), "{k:?}");
+                if annotations.is_empty() {
+                    metadata.remove("annotations");
+                }
+                put_back += 1;
+            }
+            _ => {}
+        }
+    }
+    // two of each ConfigMap, one webhook, four workloads
+    assert!(put_back >= 9, "{put_back} settings put back");
+    chart
+}
+
 #[test]
 fn the_defaults_render_what_kustomize_renders() {
-    let chart = helm_template(&[]);
+    let chart = as_base(helm_template(&[]));
     let base = kustomize::kustomize(&deploy_dir());
     assert_eq!(
         chart.keys().collect::<Vec<_>>(),
@@ -106,7 +180,7 @@ fn each_component_renders_what_kustomize_renders_with_it() {
         .unwrap();
         let expected = kustomize::kustomize(&tree.join("overlays/with"));
         let value = format!("components.{}=true", camel(name));
-        let chart = helm_template(&["--set", &value]);
+        let chart = as_base(helm_template(&["--set", &value]));
         assert_eq!(
             chart.keys().collect::<Vec<_>>(),
             expected.keys().collect::<Vec<_>>(),
@@ -299,6 +373,53 @@ fn the_values_change_what_they_name() {
     assert_eq!(egress[1]["to"][0]["ipBlock"]["cidr"], "192.0.2.10/32");
     assert_eq!(egress[2]["to"][0]["ipBlock"]["cidr"], "198.51.100.0/24");
     assert!(egress[0]["to"].is_null(), "DNS stays by port");
+}
+
+/// An install that could not work is refused, naming the value: the defaults alone (no ZTS URL,
+/// no CA), the documentation's example URL, and names that disagree with each other.
+#[test]
+fn an_install_that_could_not_work_is_refused_by_name() {
+    let err = helm_template_error_bare(&[]);
+    assert!(err.contains("ztsUrl: give your ZTS's base URL"), "{err}");
+    let url = format!("ztsUrl={INSTALL_ZTS_URL}");
+    let err = helm_template_error_bare(&["--set", &url]);
+    assert!(err.contains("ztsCa: give the Athenz CA bundle"), "{err}");
+    let not_a_ca = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(not_a_ca.path(), "not a certificate").unwrap();
+    let bad_ca = format!("ztsCa={}", not_a_ca.path().display());
+    // (Helm applies --set-file after --set: this replaces the required CA)
+    let err = helm_template_error(&["--set-file", &bad_ca]);
+    assert!(err.contains("ztsCa: give the Athenz CA bundle"), "{err}");
+
+    // with both given, what must agree with what
+    for (args, named) in [
+        (vec!["--set", BASE_URL_VALUE], "example host"),
+        (
+            vec!["--set", "adminDomain=acme.k8s"],
+            "controlPlaneNamespace \"k8s-admin\": must be adminDomain \"acme.k8s\" with dashes for dots, \"acme-k8s\"",
+        ),
+        (
+            vec!["--set", "provider=k8s.admin.provider"],
+            "provider \"k8s.admin.provider\": must be \"k8s.admin.athenz-callback\"",
+        ),
+        (
+            vec!["--set", "agentNamespace=k8s-admin"],
+            "agentNamespace \"k8s-admin\": must differ",
+        ),
+    ] {
+        let err = helm_template_error(&args);
+        assert!(err.contains(named), "{args:?}: {err}");
+    }
+    // the three named together, as an operator of another admin domain sets them, install
+    let other = helm_template(&[
+        "--set",
+        "adminDomain=acme.k8s",
+        "--set",
+        "controlPlaneNamespace=acme-k8s",
+        "--set",
+        "provider=acme.k8s.athenz-callback",
+    ]);
+    assert!(other.contains_key(&key("Deployment", "acme-k8s", "athenz-callback")));
 }
 
 /// Private keys as values only in a release of the control plane's namespace (Helm keeps values
