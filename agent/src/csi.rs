@@ -269,6 +269,13 @@ pub(crate) fn start(
         "CSI files-mode volumes whose certificate expired or whose last refresh failed",
         abnormal.clone(),
     );
+    let expiries = prometheus_client::metrics::family::Family::default();
+    registry.register(
+        "csi_volume_certificate_expiry_seconds",
+        "expiry (Unix time) of the certificate in each CSI files-mode volume, by its pod (the earliest-expiring 512)",
+        expiries.clone(),
+    );
+    let mut expiries = crate::volume_expiry::VolumeExpiryGauge::new(expiries);
     tracing::info!(socket = %path.display(), resumed, "CSI driver csi.athenz.io listening");
     Ok(Box::new(move |stop| {
         Box::pin(async move {
@@ -276,9 +283,11 @@ pub(crate) fn start(
             let counts = {
                 let driver = Arc::clone(&driver);
                 athenz_core::periodic::every(Duration::from_secs(5), move || {
-                    let (tracked, bad) = driver.rotation().counts();
+                    let rotation = driver.rotation();
+                    let (tracked, bad) = rotation.counts();
                     volumes.set(i64::try_from(tracked).unwrap_or(i64::MAX));
                     abnormal.set(i64::try_from(bad).unwrap_or(i64::MAX));
+                    expiries.update(&rotation.expiries(crate::volume_expiry::MAX_SERIES));
                 })
             };
             // one stop for both servers

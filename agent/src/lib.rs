@@ -21,6 +21,7 @@ pub mod service;
 pub mod service_dns;
 pub mod status;
 pub mod tunnel;
+pub mod volume_expiry;
 pub mod zts_ca;
 
 use athenz_core::crypto::KeyAlgorithm;

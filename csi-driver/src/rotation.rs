@@ -102,6 +102,19 @@ struct Tracked {
     task: tokio::task::AbortHandle,
     gate: Arc<WriteGate>,
     health: Arc<Mutex<Health>>,
+    /// The volume's pod (namespace, name), for [`Rotation::expiries`].
+    pod: (String, String),
+}
+
+/// When a tracked volume's certificate expires, and whose it is: the agent's per-volume gauge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeExpiry {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod: String,
+    /// When the certificate now in the volume expires.
+    pub not_after: OffsetDateTime,
 }
 
 impl Tracked {
@@ -204,6 +217,7 @@ impl<I: Issuer> Rotation<I> {
             rotations: 0,
         }));
         let gate = Arc::new(WriteGate::default());
+        let pod = (data.namespace.clone(), data.pod_name.clone());
         let task = tokio::spawn(Arc::clone(self).run(
             id.clone(),
             data,
@@ -218,6 +232,7 @@ impl<I: Issuer> Rotation<I> {
                 task: task.abort_handle(),
                 gate,
                 health,
+                pod,
             },
         );
         if let Some(old) = old {
@@ -269,6 +284,24 @@ impl<I: Issuer> Rotation<I> {
             .filter(|t| lock(&t.health).abnormal(now).is_some())
             .count();
         (tracked.len(), abnormal)
+    }
+
+    /// Each tracked volume's certificate expiry, the earliest first (ties by namespace and pod),
+    /// at most `limit` of them: the ones an operator must see first.
+    pub fn expiries(&self, limit: usize) -> Vec<VolumeExpiry> {
+        let mut all: Vec<VolumeExpiry> = lock(&self.tracked)
+            .values()
+            .map(|t| VolumeExpiry {
+                namespace: t.pod.0.clone(),
+                pod: t.pod.1.clone(),
+                not_after: lock(&t.health).not_after,
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            (a.not_after, &a.namespace, &a.pod).cmp(&(b.not_after, &b.namespace, &b.pod))
+        });
+        all.truncate(limit);
+        all
     }
 
     /// After an agent restart: finds the files-mode volumes in `volumes` whose tmpfs is still
@@ -693,6 +726,52 @@ mod tests {
         assert_eq!(reason, "pod IP changed");
         assert!(Instant::now() - started <= IpWatch::default().without_ip);
         assert_eq!(issuer.asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+
+    /// The per-volume expiries name each volume's pod, the earliest first, at most the limit,
+    /// and follow a rotation's new certificate and an unpublish.
+    #[tokio::test]
+    async fn expiries_name_each_volumes_pod_earliest_first_and_are_bounded() {
+        let issuer = Arc::new(IpOnlyIssuer {
+            ip: None,
+            asked: Default::default(),
+        });
+        let rotation = Arc::new(Rotation::new(
+            issuer,
+            RefreshPolicy::default(),
+            Backoff::default(),
+            IpWatch::default(),
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let id = |n: u8| VolumeId::parse(&format!("{n:064x}")).unwrap();
+        let mut later = None;
+        for (n, pod) in [(1, "late"), (2, "soon"), (3, "middle")] {
+            let mut data = files_volume(false);
+            data.pod_name = pod.into();
+            let mut cert = leaf_info(&identity(u64::from(n)).cert_pem).unwrap();
+            cert.not_after = OffsetDateTime::now_utc()
+                + time::Duration::hours(match pod {
+                    "soon" => 1,
+                    "middle" => 2,
+                    _ => 3,
+                });
+            if pod == "late" {
+                later = Some(cert.not_after);
+            }
+            rotation.track(id(n), data, dir.path().join(pod), &cert);
+        }
+        let pods = |limit| -> Vec<String> {
+            rotation
+                .expiries(limit)
+                .into_iter()
+                .map(|e| format!("{}/{}", e.namespace, e.pod))
+                .collect()
+        };
+        assert_eq!(pods(10), ["default/soon", "default/middle", "default/late"]);
+        assert_eq!(pods(2), ["default/soon", "default/middle"], "bounded");
+        assert_eq!(rotation.expiries(10)[2].not_after, later.unwrap());
+        rotation.forget(&id(2));
+        assert_eq!(pods(10), ["default/middle", "default/late"]);
     }
 
     #[test]

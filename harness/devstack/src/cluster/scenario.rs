@@ -119,14 +119,25 @@ pub struct PodIdentity {
 pub struct Scenario {
     kubectl: Kubectl,
     zts_ca: PathBuf,
+    /// With Athenz's ZTS, the service accounts it has registered and loaded
+    /// ([`super::tenant_domains::SEEN_FILE`]); absent with the dev ZTS.
+    tenants_seen: PathBuf,
 }
 
+/// How long a new service account may take to be registered with Athenz's ZTS (a round of the
+/// registrar, the signing, ZTS's next look at its domains).
+const REGISTERED: Duration = Duration::from_secs(120);
+
 impl Scenario {
-    /// For the cluster in `layout`, whose dev ZTS's CA is `zts_ca`.
+    /// For the cluster in `layout`, whose ZTS's CA is `zts_ca`.
     pub fn new(layout: &Layout, zts_ca: &Path) -> Self {
         Self {
             kubectl: Kubectl::new(layout),
             zts_ca: zts_ca.to_owned(),
+            tenants_seen: layout
+                .athenz
+                .join("zts")
+                .join(super::tenant_domains::SEEN_FILE),
         }
     }
 
@@ -170,7 +181,8 @@ impl Scenario {
         Ok(())
     }
 
-    /// Creates service account `sa` in `ns` if missing.
+    /// Creates service account `sa` in `ns` if missing; with Athenz's ZTS and `ns` opted in,
+    /// returns once ZTS knows it (as a platform team registers a service before its pods run).
     pub fn ensure_service_account(&self, ns: &str, sa: &str) -> anyhow::Result<()> {
         self.kubectl.apply_manifest(
             &format!(
@@ -178,7 +190,43 @@ impl Scenario {
             ),
             &format!("service account {ns}/{sa}"),
         )?;
-        Ok(())
+        self.wait_registered(ns, sa)
+    }
+
+    /// With Athenz's ZTS ([`Self::tenants_seen`] exists) and `ns` opted in: waits until the
+    /// registrar has acted on `ns/sa` and ZTS has loaded it.
+    fn wait_registered(&self, ns: &str, sa: &str) -> anyhow::Result<()> {
+        if !self.tenants_seen.exists() {
+            return Ok(());
+        }
+        let (key, value) = OPT_IN.split_once('=').unwrap_or((OPT_IN, ""));
+        let label = self.kubectl.run(&[
+            "get",
+            "namespace",
+            ns,
+            "-o",
+            &format!("jsonpath={{.metadata.labels.{}}}", key.replace('.', "\\.")),
+        ])?;
+        if label.trim() != value {
+            return Ok(());
+        }
+        let wanted = format!("{ns}/{sa}");
+        let deadline = Instant::now() + REGISTERED;
+        loop {
+            let seen: super::tenant_domains::Seen =
+                crate::json_file::read(&self.tenants_seen).unwrap_or_default();
+            if seen.seen.contains(&wanted) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{wanted} was not registered with Athenz's ZTS within {} s ({} lists what was)",
+                    REGISTERED.as_secs(),
+                    self.tenants_seen.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 
     /// Creates `ns` if missing, opted in and enforcing Pod Security `restricted`.

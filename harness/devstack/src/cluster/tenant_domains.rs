@@ -4,14 +4,19 @@
 //! service of it. The dev ZTS needs none of this (its provider launches anything it is asked
 //! to); real ZTS refuses an instance of a domain or service it does not hold, so with
 //! `--zts athenz` the cluster's ZTS process follows the API and signs its domains again as
-//! namespaces and service accounts appear (docs/real-zts.md).
+//! namespaces and service accounts appear (docs/real-zts.md). Once ZTS has had the time to load
+//! them it lists every service account it has acted on in [`SEEN_FILE`], which the scenarios
+//! wait for before they start a tenant's pods, as a platform team registers a domain before its
+//! namespace is used.
 
 use super::kubectl::Kubectl;
 use super::scenario::OPT_IN;
 use athenz_core::names::{self, DomainMapper};
+use athenz_testbed::real_zts::DomainUpdate;
 use athenz_testbed::zts::DevZtsConfig;
 use athenz_testbed::zts::registry::ServiceEntry;
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How often the API is asked (two `kubectl get` a round).
@@ -24,6 +29,35 @@ const MAX_TENANTS: usize = 10_000;
 
 /// The opted-in services, as `(domain, service)`.
 pub type Tenants = BTreeSet<(String, String)>;
+
+/// In the ZTS's state dir: `{"seen": ["<namespace>/<service account>", ...]}`, every service
+/// account of an opted-in namespace registered (or left out, named in the log) and loaded by
+/// ZTS. Written empty at start: its presence says the cluster's ZTS is Athenz's.
+pub const SEEN_FILE: &str = "tenants.json";
+/// How long ZTS may take to sign and load one update.
+const UPDATE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What [`SEEN_FILE`] holds.
+#[derive(Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Seen {
+    /// `<namespace>/<service account>`.
+    pub seen: BTreeSet<String>,
+}
+
+/// The service accounts of opted-in namespaces in `kubectl`'s answers (as [`tenants_of`] reads
+/// them), as `<namespace>/<name>`, whether or not they could be registered.
+pub fn seen_in(namespaces: &str, service_accounts: &str) -> BTreeSet<String> {
+    let opted_in: BTreeSet<&str> = namespaces.split_whitespace().collect();
+    service_accounts
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            line.split_once('/')
+                .is_some_and(|(namespace, _)| opted_in.contains(namespace))
+        })
+        .map(str::to_owned)
+        .collect()
+}
 
 /// The tenants in `kubectl`'s two answers: `namespaces` (the opted-in namespaces' names,
 /// separated by white space) and `service_accounts` (`<namespace>/<name>` a line, every
@@ -91,15 +125,18 @@ pub fn settings_with(base: &DevZtsConfig, tenants: &Tenants) -> DevZtsConfig {
 }
 
 /// Asks the API every [`ROUND`] and sends `base` with the tenants found whenever they change,
-/// until `updates` is closed. A failed round is logged and tried again (the API server may be
-/// restarting).
+/// until `updates` is closed; once ZTS has loaded them, writes what it has seen to `seen_file`.
+/// A failed round is logged and tried again (the API server may be restarting).
 pub async fn follow(
     kubectl: Kubectl,
     mapper: DomainMapper,
     base: DevZtsConfig,
-    updates: tokio::sync::mpsc::Sender<DevZtsConfig>,
+    updates: tokio::sync::mpsc::Sender<DomainUpdate>,
+    seen_file: PathBuf,
 ) {
     let mut known: Option<Tenants> = None;
+    let mut written: Option<BTreeSet<String>> = None;
+    write_seen(&seen_file, &mut written, BTreeSet::new());
     loop {
         let asked = kubectl.clone();
         let answer = tokio::task::spawn_blocking(move || {
@@ -131,17 +168,45 @@ pub async fn follow(
                     for reason in &skipped {
                         tracing::warn!(%reason, "not registered with ZTS");
                     }
-                    tracing::info!(services = tenants.len(), "tenants registered with ZTS");
-                    if updates.send(settings_with(&base, &tenants)).await.is_err() {
+                    let (done, loaded) = tokio::sync::oneshot::channel();
+                    let update = DomainUpdate {
+                        settings: settings_with(&base, &tenants),
+                        done: Some(done),
+                    };
+                    if updates.send(update).await.is_err() {
                         return;
                     }
-                    known = Some(tenants);
+                    match tokio::time::timeout(UPDATE_TIMEOUT, loaded).await {
+                        Ok(Ok(Ok(()))) => {
+                            tracing::info!(services = tenants.len(), "tenants registered with ZTS");
+                            known = Some(tenants);
+                        }
+                        Ok(Ok(Err(e))) => tracing::error!(error = %e, "registering the tenants"),
+                        Ok(Err(_)) => return,
+                        Err(_) => tracing::error!("ZTS did not load the tenants' domains in time"),
+                    }
+                }
+                if known.is_some() {
+                    write_seen(&seen_file, &mut written, seen_in(&namespaces, &accounts));
                 }
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "asking the API for the tenants"),
             Err(e) => tracing::warn!(error = %e, "asking the API for the tenants"),
         }
         tokio::time::sleep(ROUND).await;
+    }
+}
+
+/// Writes `seen` to `file` when it differs from what was `written` last; a failure is logged
+/// (the scenarios then wait on, and say what they waited for).
+fn write_seen(file: &Path, written: &mut Option<BTreeSet<String>>, seen: BTreeSet<String>) {
+    if written.as_ref() == Some(&seen) {
+        return;
+    }
+    let record = Seen { seen };
+    match crate::json_file::write_atomically(file, &record) {
+        Ok(()) => *written = Some(record.seen),
+        Err(e) => tracing::warn!(error = %e, "writing {}", file.display()),
     }
 }
 
@@ -203,6 +268,18 @@ mod tests {
         ] {
             assert!(said.contains(reason), "{reason} missing from {said}");
         }
+    }
+
+    #[test]
+    fn seen_are_the_opted_in_namespaces_accounts_registered_or_not() {
+        let seen = seen_in(
+            "bank-vault k8s-admin-evil",
+            "bank-vault/stats\nk8s-admin-evil/evil\nnews-feed/web\n",
+        );
+        assert_eq!(
+            seen.into_iter().collect::<Vec<_>>(),
+            ["bank-vault/stats", "k8s-admin-evil/evil"]
+        );
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub fn zts(args: ZtsArgs) -> anyhow::Result<ExitCode> {
                         mapper,
                         config.clone(),
                         sender,
+                        args.state_dir.join(tenant_domains::SEEN_FILE),
                     ));
                     Some(receiver)
                 }

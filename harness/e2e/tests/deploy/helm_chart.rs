@@ -197,12 +197,14 @@ fn each_component_renders_what_kustomize_renders_with_it() {
 #[test]
 fn the_monitoring_objects_render_what_kustomize_renders() {
     let expected = kustomize::kustomize(&deploy_dir().join("monitoring"));
-    assert!(expected.len() >= 6, "{:?}", expected.keys());
+    assert!(expected.len() >= 7, "{:?}", expected.keys());
     let chart = helm_template(&[
         "--set",
         "monitoring.prometheusRule=true",
         "--set",
         "monitoring.podMonitors=true",
+        "--set",
+        "monitoring.dashboard=true",
     ]);
     for (k, object) in &expected {
         assert_eq!(chart.get(k), Some(object), "{k:?} differs");

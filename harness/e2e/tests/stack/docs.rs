@@ -208,14 +208,39 @@ fn the_alert_rules_query_documented_metrics() {
             .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .filter(|word| word.starts_with("athenz_"))
             .collect();
-        // an absent-target alert queries Prometheus's own `up` of one of our PodMonitors' jobs
-        let absent_target = expr.starts_with("absent(up{job=\"")
-            && monitors
-                .iter()
-                .any(|job| expr.contains(&format!("job=\"{job}\"")));
+        // a target alert queries Prometheus's own `up` of one of our PodMonitors' jobs (all
+        // gone, or one down); the agents' DaemonSet alert, kube-state-metrics' counts of it
+        let our_job = monitors
+            .iter()
+            .any(|job| expr.contains(&format!("up{{job=\"{job}\"}}")));
+        let target =
+            our_job && (expr.starts_with("absent(up{job=\"") || expr.starts_with("up{job=\""));
+        let daemonset = expr.contains("kube_daemonset_status_desired_number_scheduled{namespace=\"athenz-system\",daemonset=\"athenz-agent\"}");
         assert!(
-            !queried.is_empty() || absent_target,
+            !queried.is_empty() || target || daemonset,
             "{name} queries none of our metrics nor a job of deploy/monitoring: {expr}"
+        );
+        // every alert says in a line what broke, and links its runbook entry on the page
+        assert!(
+            alert["annotations"]["summary"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty() && !s.contains('\n')),
+            "{name} has no one-line summary"
+        );
+        let runbook = alert["annotations"]["runbook_url"].as_str().unwrap_or("");
+        assert_eq!(
+            runbook,
+            format!(
+                "https://github.com/athenz-k8s-identity/athenz-k8s-identity/blob/main/docs/operating.md#{}",
+                name.to_lowercase()
+            ),
+            "{name}'s runbook_url"
+        );
+        assert!(
+            athenz_devstack::cluster::runbook::OPERATING.contains("\n## Runbook\n")
+                && athenz_devstack::cluster::runbook::OPERATING
+                    .contains(&format!("\n### {name}\n")),
+            "docs/operating.md's Runbook has no entry for {name}"
         );
         for metric in queried {
             assert!(
@@ -230,5 +255,48 @@ fn the_alert_rules_query_documented_metrics() {
             "{name} has no description"
         );
         assert!(alert["labels"]["severity"].is_string(), "{name}");
+    }
+}
+
+/// Every query of the Grafana dashboard (`deploy/monitoring/dashboard.yaml`) names metrics
+/// docs/operating.md lists (a histogram's `_bucket` series by its family's name) or the `up` of
+/// one of our PodMonitors' jobs, and every panel has a query.
+#[test]
+fn the_dashboard_queries_documented_metrics() {
+    let text = std::fs::read_to_string(repo().join("deploy/monitoring/dashboard.yaml")).unwrap();
+    let config: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    assert_eq!(config["metadata"]["labels"]["grafana_dashboard"], "1");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(config["data"]["athenz-k8s-identity.json"].as_str().unwrap()).unwrap();
+    let documented: BTreeSet<String> = athenz_devstack::cluster::runbook::metrics_reference(
+        athenz_devstack::cluster::runbook::OPERATING,
+    )
+    .into_values()
+    .flatten()
+    .collect();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8, "{} panels", panels.len());
+    for panel in panels {
+        let title = panel["title"].as_str().unwrap();
+        let targets = panel["targets"].as_array().unwrap();
+        assert!(!targets.is_empty(), "{title} has no query");
+        for target in targets {
+            let expr = target["expr"].as_str().unwrap();
+            let queried: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|word| word.starts_with("athenz_"))
+                .collect();
+            assert!(
+                !queried.is_empty() || expr.starts_with("up{job=\"athenz-system/"),
+                "{title} queries none of our metrics: {expr}"
+            );
+            for metric in queried {
+                let family = metric.strip_suffix("_bucket").unwrap_or(metric);
+                assert!(
+                    documented.contains(family),
+                    "{title} queries {metric}, which docs/operating.md does not list"
+                );
+            }
+        }
     }
 }

@@ -290,7 +290,10 @@ pub(super) fn write_properties(
         ),
         ("athenz.k8s.domain_files_dir", p("domains/signed")),
         // seconds between looks for changed domain files (Athenz's default: 60)
-        ("athenz.zts.zms_domain_update_timeout", "5".into()),
+        (
+            "athenz.zts.zms_domain_update_timeout",
+            super::DOMAIN_POLL.as_secs().to_string(),
+        ),
         (
             "athenz.zts.cert_record_store_factory_class",
             "com.yahoo.athenz.zts.cert.impl.FileCertRecordStoreFactory".into(),

@@ -24,6 +24,19 @@ pub const ATHENZ_VERSION: &str = "1.12.44";
 /// deployment; about 15 s on this machine's 2 cores, far longer on a loaded one.
 const START_TIMEOUT: Duration = Duration::from_secs(240);
 
+/// How often ZTS looks for changed domain files (`athenz.zts.zms_domain_update_timeout`;
+/// Athenz's default is 60 s).
+pub const DOMAIN_POLL: Duration = Duration::from_secs(5);
+
+/// New settings for a running ZTS's domains ([`run_standalone`]), and whom to tell once ZTS
+/// has had the time to load them (or why they could not be written).
+pub struct DomainUpdate {
+    /// The settings, as a whole.
+    pub settings: DevZtsConfig,
+    /// Told when done.
+    pub done: Option<tokio::sync::oneshot::Sender<Result<(), String>>>,
+}
+
 /// Why real ZTS could not be set up or started.
 #[derive(Debug, thiserror::Error)]
 pub enum RealZtsError {
@@ -272,18 +285,22 @@ impl RealZts {
     }
 
     /// Writes and signs the domains of `settings` again, as a ZMS administrator changes them
-    /// (a tenant domain or service added); ZTS loads them at its next look at the directory,
-    /// within `athenz.zts.zms_domain_update_timeout` (5 s). Returns how many domains were written.
-    /// A domain no longer named keeps its file, as a domain outlives its last instance in ZMS.
+    /// (a tenant domain or service added), and returns once ZTS has had the time to load them:
+    /// its next look at the directory, within [`DOMAIN_POLL`], and a second more. Returns how
+    /// many domains were written. A domain no longer named keeps its file, as a domain outlives
+    /// its last instance in ZMS.
     pub async fn update_domains(&self, settings: &DevZtsConfig) -> Result<usize, RealZtsError> {
         let layout = Layout {
             work: self.work.clone(),
         };
         let home = self.home.clone();
         let settings = settings.clone();
-        tokio::task::spawn_blocking(move || files::write_domains(&layout, &home, &settings))
-            .await
-            .map_err(|e| RealZtsError::Data(format!("signing the domains: {e}")))?
+        let written =
+            tokio::task::spawn_blocking(move || files::write_domains(&layout, &home, &settings))
+                .await
+                .map_err(|e| RealZtsError::Data(format!("signing the domains: {e}")))??;
+        tokio::time::sleep(DOMAIN_POLL + Duration::from_secs(1)).await;
+        Ok(written)
     }
 
     /// SIGTERM, up to 30 s for Jetty to stop, then SIGKILL.
@@ -308,14 +325,14 @@ impl Drop for RealZts {
 
 /// Runs real ZTS until `shutdown` completes, as `zts::run_standalone` runs the dev ZTS: a fresh
 /// test CA signs (its root in `state_dir/ca.pem`), ZTS's files under `state_dir/athenz-zts`,
-/// and `state_dir/zts.json` ({url, ca}) written once it serves. Each settings `updates` sends
-/// become its domains ([`RealZts::update_domains`]); a failed update is logged and ZTS keeps
-/// what it had.
+/// and `state_dir/zts.json` ({url, ca}) written once it serves. Each update `updates` sends
+/// becomes its domains ([`RealZts::update_domains`]); a failed update is logged, told to its
+/// sender, and ZTS keeps what it had.
 pub async fn run_standalone(
     settings: DevZtsConfig,
     home: PathBuf,
     state_dir: &Path,
-    mut updates: Option<tokio::sync::mpsc::Receiver<DevZtsConfig>>,
+    mut updates: Option<tokio::sync::mpsc::Receiver<DomainUpdate>>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), RealZtsError> {
     let signer = CertAuthority::new_root("Athenz ZTS Test Root")?
@@ -347,10 +364,16 @@ pub async fn run_standalone(
         tokio::select! {
             () = &mut shutdown => break,
             update = next => match update {
-                Some(settings) => match zts.update_domains(&settings).await {
-                    Ok(count) => tracing::info!(domains = count, "Athenz's ZTS: domains updated"),
-                    Err(e) => tracing::error!(error = %e, "Athenz's ZTS: updating its domains"),
-                },
+                Some(DomainUpdate { settings, done }) => {
+                    let outcome = zts.update_domains(&settings).await;
+                    match &outcome {
+                        Ok(count) => tracing::info!(domains = count, "Athenz's ZTS: domains updated"),
+                        Err(e) => tracing::error!(error = %e, "Athenz's ZTS: updating its domains"),
+                    }
+                    if let Some(done) = done {
+                        let _ = done.send(outcome.map(|_| ()).map_err(|e| e.to_string()));
+                    }
+                }
                 // the sender is gone: no more updates, run until shutdown
                 None => updates = None,
             },
