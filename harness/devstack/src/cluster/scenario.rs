@@ -35,7 +35,7 @@ pub const CREDENTIALS: &str = "/var/run/athenz";
 /// after the pod is Ready (the agent looks for it every 500 ms).
 const IP_SAN_WAIT: Duration = Duration::from_secs(15);
 /// The label that opts a namespace in.
-pub const OPT_IN: &str = "athenz.io/identity=enabled";
+pub use super::tenant_domains::OPT_IN;
 
 /// One workload: its namespace (the Athenz domain with dashes), service account and mode.
 #[derive(Debug, Clone, Copy)]

@@ -10,7 +10,6 @@
 //! namespace is used.
 
 use super::kubectl::Kubectl;
-use super::scenario::OPT_IN;
 use athenz_core::names::{self, DomainMapper};
 use athenz_testbed::real_zts::DomainUpdate;
 use athenz_testbed::zts::DevZtsConfig;
@@ -26,6 +25,9 @@ const REQUEST_TIMEOUT: &str = "--request-timeout=10s";
 /// More tenants than this in one answer is not a cluster this harness makes: the rest are
 /// left out, said so in the log.
 const MAX_TENANTS: usize = 10_000;
+
+/// The label that opts a namespace in (the initializer's namespace selector, deploy/base).
+pub const OPT_IN: &str = "athenz.io/identity=enabled";
 
 /// The opted-in services, as `(domain, service)`.
 pub type Tenants = BTreeSet<(String, String)>;
