@@ -377,6 +377,170 @@ fn the_values_change_what_they_name() {
     assert!(egress[0]["to"].is_null(), "DNS stays by port");
 }
 
+/// What a platform team sets per workload and per cluster lands where it names, and an extraEnv
+/// entry replaces the base's variable of the same name instead of repeating it.
+#[test]
+fn the_workload_and_cluster_values_change_what_they_name() {
+    let chart = helm_template(&[
+        "--set",
+        "callback.replicas=3",
+        "--set",
+        "callback.minAvailable=2",
+        "--set",
+        "callback.podLabels.team=identity",
+        "--set",
+        "callback.podAnnotations.example\\.com/owner=platform",
+        "--set",
+        "callback.topologySpreadConstraints[0].maxSkew=1",
+        "--set",
+        "callback.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "--set",
+        "callback.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+        "--set",
+        "initializer.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+        "--set",
+        "initializer.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+        "--set",
+        "jwtService.serviceAccountAnnotations.iam\\.example/role=signer",
+        "--set",
+        "kubeletRootDir=/data/kubelet",
+        "--set",
+        "clusterDomain=corp.internal",
+        "--set",
+        "agent.earlyIssue=false",
+        "--set",
+        "agent.extraEnv[0].name=RUST_LOG",
+        "--set",
+        "agent.extraEnv[0].value=debug",
+        "--set",
+        "agent.extraEnv[1].name=CSI_SOCKET",
+        "--set",
+        "agent.extraEnv[1].value=/csi/other.sock",
+        "--set",
+        "monitoring.podMonitors=true",
+        "--set",
+        "monitoring.labels.release=kube-prometheus-stack",
+        "--set",
+        "existingSecrets.athenz-callback-key=vault-callback-key",
+    ]);
+    let volumes = callback_volumes(&chart);
+    assert!(
+        volumes.contains("\"secretName\":\"vault-callback-key\""),
+        "{volumes}"
+    );
+    let callback = &chart[&key("Deployment", "k8s-admin", "athenz-callback")];
+    assert_eq!(callback["spec"]["replicas"], 3);
+    let pod = &callback["spec"]["template"];
+    assert_eq!(pod["metadata"]["labels"]["team"], "identity");
+    assert_eq!(
+        pod["metadata"]["labels"]["app.kubernetes.io/name"],
+        "athenz-callback"
+    );
+    assert_eq!(
+        pod["metadata"]["annotations"]["example.com/owner"],
+        "platform"
+    );
+    assert!(pod["metadata"]["annotations"]["checksum/zts-ca"].is_string());
+    assert_eq!(
+        pod["spec"]["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    assert!(
+        pod["spec"]["affinity"]["podAntiAffinity"].is_object(),
+        "the base's affinity unless given"
+    );
+    assert_eq!(
+        chart[&key("PodDisruptionBudget", "k8s-admin", "athenz-callback")]["spec"]["minAvailable"],
+        2
+    );
+    let initializer = &chart[&key("Deployment", "k8s-admin", "athenz-initializer")];
+    let affinity = &initializer["spec"]["template"]["spec"]["affinity"];
+    assert!(
+        affinity["podAntiAffinity"].is_null(),
+        "replaced: {affinity}"
+    );
+    assert!(affinity["nodeAffinity"].is_object());
+    assert_eq!(
+        chart[&key("ServiceAccount", "k8s-admin", "athenz-jwt-service")]["metadata"]["annotations"]
+            ["iam.example/role"],
+        "signer"
+    );
+
+    let agent = &chart[&key("DaemonSet", "athenz-system", "athenz-agent")];
+    let spec = &agent["spec"]["template"]["spec"];
+    let text = spec.to_string();
+    assert!(
+        text.contains("/data/kubelet/pods") && text.contains("/data/kubelet/plugins_registry"),
+        "{text}"
+    );
+    assert!(!text.contains("/var/lib/kubelet"), "{text}");
+    let env = spec["containers"][0]["env"].as_array().unwrap();
+    let value = |name: &str| -> Vec<&Value> {
+        env.iter()
+            .filter(|e| e["name"] == name)
+            .map(|e| &e["value"])
+            .collect()
+    };
+    assert_eq!(value("CLUSTER_DOMAIN"), [&Value::from("corp.internal")]);
+    assert_eq!(value("CSI_EARLY_ISSUE"), [&Value::from("false")]);
+    assert_eq!(
+        value("CSI_SOCKET"),
+        [&Value::from("/csi/other.sock")],
+        "replaced, once"
+    );
+    assert_eq!(value("RUST_LOG"), [&Value::from("debug")]);
+    let mut names: Vec<&str> = env.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    let all = names.len();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), all, "a name twice in the agent's env");
+    // early issuance off: the agents may no longer list or watch pods
+    let rules = &chart[&key("ClusterRole", "", "athenz-agent")]["rules"];
+    assert!(
+        !rules.to_string().contains("watch"),
+        "the pods watch outlived early issuance: {rules}"
+    );
+    let monitor = &chart[&key("PodMonitor", "athenz-system", "athenz-agent")];
+    assert_eq!(
+        monitor["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+}
+
+/// `helm lint --strict` passes (NOTES.txt and every template parse), and the chart's README is
+/// the one `deploy/helm/generate` writes (`the_templates_are_generated_from_the_base`).
+#[test]
+fn the_chart_lints_clean() {
+    let ca_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(ca_file.path(), INSTALL_CA).unwrap();
+    let out = std::process::Command::new(helm())
+        .args(["lint", "--strict"])
+        .arg(deploy_dir().join("helm/athenz-k8s-identity"))
+        .args(["--set", &format!("ztsUrl={INSTALL_ZTS_URL}"), "--set-file"])
+        .arg(format!("ztsCa={}", ca_file.path().display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let notes =
+        std::fs::read_to_string(deploy_dir().join("helm/athenz-k8s-identity/templates/NOTES.txt"))
+            .unwrap();
+    assert!(
+        notes.contains("rollout status daemonset/athenz-agent"),
+        "{notes}"
+    );
+}
+
+/// The callback's pod volumes, as JSON text.
+fn callback_volumes(chart: &BTreeMap<Key, Value>) -> String {
+    chart[&key("Deployment", "k8s-admin", "athenz-callback")]["spec"]["template"]["spec"]["volumes"]
+        .to_string()
+}
+
 /// An install that could not work is refused, naming the value: the defaults alone (no ZTS URL,
 /// no CA), the documentation's example URL, and names that disagree with each other.
 #[test]
@@ -407,6 +571,17 @@ fn an_install_that_could_not_work_is_refused_by_name() {
         (
             vec!["--set", "agentNamespace=k8s-admin"],
             "agentNamespace \"k8s-admin\": must differ",
+        ),
+        (
+            vec![
+                "--namespace",
+                "k8s-admin",
+                "--set",
+                "serviceKeys.athenz-callback=a key",
+                "--set",
+                "existingSecrets.athenz-callback-key=mine",
+            ],
+            "serviceKeys.athenz-callback and existingSecrets.athenz-callback-key",
         ),
     ] {
         let err = helm_template_error(&args);
