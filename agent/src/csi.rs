@@ -128,15 +128,14 @@ fn names_of(data: &VolumeData) -> PodNames {
 /// The server ends a watch within 290 s; a connection silent longer than this is dead.
 const WATCH_READ_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Starts the watch of this node's pending pods that issues files-mode identities when their
-/// pod is bound (`--csi-early-issue`, crate::early_issue). The API client is made now, so a
-/// missing in-cluster configuration stops the agent at start; the watch's own errors (no RBAC,
-/// the API away) only leave every publish to issue itself, and are logged.
-pub(crate) async fn watch_bound_pods(
+/// The agent's Kubernetes API client (`--kube-api-url`, else the in-cluster configuration),
+/// made at start so a missing configuration stops the agent naming `setting`, the feature
+/// that needs it; a read may take `read_timeout` (a watch's, longer than a request's).
+pub(crate) async fn kube_client(
     config: &Config,
-    agent: &Arc<Agent>,
-) -> Result<tokio::task::JoinHandle<()>, StartError> {
-    let setting = "--csi-early-issue/--kube-api-url (CSI_EARLY_ISSUE/KUBE_API_URL)";
+    setting: &'static str,
+    read_timeout: Duration,
+) -> Result<kube::Client, StartError> {
     let mut kube_config = match &config.kube_api_url {
         Some(url) => kube::Config::new(
             url.parse::<http::Uri>()
@@ -147,9 +146,25 @@ pub(crate) async fn watch_bound_pods(
         })?,
     };
     kube_config.connect_timeout = Some(config.upstream_timeout);
-    kube_config.read_timeout = Some(WATCH_READ_TIMEOUT);
+    kube_config.read_timeout = Some(read_timeout);
     kube_config.write_timeout = Some(config.upstream_timeout);
-    let client = kube::Client::try_from(kube_config).map_err(|e| StartError::new(setting, e))?;
+    kube::Client::try_from(kube_config).map_err(|e| StartError::new(setting, e))
+}
+
+/// Starts the watch of this node's pending pods that issues files-mode identities when their
+/// pod is bound (`--csi-early-issue`, crate::early_issue). The API client is made now, so a
+/// missing in-cluster configuration stops the agent at start; the watch's own errors (no RBAC,
+/// the API away) only leave every publish to issue itself, and are logged.
+pub(crate) async fn watch_bound_pods(
+    config: &Config,
+    agent: &Arc<Agent>,
+) -> Result<tokio::task::JoinHandle<()>, StartError> {
+    let client = kube_client(
+        config,
+        "--csi-early-issue/--kube-api-url (CSI_EARLY_ISSUE/KUBE_API_URL)",
+        WATCH_READ_TIMEOUT,
+    )
+    .await?;
     let issuer = Arc::clone(agent);
     tracing::info!(node = %config.node_name, "issuing files-mode identities when their pods are bound here");
     Ok(crate::early_issue::spawn_watch(
@@ -157,14 +172,16 @@ pub(crate) async fn watch_bound_pods(
         config.node_name.clone(),
         Arc::clone(&agent.early),
         move |pod: &BoundPod| {
-            let subject = issuer.subject_of_bound(pod)?;
             let names = PodNames {
-                namespace: subject.namespace.clone(),
-                name: subject.name.clone(),
+                namespace: pod.namespace()?.to_owned(),
+                name: pod.name()?.to_owned(),
                 service_account: pod.service_account.clone(),
             };
             let agent = Arc::clone(&issuer);
+            let pod = pod.clone();
             Some((names, async move {
+                // its domain may be its namespace's annotation, read from the API
+                let subject = agent.subject_of_bound(&pod).await?;
                 agent
                     .register_vouched(subject)
                     .await

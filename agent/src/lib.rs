@@ -225,12 +225,36 @@ pub struct Bound {
     pub csi_socket: Option<PathBuf>,
 }
 
+/// The namespace → domain mapping, reading namespaces' `athenz.io/domain` annotations from the
+/// API when the install allows domains by annotation (`--domain-annotation-allow`).
+async fn namespace_domains(
+    config: &Config,
+) -> Result<athenz_core::names::NamespaceDomains, StartError> {
+    let mapper = config.identity.mapper()?;
+    let source: Option<Arc<dyn athenz_core::names::AnnotationSource>> =
+        if mapper.honours_annotation() {
+            let client = csi::kube_client(
+                config,
+                "--domain-annotation-allow/--kube-api-url (DOMAIN_ANNOTATION_ALLOW/KUBE_API_URL)",
+                config.upstream_timeout,
+            )
+            .await?;
+            Some(Arc::new(athenz_core::names::KubeNamespaces::new(
+                client,
+                config.upstream_timeout,
+            )))
+        } else {
+            None
+        };
+    Ok(athenz_core::names::NamespaceDomains::new(mapper, source))
+}
+
 /// Starts the agent; it serves until `shutdown` is triggered, then removes its socket.
 pub async fn start(
     config: Config,
     shutdown: Shutdown,
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
-    let mapper = config.identity.mapper()?;
+    let domains = namespace_domains(&config).await?;
     check_kubelet_list_rate(&config)?;
     let (zts, athenz_ca) = zts_client(&config)?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
@@ -289,7 +313,7 @@ pub async fn start(
         ),
         pod_wait: config.pod_wait,
         node_boot,
-        mapper,
+        domains,
         provider: config.identity.provider.clone(),
         dns_suffix: config.identity.dns_suffix.clone(),
         service_dns: config

@@ -36,11 +36,15 @@ impl Agent {
 
     /// The subject a CSI files-mode volume's record names (what kubelet's publish said), when
     /// it makes a valid one: never with [`PodIp::Required`], whose IP only the list knows.
-    pub(crate) fn subject_from_volume(&self, data: &VolumeData, ip: PodIp) -> Option<PodSubject> {
+    pub(crate) async fn subject_from_volume(
+        &self,
+        data: &VolumeData,
+        ip: PodIp,
+    ) -> Option<PodSubject> {
         if ip == PodIp::Required {
             return None;
         }
-        let domain = self.mapper.namespace_to_domain(&data.namespace).ok()?;
+        let domain = self.domains.domain_of(&data.namespace).await.ok()?;
         PodSubject::new(
             data.namespace.clone(),
             data.pod_name.clone(),
@@ -55,12 +59,12 @@ impl Agent {
     /// The subject of a pod the API server bound to this node (crate::early_issue), when it
     /// makes a valid one: named as a publish for it will name it, with no IP (a files-mode
     /// volume's first certificate has none).
-    pub(crate) fn subject_of_bound(
+    pub(crate) async fn subject_of_bound(
         &self,
         pod: &crate::early_issue::BoundPod,
     ) -> Option<PodSubject> {
         let namespace = pod.namespace()?;
-        let domain = self.mapper.namespace_to_domain(namespace).ok()?;
+        let domain = self.domains.domain_of(namespace).await.ok()?;
         PodSubject::new(
             namespace.to_owned(),
             pod.name()?.to_owned(),
@@ -163,9 +167,17 @@ impl Agent {
             ));
         }
         let domain = self
-            .mapper
-            .namespace_to_domain(&data.namespace)
-            .map_err(|e| fail(StatusCode::FORBIDDEN, e.to_string()))?;
+            .domains
+            .domain_of(&data.namespace)
+            .await
+            .map_err(|e| match e {
+                athenz_core::names::DomainLookupError::Refused(_) => {
+                    fail(StatusCode::FORBIDDEN, e.to_string())
+                }
+                athenz_core::names::DomainLookupError::Unavailable { .. } => {
+                    fail(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                }
+            })?;
         let account = pod.service_account.clone();
         PodSubject::new(
             data.namespace.clone(),

@@ -10,7 +10,7 @@ pub use crate::service_dns::ServiceDns;
 use athenz_core::agent_api::{IdentityResponse, InitRequest, KeySource};
 use athenz_core::crypto::{CertInfo, CsrInfo, PrivateKey, build_csr};
 use athenz_core::http::ConnInfo;
-use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
+use athenz_core::names::{CsrIdentity, NamespaceDomains, PodIdentityInput};
 use athenz_core::peer::PeerCheck;
 use athenz_core::secret::Secret;
 use athenz_core::subject::PodSubject;
@@ -82,8 +82,8 @@ pub struct Agent {
     pub pod_wait: Duration,
     /// When this node started (Unix seconds): a listed IP from an older sandbox is stale.
     pub node_boot: i64,
-    /// Namespace ↔ domain.
-    pub mapper: DomainMapper,
+    /// Namespace → domain (with the annotations the install honours).
+    pub domains: NamespaceDomains,
     /// Our provider.
     pub provider: String,
     /// SAN DNS suffix.
@@ -471,7 +471,7 @@ impl Agent {
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
         // connections to the jwt-service and ZTS (and their TLS buffers in this process) however
         // many pods start at once, and a JWT is used moments after it is signed.
-        let admitted = match (check, key, self.subject_from_volume(data, ip)) {
+        let admitted = match (check, key, self.subject_from_volume(data, ip).await) {
             // kubelet's publish named the pod: no list is read (crate::pod_subject says why)
             (PodCheck::KubeletCall, KeyRequest::Agent, Some(subject)) => {
                 self.admit_vouched(subject).await?

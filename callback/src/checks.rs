@@ -125,7 +125,10 @@ pub fn check_request(
     let subject = check_subject(&claims)?;
     check_domain_service(&subject, c)?;
     check_instance_id(&subject, c)?;
-    check_namespace(policy, &subject)?;
+    // with domains by annotation, the namespace is read first (CallbackHandler::confirm)
+    if !policy.mapper.honours_annotation() {
+        check_namespace(policy, &subject)?;
+    }
     Ok((subject, claims))
 }
 
@@ -254,6 +257,11 @@ pub fn check_namespace(policy: &Policy, subject: &PodSubject) -> Result<(), Deny
         .mapper
         .namespace_to_domain(&subject.namespace)
         .map_err(|e| deny("namespace", e.to_string()))?;
+    check_mapped_domain(subject, &mapped)
+}
+
+/// The subject's domain is `mapped`, its namespace's (by the mapping or its annotation).
+pub fn check_mapped_domain(subject: &PodSubject, mapped: &str) -> Result<(), Deny> {
     if mapped == subject.domain {
         Ok(())
     } else {

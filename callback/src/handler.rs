@@ -105,6 +105,8 @@ pub struct CallbackHandler {
     pub replay: ReplayCache,
     /// The Kubernetes API.
     pub cluster: Cluster,
+    /// Namespaces' domains, with the annotations the install honours (read from the API).
+    pub domains: athenz_core::names::NamespaceDomains,
     /// The watch-fed pod cache (`None`: every confirmation reads its pod from the API).
     pub pod_cache: Option<PodCache>,
     /// `certExpiryTime` granted, minutes.
@@ -142,6 +144,20 @@ impl CallbackHandler {
         }
         let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let (subject, claims) = checks::check_request(p, &self.keys, &self.replay, c, now)?;
+        if self.domains.reads_annotations() {
+            // the namespace's annotation may name its domain (check_request left this check)
+            let mapped = self
+                .domains
+                .domain_of(&subject.namespace)
+                .await
+                .map_err(|e| match e {
+                    athenz_core::names::DomainLookupError::Refused(e) => {
+                        Refusal::Deny(crate::decision::deny("namespace", e.to_string()))
+                    }
+                    unavailable => kubernetes_api(unavailable),
+                })?;
+            checks::check_mapped_domain(&subject, &mapped)?;
+        }
         let pod = self.subject_pod(&subject, &claims).await?;
         checks::check_pod(&subject, pod.as_ref())?;
         if let Some(pod) = &pod {

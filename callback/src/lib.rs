@@ -194,6 +194,15 @@ pub async fn start(
     )
     .await
     .map_err(|e| StartError::new("--kube-api-url (KUBE_API_URL)", e))?;
+    // a namespace's athenz.io/domain annotation, read only when the install allows domains by
+    // annotation
+    let domains = athenz_core::names::NamespaceDomains::new(
+        mapper.clone(),
+        Some(Arc::new(athenz_core::names::KubeNamespaces::new(
+            cluster.client(),
+            config.kube_api_timeout,
+        ))),
+    );
     let pod_cache = config.pod_cache.then(pod_cache::PodCache::default);
     let pod_watch = pod_cache.as_ref().map(|cache| {
         let held = Gauge::<i64>::default();
@@ -235,6 +244,7 @@ pub async fn start(
         keys: keys.clone(),
         replay: replay::ReplayCache::new(config.replay_cache_size),
         cluster: cluster.clone(),
+        domains,
         pod_cache,
         cert_expiry_minutes: config.cert_expiry_minutes,
         metrics: handler::CallbackMetrics::register(&mut registry),

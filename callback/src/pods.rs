@@ -100,6 +100,11 @@ impl Cluster {
         })
     }
 
+    /// The client for single requests (bounded by the caller).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     /// The client for watches (the pod cache's).
     pub fn watch_client(&self) -> kube::Client {
         self.watch_client.clone()

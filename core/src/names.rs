@@ -4,10 +4,16 @@
 //! Every boundary that receives a name calls a validator from here, so the rules exist once. Errors
 //! name the field that was wrong and quote (escaped, truncated) what was received.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::net::IpAddr;
 use thiserror::Error;
+
+mod domain_mapper;
+mod namespace_domains;
+pub use domain_mapper::{DOMAIN_ANNOTATION, DomainMapper, DomainPattern};
+#[cfg(feature = "kube")]
+pub use namespace_domains::KubeNamespaces;
+pub use namespace_domains::{AnnotationSource, DomainLookupError, NamespaceDomains};
 
 /// Longest Athenz simple name accepted. A service becomes a DNS label in the SAN, so it must fit one.
 pub const MAX_SIMPLE_NAME_LEN: usize = 63;
@@ -275,120 +281,6 @@ pub fn validate_dns_name(field: &'static str, value: &str) -> Result<(), NameErr
     Ok(())
 }
 
-/// Maps Kubernetes namespaces to Athenz domains and back (docs/design.md §3).
-///
-/// A system namespace (`kube-*` or one of the configured list) maps to `<admin-domain>.<ns>`. Any
-/// other namespace maps by turning each `-` into `.` and then each `..` into `-`
-/// (`foo-bar--baz` → `foo.bar-baz`); the inverse turns `-` into `--` and then `.` into `-`.
-///
-/// The admin domain is reserved for system namespaces: an ordinary namespace whose mapping would
-/// land in it (`k8s-admin-kube--system` → `k8s.admin.kube-system`) is refused, otherwise a tenant
-/// could name a namespace so that its pods get a system identity.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DomainMapper {
-    admin_domain: String,
-    system_namespaces: BTreeSet<String>,
-}
-
-impl DomainMapper {
-    /// Builds a mapper; `system_namespaces` are in addition to every `kube-*` namespace.
-    pub fn new<I, S>(admin_domain: &str, system_namespaces: I) -> Result<Self, NameError>
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        validate_domain("admin domain", admin_domain)?;
-        let system_namespaces = system_namespaces
-            .into_iter()
-            .map(Into::into)
-            .collect::<BTreeSet<String>>();
-        for ns in &system_namespaces {
-            validate_dns_label("system namespace", ns)?;
-        }
-        Ok(Self {
-            admin_domain: admin_domain.to_owned(),
-            system_namespaces,
-        })
-    }
-
-    /// The admin domain under which system namespaces live.
-    pub fn admin_domain(&self) -> &str {
-        &self.admin_domain
-    }
-
-    /// Whether `namespace` is a system namespace.
-    pub fn is_system_namespace(&self, namespace: &str) -> bool {
-        namespace.starts_with("kube-") || self.system_namespaces.contains(namespace)
-    }
-
-    fn is_admin_or_below(&self, domain: &str) -> bool {
-        domain == self.admin_domain
-            || domain
-                .strip_prefix(&self.admin_domain)
-                .is_some_and(|rest| rest.starts_with('.'))
-    }
-
-    /// The Athenz domain of a namespace.
-    pub fn namespace_to_domain(&self, namespace: &str) -> Result<String, NameError> {
-        validate_dns_label("namespace", namespace)?;
-        if self.is_system_namespace(namespace) {
-            let domain = format!("{}.{namespace}", self.admin_domain);
-            validate_domain("domain", &domain)?;
-            return Ok(domain);
-        }
-        let domain = namespace.replace('-', ".").replace("..", "-");
-        validate_domain("domain", &domain)
-            .map_err(|e| NameError::new("namespace", namespace, e.reason))?;
-        if self.is_admin_or_below(&domain) {
-            return Err(NameError::new(
-                "namespace",
-                namespace,
-                format!(
-                    "maps into the admin domain {:?}, which is reserved for system namespaces",
-                    self.admin_domain
-                ),
-            ));
-        }
-        Ok(domain)
-    }
-
-    /// The namespace of an Athenz domain; the exact inverse of [`Self::namespace_to_domain`].
-    pub fn domain_to_namespace(&self, domain: &str) -> Result<String, NameError> {
-        validate_domain("domain", domain)?;
-        if let Some(ns) = domain
-            .strip_prefix(&self.admin_domain)
-            .and_then(|rest| rest.strip_prefix('.'))
-        {
-            if validate_dns_label("namespace", ns).is_ok() && self.is_system_namespace(ns) {
-                return Ok(ns.to_owned());
-            }
-            return Err(NameError::new(
-                "domain",
-                domain,
-                "is under the admin domain but names no system namespace",
-            ));
-        }
-        if domain == self.admin_domain {
-            return Err(NameError::new(
-                "domain",
-                domain,
-                "the admin domain itself has no namespace",
-            ));
-        }
-        let namespace = domain.replace('-', "--").replace('.', "-");
-        validate_dns_label("namespace", &namespace)
-            .map_err(|e| NameError::new("domain", domain, format!("maps to a bad {e}")))?;
-        if self.is_system_namespace(&namespace) {
-            return Err(NameError::new(
-                "domain",
-                domain,
-                "maps to a system namespace, which lives under the admin domain",
-            ));
-        }
-        Ok(namespace)
-    }
-}
-
 /// `<domain>.<service>`, the Athenz principal (and certificate CN) of a service.
 pub fn principal(domain: &str, service: &str) -> String {
     format!("{domain}.{service}")
@@ -586,10 +478,6 @@ mod tests {
         }
     }
 
-    fn mapper() -> DomainMapper {
-        DomainMapper::new("k8s.admin", ["istio-system", "athenz"]).unwrap()
-    }
-
     #[test]
     fn simple_names() {
         for ok in ["a", "_x", "0", "web-app", "A_b-9", &"a".repeat(63)] {
@@ -690,82 +578,6 @@ mod tests {
             "../../../../../../../../../etc/pass",
         ] {
             assert!(validate_uid("uid", bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn namespace_to_domain_rules() {
-        let m = mapper();
-        let cases = [
-            ("default", "default"),
-            ("media-sports", "media.sports"),
-            ("foo-bar--baz", "foo.bar-baz"),
-            ("a---b", "a-.b"),
-            ("a----b", "a--b"),
-            ("a-----b", "a--.b"),
-            ("kube-system", "k8s.admin.kube-system"),
-            ("kube-public", "k8s.admin.kube-public"),
-            ("istio-system", "k8s.admin.istio-system"),
-            ("athenz", "k8s.admin.athenz"),
-        ];
-        for (ns, domain) in cases {
-            assert_eq!(m.namespace_to_domain(ns).unwrap(), domain, "{ns}");
-            assert_eq!(m.domain_to_namespace(domain).unwrap(), ns, "{domain}");
-        }
-    }
-
-    #[test]
-    fn tenants_cannot_reach_the_admin_domain() {
-        let m = mapper();
-        for ns in ["k8s-admin-kube--system", "k8s-admin", "k8s-admin-foo"] {
-            let err = m.namespace_to_domain(ns).unwrap_err();
-            assert!(err.reason.contains("reserved"), "{ns}: {err}");
-        }
-        // and the inverse refuses domains under the admin domain that are not system namespaces
-        assert!(m.domain_to_namespace("k8s.admin.foo").is_err());
-        assert!(m.domain_to_namespace("k8s.admin").is_err());
-        // nor does an ordinary domain reach a system namespace
-        assert!(m.domain_to_namespace("kube.system").is_err());
-        assert!(m.domain_to_namespace("istio.system").is_err());
-    }
-
-    #[test]
-    fn mapping_is_an_exact_inverse_on_every_short_namespace() {
-        // Every namespace of up to 6 characters over {a, 1, -}, plus the system ones.
-        let m = mapper();
-        let alphabet = ['a', '1', '-'];
-        let mut names = vec![String::new()];
-        let mut checked = 0;
-        for _ in 0..6 {
-            let mut next = Vec::new();
-            for n in &names {
-                for c in alphabet {
-                    let s = format!("{n}{c}");
-                    if validate_dns_label("ns", &s).is_ok() {
-                        let domain = m.namespace_to_domain(&s).unwrap();
-                        validate_domain("domain", &domain).unwrap();
-                        assert_eq!(m.domain_to_namespace(&domain).unwrap(), s);
-                        checked += 1;
-                    }
-                    next.push(s);
-                }
-            }
-            names = next;
-        }
-        assert!(checked > 300, "{checked}");
-    }
-
-    #[test]
-    fn domain_to_namespace_rejects_what_no_namespace_maps_to() {
-        let m = mapper();
-        for bad in [
-            "Media.sports",
-            "a_b",
-            "-a",
-            "a-",
-            &format!("{}.b", "a".repeat(62)),
-        ] {
-            assert!(m.domain_to_namespace(bad).is_err(), "{bad:?}");
         }
     }
 

@@ -77,6 +77,18 @@ pub struct PodIdentityArgs {
     /// System namespaces besides kube-*, comma-separated.
     #[arg(long, env = "SYSTEM_NAMESPACES", value_delimiter = ',')]
     pub system_namespaces: Vec<String>,
+    /// Put before every tenant namespace's domain (`acme.` + `payments` = `acme.payments`), as
+    /// k8s-athenz-sia's ATHENZ_PREFIX; empty: none.
+    #[arg(long, env = "DOMAIN_PREFIX", default_value = "")]
+    pub domain_prefix: String,
+    /// Put after every tenant namespace's domain, as k8s-athenz-sia's ATHENZ_SUFFIX; empty: none.
+    #[arg(long, env = "DOMAIN_SUFFIX", default_value = "")]
+    pub domain_suffix: String,
+    /// The domains a namespace may name in its athenz.io/domain annotation, comma-separated
+    /// (`acme.payments`, `acme.*` for any below acme); empty (the default): the annotation is
+    /// refused and no namespace is read.
+    #[arg(long, env = "DOMAIN_ANNOTATION_ALLOW", value_delimiter = ',')]
+    pub domain_annotation_allow: Vec<String>,
 }
 
 impl PodIdentityArgs {
@@ -98,7 +110,16 @@ impl PodIdentityArgs {
                 "--admin-domain/--system-namespaces (ADMIN_DOMAIN/SYSTEM_NAMESPACES)",
                 e,
             )
-        })
+        })?
+        .with_affixes(&self.domain_prefix, &self.domain_suffix)
+        .map_err(|e| {
+            StartError::new(
+                "--domain-prefix/--domain-suffix (DOMAIN_PREFIX/DOMAIN_SUFFIX)",
+                e,
+            )
+        })?
+        .with_annotation_allow(&self.domain_annotation_allow)
+        .map_err(|e| StartError::new("--domain-annotation-allow (DOMAIN_ANNOTATION_ALLOW)", e))
     }
 }
 

@@ -266,6 +266,33 @@ fn legacy_kubelet_authz_grants_nodes_proxy_instead_of_nodes_pods() {
 }
 
 #[test]
+fn domain_annotations_let_the_agent_and_the_callback_get_namespaces_and_nothing_else() {
+    let base = base();
+    let rendered = with_component("domain-annotations");
+    let c = changes(&base, &rendered);
+    let agent = key("ClusterRole", "", "athenz-agent");
+    let callback = key("ClusterRole", "", "athenz-callback");
+    assert_eq!(c.changed, [agent.clone(), callback.clone()]);
+    assert!(c.added.is_empty() && c.removed.is_empty());
+    let get_namespaces =
+        serde_json::json!({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]});
+    for role in [agent, callback] {
+        let before = base[&role]["rules"].as_array().unwrap();
+        let after = rendered[&role]["rules"].as_array().unwrap();
+        assert_eq!(
+            &after[..before.len()],
+            &before[..],
+            "{role:?}: the base's rules stay"
+        );
+        assert_eq!(
+            &after[before.len()..],
+            std::slice::from_ref(&get_namespaces),
+            "{role:?}"
+        );
+    }
+}
+
+#[test]
 fn csi_only_mounts_no_flex_dir_and_injects_csi_files() {
     let base = base();
     let rendered = with_component("csi-only");
@@ -492,6 +519,7 @@ fn network_policies_select_the_control_plane_and_open_its_ports() {
 fn every_component_has_its_test() {
     let tested = [
         "csi-only",
+        "domain-annotations",
         "external-zts",
         "gke",
         "ipv6",

@@ -422,7 +422,24 @@ fn the_workload_and_cluster_values_change_what_they_name() {
         "monitoring.labels.release=kube-prometheus-stack",
         "--set",
         "existingSecrets.athenz-callback-key=vault-callback-key",
+        "--set",
+        "domainPrefix=acme.",
+        "--set",
+        "domainAnnotationAllow={acme.*,legacy.billing}",
+        "--set",
+        "components.domainAnnotations=true",
     ]);
+    for ns in ["athenz-system", "k8s-admin"] {
+        let settings = &chart[&key("ConfigMap", ns, "athenz-cluster")]["data"];
+        assert_eq!(settings["DOMAIN_PREFIX"], "acme.");
+        assert_eq!(settings["DOMAIN_SUFFIX"], "");
+        assert_eq!(settings["DOMAIN_ANNOTATION_ALLOW"], "acme.*,legacy.billing");
+    }
+    assert!(
+        chart[&key("ClusterRole", "", "athenz-callback")]["rules"]
+            .to_string()
+            .contains("namespaces")
+    );
     let volumes = callback_volumes(&chart);
     assert!(
         volumes.contains("\"secretName\":\"vault-callback-key\""),
@@ -582,6 +599,10 @@ fn an_install_that_could_not_work_is_refused_by_name() {
                 "existingSecrets.athenz-callback-key=mine",
             ],
             "serviceKeys.athenz-callback and existingSecrets.athenz-callback-key",
+        ),
+        (
+            vec!["--set", "domainAnnotationAllow[0]=acme.*"],
+            "domainAnnotationAllow: set components.domainAnnotations too",
         ),
     ] {
         let err = helm_template_error(&args);
