@@ -298,8 +298,26 @@ impl Scenario {
             })
     }
 
+    /// The domain the release maps `ns` to: its `athenz.io/domain` annotation when it has one
+    /// (the cluster then allows it, or the pod gets no identity), else the namespace with each
+    /// `-` as `.`.
+    pub fn namespace_domain(&self, ns: &str) -> anyhow::Result<String> {
+        let annotation = self.kubectl.run(&[
+            "get",
+            "namespace",
+            ns,
+            "-o",
+            "jsonpath={.metadata.annotations.athenz\\.io/domain}",
+        ])?;
+        Ok(match annotation.trim() {
+            "" => ns.replace('-', "."),
+            named => named.to_owned(),
+        })
+    }
+
     /// Reads the certificate and CA the app container of `pod` sees and checks them against the
-    /// pod: the chain verifies to the ZTS CA (openssl), the CN is `<domain>.<service account>`,
+    /// pod: the chain verifies to the ZTS CA (openssl), the CN is `<domain>.<service account>`
+    /// (the domain as [`Self::namespace_domain`] says),
     /// the pod's IP is its IP SAN (in files mode only if the volume asks for it: `ipSAN`) and its
     /// SPIFFE id names the service account.
     pub fn check_identity(
@@ -345,7 +363,7 @@ impl Scenario {
         };
         let root = std::fs::read_to_string(&self.zts_ca)
             .with_context(|| format!("reading {}", self.zts_ca.display()))?;
-        let domain = ns.replace('-', ".");
+        let domain = self.namespace_domain(ns)?;
         let expected = format!("{domain}.{sa}");
         let names_pod_ip = mode != VolumeMode::CsiFiles || files_volume_names_pod_ip(&json);
         // files mode: the first certificate is issued at NodePublishVolume, before the pod has
@@ -381,7 +399,7 @@ impl Scenario {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        let spiffe = spiffe_id(ns, sa);
+        let spiffe = format!("spiffe://{domain}/sa/{sa}");
         if !cert.uris.contains(&spiffe) {
             bail!(
                 "{ns}/{pod}: {spiffe} is not among the URI SANs {:?}",
