@@ -46,34 +46,34 @@ pub struct Seen {
     pub seen: BTreeSet<String>,
 }
 
-/// The service accounts of opted-in namespaces in `kubectl`'s answers (as [`tenants_of`] reads
-/// them), as `<namespace>/<name>`, whether or not they could be registered.
-pub fn seen_in(namespaces: &str, service_accounts: &str) -> BTreeSet<String> {
-    let opted_in: BTreeSet<&str> = namespaces.split_whitespace().collect();
-    service_accounts
-        .lines()
-        .map(str::trim)
-        .filter(|line| {
-            line.split_once('/')
-                .is_some_and(|(namespace, _)| opted_in.contains(namespace))
-        })
-        .map(str::to_owned)
-        .collect()
+/// What one round of `kubectl`'s answers says.
+#[derive(Debug, Default)]
+pub struct Registrations {
+    /// The services to register.
+    pub tenants: Tenants,
+    /// Every service account of an opted-in namespace, registered or not, as
+    /// `<namespace>/<name>` ([`SEEN_FILE`]).
+    pub seen: BTreeSet<String>,
+    /// Why each one left out was.
+    pub skipped: Vec<String>,
 }
 
 /// The tenants in `kubectl`'s two answers: `namespaces` (the opted-in namespaces' names,
 /// separated by white space) and `service_accounts` (`<namespace>/<name>` a line, every
 /// namespace's). A namespace that maps to no tenant domain (a system namespace, one mapping
 /// into the admin domain, a malformed name) or a service account that is no Athenz service name
-/// is left out and named in `skipped`.
-pub fn tenants_of(
+/// is left out and named in `skipped`; it is seen all the same.
+pub fn registrations(
     mapper: &DomainMapper,
     namespaces: &str,
     service_accounts: &str,
-    skipped: &mut Vec<String>,
-) -> Tenants {
+) -> Registrations {
     let opted_in: BTreeSet<&str> = namespaces.split_whitespace().collect();
-    let mut tenants = Tenants::new();
+    let Registrations {
+        mut tenants,
+        mut seen,
+        mut skipped,
+    } = Registrations::default();
     for line in service_accounts.lines().filter(|l| !l.trim().is_empty()) {
         let Some((namespace, account)) = line.trim().split_once('/') else {
             skipped.push(format!("{line:?}: not <namespace>/<name>"));
@@ -82,6 +82,7 @@ pub fn tenants_of(
         if !opted_in.contains(namespace) {
             continue;
         }
+        seen.insert(line.trim().to_owned());
         if mapper.is_system_namespace(namespace) {
             skipped.push(format!("namespace {namespace:?}: a system namespace"));
             continue;
@@ -103,7 +104,11 @@ pub fn tenants_of(
         }
         tenants.insert((domain, account.to_owned()));
     }
-    tenants
+    Registrations {
+        tenants,
+        seen,
+        skipped,
+    }
 }
 
 /// `base` with `tenants` registered: the provider launches every service of each tenant domain
@@ -164,8 +169,11 @@ pub async fn follow(
         .await;
         match answer {
             Ok(Ok((namespaces, accounts))) => {
-                let mut skipped = Vec::new();
-                let tenants = tenants_of(&mapper, &namespaces, &accounts, &mut skipped);
+                let Registrations {
+                    tenants,
+                    seen,
+                    skipped,
+                } = registrations(&mapper, &namespaces, &accounts);
                 if known.as_ref() != Some(&tenants) {
                     for reason in &skipped {
                         tracing::warn!(%reason, "not registered with ZTS");
@@ -189,7 +197,7 @@ pub async fn follow(
                     }
                 }
                 if known.is_some() {
-                    write_seen(&seen_file, &mut written, seen_in(&namespaces, &accounts));
+                    write_seen(&seen_file, &mut written, seen);
                 }
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "asking the API for the tenants"),
@@ -223,12 +231,12 @@ mod tests {
 
     #[test]
     fn each_opted_in_namespace_is_a_domain_and_its_accounts_its_services() {
-        let mut skipped = Vec::new();
-        let tenants = tenants_of(
+        let Registrations {
+            tenants, skipped, ..
+        } = registrations(
             &mapper(),
             "media-sports bank-vault\n",
             "media-sports/api\nmedia-sports/default\nbank-vault/stats\nnews-feed/web\n",
-            &mut skipped,
         );
         let expected: Tenants = [
             ("bank.vault", "stats"),
@@ -244,16 +252,16 @@ mod tests {
 
     #[test]
     fn what_is_no_tenant_is_left_out_by_name() {
-        let mut skipped = Vec::new();
         let long = "a".repeat(300);
-        let tenants = tenants_of(
+        let Registrations {
+            tenants, skipped, ..
+        } = registrations(
             &mapper(),
             &format!("kube-system athenz-system k8s-admin-x Bad_NS {long} shop"),
             &format!(
                 "kube-system/coredns\nathenz-system/agent\nk8s-admin-x/evil\nBad_NS/x\n\
                  {long}/y\nshop/../etc\nshop/no slash here\nno-slash\n\nshop/cart\n"
             ),
-            &mut skipped,
         );
         assert_eq!(
             tenants.into_iter().collect::<Vec<_>>(),
@@ -274,10 +282,12 @@ mod tests {
 
     #[test]
     fn seen_are_the_opted_in_namespaces_accounts_registered_or_not() {
-        let seen = seen_in(
+        let seen = registrations(
+            &mapper(),
             "bank-vault k8s-admin-evil",
             "bank-vault/stats\nk8s-admin-evil/evil\nnews-feed/web\n",
-        );
+        )
+        .seen;
         assert_eq!(
             seen.into_iter().collect::<Vec<_>>(),
             ["bank-vault/stats", "k8s-admin-evil/evil"]

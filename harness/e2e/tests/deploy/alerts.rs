@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn deploy() -> PathBuf {
@@ -48,20 +48,35 @@ fn test_dir() -> (tempfile::TempDir, Vec<String>) {
     (dir, tests)
 }
 
-#[test]
-fn the_rules_pass_promtools_check() {
-    let (dir, _) = test_dir();
+/// `promtool <args>` in `dir`: whether it passed, and what it printed.
+fn promtool_in(dir: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(promtool())
-        .args(["check", "rules", "rules.yaml"])
-        .current_dir(dir.path())
+        .args(args)
+        .current_dir(dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
+    let said = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    (out.status.success(), said)
+}
+
+/// `promtool test rules <tests>` in `dir`.
+fn test_rules(dir: &Path, tests: &[String]) -> (bool, String) {
+    let args: Vec<&str> = ["test", "rules"]
+        .into_iter()
+        .chain(tests.iter().map(String::as_str))
+        .collect();
+    promtool_in(dir, &args)
+}
+
+#[test]
+fn the_rules_pass_promtools_check() {
+    let (dir, _) = test_dir();
+    let (passed, said) = promtool_in(dir.path(), &["check", "rules", "rules.yaml"]);
+    assert!(passed, "{said}");
 }
 
 /// One agent stopped on a three-node cluster fires the per-node alert for that node alone; a
@@ -70,18 +85,8 @@ fn the_rules_pass_promtools_check() {
 fn the_per_node_agent_alerts_fire_for_the_node_whose_agent_is_down() {
     let (dir, tests) = test_dir();
     assert!(tests.contains(&"agents.test.yaml".to_owned()), "{tests:?}");
-    let out = Command::new(promtool())
-        .args(["test", "rules"])
-        .args(&tests)
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success() && said.contains("SUCCESS"), "{said}");
+    let (passed, said) = test_rules(dir.path(), &tests);
+    assert!(passed && said.contains("SUCCESS"), "{said}");
 }
 
 /// The unit tests can fail: a rule file whose per-node alert no longer selects a stopped agent
@@ -96,20 +101,7 @@ fn a_broken_per_node_rule_fails_the_unit_tests() {
     );
     assert_ne!(broken, rules, "the per-node expression was not found");
     std::fs::write(dir.path().join("rules.yaml"), broken).unwrap();
-    let out = Command::new(promtool())
-        .args(["test", "rules"])
-        .args(&tests)
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        !out.status.success(),
-        "promtool passed a broken rule: {said}"
-    );
+    let (passed, said) = test_rules(dir.path(), &tests);
+    assert!(!passed, "promtool passed a broken rule: {said}");
     assert!(said.contains("alertname: AthenzAgentDown"), "{said}");
 }
