@@ -8,7 +8,8 @@ use time::OffsetDateTime;
 
 /// When to refresh a certificate: at `fraction` of its lifetime, minus up to `jitter` of the
 /// lifetime at random (so a fleet issued together does not refresh together), and never sooner
-/// than `min_delay` nor later than `max_delay` from now.
+/// than `min_delay` (nor a quarter of the time the certificate has left, if that is sooner) nor
+/// later than `max_delay` from now.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RefreshPolicy {
     /// Point of the lifetime at which to refresh, in `(0, 1]`.
@@ -69,11 +70,14 @@ impl RefreshPolicy {
         let share = self.fraction - self.jitter * random.clamp(0.0, 1.0);
         let target = not_before + time::Duration::seconds_f64(lifetime * share);
         let wait = (target - now).as_seconds_f64().max(0.0);
+        // The minimum never spends more than a quarter of the time left: a certificate found
+        // past its refresh point (a process restarted late in a short lifetime) must get its
+        // attempts before it expires, as `Backoff::delay_before_expiry` caps its waits.
+        let left = (not_after - now).as_seconds_f64();
+        let floor = self.min_delay.min(Duration::from_secs_f64(left / 4.0));
         // max-then-min rather than clamp: a minimum configured above the maximum must not panic;
         // the maximum (the operator's "at the latest") wins.
-        Duration::from_secs_f64(wait)
-            .max(self.min_delay)
-            .min(self.max_delay)
+        Duration::from_secs_f64(wait).max(floor).min(self.max_delay)
     }
 }
 
@@ -233,6 +237,27 @@ mod tests {
             p.delay(t(0), t(10), t(0), -3.0),
             p.delay(t(0), t(10), t(0), 0.0)
         );
+    }
+
+    #[test]
+    fn the_minimum_never_outlasts_a_quarter_of_what_is_left() {
+        // a one-minute certificate found 41 s in (an agent restarted late): 19 s left, so the
+        // 10 s minimum would leave 9 s for every attempt; a quarter of what is left is 4.75 s
+        let p = RefreshPolicy {
+            min_delay: Duration::from_secs(10),
+            ..RefreshPolicy::default()
+        };
+        assert_eq!(
+            p.delay(t(0), t(60), t(41), 0.5),
+            Duration::from_millis(4750)
+        );
+        // with time enough left the minimum holds
+        assert_eq!(
+            p.delay(t(0), t(HOUR), t(HOUR - 100), 0.5),
+            Duration::from_secs(10)
+        );
+        // the refresh point still in the future: unchanged
+        assert_eq!(p.delay(t(0), t(60), t(0), 0.0), Duration::from_secs(42));
     }
 
     #[test]
