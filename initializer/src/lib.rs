@@ -6,6 +6,7 @@
 pub mod live_template;
 pub mod mutate;
 pub mod review;
+pub mod serving_ca;
 pub mod template;
 
 use athenz_core::daemon::{OpsArgs, Shutdown, StartError};
@@ -13,7 +14,7 @@ use athenz_core::http::{
     Body, ConnInfo, Handler, HttpMetrics, Listener, Readiness, Server, ServerLimits,
     error_response, json_response,
 };
-use athenz_core::tls::{self, PrincipalAllowList, ReloadingIdentity};
+use athenz_core::tls::{self, InMemoryIdentity, PrincipalAllowList, ReloadingIdentity};
 use bytes::Bytes;
 use clap::Parser;
 use http::{Method, Request, Response, StatusCode};
@@ -40,12 +41,30 @@ pub struct Config {
     /// Address of the webhook (HTTPS).
     #[arg(long, env = "LISTEN", default_value = "0.0.0.0:8443")]
     pub listen: SocketAddr,
-    /// Server certificate (PEM), reloaded when it changes.
-    #[arg(long, env = "TLS_CERT_FILE")]
-    pub tls_cert: PathBuf,
+    /// Server certificate (PEM), reloaded when it changes: from control SIA, cert-manager or
+    /// another issuer. Set this with --tls-key, or --serving-ca-secret instead.
+    #[arg(long, env = "TLS_CERT_FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
     /// Server key (PEM).
-    #[arg(long, env = "TLS_KEY_FILE")]
-    pub tls_key: PathBuf,
+    #[arg(long, env = "TLS_KEY_FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve a certificate from the initializer's own CA, kept in this Secret
+    /// (NAMESPACE/NAME, created empty by the install) and put in --webhook-configuration's
+    /// caBundle: admission then never needs ZTS. Instead of --tls-cert/--tls-key.
+    #[arg(long, env = "SERVING_CA_SECRET", conflicts_with_all = ["tls_cert", "tls_key"], requires_all = ["webhook_configuration", "serving_dns_names"])]
+    pub serving_ca_secret: Option<String>,
+    /// The MutatingWebhookConfiguration whose caBundle follows the CA (--serving-ca-secret).
+    #[arg(long, env = "WEBHOOK_CONFIGURATION", requires = "serving_ca_secret")]
+    pub webhook_configuration: Option<String>,
+    /// DNS names of the serving certificate (--serving-ca-secret): the webhook Service's,
+    /// as the webhook configuration calls it (`<service>.<namespace>.svc`), comma-separated.
+    #[arg(
+        long,
+        env = "SERVING_DNS_NAMES",
+        value_delimiter = ',',
+        requires = "serving_ca_secret"
+    )]
+    pub serving_dns_names: Vec<String>,
     /// CA of the client certificate the API server presents. The API server presents one only when
     /// its AdmissionConfiguration gives it a kubeconfig for this webhook; set this (with
     /// --allowed-principals) when it does, and the webhook then refuses every other caller.
@@ -165,8 +184,19 @@ pub async fn start(
         live_template::LiveTemplate::load(&config.template, install)
             .map_err(|e| StartError::new("--template (TEMPLATE_FILE)", e))?,
     );
-    let identity = ReloadingIdentity::load(&config.tls_cert, &config.tls_key)
-        .map_err(|e| StartError::new("--tls-cert/--tls-key (TLS_CERT_FILE/TLS_KEY_FILE)", e))?;
+    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_initializer");
+    let mut background = vec![Arc::clone(&template).spawn_watcher(config.tls_reload_interval)];
+    let identity: Arc<dyn rustls::server::ResolvesServerCert> =
+        match serving_identity(&config, &mut registry).await? {
+            ServingIdentity::Files(files) => {
+                background.push(files.clone().spawn_watcher(config.tls_reload_interval));
+                files
+            }
+            ServingIdentity::OwnCa(memory, keeper) => {
+                background.push(keeper);
+                memory
+            }
+        };
     let (server_config, allowed) = match &config.client_ca {
         Some(ca) => {
             let cas = tls::read_certs_file(ca)
@@ -198,7 +228,6 @@ pub async fn start(
         .local_addr()
         .map_err(|e| StartError::new("--listen (LISTEN)", e))?;
     let ops_listener = config.ops.bind().await?;
-    let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_initializer");
     let http_metrics = HttpMetrics::register_tls(&mut registry);
     let reviews = Family::<ReviewLabels, Counter>::default();
     registry.register("reviews", "Admission reviews, by outcome", reviews.clone());
@@ -232,15 +261,115 @@ pub async fn start(
         ops_listener,
         registry,
         readiness,
-        vec![
-            identity.spawn_watcher(config.tls_reload_interval),
-            template.spawn_watcher(config.tls_reload_interval),
-        ],
+        background,
         server.serve(shutdown.wait()),
         &shutdown,
     )?;
     tracing::info!(api = %bound.api, ops = %bound.ops, "initializer listening");
     Ok((bound, task))
+}
+
+/// Where the serving certificate comes from.
+enum ServingIdentity {
+    /// Files another issuer writes (--tls-cert/--tls-key).
+    Files(Arc<ReloadingIdentity>),
+    /// The initializer's own CA (--serving-ca-secret), with the task keeping it.
+    OwnCa(Arc<InMemoryIdentity>, tokio::task::JoinHandle<()>),
+}
+
+async fn serving_identity(
+    config: &Config,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<ServingIdentity, StartError> {
+    let secret_setting = "--serving-ca-secret (SERVING_CA_SECRET)";
+    let Some(secret) = &config.serving_ca_secret else {
+        let files = "--tls-cert/--tls-key (TLS_CERT_FILE/TLS_KEY_FILE)";
+        let (Some(cert), Some(key)) = (&config.tls_cert, &config.tls_key) else {
+            return Err(StartError::new(
+                files,
+                format!("required unless {secret_setting} is set"),
+            ));
+        };
+        let identity = ReloadingIdentity::load(cert, key).map_err(|e| StartError::new(files, e))?;
+        return Ok(ServingIdentity::Files(identity));
+    };
+    let (namespace, name) = secret
+        .split_once('/')
+        .filter(|(ns, name)| {
+            athenz_core::names::validate_dns_label("namespace", ns).is_ok()
+                && athenz_core::names::validate_dns_subdomain("name", name).is_ok()
+        })
+        .ok_or_else(|| {
+            StartError::new(
+                secret_setting,
+                format!("{secret:?} is not NAMESPACE/NAME of a Secret"),
+            )
+        })?;
+    let webhook = config
+        .webhook_configuration
+        .as_deref()
+        .filter(|w| athenz_core::names::validate_dns_subdomain("name", w).is_ok())
+        .ok_or_else(|| {
+            StartError::new(
+                "--webhook-configuration (WEBHOOK_CONFIGURATION)",
+                "the name of a MutatingWebhookConfiguration is required with --serving-ca-secret",
+            )
+        })?;
+    let dns_names: Vec<String> = config
+        .serving_dns_names
+        .iter()
+        .filter(|n| !n.is_empty())
+        .cloned()
+        .collect();
+    if dns_names.is_empty()
+        || dns_names
+            .iter()
+            .any(|n| athenz_core::names::validate_dns_subdomain("DNS name", n).is_err())
+    {
+        return Err(StartError::new(
+            "--serving-dns-names (SERVING_DNS_NAMES)",
+            format!(
+                "{:?}: DNS names of the webhook Service are required",
+                config.serving_dns_names
+            ),
+        ));
+    }
+    let client = kube_client()
+        .await
+        .map_err(|e| StartError::new(secret_setting, e))?;
+    let api = serving_ca::api::KubeCaApi::new(client, namespace, name, webhook, API_TIMEOUT);
+    let memory = Arc::new(InMemoryIdentity::default());
+    let keeper = serving_ca::Keeper::new(api, dns_names, Arc::clone(&memory));
+    let checks = Family::<serving_ca::CheckLabels, Counter>::default();
+    registry.register(
+        "serving_ca_checks",
+        "Checks of the webhook CA, its caBundle and this replica's serving certificate, by outcome",
+        checks.clone(),
+    );
+    let expiry = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    registry.register(
+        "serving_certificate_expiry_seconds",
+        "When this replica's serving certificate expires (Unix seconds); renewed at two-thirds of its life",
+        expiry.clone(),
+    );
+    let task = serving_ca::start(keeper, checks, expiry)
+        .await
+        .map_err(|e| StartError::new(secret_setting, e))?;
+    Ok(ServingIdentity::OwnCa(memory, task))
+}
+
+/// Each call to the Kubernetes API for the serving CA.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The in-cluster Kubernetes client (or the kubeconfig's, outside a cluster).
+async fn kube_client() -> Result<kube::Client, String> {
+    let mut config = kube::Config::infer()
+        .await
+        .map_err(|e| format!("no in-cluster config or kubeconfig: {e}"))?;
+    config.connect_timeout = Some(API_TIMEOUT);
+    config.read_timeout = Some(API_TIMEOUT);
+    config.write_timeout = Some(API_TIMEOUT);
+    kube::Client::try_from(config).map_err(|e| e.to_string())
 }
 
 /// The `athenz-initializer` command: parses `args` (the program name first; a bad setting exits 2 with

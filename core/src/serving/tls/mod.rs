@@ -342,6 +342,14 @@ impl InMemoryIdentity {
     }
 }
 
+impl ResolvesServerCert for InMemoryIdentity {
+    /// The pair being served; until one is set every handshake fails (the admission webhook
+    /// with its own CA sets one before it listens).
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.current()
+    }
+}
+
 impl ResolvesClientCert for InMemoryIdentity {
     fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
         self.current()
@@ -405,7 +413,7 @@ impl IssuerCheck {
 
 /// A server config that requires a client certificate chaining to `client_cas`.
 pub fn server_config(
-    identity: Arc<ReloadingIdentity>,
+    identity: Arc<dyn ResolvesServerCert>,
     client_cas: &[CertificateDer<'static>],
 ) -> Result<Arc<ServerConfig>, TlsError> {
     server_config_with(identity, client_cas, ClientAuth::Required)
@@ -413,7 +421,7 @@ pub fn server_config(
 
 /// A server config with the given client-certificate policy.
 pub fn server_config_with(
-    identity: Arc<ReloadingIdentity>,
+    identity: Arc<dyn ResolvesServerCert>,
     client_cas: &[CertificateDer<'static>],
     client_auth: ClientAuth,
 ) -> Result<Arc<ServerConfig>, TlsError> {
@@ -456,7 +464,7 @@ pub fn server_config_reloading(
 /// Kubernetes API server calls without one unless it is given a kubeconfig for that webhook; every
 /// other server here requires client certificates.
 pub fn server_config_without_client_auth(
-    identity: Arc<ReloadingIdentity>,
+    identity: Arc<dyn ResolvesServerCert>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

@@ -1,0 +1,291 @@
+//! The webhook's serving certificate without ZTS (docs/design.md §4.7): the initializer keeps
+//! its own CA in a Secret, puts it in its MutatingWebhookConfiguration's `caBundle`, and each
+//! replica serves a certificate it signs for itself with a key that stays in its memory. Pod
+//! admission then needs the API server and an initializer replica, never ZTS: a replica started
+//! during a ZTS outage of any length is serving within a second.
+//!
+//! Each check (at start, then every [`CHECK_EVERY`]):
+//! 1. the CA: the Secret's, or a new one when it has none, an unusable one, or one past
+//!    two-thirds of its life; the replaced CA is kept as `previous-ca.crt`. Replicas racing to
+//!    write it are ordered by the Secret's `resourceVersion`: the loser reads the winner's.
+//! 2. the bundle: the CA, then the previous CA while it is valid, in every webhook's
+//!    `caBundle`; written only when it differs.
+//! 3. the serving certificate: signed again once the CA changed or it is past two-thirds of its
+//!    life, and only after step 2 (the API server trusts the CA before it is shown one).
+//!
+//! A failed check (the API away) keeps what is served and tries again at the next; the serving
+//! certificate lives [`pki::SERVING_LIFETIME`], far longer than any retry.
+
+pub mod api;
+pub mod pki;
+
+use api::{ApiError, CA_CERT_KEY, CA_KEY_KEY, CaApi, PREVIOUS_CA_CERT_KEY};
+use athenz_core::crypto::CertInfo;
+use athenz_core::tls::{self, InMemoryIdentity};
+use pki::{PkiError, ServingPair, WebhookCa};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use time::OffsetDateTime;
+
+/// How often a replica checks the CA, the bundle and its serving certificate: two reads of the
+/// API a minute per replica.
+pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+/// Writes of the Secret lost to another replica before a check gives up until the next.
+const MAX_RACES: usize = 3;
+
+/// Why a check did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum KeepError {
+    /// The Kubernetes API.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// Making or reading a certificate.
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+    /// Other replicas kept writing the Secret.
+    #[error("the CA Secret changed under this replica {MAX_RACES} times running")]
+    Raced,
+    /// The signed pair could not be served.
+    #[error("serving the new certificate: {0}")]
+    Serving(String),
+}
+
+/// What one check did, for the log and the metrics.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct CheckReport {
+    /// A new CA was written to the Secret (and why).
+    pub new_ca: Option<String>,
+    /// The webhooks' bundle was written.
+    pub bundle_written: bool,
+    /// A new serving certificate is served.
+    pub new_serving: bool,
+}
+
+/// The CA in use and the one it replaced.
+struct CaSet {
+    current: WebhookCa,
+    previous: Option<CertInfo>,
+    previous_pem: Option<String>,
+}
+
+impl CaSet {
+    /// The bundle the webhooks must carry at `now`: the CA, then the previous one while valid.
+    fn bundle(&self, now: OffsetDateTime) -> Vec<u8> {
+        let mut bundle = self.current.cert_pem.clone();
+        if let (Some(info), Some(pem)) = (&self.previous, &self.previous_pem)
+            && info.is_valid_at(now)
+        {
+            bundle.push_str(pem);
+        }
+        bundle.into_bytes()
+    }
+}
+
+/// Why the stored CA cannot be used as it is, if it cannot.
+fn stored_ca(data: &BTreeMap<String, Vec<u8>>, now: OffsetDateTime) -> Result<CaSet, String> {
+    let text = |key: &str| {
+        data.get(key)
+            .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
+    };
+    let (Some(cert), Some(key)) = (text(CA_CERT_KEY), text(CA_KEY_KEY)) else {
+        return Err("the Secret holds no CA yet".to_owned());
+    };
+    let current = WebhookCa::from_pem(&cert, &key).map_err(|e| e.to_string())?;
+    if current.due(now) {
+        return Err(format!(
+            "the CA (serial {}) is past two-thirds of its life, valid until {}",
+            current.info.serial_hex, current.info.not_after
+        ));
+    }
+    let previous_pem = text(PREVIOUS_CA_CERT_KEY);
+    // a previous CA that does not parse is dropped from the bundle, not trusted blindly
+    let previous = previous_pem
+        .as_deref()
+        .and_then(|pem| CertInfo::from_pem(pem).ok());
+    Ok(CaSet {
+        current,
+        previous_pem: previous.as_ref().and(previous_pem),
+        previous,
+    })
+}
+
+/// Keeps one replica's serving certificate, the shared CA and the webhooks' bundle in step.
+pub struct Keeper<A> {
+    api: A,
+    dns_names: Vec<String>,
+    identity: Arc<InMemoryIdentity>,
+    serving: Mutex<Option<ServingPair>>,
+}
+
+impl<A: CaApi> Keeper<A> {
+    /// Serves, through `identity`, certificates for `dns_names` under the CA kept through `api`.
+    pub fn new(api: A, dns_names: Vec<String>, identity: Arc<InMemoryIdentity>) -> Self {
+        Self {
+            api,
+            dns_names,
+            identity,
+            serving: Mutex::new(None),
+        }
+    }
+
+    /// The serving certificate's end, once one is served.
+    pub fn serving_not_after(&self) -> Option<OffsetDateTime> {
+        self.lock_serving().as_ref().map(|p| p.info.not_after)
+    }
+
+    fn lock_serving(&self) -> std::sync::MutexGuard<'_, Option<ServingPair>> {
+        self.serving.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One check at `now` (see the module's steps).
+    pub async fn check(&self, now: OffsetDateTime) -> Result<CheckReport, KeepError> {
+        let mut report = CheckReport::default();
+        let cas = self.ca(now, &mut report).await?;
+        let bundle = cas.bundle(now);
+        let bundles = self.api.bundles().await?;
+        if bundles.iter().any(|b| *b != bundle) {
+            if !self.api.set_bundles(&bundle).await? {
+                // changed meanwhile: serve nothing new until the bundle is known to be right
+                return Ok(report);
+            }
+            report.bundle_written = true;
+        }
+        let renew = self
+            .lock_serving()
+            .as_ref()
+            .is_none_or(|pair| pair.due(&cas.current, now));
+        if renew {
+            let pair = cas.current.sign_serving(&self.dns_names, now)?;
+            let key = tls::certified_key_from_pem(&pair.cert_pem, pair.key_pem.expose())
+                .map_err(|e| KeepError::Serving(e.to_string()))?;
+            self.identity.set(key);
+            *self.lock_serving() = Some(pair);
+            report.new_serving = true;
+        }
+        Ok(report)
+    }
+
+    /// The CA to use: the stored one, or a new one written in its place.
+    async fn ca(&self, now: OffsetDateTime, report: &mut CheckReport) -> Result<CaSet, KeepError> {
+        for _ in 0..MAX_RACES {
+            let stored = self.api.read_ca().await?;
+            let why = match stored_ca(&stored.data, now) {
+                Ok(set) => return Ok(set),
+                Err(why) => why,
+            };
+            let next = WebhookCa::generate(now)?;
+            let mut data = BTreeMap::new();
+            data.insert(CA_CERT_KEY.to_owned(), next.cert_pem.clone().into_bytes());
+            data.insert(
+                CA_KEY_KEY.to_owned(),
+                next.key_pem.expose().as_bytes().to_vec(),
+            );
+            // the CA being replaced stays trusted until it expires, if it is a CA at all
+            let previous = stored
+                .data
+                .get(CA_CERT_KEY)
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .filter(|pem| {
+                    CertInfo::from_pem(pem).is_ok_and(|info| info.is_ca && info.is_valid_at(now))
+                });
+            if let Some(pem) = &previous {
+                data.insert(PREVIOUS_CA_CERT_KEY.to_owned(), pem.clone().into_bytes());
+            }
+            if self.api.write_ca(data, &stored.version).await? {
+                tracing::info!(serial = %next.info.serial_hex, reason = %why, "wrote a new webhook CA");
+                report.new_ca = Some(why);
+                let previous_info = previous.as_deref().and_then(|p| CertInfo::from_pem(p).ok());
+                return Ok(CaSet {
+                    current: next,
+                    previous: previous_info,
+                    previous_pem: previous,
+                });
+            }
+        }
+        Err(KeepError::Raced)
+    }
+}
+
+/// The longest a replica waits at start for its first certificate (the API server down or the
+/// Secret missing) before it exits and kubelet starts it again.
+pub const FIRST_CHECK_WITHIN: Duration = Duration::from_secs(60);
+
+/// Checks at start until a certificate is served (at most [`FIRST_CHECK_WITHIN`]), then every
+/// [`CHECK_EVERY`] until the process ends; `expiry` follows the served certificate's end.
+pub async fn start<A: CaApi + 'static>(
+    keeper: Keeper<A>,
+    checks: prometheus_client::metrics::family::Family<
+        CheckLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    expiry: prometheus_client::metrics::gauge::Gauge,
+) -> Result<tokio::task::JoinHandle<()>, KeepError> {
+    let keeper = Arc::new(keeper);
+    let record = {
+        let keeper = Arc::clone(&keeper);
+        move |result: &Result<CheckReport, KeepError>| {
+            let outcome = match result {
+                Ok(_) => "ok",
+                Err(_) => "failed",
+            };
+            checks.get_or_create(&CheckLabels { outcome }).inc();
+            if let Some(end) = keeper.serving_not_after() {
+                expiry.set(end.unix_timestamp());
+            }
+        }
+    };
+    let until = tokio::time::Instant::now() + FIRST_CHECK_WITHIN;
+    loop {
+        let result = keeper.check(OffsetDateTime::now_utc()).await;
+        record(&result);
+        match result {
+            Ok(report) => {
+                log(&report);
+                break;
+            }
+            Err(e) if tokio::time::Instant::now() + Duration::from_secs(2) >= until => {
+                return Err(e);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no serving certificate yet; trying again in 2 s");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
+    Ok(tokio::spawn(async move {
+        let mut every = tokio::time::interval(CHECK_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let result = keeper.check(OffsetDateTime::now_utc()).await;
+            record(&result);
+            match result {
+                Ok(report) => log(&report),
+                Err(e) => {
+                    tracing::warn!(error = %e, "webhook CA check failed; serving what it has")
+                }
+            }
+        }
+    }))
+}
+
+fn log(report: &CheckReport) {
+    if report.bundle_written {
+        tracing::info!("wrote the webhook CA bundle");
+    }
+    if report.new_serving {
+        tracing::info!("serving a new webhook certificate");
+    }
+}
+
+/// Labels of the check counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct CheckLabels {
+    /// `ok` or `failed`.
+    pub outcome: &'static str,
+}
+
+#[cfg(test)]
+mod tests;
