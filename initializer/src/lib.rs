@@ -48,9 +48,10 @@ pub struct Config {
     /// Server key (PEM).
     #[arg(long, env = "TLS_KEY_FILE", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-    /// Serve a certificate from the initializer's own CA, kept in this Secret
-    /// (NAMESPACE/NAME, created empty by the install) and put in --webhook-configuration's
-    /// caBundle: admission then never needs ZTS. Instead of --tls-cert/--tls-key.
+    /// Serve a certificate from the initializer's own CA, kept in this Secret (NAME in the
+    /// pod's own namespace, or NAMESPACE/NAME; created empty by the install) and put in
+    /// --webhook-configuration's caBundle: admission then never needs ZTS. Instead of
+    /// --tls-cert/--tls-key.
     #[arg(long, env = "SERVING_CA_SECRET", conflicts_with_all = ["tls_cert", "tls_key"], requires_all = ["webhook_configuration", "serving_dns_names"])]
     pub serving_ca_secret: Option<String>,
     /// The MutatingWebhookConfiguration whose caBundle follows the CA (--serving-ca-secret).
@@ -293,7 +294,15 @@ async fn serving_identity(
         let identity = ReloadingIdentity::load(cert, key).map_err(|e| StartError::new(files, e))?;
         return Ok(ServingIdentity::Files(identity));
     };
-    let (namespace, name) = secret
+    let client = kube_client()
+        .await
+        .map_err(|e| StartError::new(secret_setting, e))?;
+    // NAME alone: the Secret in the pod's own namespace (the in-cluster configuration's)
+    let qualified = match secret.contains('/') {
+        true => secret.clone(),
+        false => format!("{}/{secret}", client.default_namespace()),
+    };
+    let (namespace, name) = qualified
         .split_once('/')
         .filter(|(ns, name)| {
             athenz_core::names::validate_dns_label("namespace", ns).is_ok()
@@ -302,7 +311,7 @@ async fn serving_identity(
         .ok_or_else(|| {
             StartError::new(
                 secret_setting,
-                format!("{secret:?} is not NAMESPACE/NAME of a Secret"),
+                format!("{secret:?} is not the NAME or NAMESPACE/NAME of a Secret"),
             )
         })?;
     let webhook = config
@@ -334,9 +343,6 @@ async fn serving_identity(
             ),
         ));
     }
-    let client = kube_client()
-        .await
-        .map_err(|e| StartError::new(secret_setting, e))?;
     let api = serving_ca::api::KubeCaApi::new(client, namespace, name, webhook, API_TIMEOUT);
     let memory = Arc::new(InMemoryIdentity::default());
     let keeper = serving_ca::Keeper::new(api, dns_names, Arc::clone(&memory));

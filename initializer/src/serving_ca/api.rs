@@ -15,8 +15,11 @@ use std::time::Duration;
 pub const CA_CERT_KEY: &str = "ca.crt";
 /// The Secret's key holding the CA's private key.
 pub const CA_KEY_KEY: &str = "ca.key";
-/// The Secret's key holding the CA replaced last, kept in the bundle until it expires.
+/// The Secret's key holding the CAs replaced last, kept in the bundle for a while.
 pub const PREVIOUS_CA_CERT_KEY: &str = "previous-ca.crt";
+/// The Secret's key holding when the replaced CAs stop being trusted (Unix seconds), when that
+/// is before their own end.
+pub const PREVIOUS_UNTIL_KEY: &str = "previous-until";
 
 /// A call to the API that failed.
 #[derive(Debug, thiserror::Error)]

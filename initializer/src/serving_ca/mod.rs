@@ -6,9 +6,10 @@
 //!
 //! Each check (at start, then every [`CHECK_EVERY`]):
 //! 1. the CA: the Secret's, or a new one when it has none, an unusable one, or one past
-//!    two-thirds of its life; the replaced CA is kept as `previous-ca.crt`. Replicas racing to
-//!    write it are ordered by the Secret's `resourceVersion`: the loser reads the winner's.
-//! 2. the bundle: the CA, then the previous CA while it is valid, in every webhook's
+//!    two-thirds of its life; what it replaces stays trusted for a bounded time (`ca_set`).
+//!    Replicas racing to write it are ordered by the Secret's `resourceVersion`: the loser
+//!    reads the winner's.
+//! 2. the bundle: the CA, then the replaced ones while trusted, in every webhook's
 //!    `caBundle`; written only when it differs.
 //! 3. the serving certificate: signed again once the CA changed or it is past two-thirds of its
 //!    life, and only after step 2 (the API server trusts the CA before it is shown one).
@@ -17,20 +18,21 @@
 //! certificate lives [`pki::SERVING_LIFETIME`], far longer than any retry.
 
 pub mod api;
+mod ca_set;
 pub mod pki;
 
-use api::{ApiError, CA_CERT_KEY, CA_KEY_KEY, CaApi, PREVIOUS_CA_CERT_KEY};
-use athenz_core::crypto::CertInfo;
+use api::{ApiError, CaApi};
 use athenz_core::tls::{self, InMemoryIdentity};
+use ca_set::CaSet;
 use pki::{PkiError, ServingPair, WebhookCa};
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use time::OffsetDateTime;
 
 /// How often a replica checks the CA, the bundle and its serving certificate: two reads of the
-/// API a minute per replica.
-pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+/// API per replica. Short, because it bounds how long the webhook refuses pods after someone
+/// else rewrote its caBundle (a rollback's apply) before the replicas trust both again.
+pub const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Writes of the Secret lost to another replica before a check gives up until the next.
 const MAX_RACES: usize = 3;
 
@@ -60,54 +62,8 @@ pub struct CheckReport {
     pub bundle_written: bool,
     /// A new serving certificate is served.
     pub new_serving: bool,
-}
-
-/// The CA in use and the one it replaced.
-struct CaSet {
-    current: WebhookCa,
-    previous: Option<CertInfo>,
-    previous_pem: Option<String>,
-}
-
-impl CaSet {
-    /// The bundle the webhooks must carry at `now`: the CA, then the previous one while valid.
-    fn bundle(&self, now: OffsetDateTime) -> Vec<u8> {
-        let mut bundle = self.current.cert_pem.clone();
-        if let (Some(info), Some(pem)) = (&self.previous, &self.previous_pem)
-            && info.is_valid_at(now)
-        {
-            bundle.push_str(pem);
-        }
-        bundle.into_bytes()
-    }
-}
-
-/// Why the stored CA cannot be used as it is, if it cannot.
-fn stored_ca(data: &BTreeMap<String, Vec<u8>>, now: OffsetDateTime) -> Result<CaSet, String> {
-    let text = |key: &str| {
-        data.get(key)
-            .map(|bytes| String::from_utf8_lossy(bytes).into_owned())
-    };
-    let (Some(cert), Some(key)) = (text(CA_CERT_KEY), text(CA_KEY_KEY)) else {
-        return Err("the Secret holds no CA yet".to_owned());
-    };
-    let current = WebhookCa::from_pem(&cert, &key).map_err(|e| e.to_string())?;
-    if current.due(now) {
-        return Err(format!(
-            "the CA (serial {}) is past two-thirds of its life, valid until {}",
-            current.info.serial_hex, current.info.not_after
-        ));
-    }
-    let previous_pem = text(PREVIOUS_CA_CERT_KEY);
-    // a previous CA that does not parse is dropped from the bundle, not trusted blindly
-    let previous = previous_pem
-        .as_deref()
-        .and_then(|pem| CertInfo::from_pem(pem).ok());
-    Ok(CaSet {
-        current,
-        previous_pem: previous.as_ref().and(previous_pem),
-        previous,
-    })
+    /// CAs someone else wrote into the webhooks, now trusted for the adoption window.
+    pub adopted: usize,
 }
 
 /// Keeps one replica's serving certificate, the shared CA and the webhooks' bundle in step.
@@ -141,9 +97,19 @@ impl<A: CaApi> Keeper<A> {
     /// One check at `now` (see the module's steps).
     pub async fn check(&self, now: OffsetDateTime) -> Result<CheckReport, KeepError> {
         let mut report = CheckReport::default();
-        let cas = self.ca(now, &mut report).await?;
-        let bundle = cas.bundle(now);
+        let mut cas = self.ca(now, &mut report).await?;
         let bundles = self.api.bundles().await?;
+        if bundles.iter().any(|b| !cas.held_by(b)) {
+            let foreign = cas.foreign(&bundles, now);
+            if !foreign.is_empty() {
+                let Some(adopted) = self.adopt(foreign, now, &mut report).await? else {
+                    // the Secret changed meanwhile: the next check starts from it
+                    return Ok(report);
+                };
+                cas = adopted;
+            }
+        }
+        let bundle = cas.bundle(now);
         if bundles.iter().any(|b| *b != bundle) {
             if !self.api.set_bundles(&bundle).await? {
                 // changed meanwhile: serve nothing new until the bundle is known to be right
@@ -170,40 +136,46 @@ impl<A: CaApi> Keeper<A> {
     async fn ca(&self, now: OffsetDateTime, report: &mut CheckReport) -> Result<CaSet, KeepError> {
         for _ in 0..MAX_RACES {
             let stored = self.api.read_ca().await?;
-            let why = match stored_ca(&stored.data, now) {
+            let why = match ca_set::stored(&stored.data, now) {
                 Ok(set) => return Ok(set),
                 Err(why) => why,
             };
-            let next = WebhookCa::generate(now)?;
-            let mut data = BTreeMap::new();
-            data.insert(CA_CERT_KEY.to_owned(), next.cert_pem.clone().into_bytes());
-            data.insert(
-                CA_KEY_KEY.to_owned(),
-                next.key_pem.expose().as_bytes().to_vec(),
-            );
-            // the CA being replaced stays trusted until it expires, if it is a CA at all
-            let previous = stored
-                .data
-                .get(CA_CERT_KEY)
-                .map(|b| String::from_utf8_lossy(b).into_owned())
-                .filter(|pem| {
-                    CertInfo::from_pem(pem).is_ok_and(|info| info.is_ca && info.is_valid_at(now))
-                });
-            if let Some(pem) = &previous {
-                data.insert(PREVIOUS_CA_CERT_KEY.to_owned(), pem.clone().into_bytes());
-            }
-            if self.api.write_ca(data, &stored.version).await? {
-                tracing::info!(serial = %next.info.serial_hex, reason = %why, "wrote a new webhook CA");
+            let set = CaSet::replacing(WebhookCa::generate(now)?, &stored.data, now);
+            if self.api.write_ca(set.to_data(), &stored.version).await? {
+                tracing::info!(serial = %set.current.info.serial_hex, reason = %why, "wrote a new webhook CA");
                 report.new_ca = Some(why);
-                let previous_info = previous.as_deref().and_then(|p| CertInfo::from_pem(p).ok());
-                return Ok(CaSet {
-                    current: next,
-                    previous: previous_info,
-                    previous_pem: previous,
-                });
+                return Ok(set);
             }
         }
         Err(KeepError::Raced)
+    }
+
+    /// Trusts `foreign`, found in the webhooks in place of the CA in use, for the adoption
+    /// window (recorded in the Secret, so every replica writes the same bundle); `None` when
+    /// the Secret changed since it was read.
+    async fn adopt(
+        &self,
+        foreign: Vec<(athenz_core::crypto::CertInfo, String)>,
+        now: OffsetDateTime,
+        report: &mut CheckReport,
+    ) -> Result<Option<CaSet>, KeepError> {
+        let stored = self.api.read_ca().await?;
+        let Ok(mut set) = ca_set::stored(&stored.data, now) else {
+            return Ok(None);
+        };
+        let serials: Vec<String> = foreign.iter().map(|(i, _)| i.serial_hex.clone()).collect();
+        set.adopt(foreign, now);
+        if !self.api.write_ca(set.to_data(), &stored.version).await? {
+            return Ok(None);
+        }
+        tracing::warn!(
+            ?serials,
+            window = ?ca_set::ADOPTION_WINDOW,
+            "the webhook's caBundle held CAs someone else wrote in place of ours (a rollout of \
+             another release?): trusted beside ours for the window"
+        );
+        report.adopted = serials.len();
+        Ok(Some(set))
     }
 }
 

@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
-use api::StoredCa;
+use api::{CA_CERT_KEY, CA_KEY_KEY, PREVIOUS_CA_CERT_KEY, StoredCa};
+use athenz_core::crypto::CertInfo;
+use std::collections::BTreeMap;
 use time::Duration as Days;
 
 /// The Secret and the webhook configuration as a table the replicas share.
@@ -370,4 +372,96 @@ async fn replicas_that_keep_writing_the_secret_end_the_check() {
     }
     let keeper = Keeper::new(Busy, names(), Arc::new(InMemoryIdentity::default()));
     assert!(matches!(keeper.check(now()).await, Err(KeepError::Raced)));
+}
+
+#[tokio::test]
+async fn a_first_install_trusts_what_the_webhook_trusted_for_an_hour_and_no_longer() {
+    // the webhook verified Athenz-issued certificates before (an upgrade from 0.3.0): its bundle
+    // holds that CA, a leaf pasted by mistake and an expired CA
+    let athenz = WebhookCa::generate(now() - Days::days(1)).unwrap();
+    let leaf = athenz.sign_serving(&names(), now()).unwrap();
+    let expired = WebhookCa::generate(now() - Days::days(400)).unwrap();
+    let table = Table::with_webhooks(2);
+    let before = format!("{}{}{}", athenz.cert_pem, leaf.cert_pem, expired.cert_pem);
+    table.lock().bundles = vec![before.clone().into_bytes(), before.into_bytes()];
+    let (first, identity) = keeper(&table);
+    let start = now();
+    first.check(start).await.unwrap();
+    let ours = stored_serial(&table);
+    // replicas still serving Athenz's certificates keep verifying while the Deployment rolls
+    for bundle in &table.lock().bundles {
+        assert_eq!(
+            bundle_serials(bundle),
+            [ours.clone(), athenz.info.serial_hex.clone()]
+        );
+    }
+    assert!(verifies_under(&identity, &stored_pem(&table), start));
+    // a replica starting later in the hour reads the same set from the Secret
+    let (late, _) = keeper(&table);
+    let report = late.check(start + Days::minutes(30)).await.unwrap();
+    assert!(!report.bundle_written && report.new_ca.is_none());
+    // after the hour only our CA is trusted
+    let report = first.check(start + ca_set::ADOPTION_WINDOW).await.unwrap();
+    assert!(report.bundle_written);
+    assert_eq!(bundle_serials(&table.lock().bundles[0]), [ours]);
+}
+
+#[tokio::test]
+async fn a_broken_window_ends_the_trust_in_what_was_replaced() {
+    let athenz = WebhookCa::generate(now()).unwrap();
+    let table = Table::with_webhooks(1);
+    table.lock().bundles = vec![athenz.cert_pem.clone().into_bytes()];
+    let (keeper, _) = keeper(&table);
+    keeper.check(now()).await.unwrap();
+    assert_eq!(bundle_serials(&table.lock().bundles[0]).len(), 2);
+    table
+        .lock()
+        .data
+        .insert(api::PREVIOUS_UNTIL_KEY.into(), b"soon".to_vec());
+    let report = keeper.check(now()).await.unwrap();
+    assert!(report.bundle_written);
+    assert_eq!(bundle_serials(&table.lock().bundles[0]).len(), 1);
+    assert!(table.lock().data.contains_key(PREVIOUS_CA_CERT_KEY));
+}
+
+#[tokio::test]
+async fn a_bundle_rewritten_in_place_of_ours_is_trusted_beside_ours_for_the_window() {
+    // a rollback's apply writes the release before's CA over ours while our replicas still serve
+    let table = Table::with_webhooks(1);
+    let (first, identity) = keeper(&table);
+    let start = now();
+    first.check(start).await.unwrap();
+    let ours = stored_serial(&table);
+    let before = WebhookCa::generate(start - Days::days(10)).unwrap();
+    table.lock().bundles = vec![before.cert_pem.clone().into_bytes()];
+    let report = first.check(start + Days::seconds(10)).await.unwrap();
+    assert_eq!(report.adopted, 1);
+    assert!(report.bundle_written && !report.new_serving);
+    // both sets of replicas are verified while the Deployment rolls
+    assert_eq!(
+        bundle_serials(&table.lock().bundles[0]),
+        [ours.clone(), before.info.serial_hex.clone()]
+    );
+    assert!(verifies_under(&identity, &stored_pem(&table), start));
+    // the other replica reads the same set: nothing to write
+    let (second, _) = keeper(&table);
+    let report = second.check(start + Days::seconds(20)).await.unwrap();
+    assert_eq!((report.adopted, report.bundle_written), (0, false));
+    // a CA appended beside ours is not adopted: the bundle is put right
+    let rogue = WebhookCa::generate(start).unwrap();
+    let appended = [table.lock().bundles[0].clone(), rogue.cert_pem.into_bytes()].concat();
+    table.lock().bundles = vec![appended];
+    let report = first.check(start + Days::seconds(30)).await.unwrap();
+    assert_eq!(report.adopted, 0);
+    assert_eq!(
+        bundle_serials(&table.lock().bundles[0]),
+        [ours.clone(), before.info.serial_hex.clone()]
+    );
+    // once the window has passed, ours alone
+    let report = first
+        .check(start + Days::seconds(10) + ca_set::ADOPTION_WINDOW)
+        .await
+        .unwrap();
+    assert!(report.bundle_written);
+    assert_eq!(bundle_serials(&table.lock().bundles[0]), [ours]);
 }
