@@ -401,6 +401,8 @@ fn add_components(
 fn operator_keys(athenz: &Path) -> anyhow::Result<PathBuf> {
     let dir = operator_keys_dir(athenz);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // athenz-initializer's only for a release before this one (the upgrade test installs one
+    // first): its initializer served a certificate from ZTS; this release's steps do not read it
     for service in [
         "athenz-jwt-service",
         "athenz-callback",

@@ -85,6 +85,10 @@ fn the_rules_pass_promtools_check() {
 fn the_per_node_agent_alerts_fire_for_the_node_whose_agent_is_down() {
     let (dir, tests) = test_dir();
     assert!(tests.contains(&"agents.test.yaml".to_owned()), "{tests:?}");
+    assert!(
+        tests.contains(&"initializer.test.yaml".to_owned()),
+        "{tests:?}"
+    );
     let (passed, said) = test_rules(dir.path(), &tests);
     assert!(passed && said.contains("SUCCESS"), "{said}");
 }

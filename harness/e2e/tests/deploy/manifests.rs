@@ -7,14 +7,21 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, Namespace, Secret, Service, ServiceAccount,
+};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The initializer's own CA: its empty Secret, its grant by name and the policy bounding it.
+mod initializer_ca;
 mod kustomize;
 /// Privilege: namespaces by Pod Security level, and no key for the agent anywhere.
 mod privilege;
@@ -127,6 +134,11 @@ struct Objects {
     pdbs: Vec<PodDisruptionBudget>,
     webhooks: Vec<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration>,
     csi_drivers: Vec<k8s_openapi::api::storage::v1::CSIDriver>,
+    secrets: Vec<Secret>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    policies: Vec<ValidatingAdmissionPolicy>,
+    policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
 }
 
 fn objects() -> Objects {
@@ -166,6 +178,11 @@ fn objects() -> Objects {
             "PodDisruptionBudget" => o.pdbs.push(typed(&file, &doc)),
             "MutatingWebhookConfiguration" => o.webhooks.push(typed(&file, &doc)),
             "CSIDriver" => o.csi_drivers.push(typed(&file, &doc)),
+            "Secret" => o.secrets.push(typed(&file, &doc)),
+            "Role" => o.roles.push(typed(&file, &doc)),
+            "RoleBinding" => o.role_bindings.push(typed(&file, &doc)),
+            "ValidatingAdmissionPolicy" => o.policies.push(typed(&file, &doc)),
+            "ValidatingAdmissionPolicyBinding" => o.policy_bindings.push(typed(&file, &doc)),
             other => panic!("{file}: no test reads kind {other}"),
         }
     }
@@ -246,7 +263,8 @@ fn every_document_is_a_valid_kubernetes_object() {
     // the watch of the node's pending pods (CSI_EARLY_ISSUE), reading nothing else
     assert_eq!(agent[1].resources.as_ref().unwrap(), &["pods"]);
     assert_eq!(agent[1].verbs, ["list", "watch"]);
-    assert_eq!(o.bindings.len(), 2);
+    // the agent's, the callback's and the initializer's (its webhook, by name: initializer_ca)
+    assert_eq!(o.bindings.len(), 3);
     // every file is in the base's kustomization, and deploy/ installs the base
     let kustomization =
         std::fs::read_to_string(deploy_dir().join("base/kustomization.yaml")).unwrap();
@@ -441,7 +459,8 @@ fn kubectl_kustomize_renders_the_base() {
         .filter_map(|c| c["image"].as_str().map(str::to_owned))
         .filter(|image| !image.starts_with("registry.k8s.io/"))
         .collect();
-    assert!(images.len() >= 10, "{images:?}");
+    // the agent's, the jwt-service's and the callback's with their control-sia, the initializer's
+    assert!(images.len() >= 8, "{images:?}");
     for image in &images {
         assert_eq!(image, &*IMAGE);
     }

@@ -233,12 +233,16 @@ fn settings_agree_across_components() {
         )
     );
 
-    // Each server's certificate names its Service, and the webhook calls that Service.
-    for name in [
-        "athenz-jwt-service",
-        "athenz-callback",
-        "athenz-initializer",
-    ] {
+    // Each server's certificate names its Service, and the webhook calls that Service: the
+    // jwt-service's and the callback's from ZTS through control-sia, the initializer's from its
+    // own CA.
+    let initializer = main("athenz-initializer");
+    assert_eq!(
+        env(&initializer, "SERVING_DNS_NAMES").unwrap(),
+        format!("athenz-initializer.{}.svc", admin.replace('.', "-"))
+    );
+    assert!(deployment("athenz-initializer").init_containers.is_none());
+    for name in ["athenz-jwt-service", "athenz-callback"] {
         let spec = deployment(name);
         assert_eq!(control_service(&spec), name);
         // the Service's in-cluster name, and a name ZTS issues to a key-based service

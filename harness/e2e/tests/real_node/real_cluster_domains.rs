@@ -6,6 +6,11 @@
 //! the annotation too), the callback confirming each; a namespace that claims a domain the list
 //! does not allow gets none, and the pod's init says which rule refused it.
 //!
+//! Then, on the same cluster, admission through a ZTS outage (`admission`): the initializer's own
+//! CA in its Secret and the webhook's caBundle, the bound on its grant, and with ZTS frozen and
+//! the initializer's pods deleted, a new opted-in Deployment admitted within 30 s and its pods'
+//! identities within 60 s of ZTS's return.
+//!
 //! Needs root, `harness/real-node/kube/build.sh`'s binaries and the image (`deploy/image.sh`);
 //! fails naming what is missing, never skips. Runs with the dev ZTS (the Athenz ZTS registrar
 //! of `cluster up --zts athenz` registers the mapping's domains, not annotations').
@@ -19,6 +24,8 @@ use athenz_devstack::cluster::scenario::{Scenario, Workload};
 use athenz_devstack::cluster::tenant_pods::restricted_pod;
 use std::time::{Duration, Instant};
 
+#[path = "real_cluster_domains/admission.rs"]
+mod admission;
 mod common;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::release::build_image;
@@ -194,4 +201,6 @@ fn a_namespace_gets_the_domain_its_allowed_annotation_names_and_no_other() {
         "true",
         "the claiming pod must not run with an identity"
     );
+
+    admission::goes_on_through_a_zts_outage(&scenario, &layout);
 }

@@ -50,6 +50,12 @@ use common::release::build_image;
 /// server's to the webhook.
 const STOPS_ACCEPTING_AT_SIGTERM: [&str; 1] = ["0.2.0"];
 
+/// Releases whose overlay sets the webhook's caBundle (the Athenz CA; this release's initializer
+/// keeps its own CA there). Rolled back to one, this release's replicas still serving are not
+/// trusted until their next check (10 s) trusts the restored bundle beside their own: the API
+/// server's calls to them then fail verification, and those creations are tried again.
+const SETS_THE_WEBHOOK_CA_BUNDLE: [&str; 1] = ["0.2.0"];
+
 /// Releases whose callback refuses a refresh that names no IP for a pod that has one (before
 /// files mode's `ipSAN`, 0.3.0). Rolled back to one of them, its callback meets this release's
 /// agents on the nodes not yet rolled back, refreshing IP-less files-mode volumes; each such
@@ -65,9 +71,10 @@ const REFUSES_IP_LESS_REFRESH: [&str; 1] = ["0.2.0"];
 /// way must have its next refresh served ([`wait_next_refresh_of_refused`]).
 const ENDS_CALLS_ON_IDLE_API_CONNECTIONS: [&str; 1] = ["0.2.0"];
 
-/// How many times a pod's creation refused by a terminating previous-release webhook is tried,
-/// a second apart: kube-proxy drops the pod's endpoint within a second or two.
-const WEBHOOK_REFUSED_TRIES: u32 = 10;
+/// How many times a pod's creation refused by a webhook pod that stopped accepting or is not yet
+/// trusted is tried, a second apart: kube-proxy drops a terminating pod's endpoint within a
+/// second or two, and a replica trusts a restored bundle within its 10 s check.
+const WEBHOOK_REFUSED_TRIES: u32 = 20;
 
 /// How long a pod created during a roll may take to be Ready.
 const POD_READY: Duration = Duration::from_secs(240);
@@ -133,11 +140,14 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
         let log_before = zts_log(&layout).len();
         let previous_stops_at_once =
             step == "upgrade" && STOPS_ACCEPTING_AT_SIGTERM.contains(&previous.version.as_str());
+        let webhook_may_refuse = previous_stops_at_once
+            || (step == "rollback"
+                && SETS_THE_WEBHOOK_CA_BUNDLE.contains(&previous.version.as_str()));
         let rolled = roll(
             &scenario,
             &layout,
             &info,
-            (step, previous_stops_at_once),
+            (step, webhook_may_refuse),
             deploy,
             &zts.url,
             &zts.ca,
@@ -182,10 +192,9 @@ fn the_previous_release_rolls_to_this_one_node_by_node_and_back() {
         }
         if !rolled.webhook_refused.is_empty() {
             eprintln!(
-                "{step}: {} pod creations met a {} webhook pod that had stopped accepting, each \
-                 created on a later try:\n{}",
+                "{step}: {} pod creations met a webhook pod that had stopped accepting or was not \
+                 yet trusted, each created on a later try:\n{}",
                 rolled.webhook_refused.len(),
-                previous.version,
                 rolled.webhook_refused.join("\n")
             );
         }
@@ -354,10 +363,12 @@ fn is_callback_connection_refused(line: &str) -> bool {
 }
 
 /// Whether a pod's creation failed because the API server could not connect to the injection
-/// webhook (`connection refused`), not because the webhook judged the pod.
+/// webhook (`connection refused`) or did not trust its certificate, not because the webhook
+/// judged the pod.
 fn is_webhook_connection_refused(error: &str) -> bool {
     error.contains("failed calling webhook \"initializer.athenz.io\"")
-        && error.contains("connect: connection refused")
+        && (error.contains("connect: connection refused")
+            || error.contains("certificate signed by unknown authority"))
 }
 
 /// `line` without its ANSI escape sequences (`ESC [ … letter`).
@@ -466,13 +477,14 @@ impl Rolled {
 
 /// `deploy` applied under the install's overlay (docs/operating.md's upgrade), while a pod is
 /// created every second and the agents are watched: returns once every workload rolled out and
-/// 10 s more passed. `previous_stops_at_once`: the pods being replaced stop accepting at SIGTERM,
+/// 10 s more passed. `webhook_may_refuse`: the webhook's pods being replaced stop accepting at
+/// SIGTERM, or are not trusted until their next check,
 /// so a creation their webhook refuses to connect is tried again.
 fn roll(
     scenario: &Scenario,
     layout: &Layout,
     info: &ClusterInfo,
-    (step, previous_stops_at_once): (&str, bool),
+    (step, webhook_may_refuse): (&str, bool),
     deploy: &Path,
     zts_url: &str,
     zts_ca: &Path,
@@ -480,9 +492,7 @@ fn roll(
     let stop = Arc::new(AtomicBool::new(false));
     let creator = {
         let (layout, stop, step) = (layout.clone(), stop.clone(), step.to_owned());
-        std::thread::spawn(move || {
-            create_one_a_second(&layout, &step, previous_stops_at_once, &stop)
-        })
+        std::thread::spawn(move || create_one_a_second(&layout, &step, webhook_may_refuse, &stop))
     };
     let watcher = {
         let (layout, stop) = (layout.clone(), stop.clone());

@@ -88,10 +88,19 @@ fn keys_as_values_are_refused_outside_the_control_planes_namespace() {
             "{value}: {err}"
         );
     }
+    // by default no key passes through the chart: the one Secret it makes is the initializer's
+    // CA's, shipped without data (the initializer fills it in the cluster)
     let defaults = helm_template(&["--namespace", "default"]);
+    let secrets: Vec<_> = defaults
+        .iter()
+        .filter(|((kind, _, _), _)| kind == "Secret")
+        .collect();
+    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    let ((_, _, name), secret) = secrets[0];
+    assert_eq!(name, "athenz-initializer-ca");
     assert!(
-        !defaults.keys().any(|(kind, _, _)| kind == "Secret"),
-        "no Secret, so no key, by default"
+        secret.get("data").is_none() && secret.get("stringData").is_none(),
+        "{secret}"
     );
 }
 

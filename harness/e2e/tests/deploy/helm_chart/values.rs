@@ -54,15 +54,15 @@ fn the_values_change_what_they_name() {
         "--set",
         "networkPolicies.apiServerCidrs[0]=198.51.100.0/24",
     ]);
+    // the Athenz CA is not the webhook's: the initializer writes its own CA there, and a
+    // chart that set it would put a stale bundle back on every upgrade
     let webhook = &chart[&key("MutatingWebhookConfiguration", "", "athenz-initializer")];
-    let bundle = webhook["webhooks"][0]["clientConfig"]["caBundle"]
-        .as_str()
-        .unwrap();
-    use base64::Engine as _;
-    let decoded = base64::engine::general_purpose::STANDARD
-        .decode(bundle)
-        .unwrap();
-    assert_eq!(String::from_utf8(decoded).unwrap(), ca);
+    assert!(
+        webhook["webhooks"][0]["clientConfig"]
+            .get("caBundle")
+            .is_none(),
+        "{webhook}"
+    );
     for ns in ["athenz-system", "k8s-admin"] {
         assert_eq!(
             chart[&key("ConfigMap", ns, "athenz-zts-ca")]["data"]["ca.pem"],

@@ -94,7 +94,6 @@ impl LocalOverlay {
             "jwt-public-v1.pem",
             "athenz-jwt-service.key",
             "athenz-callback.key",
-            "athenz-initializer.key",
             "jwt-signing-v1.pem",
         ] {
             std::fs::write(generated.join(file), format!("stand-in {file}\n")).unwrap();

@@ -268,6 +268,11 @@ pub fn check_nothing_left(kubectl: &Kubectl, nodes: &[NodeInfo]) {
         ("csidriver", "csi.athenz.io"),
         ("clusterrole", "athenz-agent"),
         ("clusterrole", "athenz-callback"),
+        ("clusterrole", "athenz-initializer"),
+        (
+            "validatingadmissionpolicy",
+            "athenz-initializer-changes-only-cabundle",
+        ),
         ("namespace", NODE_NAMESPACE),
         ("namespace", CONTROL_NAMESPACE),
     ] {
