@@ -4,7 +4,7 @@
 //!
 //! Two things are replaced. A CA of ours (at two-thirds of its life, or an unusable one) stays
 //! trusted until it expires. CAs someone else wrote into the webhooks in place of ours (the
-//! release before, which served Athenz certificates: an upgrade from 0.3.0, or a rollback's
+//! release before, which served Athenz certificates: an upgrade from 0.2.0, or a rollback's
 //! apply while this release's replicas are still being replaced) are adopted: trusted beside
 //! ours for [`ADOPTION_WINDOW`], enough for a Deployment to replace every replica, and no
 //! longer. Neither replica set is then refused while the other is rolled out.

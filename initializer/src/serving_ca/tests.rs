@@ -376,7 +376,7 @@ async fn replicas_that_keep_writing_the_secret_end_the_check() {
 
 #[tokio::test]
 async fn a_first_install_trusts_what_the_webhook_trusted_for_an_hour_and_no_longer() {
-    // the webhook verified Athenz-issued certificates before (an upgrade from 0.3.0): its bundle
+    // the webhook verified Athenz-issued certificates before (an upgrade from 0.2.0): its bundle
     // holds that CA, a leaf pasted by mistake and an expired CA
     let athenz = WebhookCa::generate(now() - Days::days(1)).unwrap();
     let leaf = athenz.sign_serving(&names(), now()).unwrap();
