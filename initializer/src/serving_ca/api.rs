@@ -106,7 +106,17 @@ impl KubeCaApi {
         what: String,
         call: impl Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, ApiError> {
-        match tokio::time::timeout(self.timeout, call).await {
+        let answer = tokio::time::timeout(self.timeout, call).await;
+        self.answered(what, answer)
+    }
+
+    /// A call's answer within the timeout, or why there is none.
+    fn answered<T>(
+        &self,
+        what: String,
+        answer: Result<Result<T, kube::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, ApiError> {
+        match answer {
             Err(_) => Err(ApiError::Failed {
                 what,
                 reason: format!("no answer within {:?}", self.timeout),
@@ -122,6 +132,21 @@ impl KubeCaApi {
         }
     }
 
+    /// A replace, bounded as every call: `Ok(false)` when the object changed since it was
+    /// read (a conflict), for the caller to read again.
+    async fn replaced<T>(
+        &self,
+        what: String,
+        call: impl Future<Output = Result<T, kube::Error>>,
+    ) -> Result<bool, ApiError> {
+        let conflict =
+            |e: &kube::Error| matches!(e, kube::Error::Api(status) if status.is_conflict());
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Err(e)) if conflict(&e) => Ok(false),
+            answer => self.answered(what, answer).map(|_| true),
+        }
+    }
+
     async fn webhook(&self) -> Result<MutatingWebhookConfiguration, ApiError> {
         self.bounded(
             format!("reading {}", self.webhook_label()),
@@ -129,11 +154,6 @@ impl KubeCaApi {
         )
         .await
     }
-}
-
-/// Whether a write failed only because the object changed since it was read.
-fn conflict<T>(result: &Result<T, kube::Error>) -> bool {
-    matches!(result, Err(kube::Error::Api(status)) if status.is_conflict())
 }
 
 impl CaApi for KubeCaApi {
@@ -169,23 +189,12 @@ impl CaApi for KubeCaApi {
         }
         secret.data = Some(data.into_iter().map(|(k, v)| (k, ByteString(v))).collect());
         secret.string_data = None;
-        let written = tokio::time::timeout(
-            self.timeout,
+        self.replaced(
+            what,
             self.secrets
                 .replace(&self.secret_name, &PostParams::default(), &secret),
         )
         .await
-        .map_err(|_| ApiError::Failed {
-            what: what.clone(),
-            reason: format!("no answer within {:?}", self.timeout),
-        })?;
-        if conflict(&written) {
-            return Ok(false);
-        }
-        written.map(|_| true).map_err(|e| ApiError::Failed {
-            what,
-            reason: e.to_string(),
-        })
     }
 
     async fn bundles(&self) -> Result<Vec<Vec<u8>>, ApiError> {
@@ -205,22 +214,11 @@ impl CaApi for KubeCaApi {
         for webhook in config.webhooks.iter_mut().flatten() {
             webhook.client_config.ca_bundle = Some(ByteString(bundle.to_vec()));
         }
-        let written = tokio::time::timeout(
-            self.timeout,
+        self.replaced(
+            what,
             self.webhooks
                 .replace(&self.webhook_name, &PostParams::default(), &config),
         )
         .await
-        .map_err(|_| ApiError::Failed {
-            what: what.clone(),
-            reason: format!("no answer within {:?}", self.timeout),
-        })?;
-        if conflict(&written) {
-            return Ok(false);
-        }
-        written.map(|_| true).map_err(|e| ApiError::Failed {
-            what,
-            reason: e.to_string(),
-        })
     }
 }
