@@ -35,6 +35,9 @@ use time::OffsetDateTime;
 pub const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Writes of the Secret lost to another replica before a check gives up until the next.
 const MAX_RACES: usize = 3;
+/// The pause at start before checking again after a write lost to another replica (the other
+/// replica's write is done by then; the next check reads it).
+const AFTER_A_LOST_RACE: Duration = Duration::from_millis(200);
 
 /// Why a check did not finish.
 #[derive(Debug, thiserror::Error)]
@@ -208,22 +211,27 @@ pub async fn start<A: CaApi + 'static>(
         }
     };
     let until = tokio::time::Instant::now() + FIRST_CHECK_WITHIN;
-    loop {
+    // A check can succeed and serve nothing: it lost the Secret or the bundle to another
+    // replica starting at the same moment. The replica is not done (and not Ready) until it
+    // serves a certificate; until then every handshake would be refused.
+    while keeper.serving_not_after().is_none() {
         let result = keeper.check(OffsetDateTime::now_utc()).await;
         record(&result);
-        match result {
+        let (pause, error) = match result {
             Ok(report) => {
                 log(&report);
-                break;
+                (AFTER_A_LOST_RACE, KeepError::Raced)
             }
-            Err(e) if tokio::time::Instant::now() + Duration::from_secs(2) >= until => {
-                return Err(e);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no serving certificate yet; trying again in 2 s");
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
+            Err(e) => (Duration::from_secs(2), e),
+        };
+        if keeper.serving_not_after().is_some() {
+            break;
         }
+        if tokio::time::Instant::now() + pause >= until {
+            return Err(error);
+        }
+        tracing::warn!(error = %error, ?pause, "no serving certificate yet; trying again");
+        tokio::time::sleep(pause).await;
     }
     Ok(tokio::spawn(async move {
         let mut every = tokio::time::interval(CHECK_EVERY);

@@ -465,3 +465,28 @@ async fn a_bundle_rewritten_in_place_of_ours_is_trusted_beside_ours_for_the_wind
     assert!(report.bundle_written);
     assert_eq!(bundle_serials(&table.lock().bundles[0]), [ours]);
 }
+
+#[tokio::test]
+async fn a_replica_starts_only_once_it_serves_even_after_losing_the_bundle_to_another() {
+    // two replicas starting together: the other wrote the webhook configuration between this
+    // one's read and its write, so this one's first check succeeds and serves nothing
+    let table = Table::with_webhooks(2);
+    table.lock().bundle_races = 2;
+    let (keeper, identity) = keeper(&table);
+    let checks = prometheus_client::metrics::family::Family::<CheckLabels, _>::default();
+    let expiry = prometheus_client::metrics::gauge::Gauge::default();
+    let task = start(keeper, checks.clone(), expiry.clone()).await.unwrap();
+    task.abort();
+    let served = served(&identity);
+    assert!(
+        expiry.get() == served.not_after.unix_timestamp(),
+        "{}",
+        expiry.get()
+    );
+    assert_eq!(
+        checks.get_or_create(&CheckLabels { outcome: "ok" }).get(),
+        3
+    );
+    let c = table.lock();
+    assert_eq!((c.bundle_writes, c.bundles[0].is_empty()), (1, false));
+}
