@@ -6,6 +6,7 @@
 
 use crate::failure::{Failure, fail};
 use crate::kubelet::Absent;
+use crate::manager::queue::Priority;
 use crate::refresh::check_volume_identity;
 use crate::service::{Agent, PodIp};
 use athenz_core::agent_api::{AttestationResponse, CertificateReport, CsrTemplate, KeySource};
@@ -73,7 +74,7 @@ impl Agent {
         }
         let template = self.expected_identity(&subject, service_ip)?.into();
         let jwt = {
-            let _slot = self.issuance_slot().await?;
+            let _slot = self.issuance_slot(Priority::RealTime).await;
             self.identity_jwt(&subject).await?
         };
         self.save_held(&paths, state.clone(), &info)?;

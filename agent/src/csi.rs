@@ -8,6 +8,7 @@ use crate::Config;
 use crate::early_issue::{BoundPod, PodNames};
 use crate::failure::Failure;
 use crate::kubelet::Absent;
+use crate::manager::queue::Priority;
 use crate::service::{Agent, KeyRequest, PodCheck, PodIp, RecentInit};
 use athenz_core::daemon::StartError;
 use athenz_core::volume::VolumesDir;
@@ -47,7 +48,8 @@ impl Issuer for AgentIssuer {
         registration: Registration,
     ) -> Result<Issued, IssueError> {
         let paths = self.agent.volumes.volume(id);
-        let check = match registration {
+        // the kubelet waits on a publish; a registration again is the rotation's, ahead of time
+        let (check, priority) = match registration {
             Registration::First => {
                 // issued when the pod was bound (crate::early_issue): only written here
                 if let Some(registered) =
@@ -58,9 +60,9 @@ impl Issuer for AgentIssuer {
                         .record_registered(&paths, data, registered)
                         .map_err(issue_error);
                 }
-                PodCheck::KubeletCall
+                (PodCheck::KubeletCall, Priority::RealTime)
             }
-            Registration::Again => PodCheck::KubeletList(Absent::Gone),
+            Registration::Again => (PodCheck::KubeletList(Absent::Gone), Priority::Background),
         };
         self.agent
             // files mode: no process in the pod, so the key is made here whatever --key-source says
@@ -70,6 +72,7 @@ impl Issuer for AgentIssuer {
                 PodIp::for_files_volume(data),
                 check,
                 KeyRequest::Agent,
+                priority,
             )
             .await
             .map_err(issue_error)
@@ -81,15 +84,14 @@ impl Issuer for AgentIssuer {
         data: &VolumeData,
         current: &CurrentPair,
     ) -> Result<Issued, IssueError> {
-        let paths = self.agent.volumes.volume(id);
         self.agent
             .refresh_pair(
                 id,
-                &paths,
                 data,
                 &current.key_pem,
                 &current.cert_pem,
                 PodIp::for_files_volume(data),
+                Priority::Background,
             )
             .await
             .map_err(issue_error)
@@ -180,10 +182,13 @@ pub(crate) async fn watch_bound_pods(
             let agent = Arc::clone(&issuer);
             let pod = pod.clone();
             Some((names, async move {
+                // its turn first: a pod bound and deleted at once costs nothing but its place
+                // in the queue (the store cancels it), not a lookup
+                let slot = agent.issuance_slot(Priority::Warmup).await;
                 // its domain may be its namespace's annotation, read from the API
                 let subject = agent.subject_of_bound(&pod).await?;
                 agent
-                    .register_vouched(subject)
+                    .register_vouched(subject, slot)
                     .await
                     .map_err(|f| {
                         tracing::info!(status = f.status.as_u16(), error = %f.message, "issuing ahead of the publish failed; the publish issues itself");

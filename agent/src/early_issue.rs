@@ -45,7 +45,8 @@ pub const MAX_HELD: usize = 256;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// `taken` (a publish wrote it), `failed` (the publish issued itself), `expired` (no publish
-    /// within [`HOLD`]) or `dropped` (the pod went first).
+    /// within [`HOLD`]), `dropped` (the pod went after it was issued) or `cancelled` (the pod
+    /// went while it waited for its slot or was being issued: that work stopped there).
     pub outcome: &'static str,
 }
 
@@ -64,6 +65,8 @@ struct Entry<T> {
     pod: PodNames,
     /// Locked by the issuing task until its answer is in.
     slot: Arc<tokio::sync::Mutex<Option<T>>>,
+    /// The issuing task, ended when the pod goes (queued, issuing or holding its answer).
+    task: tokio::task::AbortHandle,
 }
 
 /// The identities issued (or being issued) ahead, by pod uid.
@@ -125,21 +128,15 @@ impl<T: Send + 'static> EarlyIssues<T> {
         let Ok(mut answer) = Arc::clone(&slot).try_lock_owned() else {
             return; // a new lock is never held
         };
-        {
-            let mut entries = self.entries();
-            if entries.contains_key(&uid) || entries.len() >= MAX_HELD {
-                return;
-            }
-            entries.insert(
-                uid.clone(),
-                Entry {
-                    pod,
-                    slot: Arc::clone(&slot),
-                },
-            );
+        let mut entries = self.entries();
+        if entries.contains_key(&uid) || entries.len() >= MAX_HELD {
+            return;
         }
         let store = Arc::clone(self);
-        tokio::spawn(async move {
+        let entry_slot = Arc::clone(&slot);
+        let key = uid.clone();
+        // spawned with the map locked: the task finds its entry in place when it looks
+        let task = tokio::spawn(async move {
             let issued = issue.await;
             let Some(issued) = issued else {
                 drop(answer);
@@ -154,7 +151,7 @@ impl<T: Send + 'static> EarlyIssues<T> {
                 .get(&uid)
                 .is_some_and(|e| Arc::ptr_eq(&e.slot, &slot));
             if !held {
-                // forgotten while it was being issued (counted then): the key goes now
+                // expired or replaced meanwhile: the key goes now
                 answer.take();
                 return;
             }
@@ -164,6 +161,14 @@ impl<T: Send + 'static> EarlyIssues<T> {
                 store.count("expired");
             }
         });
+        entries.insert(
+            key,
+            Entry {
+                pod,
+                slot: entry_slot,
+                task: task.abort_handle(),
+            },
+        );
     }
 
     /// The identity issued ahead for pod `uid`, waiting for it while it is being issued;
@@ -185,11 +190,16 @@ impl<T: Send + 'static> EarlyIssues<T> {
         issued
     }
 
-    /// Pod `uid` is gone or going: what was issued ahead for it is dropped.
+    /// Pod `uid` is gone or going: its issuance is cancelled, waiting for its slot or under
+    /// way (counted `cancelled`), or what was issued for it is dropped (`dropped`).
     pub fn forget(&self, uid: &str) {
-        if self.entries().remove(uid).is_some() {
-            self.count("dropped");
-        }
+        let Some(entry) = self.entries().remove(uid) else {
+            return;
+        };
+        entry.task.abort();
+        // the issuing task holds the lock until its answer is in
+        let issued = entry.slot.try_lock().is_ok_and(|answer| answer.is_some());
+        self.count(if issued { "dropped" } else { "cancelled" });
     }
 }
 

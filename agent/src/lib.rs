@@ -12,6 +12,7 @@ pub mod install;
 pub mod jwt_client;
 pub mod key_pool;
 pub mod kubelet;
+pub mod manager;
 pub mod metrics;
 pub mod node_identity;
 mod pod_subject;
@@ -149,6 +150,16 @@ pub struct Config {
     /// ZTS call); the rest queue. Bounds upstream connections and memory when many pods start.
     #[arg(long, env = "MAX_ZTS_CALLS", default_value_t = 8)]
     pub max_zts_calls: usize,
+    /// Most of those that are early issuances (`--csi-early-issue`: for pods bound here, before
+    /// their publish). A flood of pods bound here and deleted at once costs at most this many
+    /// registrations at a time; the rest are cancelled while they wait. With
+    /// --max-background-issuances, below --max-zts-calls: the kubelet's and pods' own requests
+    /// always find a slot.
+    #[arg(long, env = "MAX_WARMUP_ISSUANCES", default_value_t = 2)]
+    pub max_warmup_issuances: usize,
+    /// Most of those that are files-mode re-issues at their refresh time.
+    #[arg(long, env = "MAX_BACKGROUND_ISSUANCES", default_value_t = 2)]
+    pub max_background_issuances: usize,
     /// Threads serving requests (0: one per CPU). One serves a node: an identity costs the agent
     /// about a millisecond of CPU, the rest is waiting on the kubelet, the jwt-service and ZTS;
     /// a second worker only adds the wake-ups of handing work between them (measured: 15 % more
@@ -289,6 +300,7 @@ pub async fn start(
         config.upstream_timeout,
     )
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
+    let queue = issuance_queue(&config, &mut registry)?;
     let metrics = metrics::AgentMetrics::register(&mut registry);
     let early_issues = metrics.early_issues.clone();
     metrics.set_key_source(config.key_source);
@@ -326,7 +338,7 @@ pub async fn start(
         athenz_ca,
         node: Arc::clone(&node),
         peer_check: config.peer_check,
-        issuance_slots: tokio::sync::Semaphore::new(config.max_zts_calls.max(1)),
+        queue,
         locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
         key_source: config.key_source,
         zts_url: config.zts_url.trim_end_matches('/').to_owned(),
@@ -392,6 +404,27 @@ fn check_kubelet_list_rate(config: &Config) -> Result<(), StartError> {
         ));
     }
     Ok(())
+}
+
+/// The queue every pod identity is issued through, with its limits and metrics.
+fn issuance_queue(
+    config: &Config,
+    registry: &mut prometheus_client::registry::Registry,
+) -> Result<Arc<manager::queue::Queue>, StartError> {
+    let limits = manager::queue::Limits::new(
+        config.max_zts_calls,
+        config.max_warmup_issuances,
+        config.max_background_issuances,
+    )
+    .map_err(|e| {
+        StartError::new(
+            "--max-zts-calls/--max-warmup-issuances/--max-background-issuances \
+             (MAX_ZTS_CALLS/MAX_WARMUP_ISSUANCES/MAX_BACKGROUND_ISSUANCES)",
+            e,
+        )
+    })?;
+    let metrics = manager::queue::QueueMetrics::register(registry);
+    Ok(manager::queue::Queue::new(limits, metrics))
 }
 
 /// The ZTS client and the CA bundle Athenz issues instance certificates under.

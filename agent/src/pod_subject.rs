@@ -14,7 +14,8 @@
 
 use crate::failure::{Failure, fail};
 use crate::kubelet::Absent;
-use crate::service::{Admitted, Agent, PodIp};
+use crate::manager::queue::Priority;
+use crate::service::{Admitted, Agent, IssuanceSlot, PodIp};
 use athenz_core::subject::PodSubject;
 use athenz_core::volume::VolumeData;
 use http::StatusCode;
@@ -77,10 +78,19 @@ impl Agent {
     }
 
     /// What the issuance of `subject`, vouched for by the kubelet's call, needs before its CSR:
-    /// the JWT (once a slot is free) and the Service IP, asked for at once.
-    pub(crate) async fn admit_vouched(&self, subject: PodSubject) -> Result<Admitted<'_>, Failure> {
+    /// the JWT (once a slot of `priority` is free, or in the `held` one) and the Service IP,
+    /// asked for at once.
+    pub(crate) async fn admit_vouched<'a>(
+        &'a self,
+        subject: PodSubject,
+        priority: Priority,
+        held: Option<IssuanceSlot<'a>>,
+    ) -> Result<Admitted<'a>, Failure> {
         let signing = async {
-            let slot = self.issuance_slot().await?;
+            let slot = match held {
+                Some(slot) => slot,
+                None => self.issuance_slot(priority).await,
+            };
             let jwt = self.identity_jwt(&subject).await?;
             Ok::<_, Failure>((slot, jwt))
         };

@@ -4,6 +4,7 @@
 
 use crate::failure::{Failure, fail, zts_failure};
 use crate::kubelet::Absent;
+use crate::manager::queue::Priority;
 use crate::service::{Agent, KeyRequest, PodIp};
 use athenz_core::agent_api::{IdentityResponse, KeySource, RefreshRequest};
 use athenz_core::crypto::{CertInfo, PrivateKey, key_matches_cert};
@@ -106,7 +107,7 @@ impl Agent {
         let mut recent = lock.lock().await;
         // a refresh supersedes any coalesced init answer
         recent.0 = None;
-        let (paths, data) = self.volume(id)?;
+        let (_, data) = self.volume(id)?;
         self.check_peer(id, &data, conn)?;
         if self.key_source == KeySource::Pod {
             return Err(fail(
@@ -119,11 +120,11 @@ impl Agent {
         let request = parse_refresh_request(body)?;
         self.refresh_pair(
             id,
-            &paths,
             &data,
             &request.key_pem,
             &request.cert_pem,
             PodIp::Required,
+            Priority::RealTime,
         )
         .await
         .map(|issued| issued.answer)
@@ -135,12 +136,13 @@ impl Agent {
     pub(crate) async fn refresh_pair(
         &self,
         id: &VolumeId,
-        paths: &VolumePaths,
         data: &VolumeData,
         key_pem: &Secret,
         cert_pem: &str,
         ip: PodIp,
+        priority: Priority,
     ) -> Result<Issued, Failure> {
+        let paths = &self.volumes.volume(id);
         let state = self.state(id, paths)?;
         // the presented pair must be this volume's identity, before anything leaves the node
         let PresentedPair { info, presented } = PresentedPair::parse(key_pem.expose(), cert_pem)?;
@@ -151,7 +153,7 @@ impl Agent {
         if subject.uid != state.pod_uid {
             return Err(fail(StatusCode::FORBIDDEN, "the pod was replaced"));
         }
-        let _slot = self.issuance_slot().await?;
+        let _slot = self.issuance_slot(priority).await;
         let identity = self.expected_identity(&subject, service_ip)?;
         let jwt = self.identity_jwt(&subject).await?;
         let (new_key, csr) = self.csr(&identity, KeyRequest::Agent).await?;

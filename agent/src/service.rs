@@ -4,6 +4,7 @@
 
 use crate::failure::{Failure, fail, zts_failure};
 use crate::kubelet::{Absent, PodCache};
+use crate::manager::queue::Priority;
 pub use crate::metrics::AgentMetrics;
 use crate::metrics::PeerCheckLabels;
 pub use crate::service_dns::ServiceDns;
@@ -26,7 +27,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::Mutex;
 
 /// Inits of one volume within this time of a successful one get that answer instead of a new
 /// registration: concurrent callers (an init container retried by kubelet while the first call is
@@ -103,8 +104,9 @@ pub struct Agent {
     pub node: Arc<crate::node_identity::NodeIdentity>,
     /// Whether callers must be processes of the volume's pod.
     pub peer_check: PeerCheck,
-    /// Bound on identities issued at once (jwt-service call, key, ZTS call).
-    pub issuance_slots: Semaphore,
+    /// Every identity issued for a pod holds one of its slots, from the JWT to ZTS's answer:
+    /// bounded in all and by priority (docs/design.md §4.2).
+    pub queue: Arc<crate::manager::queue::Queue>,
     /// One lock per volume id, holding its latest init answer for [`COALESCE`].
     pub locks: Mutex<HashMap<VolumeId, Arc<Mutex<RecentInit>>>>,
     /// Where socket-mode pods' keys are made (`--key-source`).
@@ -134,8 +136,8 @@ pub(crate) enum KeyRequest<'a> {
     Pod(&'a CsrInfo),
 }
 
-/// A slot of [`Agent::issuance_slots`], with the key pool held back while it is held.
-pub(crate) type IssuanceSlot<'a> = (tokio::sync::SemaphorePermit<'a>, crate::key_pool::Busy<'a>);
+/// A slot of [`Agent::queue`], with the key pool held back while it is held.
+pub(crate) type IssuanceSlot<'a> = (crate::manager::queue::Slot, crate::key_pool::Busy<'a>);
 
 /// A pod confirmed on this node, with what its issuance needs before the CSR.
 pub(crate) struct Admitted<'a> {
@@ -375,17 +377,19 @@ impl Agent {
         Ok(Issued { answer, cert: info })
     }
 
-    /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer).
+    /// One of the slots that bound identities issued at once (from the JWT to ZTS's answer),
+    /// in `priority`'s turn.
     ///
-    /// While one is held the key pool does not refill: pods waiting now come first.
-    pub(crate) async fn issuance_slot(&self) -> Result<IssuanceSlot<'_>, Failure> {
-        let busy = self.keys.busy();
-        let slot = self
-            .issuance_slots
-            .acquire()
-            .await
-            .map_err(|_| fail(StatusCode::SERVICE_UNAVAILABLE, "shutting down"))?;
-        Ok((slot, busy))
+    /// While one is held the key pool does not refill, nor while a real-time request waits for
+    /// one: pods waiting now come first. Work nobody waits for yet does not hold it back.
+    pub(crate) async fn issuance_slot(&self, priority: Priority) -> IssuanceSlot<'_> {
+        if priority == Priority::RealTime {
+            let busy = self.keys.busy();
+            (self.queue.slot(priority).await, busy)
+        } else {
+            let slot = self.queue.slot(priority).await;
+            (slot, self.keys.busy())
+        }
     }
 
     /// `POST /v1/init/{id}`: with the pod's CSR when the agent runs with pod-made keys, with
@@ -448,6 +452,7 @@ impl Agent {
                 PodIp::Required,
                 PodCheck::KubeletList(Absent::MayAppear),
                 key,
+                Priority::RealTime,
             )
             .await?
             .answer;
@@ -466,6 +471,7 @@ impl Agent {
         ip: PodIp,
         check: PodCheck,
         key: KeyRequest<'_>,
+        priority: Priority,
     ) -> Result<Issued, Failure> {
         check_volume_pod(paths, data)?;
         // One slot per identity being issued, held from the JWT to ZTS's answer: it bounds the
@@ -474,7 +480,7 @@ impl Agent {
         let admitted = match (check, key, self.subject_from_volume(data, ip).await) {
             // kubelet's publish named the pod: no list is read (crate::pod_subject says why)
             (PodCheck::KubeletCall, KeyRequest::Agent, Some(subject)) => {
-                self.admit_vouched(subject).await?
+                self.admit_vouched(subject, priority, None).await?
             }
             (check, _, _) => {
                 let absent = match check {
@@ -488,7 +494,7 @@ impl Agent {
                     let identity = self.expected_identity(&subject, service_ip)?;
                     crate::csr_check::check(csr, &identity)?;
                 }
-                let slot = self.issuance_slot().await?;
+                let slot = self.issuance_slot(priority).await;
                 let jwt = self.identity_jwt(&subject).await?;
                 Admitted {
                     subject,
@@ -509,8 +515,11 @@ impl Agent {
     pub(crate) async fn register_vouched(
         &self,
         subject: PodSubject,
+        slot: IssuanceSlot<'_>,
     ) -> Result<Registered, Failure> {
-        let admitted = self.admit_vouched(subject).await?;
+        let admitted = self
+            .admit_vouched(subject, slot.0.priority(), Some(slot))
+            .await?;
         self.register_admitted(admitted, KeyRequest::Agent).await
     }
 

@@ -83,19 +83,119 @@ async fn a_failed_issuance_leaves_the_publish_to_issue_itself() {
 }
 
 #[tokio::test]
-async fn a_pod_gone_before_its_publish_drops_its_identity() {
+async fn a_pod_gone_after_its_issuance_drops_its_identity() {
     let (early, outcomes) = store();
     let (answer, issuing) = issuance();
     early.begin("uid-1".into(), names("web-0"), issuing);
-    early.forget("uid-1");
     answer.send(Some("identity".into())).expect("answered");
     tokio::task::yield_now().await;
+    early.forget("uid-1");
     assert_eq!(early.take("uid-1", &names("web-0")).await, None);
     assert_eq!(outcome(&outcomes, "dropped"), 1);
     assert_eq!(outcome(&outcomes, "taken"), 0);
     // forgetting a pod nothing was issued for counts nothing
     early.forget("uid-9");
     assert_eq!(outcome(&outcomes, "dropped"), 1);
+    assert_eq!(outcome(&outcomes, "cancelled"), 0);
+}
+
+/// Counts the issuances alive (started, not yet dropped).
+#[derive(Clone, Default)]
+struct Alive(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Alive {
+    fn enter(&self) -> AliveGuard {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        AliveGuard(self.clone())
+    }
+    fn now(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct AliveGuard(Alive);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn forget_during_an_issuance_cancels_it() {
+    let (early, outcomes) = store();
+    let alive = Alive::default();
+    let (answer, answered) = oneshot::channel::<Option<String>>();
+    let issuing = {
+        let alive = alive.clone();
+        async move {
+            let _alive = alive.enter();
+            answered.await.ok().flatten()
+        }
+    };
+    early.begin("uid-1".into(), names("web-0"), issuing);
+    tokio::task::yield_now().await;
+    assert_eq!(alive.now(), 1, "under way");
+    let taking = spawn_take(&early);
+    tokio::task::yield_now().await;
+    early.forget("uid-1");
+    tokio::task::yield_now().await;
+    assert_eq!(alive.now(), 0, "the issuance stopped where it was");
+    assert!(answer.is_closed(), "nobody waits for its answer any more");
+    assert_eq!(
+        taking.await.expect("task"),
+        None,
+        "the publish issues itself"
+    );
+    assert_eq!(outcome(&outcomes, "cancelled"), 1);
+    assert_eq!(outcome(&outcomes, "dropped"), 0);
+    assert!(early.is_empty());
+}
+
+/// The flood a tenant can make: pods bound to this node and deleted at once. Every issuance
+/// waits for a warm-up slot first; the forgotten ones leave the queue, and those under way
+/// stop, so no task outlives its pod and at most the warm-up limit ever issue.
+#[tokio::test]
+async fn a_flood_of_pods_deleted_at_once_costs_at_most_the_warmup_limit() {
+    use crate::manager::queue::{Limits, Priority, Queue, QueueMetrics};
+    let (early, outcomes) = store();
+    let queue = Queue::new(Limits::new(8, 2, 2).unwrap(), QueueMetrics::default());
+    let alive = Alive::default();
+    let issuing = Alive::default();
+    let mut most_issuing = 0;
+    for i in 0..500 {
+        let (queue, alive, at_zts) = (Arc::clone(&queue), alive.clone(), issuing.clone());
+        early.begin(format!("uid-{i}"), names("web-0"), async move {
+            let _alive = alive.enter();
+            let _slot = queue.slot(Priority::Warmup).await;
+            let _issuing = at_zts.enter();
+            std::future::pending::<Option<String>>().await
+        });
+        tokio::task::yield_now().await;
+        most_issuing = most_issuing.max(issuing.now());
+        // the API's delete events come in batches: half the pods go at once, the rest later
+        if i % 2 == 1 {
+            early.forget(&format!("uid-{i}"));
+        }
+    }
+    tokio::task::yield_now().await; // an aborted task is dropped at its next turn
+    assert_eq!((issuing.now(), queue.queued()), (2, [0, 248, 0]));
+    for i in (0..500).step_by(2) {
+        early.forget(&format!("uid-{i}"));
+    }
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(most_issuing <= 2, "{most_issuing} issuing at once");
+    assert_eq!(
+        (alive.now(), issuing.now()),
+        (0, 0),
+        "no task outlives its pod"
+    );
+    assert_eq!(queue.in_flight(), [0, 0, 0]);
+    assert_eq!(queue.queued(), [0, 0, 0]);
+    assert_eq!(outcome(&outcomes, "cancelled"), 500);
+    assert!(early.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
