@@ -12,6 +12,7 @@
 //! concurrent misses share one list: a caller that finds a list begun after its own miss uses it.
 
 use athenz_core::client::{error_chain, read_limited_into};
+use athenz_core::issuance::Registration;
 use athenz_core::pod_fields::{PodFields, PodListFields};
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -194,16 +195,6 @@ struct Snapshot {
     pods: Arc<PodIndex>,
 }
 
-/// What a pod missing from the kubelet's list means to [`PodCache::find`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Absent {
-    /// Not listed yet: a pod being started may reach the kubelet's list after its volume mount.
-    MayAppear,
-    /// Gone: the pod was listed when its identity was issued, so a list made after the question
-    /// that lacks it is the answer (no point waiting for a deleted pod).
-    Gone,
-}
-
 /// Whether [`PodCache::find`] waits, within its deadline, for the pod's IP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IpWait {
@@ -369,16 +360,16 @@ impl PodCache {
     /// node: the list predates the pod's sandbox) is checked once against a newer list rather
     /// than answered from the cache. The entry is returned whatever its
     /// state once a list newer than the call has it. When no list has it: with
-    /// [`Absent::MayAppear`] (a new pod the kubelet may not list yet), `None` at the deadline;
-    /// with [`Absent::Gone`] (a pod that had an identity, so was listed before), `None` as soon
-    /// as a list newer than the call lacks it.
+    /// [`Registration::First`] (a new pod the kubelet may not list yet), `None` at the
+    /// deadline; with [`Registration::Again`] (a pod that had an identity, so was listed
+    /// before), `None` as soon as a list newer than the call lacks it.
     pub async fn find(
         &self,
         namespace: &str,
         name: &str,
         uid: &str,
         wait: Duration,
-        absent: Absent,
+        registration: Registration,
         ip_wait: IpWait,
     ) -> Result<Option<Arc<NodePod>>, KubeletError> {
         let called_at = Instant::now();
@@ -414,7 +405,7 @@ impl PodCache {
                     }
                 }
                 None if Instant::now() >= deadline => return Ok(None),
-                None if absent == Absent::Gone && snapshot.asked_at >= called_at => {
+                None if registration == Registration::Again && snapshot.asked_at >= called_at => {
                     return Ok(None);
                 }
                 None => {}

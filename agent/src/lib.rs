@@ -1,12 +1,12 @@
-//! `athenz-identity-agent`: the node daemon (docs/design.md §4.2). Pods reach it through the socket
-//! the flex driver binds into their volume; for each volume it finds the pod in the kubelet's list,
-//! gets an identity JWT from the jwt-service, makes a key and CSR, and registers or refreshes the
-//! instance with ZTS.
+//! `athenz-identity-agent`: the node daemon (docs/design.md §4.2, §4.10). Pods reach it through
+//! the socket their volume holds, the kubelet through the CSI driver, and the API server's
+//! bindings through a watch. Its code reads by concern (docs/architecture.md, "The agent"):
+//! [`attest`] (who is calling: which pod, and who on this node says so), [`manager`] (what is
+//! issued and held: every issuance through one queue by priority, and the volumes' records) and
+//! [`serve`] (how it is served: the socket's routes, CSI, the tunnel to ZTS).
 
-pub mod attestation;
-pub mod csi;
+pub mod attest;
 pub mod csr_check;
-pub mod early_issue;
 pub mod failure;
 pub mod install;
 pub mod jwt_client;
@@ -15,13 +15,9 @@ pub mod kubelet;
 pub mod manager;
 pub mod metrics;
 pub mod node_identity;
-mod pod_subject;
-pub mod refresh;
-pub mod routes;
-pub mod service;
+pub mod serve;
 pub mod service_dns;
 pub mod status;
-pub mod tunnel;
 pub mod volume_expiry;
 pub mod zts_ca;
 
@@ -244,7 +240,7 @@ async fn namespace_domains(
     let mapper = config.identity.mapper()?;
     let source: Option<Arc<dyn athenz_core::names::AnnotationSource>> =
         if mapper.honours_annotation() {
-            let client = csi::kube_client(
+            let client = serve::csi::kube_client(
                 config,
                 "--domain-annotation-allow/--kube-api-url (DOMAIN_ANNOTATION_ALLOW/KUBE_API_URL)",
                 config.upstream_timeout,
@@ -293,7 +289,7 @@ pub async fn start(
     // the bundle pods verify ZTS with: published beside the socket, followed when it rotates
     let zts_ca = zts_ca::ZtsCa::load(&config.zts_ca, &config.agent_dir)
         .map_err(|e| StartError::new("--zts-ca (ZTS_CA_FILE)", e))?;
-    let tunnel = tunnel::Tunnel::new(
+    let tunnel = serve::tunnel::Tunnel::new(
         &config.zts_url,
         config.max_tunnels,
         config.upstream_timeout.max(Duration::from_secs(30)),
@@ -302,16 +298,15 @@ pub async fn start(
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
     let queue = issuance_queue(&config, &mut registry)?;
     let metrics = metrics::AgentMetrics::register(&mut registry);
-    let early_issues = metrics.early_issues.clone();
+    let early_issues = manager::early::register_outcomes(&mut registry);
     metrics.set_key_source(config.key_source);
     let node_boot = match config.node_boot_time {
         Some(at) => at,
         None => kubelet::node_boot_time()
             .map_err(|e| StartError::new("--node-boot-time (NODE_BOOT_TIME)", e))?,
     };
-    let agent = Arc::new(service::Agent {
-        metrics,
-        volumes,
+    let attestor = attest::Attestor {
+        metrics: metrics.clone(),
         pods: kubelet::PodCache::new(
             kubelet_client,
             &config.kubelet_url,
@@ -326,32 +321,43 @@ pub async fn start(
         pod_wait: config.pod_wait,
         node_boot,
         domains,
+        peer_check: config.peer_check,
+        node_name: config.node_name.clone(),
+        volumes: volumes.clone(),
+    };
+    let manager = manager::Manager {
+        metrics: metrics.clone(),
+        volumes,
         provider: config.identity.provider.clone(),
         dns_suffix: config.identity.dns_suffix.clone(),
         service_dns: config
             .cluster_domain
             .clone()
-            .map(|domain| service::ServiceDns::new(domain, config.dns_resolver)),
+            .map(|domain| service_dns::ServiceDns::new(domain, config.dns_resolver)),
         keys: Arc::clone(&keys),
         jwt: jwt_client::JwtClient::new(jwt_client, &config.jwt_service_url, Arc::clone(&node)),
         zts,
         athenz_ca,
-        node: Arc::clone(&node),
-        peer_check: config.peer_check,
         queue,
-        locks: tokio::sync::Mutex::new(std::collections::HashMap::new()),
+        early: manager::early::EarlyIssues::new(manager::early::HOLD, early_issues),
+    };
+    let agent = Arc::new(serve::Agent {
+        attestor,
+        manager,
+        metrics,
         key_source: config.key_source,
         zts_url: config.zts_url.trim_end_matches('/').to_owned(),
         zts_ca: Arc::clone(&zts_ca),
         tunnel,
-        early: early_issue::EarlyIssues::new(early_issue::HOLD, early_issues),
+        node: Arc::clone(&node),
+        locks: tokio::sync::Mutex::default(),
     });
     let csi = match &config.csi_socket {
-        Some(path) => Some(csi::start(&config, path, &agent, &mut registry)?),
+        Some(path) => Some(serve::csi::start(&config, path, &agent, &mut registry)?),
         None => None,
     };
     let early_watch = if config.csi_early_issue {
-        Some(csi::watch_bound_pods(&config, &agent).await?)
+        Some(serve::csi::watch_bound_pods(&config, &agent).await?)
     } else {
         None
     };
@@ -372,7 +378,7 @@ pub async fn start(
         ));
         Server::new(
             Listener::Unix(listener),
-            Arc::new(routes::AgentHandler { agent }),
+            Arc::new(serve::routes::AgentHandler { agent }),
         )
         .with_limits(ServerLimits::default())
         .with_metrics(http_metrics)

@@ -37,11 +37,6 @@ pub struct AgentMetrics {
         TunnelLabels,
         prometheus_client::metrics::counter::Counter,
     >,
-    /// Files-mode identities issued ahead of their publish, by what became of them.
-    pub(crate) early_issues: prometheus_client::metrics::family::Family<
-        crate::early_issue::OutcomeLabels,
-        prometheus_client::metrics::counter::Counter,
-    >,
 }
 
 /// Labels of the identities-issued counter.
@@ -101,13 +96,7 @@ impl AgentMetrics {
             issued: Default::default(),
             key_source: Default::default(),
             tunnels: Default::default(),
-            early_issues: Default::default(),
         };
-        registry.register(
-            "csi_early_issues",
-            "Files-mode identities issued when their pod was bound, before its publish, by outcome (taken, failed, expired, dropped)",
-            m.early_issues.clone(),
-        );
         registry.register(
             "identities_issued",
             "Pod identities issued, by call and by where the key was made",

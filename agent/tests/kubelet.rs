@@ -4,7 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_identity_agent::kubelet::{Absent, IpWait, ListRate, NodePod, PodCache};
+use athenz_core::issuance::Registration;
+use athenz_identity_agent::kubelet::{IpWait, ListRate, NodePod, PodCache};
 use athenz_testbed::kube_api::{Cluster, KubeApi, running_pod};
 use athenz_testbed::kubelet::Kubelet;
 use std::sync::Arc;
@@ -53,7 +54,7 @@ async fn find_web(
             &format!("web-{n}"),
             &uid(n),
             Duration::from_secs(5),
-            Absent::MayAppear,
+            Registration::First,
             IpWait::DontWait,
         )
         .await
@@ -80,7 +81,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
             "web-1",
             &uid(1),
             wait,
-            Absent::MayAppear,
+            Registration::First,
             IpWait::DontWait,
         )
         .await
@@ -95,7 +96,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
             "web-1",
             &uid(1),
             wait,
-            Absent::MayAppear,
+            Registration::First,
             IpWait::DontWait,
         )
         .await
@@ -110,7 +111,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
                 "web-1",
                 &uid(1),
                 wait,
-                Absent::MayAppear,
+                Registration::First,
                 IpWait::DontWait
             )
             .await
@@ -126,7 +127,7 @@ async fn a_rotated_token_is_used_without_a_restart() {
             "web-1",
             &uid(1),
             wait,
-            Absent::MayAppear,
+            Registration::First,
             IpWait::DontWait,
         )
         .await
@@ -177,7 +178,7 @@ async fn concurrent_misses_share_lists() {
     );
 }
 
-/// A refresh's pod (listed once, so `Absent::Gone`) missing from a list made after the question
+/// A refresh's pod (listed once, so `Registration::Again`) missing from a list made after the question
 /// is answered as gone at once: one list, not the whole wait.
 #[tokio::test]
 async fn a_gone_pod_is_answered_by_the_first_newer_list() {
@@ -189,7 +190,7 @@ async fn a_gone_pod_is_answered_by_the_first_newer_list() {
             "deleted",
             &uid(0),
             Duration::from_secs(30),
-            Absent::Gone,
+            Registration::Again,
             IpWait::DontWait,
         )
         .await
@@ -213,7 +214,7 @@ async fn a_pod_that_never_comes_costs_at_most_the_budget() {
             "never",
             &uid(0),
             Duration::from_millis(500),
-            Absent::MayAppear,
+            Registration::First,
             IpWait::DontWait,
         )
         .await
@@ -244,7 +245,7 @@ async fn a_pod_the_kubelet_lists_late_is_found_within_the_wait() {
                     "web-7",
                     &uid(7),
                     Duration::from_secs(5),
-                    Absent::MayAppear,
+                    Registration::First,
                     IpWait::DontWait,
                 )
                 .await
@@ -285,7 +286,7 @@ async fn a_cached_entry_is_checked_against_a_new_list_only_when_it_cannot_answer
                     name,
                     &uid(n),
                     wait,
-                    Absent::MayAppear,
+                    Registration::First,
                     ip_wait,
                 )
                 .await
@@ -347,7 +348,7 @@ async fn a_pod_listed_before_its_ip_is_waited_for_by_a_caller_that_needs_the_ip(
             "web-1",
             &uid(1),
             wait,
-            Absent::MayAppear,
+            Registration::First,
             IpWait::DontWait,
         )
         .await
@@ -369,7 +370,7 @@ async fn a_pod_listed_before_its_ip_is_waited_for_by_a_caller_that_needs_the_ip(
             "web-1",
             &uid(1),
             wait,
-            Absent::MayAppear,
+            Registration::First,
             IpWait::Wait,
         )
         .await
@@ -394,7 +395,7 @@ async fn a_pod_listed_before_its_ip_is_waited_for_by_a_caller_that_needs_the_ip(
             "web-1",
             &uid(1),
             short,
-            Absent::MayAppear,
+            Registration::First,
             IpWait::Wait,
         )
         .await

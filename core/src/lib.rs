@@ -19,7 +19,9 @@ pub mod serving;
 
 #[cfg(feature = "csi")]
 pub use contracts::csi;
-pub use contracts::{agent_api, identity_jwt, ntoken, pod_fields, role_token, subject, zts};
+pub use contracts::{
+    agent_api, identity_jwt, issuance, ntoken, pod_fields, role_token, subject, zts,
+};
 pub use node::{files, peer, pod_info, volume, volume_mode, volume_mount};
 pub use serving::{client, daemon, http, periodic, telemetry, tls, unix_socket};
 

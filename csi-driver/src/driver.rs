@@ -15,11 +15,12 @@
 
 use crate::request::{Publish, check_target_path, check_volume_id};
 use crate::rotation::{Health, Rotation, write_set};
-use crate::{IssueError, Issuer, Registration};
+use crate::{IssueError, Issuer};
 use athenz_core::csi::v1::{
     NodeGetVolumeStatsResponse, NodePublishVolumeRequest, VolumeCondition, VolumeUsage,
     volume_usage::Unit,
 };
+use athenz_core::issuance::Registration;
 use athenz_core::volume::{VolumeData, VolumeError, VolumeId, VolumePaths, read_json_file};
 use athenz_core::volume_mode::VolumeMode;
 use athenz_core::volume_mount::mountinfo::MountTable;

@@ -23,8 +23,7 @@ pub mod rotation;
 pub mod server;
 pub mod service;
 
-use athenz_core::agent_api::IdentityResponse;
-use athenz_core::crypto::CertInfo;
+use athenz_core::issuance::{Issued, Registration};
 use athenz_core::secret::Secret;
 use athenz_core::volume::{VolumeData, VolumeId};
 use std::future::Future;
@@ -44,16 +43,6 @@ pub struct IssueError {
     pub message: String,
 }
 
-/// An identity as the issuer got it: the answer the files are written from, and its leaf
-/// certificate as the issuer read it to check it (so it is not parsed again here).
-#[derive(Debug, Clone)]
-pub struct Issued {
-    /// The credentials.
-    pub answer: IdentityResponse,
-    /// The leaf certificate of `answer.cert_pem`.
-    pub cert: CertInfo,
-}
-
 /// The pair a files-mode volume holds now, presented to re-issue it.
 #[derive(Debug, Clone)]
 pub struct CurrentPair {
@@ -61,16 +50,6 @@ pub struct CurrentPair {
     pub key_pem: Secret,
     /// Certificate PEM (leaf then chain).
     pub cert_pem: String,
-}
-
-/// Which registration of a volume's instance an [`Issuer::issue`] is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Registration {
-    /// At publish: the pod may not be in the kubelet's list yet.
-    First,
-    /// Again, after a refused refresh or a lost set: the pod had an identity, so it was listed;
-    /// missing from the list now, it is gone.
-    Again,
 }
 
 /// What the agent does for files-mode volumes.

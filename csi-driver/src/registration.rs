@@ -33,7 +33,7 @@ pub fn socket_in(dir: &Path, driver: &str) -> PathBuf {
 
 /// What kubelet is told, and what it answered.
 #[derive(Clone, Debug)]
-pub struct Registration {
+pub struct PluginRegistration {
     /// The CSI driver's name (ours is [`DRIVER_NAME`]; the devstack's bench registers the
     /// SPIFFE CSI driver with this too).
     driver: String,
@@ -44,7 +44,7 @@ pub struct Registration {
     registered: Gauge,
 }
 
-impl Registration {
+impl PluginRegistration {
     /// Registration of our driver's CSI socket kubelet reaches at `kubelet_endpoint`;
     /// `registered` is the gauge that follows kubelet's verdict (starts at -1: not told yet).
     pub fn new(kubelet_endpoint: String, registered: Gauge) -> Self {
@@ -63,7 +63,7 @@ impl Registration {
 }
 
 #[tonic::async_trait]
-impl api::registration_server::Registration for Registration {
+impl api::registration_server::Registration for PluginRegistration {
     async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
         Ok(Response::new(PluginInfo {
             r#type: CSI_PLUGIN.to_owned(),
@@ -106,7 +106,7 @@ pub fn bind(dir: &Path, driver: &str) -> Result<tokio::net::UnixListener, BindEr
 /// Serves `registration` on `listener` until `stop` completes.
 pub async fn serve(
     listener: tokio::net::UnixListener,
-    registration: Registration,
+    registration: PluginRegistration,
     stop: impl Future<Output = ()>,
 ) {
     let server = RegistrationServer::new(registration).max_decoding_message_size(MAX_MESSAGE);

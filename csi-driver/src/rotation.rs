@@ -14,10 +14,11 @@
 //! records the volume's health, which `NodeGetVolumeStats` and the metrics report. Unpublish
 //! stops the task; after an agent restart [`Rotation::resume`] finds the volumes again.
 
-use crate::{CurrentPair, IssueError, Issuer, Registration};
+use crate::{CurrentPair, IssueError, Issuer};
 use athenz_core::agent_api::IdentityResponse;
 use athenz_core::crypto::CertInfo;
 use athenz_core::files::{CERT_FILE, FileSet, KEY_FILE, Owner, write_credentials};
+use athenz_core::issuance::Registration;
 use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::secret::Secret;
 use athenz_core::volume::{RecordedVolume, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir};
@@ -493,7 +494,7 @@ impl<I: Issuer> Rotation<I> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Issued;
+    use athenz_core::issuance::Issued;
 
     /// An issuer whose re-issue blocks its worker thread (no await) until released: the rotation
     /// task is mid-poll, past anything an abort could interrupt, when the volume is unpublished.

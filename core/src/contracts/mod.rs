@@ -6,6 +6,7 @@ pub mod agent_api;
 #[cfg(feature = "csi")]
 pub mod csi;
 pub mod identity_jwt;
+pub mod issuance;
 pub mod ntoken;
 pub mod pod_fields;
 pub mod role_token;

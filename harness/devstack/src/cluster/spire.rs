@@ -381,7 +381,7 @@ fn register_csi_driver() -> anyhow::Result<tokio::task::JoinHandle<()>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let listener = athenz_csi_driver::registration::bind(dir, CSI_DRIVER)
         .with_context(|| format!("the {CSI_DRIVER} registration socket in {}", dir.display()))?;
-    let registration = athenz_csi_driver::registration::Registration::of_driver(
+    let registration = athenz_csi_driver::registration::PluginRegistration::of_driver(
         CSI_DRIVER.to_owned(),
         CSI_ENDPOINT.to_owned(),
         prometheus_client::metrics::gauge::Gauge::default(),

@@ -76,6 +76,19 @@ pub struct EarlyIssues<T> {
     outcomes: Family<OutcomeLabels, Counter>,
 }
 
+/// The counter of what became of identities issued ahead, registered as `csi_early_issues`.
+pub fn register_outcomes(
+    registry: &mut prometheus_client::registry::Registry,
+) -> Family<OutcomeLabels, Counter> {
+    let outcomes = Family::default();
+    registry.register(
+        "csi_early_issues",
+        "Files-mode identities issued when their pod was bound, before its publish, by outcome (taken, failed, expired, dropped, cancelled)",
+        outcomes.clone(),
+    );
+    outcomes
+}
+
 impl<T: Send + 'static> EarlyIssues<T> {
     /// An empty store whose identities wait `hold` for their publish.
     pub fn new(hold: Duration, outcomes: Family<OutcomeLabels, Counter>) -> Arc<Self> {

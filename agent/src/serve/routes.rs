@@ -1,9 +1,8 @@
 //! The socket's routes (docs/design.md §4.2): which call a request is, who is calling, and the
-//! answer it gets. The work of each call lives with the agent (`service`, `refresh`, `attestation`,
-//! `tunnel`).
+//! answer it gets. The work of each call lives beside it (`socket`, `pod_keys`, `tunnel`).
 
+use super::Agent;
 use crate::failure::{Failure, fail};
-use crate::service::Agent;
 use athenz_core::agent_api::{AgentRoute, KeySource, VOLUME_HEADER};
 use athenz_core::http::{Body, ConnInfo, Handler, Peer, error_response, json_response};
 use athenz_core::volume::VolumeId;
@@ -78,7 +77,7 @@ impl Handler for AgentHandler {
                 .await
                 .map(|t| answered(verb, &id, &who, &t)),
             AgentRoute::Attestation(v) => agent
-                .attest(v, body, &conn)
+                .attestation(v, body, &conn)
                 .await
                 .map(|a| answered(verb, &id, &who, &a)),
             AgentRoute::Certificate(v) => agent
@@ -86,7 +85,9 @@ impl Handler for AgentHandler {
                 .await
                 .map(|()| answered(verb, &id, &who, &serde_json::json!({}))),
         };
-        agent.record_outcome(route.volume(), result.as_ref().err());
+        agent
+            .manager
+            .record_outcome(route.volume(), result.as_ref().err());
         match result {
             Ok(response) => response,
             Err(failure) => {
@@ -157,8 +158,7 @@ fn authorize_tunnel(agent: &Agent, req: &Request<Bytes>, conn: &ConnInfo) -> Res
             )
         })?
         .map_err(|e| fail(StatusCode::BAD_REQUEST, format!("{VOLUME_HEADER}: {e}")))?;
-    let (_, data) = agent.volume(&id)?;
-    agent.check_peer(&id, &data, conn)?;
+    agent.attestor.caller(&id, conn)?;
     if agent.key_source != KeySource::Pod {
         return Err(fail(
             StatusCode::BAD_REQUEST,

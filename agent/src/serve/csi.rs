@@ -3,17 +3,20 @@
 //! names the volume's pod), so there is no peer check; everything else is the socket API's path:
 //! the pod as the kubelet lists it, the jwt-service, ZTS, the refresh checks and state.json.
 //! [`start`] binds the CSI socket (and kubelet's registration socket) for the agent.
+//! A publish is real time; a rotation's re-issue is background work (`crate::manager::queue`).
 
+use super::Agent;
+use super::RecentInit;
 use crate::Config;
-use crate::early_issue::{BoundPod, PodNames};
+use crate::attest::{Claim, PodIp};
 use crate::failure::Failure;
-use crate::kubelet::Absent;
-use crate::manager::queue::Priority;
-use crate::service::{Agent, KeyRequest, PodCheck, PodIp, RecentInit};
+use crate::manager::early::{BoundPod, PodNames};
+use crate::manager::{KeyRequest, Priority};
 use athenz_core::daemon::StartError;
+use athenz_core::issuance::{Issued, Registration};
 use athenz_core::volume::VolumesDir;
 use athenz_core::volume::{VolumeData, VolumeId};
-use athenz_csi_driver::{CurrentPair, IssueError, Issued, Issuer, Registration};
+use athenz_csi_driver::{CurrentPair, IssueError, Issuer};
 use http::StatusCode;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -47,35 +50,34 @@ impl Issuer for AgentIssuer {
         data: &VolumeData,
         registration: Registration,
     ) -> Result<Issued, IssueError> {
-        let paths = self.agent.volumes.volume(id);
-        // the kubelet waits on a publish; a registration again is the rotation's, ahead of time
-        let (check, priority) = match registration {
+        let (attest, manager) = (&self.agent.attestor, &self.agent.manager);
+        let issued = match registration {
+            // the kubelet waits on a publish, which names the pod itself
             Registration::First => {
-                // issued when the pod was bound (crate::early_issue): only written here
-                if let Some(registered) =
-                    self.agent.early.take(&data.pod_uid, &names_of(data)).await
-                {
-                    return self
-                        .agent
-                        .record_registered(&paths, data, registered)
-                        .map_err(issue_error);
-                }
-                (PodCheck::KubeletCall, Priority::RealTime)
+                let subject = attest
+                    .attest(Claim::KubeletCall { volume: data })
+                    .await
+                    .map_err(issue_error)?;
+                manager.publish(id, data, subject).await
             }
-            Registration::Again => (PodCheck::KubeletList(Absent::Gone), Priority::Background),
+            // the rotation's, ahead of time: its pod may have gone since
+            Registration::Again => {
+                let subject = attest
+                    .attest(Claim::KubeletList {
+                        volume: data,
+                        ip: PodIp::for_files_volume(data),
+                        registration,
+                    })
+                    .await
+                    .map_err(issue_error)?;
+                // files mode: no process in the pod, so the key is made here whatever
+                // --key-source says
+                manager
+                    .register(id, data, subject, KeyRequest::Agent, Priority::Background)
+                    .await
+            }
         };
-        self.agent
-            // files mode: no process in the pod, so the key is made here whatever --key-source says
-            .register(
-                &paths,
-                data,
-                PodIp::for_files_volume(data),
-                check,
-                KeyRequest::Agent,
-                priority,
-            )
-            .await
-            .map_err(issue_error)
+        issued.map_err(issue_error)
     }
 
     async fn reissue(
@@ -84,13 +86,22 @@ impl Issuer for AgentIssuer {
         data: &VolumeData,
         current: &CurrentPair,
     ) -> Result<Issued, IssueError> {
-        self.agent
-            .refresh_pair(
+        let (attest, manager) = (&self.agent.attestor, &self.agent.manager);
+        // the pod had its identity, so the kubelet listed it: missing from a new list, it is gone
+        let subject = attest
+            .attest(Claim::KubeletList {
+                volume: data,
+                ip: PodIp::for_files_volume(data),
+                registration: Registration::Again,
+            })
+            .await
+            .map_err(issue_error)?;
+        manager
+            .refresh(
                 id,
-                data,
                 &current.key_pem,
                 &current.cert_pem,
-                PodIp::for_files_volume(data),
+                subject,
                 Priority::Background,
             )
             .await
@@ -98,32 +109,18 @@ impl Issuer for AgentIssuer {
     }
 
     async fn pod_ip(&self, data: &VolumeData) -> Result<Option<IpAddr>, IssueError> {
-        let pod = self
-            .agent
-            .pods
-            .current(&data.namespace, &data.pod_name)
+        self.agent
+            .attestor
+            .listed_ip(data)
             .await
             .map_err(|e| IssueError {
                 transient: true,
                 message: e.to_string(),
-            })?;
-        // an IP from a sandbox older than the node is not the pod's (see `kubelet::Sandbox`)
-        Ok(pod
-            .filter(|p| p.uid == data.pod_uid && p.sandbox.ip_is_current(self.agent.node_boot))
-            .and_then(|p| p.ip.as_deref().and_then(|ip| ip.parse().ok())))
+            })
     }
 
     fn ready(&self) -> bool {
         self.agent.node.is_valid()
-    }
-}
-
-/// The pod a volume's record names, as an early issuance is matched to it.
-fn names_of(data: &VolumeData) -> PodNames {
-    PodNames {
-        namespace: data.namespace.clone(),
-        name: data.pod_name.clone(),
-        service_account: data.service_account.clone(),
     }
 }
 
@@ -154,7 +151,7 @@ pub(crate) async fn kube_client(
 }
 
 /// Starts the watch of this node's pending pods that issues files-mode identities when their
-/// pod is bound (`--csi-early-issue`, crate::early_issue). The API client is made now, so a
+/// pod is bound (`--csi-early-issue`, crate::manager::early). The API client is made now, so a
 /// missing in-cluster configuration stops the agent at start; the watch's own errors (no RBAC,
 /// the API away) only leave every publish to issue itself, and are logged.
 pub(crate) async fn watch_bound_pods(
@@ -169,10 +166,10 @@ pub(crate) async fn watch_bound_pods(
     .await?;
     let issuer = Arc::clone(agent);
     tracing::info!(node = %config.node_name, "issuing files-mode identities when their pods are bound here");
-    Ok(crate::early_issue::spawn_watch(
+    Ok(crate::manager::early::spawn_watch(
         client,
         config.node_name.clone(),
-        Arc::clone(&agent.early),
+        Arc::clone(&agent.manager.early),
         move |pod: &BoundPod| {
             let names = PodNames {
                 namespace: pod.namespace()?.to_owned(),
@@ -184,12 +181,14 @@ pub(crate) async fn watch_bound_pods(
             Some((names, async move {
                 // its turn first: a pod bound and deleted at once costs nothing but its place
                 // in the queue (the store cancels it), not a lookup
-                let slot = agent.issuance_slot(Priority::Warmup).await;
+                let slot = agent.manager.slot(Priority::Warmup).await;
                 // its domain may be its namespace's annotation, read from the API
-                let subject = agent.subject_of_bound(&pod).await?;
-                agent
-                    .register_vouched(subject, slot)
-                    .await
+                let registered = match agent.attestor.attest(Claim::ApiBinding { pod: &pod }).await
+                {
+                    Ok(subject) => agent.manager.register_ahead(subject, slot).await,
+                    Err(refused) => Err(refused),
+                };
+                registered
                     .map_err(|f| {
                         tracing::info!(status = f.status.as_u16(), error = %f.message, "issuing ahead of the publish failed; the publish issues itself");
                     })
@@ -271,7 +270,7 @@ pub(crate) fn start(
             tracing::info!(socket = %athenz_csi_driver::registration::socket_in(dir, athenz_csi_driver::DRIVER_NAME).display(), endpoint = %endpoint.display(), "registering the CSI driver with kubelet");
             Some((
                 listener,
-                athenz_csi_driver::registration::Registration::new(
+                athenz_csi_driver::registration::PluginRegistration::new(
                     endpoint.display().to_string(),
                     registered,
                 ),
