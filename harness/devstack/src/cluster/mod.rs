@@ -446,6 +446,42 @@ pub async fn bench_command(
     Ok(())
 }
 
+/// `cluster flood`: a cluster started as `cluster up` would, the flood bench on it
+/// ([`bench::flood`]), and the cluster taken down.
+pub async fn flood_command(
+    options: ClusterOptions,
+    flood_options: bench::flood::FloodOptions,
+    json: bool,
+) -> anyhow::Result<()> {
+    let stop = athenz_core::http::termination_signal();
+    tokio::pin!(stop);
+    let mut report = |line: String| {
+        if json {
+            eprintln!("{line}");
+        } else {
+            println!("{line}");
+        }
+    };
+    let Some(cluster) = start_unless_stopped(&options, stop.as_mut(), &mut report).await? else {
+        anyhow::bail!("stopped by a signal before the flood began");
+    };
+    let outcome = tokio::select! {
+        outcome = bench::flood::run(&cluster.layout, &cluster.info, flood_options, &mut report) => outcome,
+        () = &mut stop => Err(anyhow::anyhow!(
+            "stopped by a signal during the flood; its cluster is taken down"
+        )),
+    };
+    let stopped = cluster.stop(&mut |_| {}).await;
+    let result = outcome?;
+    stopped?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        print!("{}", result.table());
+    }
+    Ok(())
+}
+
 /// Imports the apps' image and runs every workload of the scenario.
 fn run_scenario(cluster: &Cluster) -> anyhow::Result<end_to_end::Outcome> {
     let zts = cluster

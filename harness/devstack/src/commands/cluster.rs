@@ -25,6 +25,10 @@ pub enum ClusterCommand {
     /// app container holding its certificate, per mode and for the same pod without identity,
     /// pods one per interval then a burst; the agent's RSS and CPU. Takes the cluster down.
     Bench(BenchArgs),
+    /// What a flood of pods bound to the node and deleted at once does to ordinary pods
+    /// starting there (early issuance's bounds): their times with and without it, and where
+    /// the flood's cost landed.
+    Flood(FloodArgs),
     /// `cluster up`, then Kubernetes' own storage e2e suite (`e2e.test`, built by
     /// `harness/real-node/kube/build.sh --e2e`) against csi.athenz.io: "External Storage [Driver:
     /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
@@ -50,6 +54,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         ClusterCommand::Up(args) => up(args),
         ClusterCommand::Demo(args) => demo(args),
         ClusterCommand::Bench(args) => bench(args),
+        ClusterCommand::Flood(args) => flood(args),
         ClusterCommand::StorageE2e(args) => storage_e2e(args),
         ClusterCommand::StopNode(args) => stop_node(&args),
         ClusterCommand::Down(args) => down(&args),
@@ -288,6 +293,40 @@ fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let bench = args.bench_options();
     let options = args.release.cluster_options(None)?;
     runtime()?.block_on(cluster::bench_command(options, bench, args.json))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FloodArgs {
+    #[command(flatten)]
+    release: ReleaseArgs,
+    /// Ordinary files-mode pods per round, one per --interval.
+    #[arg(long, default_value_t = 20)]
+    pods: usize,
+    /// The time between two ordinary pods.
+    #[arg(long, default_value = "1s", value_parser = parse_arrival)]
+    interval: std::time::Duration,
+    /// Labelled files-mode pods bound to the node per flooded round, deleted at once, in
+    /// batches over the round.
+    #[arg(long, default_value_t = 500)]
+    flood_pods: usize,
+    /// Rounds without and with the flood, alternating.
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Print JSON instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+fn flood(args: FloodArgs) -> anyhow::Result<ExitCode> {
+    let flood = cluster::bench::flood::FloodOptions {
+        pods: args.pods,
+        interval: args.interval,
+        flood_pods: args.flood_pods,
+        rounds: args.rounds,
+    };
+    let options = args.release.cluster_options(None)?;
+    runtime()?.block_on(cluster::flood_command(options, flood, args.json))?;
     Ok(ExitCode::SUCCESS)
 }
 

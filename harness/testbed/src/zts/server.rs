@@ -432,6 +432,8 @@ impl ZtsHandler {
             instance_id: instance_id.clone(),
         };
         self.state.instances.register(key, &issued.serial_hex);
+        // what a bench counts a node's registrations by (cluster flood)
+        tracing::info!(provider = %info.provider, domain = %info.domain, service = %info.service, instance = %instance_id, "instance registered");
 
         let identity = InstanceIdentity {
             provider: info.provider.clone(),

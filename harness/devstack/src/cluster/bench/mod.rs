@@ -11,6 +11,7 @@
 
 mod arrivals;
 mod costs;
+pub mod flood;
 mod kinds;
 mod pods;
 mod report;
@@ -125,17 +126,7 @@ pub async fn run(
     report: &mut dyn FnMut(String),
 ) -> anyhow::Result<BenchReport> {
     let zts = info.zts.as_ref().context("the cluster has no dev ZTS")?;
-    let probe = images::compile_go_static(&layout.images.join("probe"), "probe", PROBE_GO)?;
-    let archive = images::build_once(
-        &layout.images,
-        &ImageSpec {
-            name: PROBE_IMAGE.to_owned(),
-            files: vec![(probe, "/probe".to_owned())],
-            entrypoint: vec!["/probe".to_owned()],
-        },
-    )?;
-    images::import(layout, &archive)?;
-    Scenario::import_app_image(layout)?;
+    prepare_probe(layout)?;
     let scenario = Scenario::new(layout, &zts.ca);
     let api = Checker::for_cluster(layout, info)?;
     let cgroups = Cgroups::host();
@@ -359,6 +350,21 @@ pub async fn run(
             "release"
         },
     })
+}
+
+/// Builds the probe's image and imports it and the app's into the node.
+fn prepare_probe(layout: &Layout) -> anyhow::Result<()> {
+    let probe = images::compile_go_static(&layout.images.join("probe"), "probe", PROBE_GO)?;
+    let archive = images::build_once(
+        &layout.images,
+        &ImageSpec {
+            name: PROBE_IMAGE.to_owned(),
+            files: vec![(probe, "/probe".to_owned())],
+            entrypoint: vec!["/probe".to_owned()],
+        },
+    )?;
+    images::import(layout, &archive)?;
+    Scenario::import_app_image(layout)
 }
 
 /// How long each system's idle CPU is measured, with no measured pod on the node.
