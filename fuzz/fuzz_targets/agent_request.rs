@@ -8,9 +8,9 @@ use athenz_core::agent_api::AgentRoute;
 use athenz_core::agent_api::InitRequest;
 use athenz_core::crypto::CsrInfo;
 use athenz_core::names::{CsrIdentity, PodIdentityInput};
-use athenz_identity_agent::serve::pod_keys::parse_report;
 use athenz_identity_agent::csr_check;
 use athenz_identity_agent::manager::PresentedPair;
+use athenz_identity_agent::serve::pod_keys::parse_report;
 use athenz_identity_agent::serve::socket::parse_refresh_request;
 use libfuzzer_sys::fuzz_target;
 
