@@ -29,6 +29,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -45,8 +46,9 @@ pub const MAX_HELD: usize = 256;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// `taken` (a publish wrote it), `failed` (the publish issued itself), `expired` (no publish
-    /// within [`HOLD`]), `dropped` (the pod went after it was issued) or `cancelled` (the pod
-    /// went while it waited for its slot or was being issued: that work stopped there).
+    /// within [`HOLD`]), `dropped` (the pod went after it was issued), `cancelled` (the pod
+    /// went while it waited for its slot or was being issued: that work stopped there) or
+    /// `overtaken` (its publish came while it still waited for its slot, and issued itself).
     pub outcome: &'static str,
 }
 
@@ -61,8 +63,34 @@ pub struct PodNames {
     pub service_account: String,
 }
 
+/// Marked by an early issuance once it holds its slot, when it is being issued rather than
+/// waiting for its turn behind other warm-up work: a publish waits only for an issuance under
+/// way, and overtakes one still waiting (it registers itself, in real time).
+#[derive(Clone, Debug, Default)]
+pub struct Started(Arc<AtomicBool>);
+
+impl Started {
+    /// One already under way (an issuance that waits for no slot).
+    pub fn already() -> Self {
+        let started = Self::default();
+        started.mark();
+        started
+    }
+
+    /// The issuance holds its slot now.
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+
+    fn is_marked(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 struct Entry<T> {
     pod: PodNames,
+    /// Whether the issuance has its slot.
+    started: Started,
     /// Locked by the issuing task until its answer is in.
     slot: Arc<tokio::sync::Mutex<Option<T>>>,
     /// The issuing task, ended when the pod goes (queued, issuing or holding its answer).
@@ -83,7 +111,7 @@ pub fn register_outcomes(
     let outcomes = Family::default();
     registry.register(
         "csi_early_issues",
-        "Files-mode identities issued when their pod was bound, before its publish, by outcome (taken, failed, expired, dropped, cancelled)",
+        "Files-mode identities issued when their pod was bound, before its publish, by outcome (taken, failed, expired, dropped, cancelled, overtaken)",
         outcomes.clone(),
     );
     outcomes
@@ -133,7 +161,7 @@ impl<T: Send + 'static> EarlyIssues<T> {
     /// Issues for pod `uid` with `issue` on a task of its own, unless its identity is already
     /// held or being issued, or [`MAX_HELD`] are. `issue` answers `None` when it failed (and
     /// has said why).
-    pub fn begin<F>(self: &Arc<Self>, uid: String, pod: PodNames, issue: F)
+    pub fn begin<F>(self: &Arc<Self>, uid: String, pod: PodNames, started: Started, issue: F)
     where
         F: Future<Output = Option<T>> + Send + 'static,
     {
@@ -178,6 +206,7 @@ impl<T: Send + 'static> EarlyIssues<T> {
             key,
             Entry {
                 pod,
+                started,
                 slot: entry_slot,
                 task: task.abort_handle(),
             },
@@ -194,7 +223,12 @@ impl<T: Send + 'static> EarlyIssues<T> {
                 tracing::warn!(uid, held = ?entry.pod, asked = ?pod, "an identity issued ahead is for another pod than the publish names; the publish issues its own");
                 return None;
             }
-            Arc::clone(&entry.slot)
+            entry.started.is_marked().then(|| Arc::clone(&entry.slot))
+        };
+        let Some(slot) = slot else {
+            // still waiting behind other warm-up work: the publish, real time, goes first
+            self.end(uid, "overtaken");
+            return None;
         };
         let issued = slot.lock().await.take();
         if issued.is_some() && self.remove_if(uid, &slot) {
@@ -213,6 +247,14 @@ impl<T: Send + 'static> EarlyIssues<T> {
         // the issuing task holds the lock until its answer is in
         let issued = entry.slot.try_lock().is_ok_and(|answer| answer.is_some());
         self.count(if issued { "dropped" } else { "cancelled" });
+    }
+
+    /// Ends `uid`'s issuance, counted `outcome`.
+    fn end(&self, uid: &str, outcome: &'static str) {
+        if let Some(entry) = self.entries().remove(uid) {
+            entry.task.abort();
+            self.count(outcome);
+        }
     }
 }
 
@@ -318,7 +360,7 @@ pub fn spawn_watch<T, F, Fut>(
 ) -> tokio::task::JoinHandle<()>
 where
     T: Send + 'static,
-    F: Fn(&BoundPod) -> Option<(PodNames, Fut)> + Send + 'static,
+    F: Fn(&BoundPod, Started) -> Option<(PodNames, Fut)> + Send + 'static,
     Fut: Future<Output = Option<T>> + Send + 'static,
 {
     use futures_util::StreamExt;
@@ -350,8 +392,11 @@ where
                 match step {
                     Step::Forget(uid) => store.forget(&uid),
                     Step::Issue(pod) => {
-                        if let (Some(uid), Some((names, issuing))) = (pod.uid(), issue(&pod)) {
-                            store.begin(uid.to_owned(), names, issuing);
+                        let started = Started::default();
+                        if let (Some(uid), Some((names, issuing))) =
+                            (pod.uid(), issue(&pod, started.clone()))
+                        {
+                            store.begin(uid.to_owned(), names, started, issuing);
                         }
                     }
                 }

@@ -10,7 +10,7 @@ use super::RecentInit;
 use crate::Config;
 use crate::attest::{Claim, PodIp};
 use crate::failure::Failure;
-use crate::manager::early::{BoundPod, PodNames};
+use crate::manager::early::{BoundPod, PodNames, Started};
 use crate::manager::{KeyRequest, Priority};
 use athenz_core::daemon::StartError;
 use athenz_core::issuance::{Issued, Registration};
@@ -170,7 +170,7 @@ pub(crate) async fn watch_bound_pods(
         client,
         config.node_name.clone(),
         Arc::clone(&agent.manager.early),
-        move |pod: &BoundPod| {
+        move |pod: &BoundPod, started: Started| {
             let names = PodNames {
                 namespace: pod.namespace()?.to_owned(),
                 name: pod.name()?.to_owned(),
@@ -182,6 +182,7 @@ pub(crate) async fn watch_bound_pods(
                 // its turn first: a pod bound and deleted at once costs nothing but its place
                 // in the queue (the store cancels it), not a lookup
                 let slot = agent.manager.slot(Priority::Warmup).await;
+                started.mark();
                 // its domain may be its namespace's annotation, read from the API
                 let registered = match agent.attestor.attest(Claim::ApiBinding { pod: &pod }).await
                 {

@@ -39,7 +39,7 @@ fn spawn_take(early: &Arc<EarlyIssues<String>>) -> tokio::task::JoinHandle<Optio
 async fn a_publish_waits_for_the_issuance_under_way_and_takes_it_once() {
     let (early, outcomes) = store();
     let (answer, issuing) = issuance();
-    early.begin("uid-1".into(), names("web-0"), issuing);
+    early.begin("uid-1".into(), names("web-0"), Started::already(), issuing);
     let taking = spawn_take(&early);
     tokio::task::yield_now().await;
     assert!(!taking.is_finished(), "the publish waits for ZTS's answer");
@@ -53,7 +53,7 @@ async fn a_publish_waits_for_the_issuance_under_way_and_takes_it_once() {
 #[tokio::test]
 async fn an_identity_is_taken_only_for_the_pod_it_was_issued_for() {
     let (early, outcomes) = store();
-    early.begin("uid-1".into(), names("web-0"), async {
+    early.begin("uid-1".into(), names("web-0"), Started::already(), async {
         Some("identity".to_owned())
     });
     tokio::task::yield_now().await;
@@ -74,7 +74,7 @@ async fn an_identity_is_taken_only_for_the_pod_it_was_issued_for() {
 async fn a_failed_issuance_leaves_the_publish_to_issue_itself() {
     let (early, outcomes) = store();
     let (answer, issuing) = issuance();
-    early.begin("uid-1".into(), names("web-0"), issuing);
+    early.begin("uid-1".into(), names("web-0"), Started::already(), issuing);
     let taking = spawn_take(&early);
     answer.send(None).expect("answered");
     assert_eq!(taking.await.expect("task"), None);
@@ -86,7 +86,7 @@ async fn a_failed_issuance_leaves_the_publish_to_issue_itself() {
 async fn a_pod_gone_after_its_issuance_drops_its_identity() {
     let (early, outcomes) = store();
     let (answer, issuing) = issuance();
-    early.begin("uid-1".into(), names("web-0"), issuing);
+    early.begin("uid-1".into(), names("web-0"), Started::already(), issuing);
     answer.send(Some("identity".into())).expect("answered");
     tokio::task::yield_now().await;
     early.forget("uid-1");
@@ -133,7 +133,7 @@ async fn forget_during_an_issuance_cancels_it() {
             answered.await.ok().flatten()
         }
     };
-    early.begin("uid-1".into(), names("web-0"), issuing);
+    early.begin("uid-1".into(), names("web-0"), Started::already(), issuing);
     tokio::task::yield_now().await;
     assert_eq!(alive.now(), 1, "under way");
     let taking = spawn_take(&early);
@@ -165,9 +165,12 @@ async fn a_flood_of_pods_deleted_at_once_costs_at_most_the_warmup_limit() {
     let mut most_issuing = 0;
     for i in 0..500 {
         let (queue, alive, at_zts) = (Arc::clone(&queue), alive.clone(), issuing.clone());
-        early.begin(format!("uid-{i}"), names("web-0"), async move {
+        let started = Started::default();
+        let marks = started.clone();
+        early.begin(format!("uid-{i}"), names("web-0"), started, async move {
             let _alive = alive.enter();
             let _slot = queue.slot(Priority::Warmup).await;
+            marks.mark();
             let _issuing = at_zts.enter();
             std::future::pending::<Option<String>>().await
         });
@@ -201,7 +204,7 @@ async fn a_flood_of_pods_deleted_at_once_costs_at_most_the_warmup_limit() {
 #[tokio::test(start_paused = true)]
 async fn an_identity_no_publish_takes_is_dropped_after_the_hold() {
     let (early, outcomes) = store();
-    early.begin("uid-1".into(), names("web-0"), async {
+    early.begin("uid-1".into(), names("web-0"), Started::already(), async {
         Some("identity".to_owned())
     });
     tokio::time::sleep(HOLD - Duration::from_secs(1)).await;
@@ -223,10 +226,25 @@ async fn one_issuance_per_pod_and_a_bounded_number_at_once() {
             std::future::pending::<Option<String>>().await
         }
     };
-    early.begin("uid-1".into(), names("web-0"), counted(&runs));
-    early.begin("uid-1".into(), names("web-0"), counted(&runs));
+    early.begin(
+        "uid-1".into(),
+        names("web-0"),
+        Started::already(),
+        counted(&runs),
+    );
+    early.begin(
+        "uid-1".into(),
+        names("web-0"),
+        Started::already(),
+        counted(&runs),
+    );
     for i in 2..MAX_HELD + 10 {
-        early.begin(format!("uid-{i}"), names("web-0"), counted(&runs));
+        early.begin(
+            format!("uid-{i}"),
+            names("web-0"),
+            Started::already(),
+            counted(&runs),
+        );
     }
     for _ in 0..10 {
         tokio::task::yield_now().await;
@@ -331,4 +349,45 @@ fn the_watch_asks_only_for_this_nodes_pending_pods() {
         field_selector("node-a"),
         "spec.nodeName=node-a,status.phase=Pending"
     );
+}
+
+/// A publish does not wait behind other pods' warm-up work: an issuance still waiting for its
+/// slot is ended (counted `overtaken`) and the publish registers itself in real time; one under
+/// way is waited for.
+#[tokio::test]
+async fn a_publish_overtakes_an_issuance_still_waiting_for_its_turn() {
+    use crate::manager::queue::{Limits, Priority, Queue, QueueMetrics};
+    let (early, outcomes) = store();
+    let queue = Queue::new(Limits::new(8, 1, 1).unwrap(), QueueMetrics::default());
+    let alive = Alive::default();
+    for uid in ["uid-0", "uid-1"] {
+        let (queue, alive) = (Arc::clone(&queue), alive.clone());
+        let started = Started::default();
+        let marks = started.clone();
+        early.begin(uid.into(), names("web-0"), started, async move {
+            let _alive = alive.enter();
+            let _slot = queue.slot(Priority::Warmup).await;
+            marks.mark();
+            std::future::pending::<Option<String>>().await
+        });
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(
+        queue.in_flight(),
+        [0, 1, 0],
+        "uid-0 under way, uid-1 waiting"
+    );
+    // uid-1's publish: not waited for
+    assert_eq!(early.take("uid-1", &names("web-0")).await, None);
+    tokio::task::yield_now().await;
+    assert_eq!(outcome(&outcomes, "overtaken"), 1);
+    assert_eq!((alive.now(), queue.queued()), (1, [0, 0, 0]));
+    // uid-0's publish waits for the issuance under way
+    let taking = {
+        let early = Arc::clone(&early);
+        tokio::spawn(async move { early.take("uid-0", &names("web-0")).await })
+    };
+    tokio::task::yield_now().await;
+    assert!(!taking.is_finished());
+    taking.abort();
 }

@@ -92,7 +92,14 @@ fn metric_sum(page: &str, name: &str, label: &str) -> u64 {
 /// The early-issuance outcomes on `page`.
 fn early_outcomes(page: &str) -> BTreeMap<String, u64> {
     let mut outcomes = BTreeMap::new();
-    for outcome in ["taken", "failed", "expired", "dropped", "cancelled"] {
+    for outcome in [
+        "taken",
+        "failed",
+        "expired",
+        "dropped",
+        "cancelled",
+        "overtaken",
+    ] {
         let n = metric_sum(
             page,
             "athenz_agent_csi_early_issues_total",
