@@ -8,7 +8,7 @@
 //! after listing it), so a miss asks the kubelet again at once. During a rollout pods arrive every
 //! few milliseconds: each must get a list made after it arrived, without waiting out a fixed
 //! interval, yet misses (a pod not on this node, a kubelet that has not synced) must not hammer
-//! the kubelet. A token bucket ([`ListBudget`]) allows bursts and bounds the sustained rate; and
+//! the kubelet. A token bucket ([`crate::rate::TokenBucket`]) allows bursts and bounds the sustained rate; and
 //! concurrent misses share one list: a caller that finds a list begun after its own miss uses it.
 
 use athenz_core::client::{error_chain, read_limited_into};
@@ -145,47 +145,7 @@ pub fn parse_pod_list(body: &[u8]) -> Result<PodIndex, KubeletError> {
 
 /// How often misses may make the agent list the node's pods: `burst` lists at once, `per_second`
 /// sustained.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ListRate {
-    /// Lists allowed back to back after a quiet spell.
-    pub burst: u32,
-    /// Lists per second in the long run.
-    pub per_second: f64,
-}
-
-/// A token bucket over [`ListRate`].
-#[derive(Debug)]
-struct ListBudget {
-    rate: ListRate,
-    tokens: f64,
-    at: Instant,
-}
-
-impl ListBudget {
-    fn new(rate: ListRate, now: Instant) -> Self {
-        Self {
-            rate,
-            tokens: f64::from(rate.burst.max(1)),
-            at: now,
-        }
-    }
-
-    /// Takes a token at `now`, or says how long until one is there.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
-        let burst = f64::from(self.rate.burst.max(1));
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate.per_second).min(burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64(
-                (1.0 - self.tokens) / self.rate.per_second.max(f64::MIN_POSITIVE),
-            ))
-        }
-    }
-}
+pub type ListRate = crate::rate::Rate;
 
 /// One list: when it was asked for (a pod that existed then is in it, if the kubelet knew it),
 /// and its pods.
@@ -234,7 +194,7 @@ pub struct PodCache {
 /// What the one caller fetching a list uses: the budget of forced lists, and the body buffer
 /// every list is read into.
 struct Lister {
-    budget: ListBudget,
+    budget: crate::rate::TokenBucket,
     body: Vec<u8>,
 }
 
@@ -258,7 +218,7 @@ impl PodCache {
             node_boot,
             latest: std::sync::Mutex::new(None),
             fetching: tokio::sync::Mutex::new(Lister {
-                budget: ListBudget::new(rate, Instant::now()),
+                budget: crate::rate::TokenBucket::new(rate, Instant::now()),
                 body: Vec::new(),
             }),
         }
@@ -422,7 +382,7 @@ mod tests {
     #[test]
     fn the_budget_allows_a_burst_then_the_rate() {
         let start = Instant::now();
-        let mut budget = ListBudget::new(
+        let mut budget = crate::rate::TokenBucket::new(
             ListRate {
                 burst: 3,
                 per_second: 10.0,

@@ -15,6 +15,7 @@ pub mod kubelet;
 pub mod manager;
 pub mod metrics;
 pub mod node_identity;
+pub mod rate;
 pub mod serve;
 pub mod service_dns;
 pub mod status;
@@ -153,6 +154,15 @@ pub struct Config {
     /// always find a slot.
     #[arg(long, env = "MAX_WARMUP_ISSUANCES", default_value_t = 2)]
     pub max_warmup_issuances: usize,
+    /// Early issuances started per second in the long run, however fast pods are bound here
+    /// (and deleted again): a tenant's flood of bindings costs ZTS at most this many
+    /// registrations a second; the rest wait, are cancelled with their pod, or are overtaken by
+    /// their publish (which registers itself).
+    #[arg(long, env = "EARLY_ISSUE_RATE", default_value_t = 5.0)]
+    pub early_issue_rate: f64,
+    /// Early issuances started back to back after a quiet spell (a Deployment scaled up).
+    #[arg(long, env = "EARLY_ISSUE_BURST", default_value_t = 32)]
+    pub early_issue_burst: u32,
     /// Most of those that are files-mode re-issues at their refresh time.
     #[arg(long, env = "MAX_BACKGROUND_ISSUANCES", default_value_t = 2)]
     pub max_background_issuances: usize,
@@ -340,6 +350,13 @@ pub async fn start(
         athenz_ca,
         queue,
         early: manager::early::EarlyIssues::new(manager::early::HOLD, early_issues),
+        warmup_rate: std::sync::Mutex::new(rate::TokenBucket::new(
+            rate::Rate {
+                burst: config.early_issue_burst,
+                per_second: config.early_issue_rate,
+            },
+            std::time::Instant::now(),
+        )),
     };
     let agent = Arc::new(serve::Agent {
         attestor,
@@ -399,8 +416,16 @@ pub async fn start(
     Ok((bound, task))
 }
 
-/// The kubelet list's token bucket must let lists through.
+/// The kubelet list's and early issuance's token buckets must let them through.
 fn check_kubelet_list_rate(config: &Config) -> Result<(), StartError> {
+    if !(config.early_issue_rate.is_finite() && config.early_issue_rate > 0.0)
+        || config.early_issue_burst == 0
+    {
+        return Err(StartError::new(
+            "--early-issue-rate/--early-issue-burst (EARLY_ISSUE_RATE/EARLY_ISSUE_BURST)",
+            "both must be above zero",
+        ));
+    }
     if !(config.kubelet_list_rate.is_finite() && config.kubelet_list_rate > 0.0)
         || config.kubelet_list_burst == 0
     {

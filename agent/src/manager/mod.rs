@@ -67,7 +67,9 @@ pub struct Manager {
     pub queue: Arc<queue::Queue>,
     /// Files-mode identities issued when their pod was bound, waiting for its publish (empty
     /// unless `--csi-early-issue`).
-    pub early: Arc<crate::manager::early::EarlyIssues<Registered>>,
+    pub early: Arc<early::EarlyIssues<Registered>>,
+    /// How many early issuances may start (`--early-issue-rate`, `--early-issue-burst`).
+    pub warmup_rate: std::sync::Mutex<crate::rate::TokenBucket>,
 }
 
 /// Where the key of an identity being issued comes from.
@@ -104,6 +106,24 @@ impl Manager {
         } else {
             let slot = self.queue.slot(priority).await;
             (slot, self.keys.busy())
+        }
+    }
+
+    /// An early issuance's turn under the warm-up rate, once it holds its slot: however fast
+    /// pods are bound here (and deleted again), early issuances start at most at that rate;
+    /// the rest wait in the queue, where their pod's deletion cancels them, or are overtaken by
+    /// their publish.
+    pub async fn warmup_pace(&self) {
+        loop {
+            let taken = self
+                .warmup_rate
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(std::time::Instant::now());
+            match taken {
+                Ok(()) => return,
+                Err(wait) => tokio::time::sleep(wait).await,
+            }
         }
     }
 

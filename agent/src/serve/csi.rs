@@ -182,6 +182,7 @@ pub(crate) async fn watch_bound_pods(
                 // its turn first: a pod bound and deleted at once costs nothing but its place
                 // in the queue (the store cancels it), not a lookup
                 let slot = agent.manager.slot(Priority::Warmup).await;
+                agent.manager.warmup_pace().await;
                 started.mark();
                 // its domain may be its namespace's annotation, read from the API
                 let registered = match agent.attestor.attest(Claim::ApiBinding { pod: &pod }).await

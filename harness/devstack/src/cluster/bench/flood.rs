@@ -1,9 +1,10 @@
 //! `cluster flood`: what a tenant who may create pods can do to a node's ordinary pods through
 //! early issuance (docs/design.md §4.10): labelled files-mode pods bound to the node
 //! (`spec.nodeName`) and deleted at once, in batches, while ordinary files-mode pods start
-//! there one per interval. The ordinary pods' times to a verified credential are measured with
-//! and without the flood, the rounds alternating on one node; the flood's cost is counted where
-//! it lands: registrations in the dev ZTS's log, and the agent's early issuances by outcome.
+//! there one per interval. The ordinary pods' times to a verified credential are measured
+//! without a flood, beside a flood of unlabelled pods (the same load on the API server, the
+//! webhook and the kubelet, nothing for the agent: the control) and beside the flood, the
+//! rounds alternating on one node; the flood's cost is counted where it lands: registrations in the dev ZTS's log, and the agent's early issuances by outcome.
 
 use super::Phase;
 use super::kinds::Kind;
@@ -40,8 +41,13 @@ pub struct FloodOptions {
 pub struct FloodReport {
     /// Ordinary pods' created → verified credential, without the flood (ms).
     pub quiet_ms: Latency,
+    /// The same, while a flood of pods without the injection label ran (the same load on the
+    /// API server, the webhook and the kubelet; nothing for the agent to issue): the control.
+    pub control_ms: Latency,
     /// The same, while the flood ran.
     pub flooded_ms: Latency,
+    /// flooded p99 / control p99: what the flood's early issuances added.
+    pub p99_over_control: f64,
     /// flooded p99 / quiet p99.
     pub p99_ratio: f64,
     /// Flood pods created (each deleted at once).
@@ -61,17 +67,22 @@ impl FloodReport {
     pub fn table(&self) -> String {
         format!(
             "ordinary pods, quiet:   p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms\n\
-             ordinary pods, flooded: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms (p99 ×{:.3})\n\
+             ordinary pods, control: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms (unlabelled flood)\n\
+             ordinary pods, flooded: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms (p99 ×{:.3} of quiet, ×{:.3} of control)\n\
              flood: {} pods bound here and deleted at once; {} registered at ZTS; early \
              issuances {:?}; {} warm-up requests left the queue unserved; warm-up in flight at \
              most {}\n",
             self.quiet_ms.p50,
             self.quiet_ms.p90,
             self.quiet_ms.p99,
+            self.control_ms.p50,
+            self.control_ms.p90,
+            self.control_ms.p99,
             self.flooded_ms.p50,
             self.flooded_ms.p90,
             self.flooded_ms.p99,
             self.p99_ratio,
+            self.p99_over_control,
             self.flood_pods,
             self.flood_registrations,
             self.early_issues,
@@ -110,10 +121,30 @@ fn early_outcomes(page: &str) -> BTreeMap<String, u64> {
     outcomes
 }
 
+/// `line` without its terminal colour codes (`ESC [ … m`).
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for skipped in chars.by_ref() {
+                if skipped == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Registrations the dev ZTS logged for domain `domain`.
 fn zts_registrations(log: &str, domain: &str) -> usize {
+    let field = format!("domain={domain} ");
     log.lines()
-        .filter(|l| l.contains("instance registered") && l.contains(&format!("domain={domain}")))
+        .map(plain)
+        .filter(|l| l.contains("instance registered") && l.contains(&field))
         .count()
 }
 
@@ -122,7 +153,7 @@ fn zts_registrations(log: &str, domain: &str) -> usize {
 async fn flood(
     api: &Checker,
     prototype: &serde_json::Value,
-    round: usize,
+    prefix: &str,
     count: usize,
     over: Duration,
     every: Duration,
@@ -137,7 +168,7 @@ async fn flood(
         let names: Vec<String> = (0..per_batch)
             .map(|i| batch * per_batch + i)
             .take_while(|i| *i < count)
-            .map(|i| format!("flood-{round}-{i}"))
+            .map(|i| format!("{prefix}-{i}"))
             .collect();
         let mut sends = tokio::task::JoinSet::new();
         for name in &names {
@@ -214,6 +245,14 @@ pub async fn run(
         None,
     )?;
     flood_pod["spec"]["nodeName"] = info.node_name.as_str().into();
+    let mut control_pod = Kind::Bare.pod(
+        &scenario,
+        FLOOD_NAMESPACE,
+        "prototype",
+        SERVICE_ACCOUNT,
+        None,
+    )?;
+    control_pod["spec"]["nodeName"] = info.node_name.as_str().into();
     let no_churn = Churn {
         duration: Duration::ZERO,
         interval: options.interval,
@@ -231,7 +270,7 @@ pub async fn run(
         .map(|log| zts_registrations(&log, "bench.flood"))
         .unwrap_or(0);
     let before = crate::scrape::text(&metrics_url).await?;
-    let (mut quiet, mut flooded) = (Vec::new(), Vec::new());
+    let (mut quiet, mut control, mut flooded) = (Vec::new(), Vec::new(), Vec::new());
     let mut flood_pods = 0;
     let mut warmup_most = 0;
     let window = options.interval * options.pods as u32;
@@ -245,14 +284,34 @@ pub async fn run(
             Latency::of(&mut outcome.times.clone()).p99
         ));
         quiet.extend(outcome.times);
+        let prefix = format!("control-{round}");
+        let (outcome, created) = tokio::join!(
+            workload.run(Phase::Sequential, options.pods, options.interval, no_churn),
+            flood(
+                &api,
+                &control_pod,
+                &prefix,
+                options.flood_pods,
+                window,
+                options.interval / 2,
+            ),
+        );
+        let outcome = outcome.with_context(|| format!("round {round}, control"))?;
+        created?;
+        report(format!(
+            "round {round} control: p99 {:.0} ms",
+            Latency::of(&mut outcome.times.clone()).p99
+        ));
+        control.extend(outcome.times);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let sampler = tokio::spawn(sample_warmups(metrics_url.clone(), stopped));
+        let prefix = format!("flood-{round}");
         let (outcome, created) = tokio::join!(
             workload.run(Phase::Sequential, options.pods, options.interval, no_churn),
             flood(
                 &api,
                 &flood_pod,
-                round,
+                &prefix,
                 options.flood_pods,
                 window,
                 options.interval / 2,
@@ -290,10 +349,13 @@ pub async fn run(
         )
     };
     let quiet_ms = Latency::of(&mut quiet);
+    let control_ms = Latency::of(&mut control);
     let flooded_ms = Latency::of(&mut flooded);
     Ok(FloodReport {
         p99_ratio: flooded_ms.p99 / quiet_ms.p99,
+        p99_over_control: flooded_ms.p99 / control_ms.p99,
         quiet_ms,
+        control_ms,
         flooded_ms,
         flood_pods,
         flood_registrations: registered.saturating_sub(registered_before),
@@ -326,8 +388,9 @@ mod tests {
     #[test]
     fn registrations_are_counted_for_the_floods_domain_only() {
         let log = "INFO instance registered domain=bench.flood service=probe\n\
-                   INFO instance registered domain=bench.csi-files service=probe\n\
-                   INFO instance registered domain=bench.flood service=probe\n\
+                   INFO instance registered domain=bench.csi.files service=probe\n\
+                   \u{1b}[2mINFO\u{1b}[0m instance registered \u{1b}[3mdomain\u{1b}[0m\u{1b}[2m=\u{1b}[0mbench.flood \u{1b}[3mservice\u{1b}[0m=probe\n\
+                   INFO instance registered domain=bench.flood.more service=probe\n\
                    INFO refresh domain=bench.flood\n";
         assert_eq!(zts_registrations(log, "bench.flood"), 2);
     }
