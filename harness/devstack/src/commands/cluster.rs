@@ -310,7 +310,8 @@ pub struct FloodArgs {
     /// batches over the round.
     #[arg(long, default_value_t = 500)]
     flood_pods: usize,
-    /// Rounds without and with the flood, alternating.
+    /// Passes over the rounds: no flood, an unlabelled flood, the labelled flood, then with
+    /// the agent's early issuance switched off, no flood and the labelled flood.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
     /// Print JSON instead of lines.

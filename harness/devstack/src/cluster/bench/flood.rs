@@ -1,22 +1,31 @@
 //! `cluster flood`: what a tenant who may create pods can do to a node's ordinary pods through
 //! early issuance (docs/design.md §4.10): labelled files-mode pods bound to the node
 //! (`spec.nodeName`) and deleted at once, in batches, while ordinary files-mode pods start
-//! there one per interval. The ordinary pods' times to a verified credential are measured
-//! without a flood, beside a flood of unlabelled pods (the same load on the API server, the
-//! webhook and the kubelet, nothing for the agent: the control) and beside the flood, the
-//! rounds alternating on one node; the flood's cost is counted where it lands: registrations in the dev ZTS's log, and the agent's early issuances by outcome.
+//! there one per interval. Each round measures the ordinary pods' times to a verified credential
+//! under one [`Round`]: no flood; a flood of unlabelled pods (the kubelet's, the API server's
+//! and the webhook's own load, nothing for the agent); the labelled flood; and, with the agent's
+//! early issuance switched off (`CSI_EARLY_ISSUE=false`, the DaemonSet rolled), no flood and
+//! the same labelled flood. The last is the fair control: the same pods, the same kubelet
+//! publishes for those it reaches, only early issuance's share missing. Each round also reads
+//! from the kubelet's log how long the ordinary pods' identity volumes took to set up (what of
+//! their time is ours), and counts the flood's registrations in the dev ZTS's log and the agent's
+//! early issuances by outcome.
 
 use super::Phase;
 use super::kinds::Kind;
 use super::pods::{Churn, SERVICE_ACCOUNT, Workload};
+use super::volume_wait;
 use super::{AGENT_OPS_PORT, costs::Cgroups};
 use crate::bench::Latency;
+use crate::cluster::components::KUBELET;
 use crate::cluster::health::Checker;
+use crate::cluster::install::{NODE_NAMESPACE, ZTS};
 use crate::cluster::scenario::Scenario;
 use crate::cluster::{ClusterInfo, Layout};
 use anyhow::Context;
 use athenz_core::volume_mode::VolumeMode;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 /// The flood pods' namespace (domain `bench.flood`).
@@ -32,31 +41,90 @@ pub struct FloodOptions {
     /// Flood pods per flooded round, spread over the round in batches, each batch deleted as
     /// soon as it is created.
     pub flood_pods: usize,
-    /// Rounds of each (without, with), alternating.
+    /// How many times every [`Round`] runs, in the order of [`Round::ALL`].
     pub rounds: usize,
+}
+
+/// The conditions the ordinary pods start under, in the order each pass runs them (the agent's
+/// early issuance switched once each way per pass).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// No flood.
+    Quiet,
+    /// A flood of unlabelled pods: the kubelet's, the API server's and the webhook's own load.
+    NodeLoad,
+    /// The labelled flood, early issuance on.
+    Flooded,
+    /// No flood, early issuance off.
+    QuietWithoutEarlyIssue,
+    /// The labelled flood, early issuance off: the fair control.
+    FloodedWithoutEarlyIssue,
+}
+
+impl Round {
+    /// Every round, in the order a pass runs them.
+    pub const ALL: [Round; 5] = [
+        Round::Quiet,
+        Round::NodeLoad,
+        Round::Flooded,
+        Round::QuietWithoutEarlyIssue,
+        Round::FloodedWithoutEarlyIssue,
+    ];
+
+    /// Its name in the report.
+    pub fn name(self) -> &'static str {
+        match self {
+            Round::Quiet => "quiet",
+            Round::NodeLoad => "node_load",
+            Round::Flooded => "flooded",
+            Round::QuietWithoutEarlyIssue => "quiet_without_early_issue",
+            Round::FloodedWithoutEarlyIssue => "flooded_without_early_issue",
+        }
+    }
+
+    /// Whether the agent issues early during it.
+    fn early_issue(self) -> bool {
+        matches!(self, Round::Quiet | Round::NodeLoad | Round::Flooded)
+    }
+
+    /// Whether its flood pods carry the injection label (`None`: no flood).
+    fn flood_labelled(self) -> Option<bool> {
+        match self {
+            Round::Quiet | Round::QuietWithoutEarlyIssue => None,
+            Round::NodeLoad => Some(false),
+            Round::Flooded | Round::FloodedWithoutEarlyIssue => Some(true),
+        }
+    }
+}
+
+/// One round's figures, over its passes.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RoundFigures {
+    /// Ordinary pods' created → verified credential (ms).
+    pub time_to_credential_ms: Latency,
+    /// Their identity volumes' set-up, `MountVolume started` → `SetUp succeeded` in the
+    /// kubelet's log (ms): the share of their time that is the agent's publish.
+    pub identity_volume_setup_ms: Option<Latency>,
+    /// Registrations the dev ZTS logged for the flood's pods during the round.
+    pub flood_registrations: usize,
 }
 
 /// What the flood measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FloodReport {
-    /// Ordinary pods' created → verified credential, without the flood (ms).
-    pub quiet_ms: Latency,
-    /// The same, while a flood of pods without the injection label ran (the same load on the
-    /// API server, the webhook and the kubelet; nothing for the agent to issue): the control.
-    pub control_ms: Latency,
-    /// The same, while the flood ran.
-    pub flooded_ms: Latency,
-    /// flooded p99 / control p99: what the flood's early issuances added.
-    pub p99_over_control: f64,
+    /// Each round's figures, by [`Round::name`].
+    pub rounds: BTreeMap<String, RoundFigures>,
     /// flooded p99 / quiet p99.
     pub p99_ratio: f64,
-    /// Flood pods created (each deleted at once).
+    /// flooded p99 / flooded-without-early-issue p99: what early issuance adds to the flood.
+    pub p99_over_control: f64,
+    /// flooded p99 / node-load p99.
+    pub p99_over_node_load: f64,
+    /// Flood pods created in the labelled rounds with early issuance on (each deleted at once).
     pub flood_pods: usize,
-    /// Registrations the dev ZTS logged for the flood's pods.
-    pub flood_registrations: usize,
     /// The agent's early issuances during the flooded rounds, by outcome.
     pub early_issues: BTreeMap<String, u64>,
-    /// Warm-up requests the agent's queue dropped before they had a slot.
+    /// Warm-up requests the agent's queue dropped before they had a slot (flooded rounds).
     pub warmup_cancelled_in_queue: u64,
     /// The agent's most warm-up issuances at once, as its gauge read every 50 ms.
     pub warmup_in_flight_max: u64,
@@ -65,30 +133,42 @@ pub struct FloodReport {
 impl FloodReport {
     /// The report as lines.
     pub fn table(&self) -> String {
-        format!(
-            "ordinary pods, quiet:   p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms\n\
-             ordinary pods, control: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms (unlabelled flood)\n\
-             ordinary pods, flooded: p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms (p99 ×{:.3} of quiet, ×{:.3} of control)\n\
-             flood: {} pods bound here and deleted at once; {} registered at ZTS; early \
+        let mut out = String::new();
+        for round in Round::ALL {
+            let Some(figures) = self.rounds.get(round.name()) else {
+                continue;
+            };
+            let t = &figures.time_to_credential_ms;
+            let setup = figures
+                .identity_volume_setup_ms
+                .as_ref()
+                .map(|s| format!("p50 {:.0} ms, p99 {:.0} ms", s.p50, s.p99))
+                .unwrap_or_else(|| "not in the kubelet's log".to_owned());
+            out.push_str(&format!(
+                "{:<28} p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms; volume set-up {setup}; \
+                 flood registrations {}\n",
+                round.name(),
+                t.p50,
+                t.p90,
+                t.p99,
+                figures.flood_registrations,
+            ));
+        }
+        out.push_str(&format!(
+            "flooded p99 ×{:.3} of quiet, ×{:.3} of the same flood without early issuance, \
+             ×{:.3} of the unlabelled flood\n\
+             flood: {} labelled pods bound here and deleted at once with early issuance on; early \
              issuances {:?}; {} warm-up requests left the queue unserved; warm-up in flight at \
              most {}\n",
-            self.quiet_ms.p50,
-            self.quiet_ms.p90,
-            self.quiet_ms.p99,
-            self.control_ms.p50,
-            self.control_ms.p90,
-            self.control_ms.p99,
-            self.flooded_ms.p50,
-            self.flooded_ms.p90,
-            self.flooded_ms.p99,
             self.p99_ratio,
             self.p99_over_control,
+            self.p99_over_node_load,
             self.flood_pods,
-            self.flood_registrations,
             self.early_issues,
             self.warmup_cancelled_in_queue,
             self.warmup_in_flight_max,
-        )
+        ));
+        out
     }
 }
 
@@ -211,6 +291,64 @@ async fn sample_warmups(metrics: String, mut stop: tokio::sync::oneshot::Receive
     }
 }
 
+/// The agent's DaemonSet, as `kubectl` names it.
+const AGENT_DAEMONSET: &str = "daemonset/athenz-agent";
+/// How long the agent's DaemonSet may take to roll.
+const ROLL_LIMIT: Duration = Duration::from_secs(180);
+
+/// Switches the agent's early issuance (`CSI_EARLY_ISSUE`) and waits for the DaemonSet to roll.
+fn set_early_issue(scenario: &Scenario, on: bool) -> anyhow::Result<()> {
+    let kubectl = scenario.kubectl();
+    let value = format!("CSI_EARLY_ISSUE={on}");
+    kubectl
+        .run(&["-n", NODE_NAMESPACE, "set", "env", AGENT_DAEMONSET, &value])
+        .with_context(|| format!("setting {value} on the agent"))?;
+    kubectl.wait_rolled_out(NODE_NAMESPACE, AGENT_DAEMONSET, ROLL_LIMIT)
+}
+
+/// The dev ZTS's registrations for the flood's domain so far.
+fn flood_registrations(zts_log: &Path) -> anyhow::Result<usize> {
+    std::fs::read_to_string(zts_log)
+        .with_context(|| format!("reading {}", zts_log.display()))
+        .map(|log| zts_registrations(&log, "bench.flood"))
+}
+
+/// What the agent counted during the flooded rounds (each read from the agent of its round:
+/// rolling the DaemonSet starts its counters again).
+#[derive(Default)]
+struct AgentCounts {
+    early_issues: BTreeMap<String, u64>,
+    warmup_cancelled: u64,
+    warmup_most: u64,
+}
+
+impl AgentCounts {
+    /// Adds what the agent counted between `before` and `after`.
+    fn add(&mut self, before: &str, after: &str) {
+        let was = early_outcomes(before);
+        for (outcome, n) in early_outcomes(after) {
+            *self.early_issues.entry(outcome.clone()).or_default() +=
+                n.saturating_sub(was.get(&outcome).copied().unwrap_or(0));
+        }
+        let cancelled = |page: &str| {
+            metric_sum(
+                page,
+                "athenz_agent_issuance_cancelled_total",
+                "priority=\"warmup\"",
+            )
+        };
+        self.warmup_cancelled += cancelled(after).saturating_sub(cancelled(before));
+    }
+}
+
+/// Every round's samples, over the passes.
+#[derive(Default)]
+struct Samples {
+    times: Vec<Duration>,
+    setups: Vec<Duration>,
+    registrations: usize,
+}
+
 /// Runs the flood on the running cluster of `layout`.
 pub async fn run(
     layout: &Layout,
@@ -237,131 +375,137 @@ pub async fn run(
         prototype: kind.pod(&scenario, &ns, "prototype", SERVICE_ACCOUNT, None)?,
         ns,
     };
-    let mut flood_pod = kind.pod(
-        &scenario,
-        FLOOD_NAMESPACE,
-        "prototype",
-        SERVICE_ACCOUNT,
-        None,
-    )?;
-    flood_pod["spec"]["nodeName"] = info.node_name.as_str().into();
-    let mut control_pod = Kind::Bare.pod(
-        &scenario,
-        FLOOD_NAMESPACE,
-        "prototype",
-        SERVICE_ACCOUNT,
-        None,
-    )?;
-    control_pod["spec"]["nodeName"] = info.node_name.as_str().into();
+    let flood_pod = |kind: Kind| -> anyhow::Result<serde_json::Value> {
+        let mut pod = kind.pod(
+            &scenario,
+            FLOOD_NAMESPACE,
+            "prototype",
+            SERVICE_ACCOUNT,
+            None,
+        )?;
+        pod["spec"]["nodeName"] = info.node_name.as_str().into();
+        Ok(pod)
+    };
+    let labelled_pod = flood_pod(kind)?;
+    let unlabelled_pod = flood_pod(Kind::Bare)?;
     let no_churn = Churn {
         duration: Duration::ZERO,
         interval: options.interval,
         lifetime: Duration::ZERO,
     };
-    workload
-        .run(Phase::Sequential, 1, Duration::ZERO, no_churn)
-        .await
-        .context("the warm-up pod")?;
-    let metrics_url = format!("http://{}:{AGENT_OPS_PORT}/metrics", info.node_ip);
-    let zts_log = layout
-        .logs
-        .join(format!("{}.log", crate::cluster::install::ZTS));
-    let registered_before = std::fs::read_to_string(&zts_log)
-        .map(|log| zts_registrations(&log, "bench.flood"))
-        .unwrap_or(0);
-    let before = crate::scrape::text(&metrics_url).await?;
-    let (mut quiet, mut control, mut flooded) = (Vec::new(), Vec::new(), Vec::new());
-    let mut flood_pods = 0;
-    let mut warmup_most = 0;
-    let window = options.interval * options.pods as u32;
-    for round in 0..options.rounds {
-        let outcome = workload
-            .run(Phase::Sequential, options.pods, options.interval, no_churn)
+    let warm_up = || async {
+        workload
+            .run(Phase::Sequential, 1, Duration::ZERO, no_churn)
             .await
-            .with_context(|| format!("round {round}, quiet"))?;
-        report(format!(
-            "round {round} quiet:   p99 {:.0} ms",
-            Latency::of(&mut outcome.times.clone()).p99
-        ));
-        quiet.extend(outcome.times);
-        let prefix = format!("control-{round}");
-        let (outcome, created) = tokio::join!(
-            workload.run(Phase::Sequential, options.pods, options.interval, no_churn),
-            flood(
-                &api,
-                &control_pod,
-                &prefix,
-                options.flood_pods,
-                window,
-                options.interval / 2,
-            ),
-        );
-        let outcome = outcome.with_context(|| format!("round {round}, control"))?;
-        created?;
-        report(format!(
-            "round {round} control: p99 {:.0} ms",
-            Latency::of(&mut outcome.times.clone()).p99
-        ));
-        control.extend(outcome.times);
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let sampler = tokio::spawn(sample_warmups(metrics_url.clone(), stopped));
-        let prefix = format!("flood-{round}");
-        let (outcome, created) = tokio::join!(
-            workload.run(Phase::Sequential, options.pods, options.interval, no_churn),
-            flood(
-                &api,
-                &flood_pod,
-                &prefix,
-                options.flood_pods,
-                window,
-                options.interval / 2,
-            ),
-        );
-        let _ = stop.send(());
-        warmup_most = warmup_most.max(sampler.await.unwrap_or(0));
-        let outcome = outcome.with_context(|| format!("round {round}, flooded"))?;
-        flood_pods += created?;
-        report(format!(
-            "round {round} flooded: p99 {:.0} ms",
-            Latency::of(&mut outcome.times.clone()).p99
-        ));
-        flooded.extend(outcome.times);
-    }
-    // the flood's pods gone, so its last cancellations are counted
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let after = crate::scrape::text(&metrics_url).await?;
-    let registered = std::fs::read_to_string(&zts_log)
-        .with_context(|| format!("reading {}", zts_log.display()))
-        .map(|log| zts_registrations(&log, "bench.flood"))?;
-    let outcomes_before = early_outcomes(&before);
-    let early_issues = early_outcomes(&after)
-        .into_iter()
-        .map(|(k, v)| {
-            let was = outcomes_before.get(&k).copied().unwrap_or(0);
-            (k, v.saturating_sub(was))
-        })
-        .collect();
-    let cancelled = |page: &str| {
-        metric_sum(
-            page,
-            "athenz_agent_issuance_cancelled_total",
-            "priority=\"warmup\"",
-        )
+            .context("the warm-up pod")
     };
-    let quiet_ms = Latency::of(&mut quiet);
-    let control_ms = Latency::of(&mut control);
-    let flooded_ms = Latency::of(&mut flooded);
+    warm_up().await?;
+    let metrics_url = format!("http://{}:{AGENT_OPS_PORT}/metrics", info.node_ip);
+    let zts_log = layout.logs.join(format!("{ZTS}.log"));
+    let kubelet_log = layout.logs.join(format!("{KUBELET}.log"));
+    let mut samples: BTreeMap<&'static str, Samples> = BTreeMap::new();
+    let mut counts = AgentCounts::default();
+    let mut flood_pods = 0;
+    let mut early_issue_on = true;
+    let window = options.interval * options.pods as u32;
+    for pass in 0..options.rounds {
+        for round in Round::ALL {
+            if round.early_issue() != early_issue_on {
+                set_early_issue(&scenario, round.early_issue())?;
+                early_issue_on = round.early_issue();
+                warm_up().await?;
+            }
+            let registered_before = flood_registrations(&zts_log)?;
+            let counted = round == Round::Flooded;
+            let before = if counted {
+                Some(crate::scrape::text(&metrics_url).await?)
+            } else {
+                None
+            };
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let sampler = tokio::spawn(sample_warmups(metrics_url.clone(), stopped));
+            let prefix = format!("{}-{pass}", round.name().replace('_', "-"));
+            let prototype = match round.flood_labelled() {
+                Some(true) => Some(&labelled_pod),
+                Some(false) => Some(&unlabelled_pod),
+                None => None,
+            };
+            let flooding = async {
+                match prototype {
+                    Some(pod) => {
+                        flood(
+                            &api,
+                            pod,
+                            &prefix,
+                            options.flood_pods,
+                            window,
+                            options.interval / 2,
+                        )
+                        .await
+                    }
+                    None => Ok(0),
+                }
+            };
+            let (outcome, created) = tokio::join!(
+                workload.run(Phase::Sequential, options.pods, options.interval, no_churn),
+                flooding,
+            );
+            let _ = stop.send(());
+            let warmups = sampler.await.unwrap_or(0);
+            let outcome = outcome.with_context(|| format!("pass {pass}, {}", round.name()))?;
+            let created = created?;
+            if let Some(before) = before {
+                // the flood's pods gone, so its last cancellations are counted
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                let after = crate::scrape::text(&metrics_url).await?;
+                counts.add(&before, &after);
+                counts.warmup_most = counts.warmup_most.max(warmups);
+                flood_pods += created;
+            }
+            let log = std::fs::read_to_string(&kubelet_log)
+                .with_context(|| format!("reading {}", kubelet_log.display()))?;
+            let setups = volume_wait::identity_setups(&log, &workload.ns, Phase::Sequential.name());
+            let figures = samples.entry(round.name()).or_default();
+            figures.registrations +=
+                flood_registrations(&zts_log)?.saturating_sub(registered_before);
+            report(format!(
+                "pass {pass} {:<28} p99 {:.0} ms",
+                round.name(),
+                Latency::of(&mut outcome.times.clone()).p99
+            ));
+            figures.times.extend(outcome.times);
+            figures.setups.extend(setups);
+        }
+    }
+    if !early_issue_on {
+        set_early_issue(&scenario, true)?;
+    }
+    let mut rounds = BTreeMap::new();
+    for (name, mut s) in samples {
+        rounds.insert(
+            name.to_owned(),
+            RoundFigures {
+                time_to_credential_ms: Latency::of(&mut s.times),
+                identity_volume_setup_ms: (!s.setups.is_empty())
+                    .then(|| Latency::of(&mut s.setups)),
+                flood_registrations: s.registrations,
+            },
+        );
+    }
+    let p99 = |round: Round| {
+        rounds
+            .get(round.name())
+            .map_or(f64::NAN, |f| f.time_to_credential_ms.p99)
+    };
     Ok(FloodReport {
-        p99_ratio: flooded_ms.p99 / quiet_ms.p99,
-        p99_over_control: flooded_ms.p99 / control_ms.p99,
-        quiet_ms,
-        control_ms,
-        flooded_ms,
+        p99_ratio: p99(Round::Flooded) / p99(Round::Quiet),
+        p99_over_control: p99(Round::Flooded) / p99(Round::FloodedWithoutEarlyIssue),
+        p99_over_node_load: p99(Round::Flooded) / p99(Round::NodeLoad),
+        rounds,
         flood_pods,
-        flood_registrations: registered.saturating_sub(registered_before),
-        early_issues,
-        warmup_cancelled_in_queue: cancelled(&after).saturating_sub(cancelled(&before)),
-        warmup_in_flight_max: warmup_most,
+        early_issues: counts.early_issues,
+        warmup_cancelled_in_queue: counts.warmup_cancelled,
+        warmup_in_flight_max: counts.warmup_most,
     })
 }
 

@@ -119,20 +119,42 @@ fn span(from: f64, to: f64) -> Duration {
     Duration::from_secs_f64(seconds)
 }
 
+/// The records of `namespace`'s pods named `<phase>-<n>`.
+fn of_phase<'a>(
+    pods: &'a BTreeMap<String, PodVolumes>,
+    namespace: &str,
+    phase: &str,
+) -> Vec<&'a PodVolumes> {
+    let name = format!("{namespace}/{phase}-");
+    pods.iter()
+        .filter(|(pod, _)| {
+            pod.strip_prefix(&name)
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .map(|(_, record)| record)
+        .collect()
+}
+
+/// How long each of `records`' identity volumes took to set up.
+fn identity_setups_of(records: &[&PodVolumes]) -> Vec<Duration> {
+    records
+        .iter()
+        .filter_map(|r| Some(span(r.identity_started?, r.identity_set_up?)))
+        .collect()
+}
+
+/// How long the identity volumes of `namespace`'s pods named `<phase>-<n>` took to set up, in
+/// each pod's last lifecycle the log shows (`cluster flood` reads it after every round).
+pub fn identity_setups(log: &str, namespace: &str, phase: &str) -> Vec<Duration> {
+    identity_setups_of(&of_phase(&pods_of(log, namespace), namespace, phase))
+}
+
 /// The volume waits of `namespace`'s pods named `<phase>-<n>`, by phase name.
 pub fn by_phase(log: &str, namespace: &str, phases: &[&str]) -> BTreeMap<String, VolumeWaits> {
     let pods = pods_of(log, namespace);
     let mut waits = BTreeMap::new();
     for phase in phases {
-        let name = format!("{namespace}/{phase}-");
-        let of_phase: Vec<&PodVolumes> = pods
-            .iter()
-            .filter(|(pod, _)| {
-                pod.strip_prefix(&name)
-                    .is_some_and(|n| n.parse::<u32>().is_ok())
-            })
-            .map(|(_, record)| record)
-            .collect();
+        let of_phase = of_phase(&pods, namespace, phase);
         let waited: Vec<Duration> = of_phase
             .iter()
             .filter(|r| r.syncs.len() == 2)
@@ -141,10 +163,7 @@ pub fn by_phase(log: &str, namespace: &str, phases: &[&str]) -> BTreeMap<String,
         if waited.is_empty() {
             continue;
         }
-        let mut setups: Vec<Duration> = of_phase
-            .iter()
-            .filter_map(|r| Some(span(r.identity_started?, r.identity_set_up?)))
-            .collect();
+        let mut setups = identity_setups_of(&of_phase);
         let mut mount_starts: Vec<Duration> = of_phase
             .iter()
             .filter_map(|r| Some(span(*r.syncs.first()?, r.first_mount_started?)))
@@ -240,6 +259,24 @@ I1128 20:50:26.586862    2955 util.go:35] "No sandbox for pod can be found. Need
         assert!((wait.as_secs_f64() - 0.3).abs() < 1e-6, "{wait:?}");
         let waits = by_phase(&format!("{ONE_POD}{again}"), "bench-csi-files", &["churn"]);
         assert_eq!(waits["churn"].pods_waiting_more_than_one_check, 0);
+    }
+
+    #[test]
+    fn the_setups_of_a_phase_are_read_from_each_pods_last_lifecycle() {
+        let setups = identity_setups(ONE_POD, "bench-csi-files", "churn");
+        assert_eq!(setups.len(), 1);
+        assert!(
+            (setups[0].as_secs_f64() - 0.015_51).abs() < 1e-5,
+            "{setups:?}"
+        );
+        assert!(identity_setups(ONE_POD, "bench-csi-files", "sequential").is_empty());
+        // the same name created again: only the later lifecycle's volume counts
+        let later = ONE_POD
+            .replace("20:50:26.290684", "20:50:26.375174")
+            .replace("20:50:2", "21:00:2");
+        let setups = identity_setups(&format!("{ONE_POD}{later}"), "bench-csi-files", "churn");
+        assert_eq!(setups.len(), 1);
+        assert!((setups[0].as_secs_f64() - 0.1).abs() < 1e-5, "{setups:?}");
     }
 
     #[test]
