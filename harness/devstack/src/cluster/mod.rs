@@ -409,13 +409,33 @@ pub async fn demo(options: ClusterOptions, json: bool) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// `cluster bench`: starts the cluster with our release, runs [`bench::run`], prints the report
-/// (JSON or lines), takes the cluster down; SIGTERM or Ctrl-C stops the bench and takes the
-/// cluster down too (`cluster down --state-dir` asks it to).
-pub async fn bench_command(
+/// What a bench on a real node reports: as JSON, or as lines.
+pub trait BenchResult: serde::Serialize {
+    /// The report as lines.
+    fn table(&self) -> String;
+}
+
+impl BenchResult for bench::BenchReport {
+    fn table(&self) -> String {
+        bench::BenchReport::table(self)
+    }
+}
+
+impl BenchResult for bench::flood::FloodReport {
+    fn table(&self) -> String {
+        bench::flood::FloodReport::table(self)
+    }
+}
+
+/// Starts the cluster with our release, runs `bench` on it, prints its report (JSON or lines)
+/// and takes the cluster down; SIGTERM or Ctrl-C stops the bench and takes the cluster down too
+/// (`cluster down --state-dir` asks it to). Progress goes to stderr with `--json`, so stdout
+/// is the report alone.
+async fn bench_on_cluster<R: BenchResult>(
     options: ClusterOptions,
-    bench_options: bench::BenchOptions,
+    what: &str,
     json: bool,
+    bench: impl AsyncFnOnce(&Cluster, &mut dyn FnMut(String)) -> anyhow::Result<R>,
 ) -> anyhow::Result<()> {
     let stop = athenz_core::http::termination_signal();
     tokio::pin!(stop);
@@ -427,12 +447,12 @@ pub async fn bench_command(
         }
     };
     let Some(cluster) = start_unless_stopped(&options, stop.as_mut(), &mut report).await? else {
-        anyhow::bail!("stopped by a signal before the bench began");
+        anyhow::bail!("stopped by a signal before the {what} began");
     };
     let outcome = tokio::select! {
-        outcome = bench::run(&cluster.layout, &cluster.info, bench_options, &mut report) => outcome,
+        outcome = bench(&cluster, &mut report) => outcome,
         () = &mut stop => Err(anyhow::anyhow!(
-            "stopped by a signal during the bench; its cluster is taken down"
+            "stopped by a signal during the {what}; its cluster is taken down"
         )),
     };
     let stopped = cluster.stop(&mut |_| {}).await;
@@ -446,40 +466,29 @@ pub async fn bench_command(
     Ok(())
 }
 
-/// `cluster flood`: a cluster started as `cluster up` would, the flood bench on it
-/// ([`bench::flood`]), and the cluster taken down.
+/// `cluster bench`: [`bench::run`] on a cluster started with our release ([`bench_on_cluster`]).
+pub async fn bench_command(
+    options: ClusterOptions,
+    bench_options: bench::BenchOptions,
+    json: bool,
+) -> anyhow::Result<()> {
+    bench_on_cluster(options, "bench", json, async |cluster, report| {
+        bench::run(&cluster.layout, &cluster.info, bench_options, report).await
+    })
+    .await
+}
+
+/// `cluster flood`: [`bench::flood::run`] on a cluster started as `cluster up` would
+/// ([`bench_on_cluster`]).
 pub async fn flood_command(
     options: ClusterOptions,
     flood_options: bench::flood::FloodOptions,
     json: bool,
 ) -> anyhow::Result<()> {
-    let stop = athenz_core::http::termination_signal();
-    tokio::pin!(stop);
-    let mut report = |line: String| {
-        if json {
-            eprintln!("{line}");
-        } else {
-            println!("{line}");
-        }
-    };
-    let Some(cluster) = start_unless_stopped(&options, stop.as_mut(), &mut report).await? else {
-        anyhow::bail!("stopped by a signal before the flood began");
-    };
-    let outcome = tokio::select! {
-        outcome = bench::flood::run(&cluster.layout, &cluster.info, flood_options, &mut report) => outcome,
-        () = &mut stop => Err(anyhow::anyhow!(
-            "stopped by a signal during the flood; its cluster is taken down"
-        )),
-    };
-    let stopped = cluster.stop(&mut |_| {}).await;
-    let result = outcome?;
-    stopped?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&result)?);
-    } else {
-        print!("{}", result.table());
-    }
-    Ok(())
+    bench_on_cluster(options, "flood", json, async |cluster, report| {
+        bench::flood::run(&cluster.layout, &cluster.info, flood_options, report).await
+    })
+    .await
 }
 
 /// Imports the apps' image and runs every workload of the scenario.
