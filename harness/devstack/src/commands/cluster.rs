@@ -29,6 +29,10 @@ pub enum ClusterCommand {
     /// starting there (early issuance's bounds): their times with and without it, and where
     /// the flood's cost landed.
     Flood(FloodArgs),
+    /// What the node's logs say about a finished `cluster bench` run's pods, by kind and phase:
+    /// identity volumes' set-up, the kubelet's volume checks waited, and init containers' own
+    /// run beside the kubelet's lag in noticing their exit (JSON).
+    LogWaits(LogWaitsArgs),
     /// `cluster up`, then Kubernetes' own storage e2e suite (`e2e.test`, built by
     /// `harness/real-node/kube/build.sh --e2e`) against csi.athenz.io: "External Storage [Driver:
     /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
@@ -55,6 +59,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         ClusterCommand::Demo(args) => demo(args),
         ClusterCommand::Bench(args) => bench(args),
         ClusterCommand::Flood(args) => flood(args),
+        ClusterCommand::LogWaits(args) => log_waits(&args),
         ClusterCommand::StorageE2e(args) => storage_e2e(args),
         ClusterCommand::StopNode(args) => stop_node(&args),
         ClusterCommand::Down(args) => down(&args),
@@ -361,6 +366,19 @@ pub struct DownArgs {
     /// The state dir `cluster up` was given.
     #[arg(long)]
     state_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct LogWaitsArgs {
+    /// The state dir the bench was given (its logs stay after the cluster is taken down).
+    #[arg(long)]
+    state_dir: PathBuf,
+}
+
+fn log_waits(args: &LogWaitsArgs) -> anyhow::Result<ExitCode> {
+    let waits = cluster::bench::LogWaits::of_run(&args.state_dir)?;
+    println!("{}", serde_json::to_string_pretty(&waits)?);
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, clap::Args)]

@@ -180,6 +180,9 @@ fn probe_container(expected: Option<Expected>) -> Value {
 
 /// An init container that exits at once and a native sidecar that sleeps: the shape of a
 /// flex or csi-socket pod, with nothing of ours in it.
+/// The name of `none-same-shape`'s init container.
+pub const SAME_SHAPE_INIT: &str = "init";
+
 fn same_shape_init_containers() -> Value {
     let busybox = |name: &str, args: &[&str]| {
         json!({
@@ -192,7 +195,7 @@ fn same_shape_init_containers() -> Value {
     };
     let mut sidecar = busybox("sidecar", &["sleep", "3600"]);
     sidecar["restartPolicy"] = "Always".into();
-    json!([busybox("init", &["true"]), sidecar])
+    json!([busybox(SAME_SHAPE_INIT, &["true"]), sidecar])
 }
 
 #[cfg(test)]

@@ -12,7 +12,9 @@
 mod arrivals;
 mod costs;
 pub mod flood;
+mod init_wait;
 mod kinds;
+mod log_waits;
 mod pods;
 mod report;
 mod room;
@@ -31,6 +33,7 @@ use anyhow::Context;
 use athenz_core::volume_mode::VolumeMode;
 use costs::{AuditLog, Cgroups, CpuSource, SystemMeter};
 use kinds::{Kind, PROBE_GO, PROBE_IMAGE, System};
+pub use log_waits::LogWaits;
 pub use pods::Churn;
 use pods::{SERVICE_ACCOUNT, Workload};
 pub use report::BenchReport;
@@ -301,20 +304,12 @@ pub async fn run(
             );
         }
     }
-    let kubelet_log = layout
-        .logs
-        .join(format!("{}.log", super::components::KUBELET));
-    let kubelet_log = std::fs::read_to_string(&kubelet_log)
-        .with_context(|| format!("reading {}", kubelet_log.display()))?;
-    let phase_names: Vec<&str> = Phase::ALL.iter().map(|p| p.name()).collect();
-    let volume_waits = workloads
-        .iter()
-        .map(|w| {
-            let waits = volume_wait::by_phase(&kubelet_log, &w.ns, &phase_names);
-            (w.kind.name().to_owned(), waits)
-        })
-        .filter(|(_, waits)| !waits.is_empty())
-        .collect();
+    let namespaces: Vec<(Kind, String)> =
+        workloads.iter().map(|w| (w.kind, w.ns.clone())).collect();
+    let LogWaits {
+        volume_waits,
+        init_waits,
+    } = LogWaits::read(&layout.logs, &namespaces)?;
     Ok(BenchReport {
         kubernetes_version: info.kubernetes_version.clone(),
         sequential_pods: options.sequential,
@@ -343,6 +338,7 @@ pub async fn run(
         systems,
         spire_config: options.systems.spire.map(spire::config),
         volume_waits,
+        init_waits,
         agent_upstream_ms: agent_upstreams,
         dev_zts_build: if cfg!(debug_assertions) {
             "debug"

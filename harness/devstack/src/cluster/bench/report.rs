@@ -52,6 +52,12 @@ pub struct BenchReport {
     /// 300 ms volume check, and the set-up time of their CSI or flex volume.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub volume_waits: BTreeMap<String, BTreeMap<String, super::volume_wait::VolumeWaits>>,
+    /// From containerd's and the kubelet's logs, by kind (those with an init container) and
+    /// phase: the init container's own run, the kubelet's lag in noticing its exit, and the
+    /// sidecar's and app's start after it. The lag is the kubelet's relist and differs between
+    /// kinds by where it stood, not by what the init container did.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub init_waits: BTreeMap<String, BTreeMap<String, super::init_wait::InitWaits>>,
     /// Our node agent's own account, by kind and phase: each upstream it waited on (`kubelet`,
     /// `dns`, `jwt_service`, `zts_register`, `zts_refresh`), its calls and mean milliseconds.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -312,6 +318,18 @@ impl BenchReport {
         }
         if !self.volume_waits.is_empty() {
             out.push_str("(pods; the identity volume's set-up p50)\n");
+        }
+        for (kind, by_phase) in &self.init_waits {
+            out.push_str(&format!(
+                "\n{kind}: init container's own run / kubelet noticing its exit / app started \
+                 after, p50 ms\n"
+            ));
+            for (phase, w) in by_phase {
+                out.push_str(&format!(
+                    "  {phase:<12} {:.0} / {:.0} / {:.0} ({} pods)\n",
+                    w.init_run_ms.p50, w.exit_noticed_ms.p50, w.app_started_ms.p50, w.pods
+                ));
+            }
         }
         for (kind, by_phase) in &self.agent_upstream_ms {
             out.push_str(&format!(

@@ -48,7 +48,7 @@ struct PodVolumes {
 }
 
 /// Seconds of the day a klog line (`I1128 20:50:25.978900 ...`) was written at.
-fn klog_seconds(line: &str) -> Option<f64> {
+pub(super) fn klog_seconds(line: &str) -> Option<f64> {
     let time = line.get(6..21)?;
     let (h, rest) = time.split_once(':')?;
     let (m, s) = rest.split_once(':')?;
@@ -109,12 +109,17 @@ fn pods_of(log: &str, namespace: &str) -> BTreeMap<String, PodVolumes> {
     pods
 }
 
-/// A span of the day's seconds, across midnight if need be.
-fn span(from: f64, to: f64) -> Duration {
+/// A span of the day's seconds, across midnight if need be. Two processes' lines can be out of
+/// order by a little (containerd logs a task's exit before the start call that began it
+/// returns): an end less than half a day before its start is the same moment, zero.
+pub(super) fn span(from: f64, to: f64) -> Duration {
+    const DAY: f64 = 86_400.0;
     let seconds = if to >= from {
         to - from
+    } else if from - to > DAY / 2.0 {
+        to + DAY - from
     } else {
-        to + 86_400.0 - from
+        0.0
     };
     Duration::from_secs_f64(seconds)
 }
@@ -277,6 +282,14 @@ I1128 20:50:26.586862    2955 util.go:35] "No sandbox for pod can be found. Need
         let setups = identity_setups(&format!("{ONE_POD}{later}"), "bench-csi-files", "churn");
         assert_eq!(setups.len(), 1);
         assert!((setups[0].as_secs_f64() - 0.1).abs() < 1e-5, "{setups:?}");
+    }
+
+    #[test]
+    fn an_end_logged_just_before_its_start_is_no_span_and_midnight_is_a_day_apart() {
+        assert_eq!(span(100.004, 100.003), Duration::ZERO);
+        let across = span(86_399.9, 0.1).as_secs_f64();
+        assert!((across - 0.2).abs() < 1e-9, "{across}");
+        assert_eq!(span(1.0, 1.5), Duration::from_millis(500));
     }
 
     #[test]
