@@ -37,7 +37,7 @@ pub use log_waits::LogWaits;
 pub use pods::Churn;
 use pods::{SERVICE_ACCOUNT, Workload};
 pub use report::BenchReport;
-use report::{ChurnShape, IdleRates, KindTotals};
+use report::{ChurnShape, Idle, IdleRates, KindTotals};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -201,9 +201,9 @@ pub async fn run(
         ));
     }
     let meters = system_meters(layout, &api, options.systems).await?;
-    let idle = idle_rates(&meters, &cgroups).await?;
-    let kubernetes = kubernetes_meter(layout)?;
     let audit = AuditLog::at(layout.logs.join(super::control_plane::AUDIT_LOG));
+    let idle = idle_rates(&meters, &cgroups, &audit).await?;
+    let kubernetes = kubernetes_meter(layout)?;
     let mut totals: BTreeMap<Kind, KindTotals> = BTreeMap::new();
     let agent_metrics = format!("http://{}:{AGENT_OPS_PORT}/metrics", info.node_ip);
     let mut agent_upstreams: BTreeMap<String, BTreeMap<String, _>> = BTreeMap::new();
@@ -234,6 +234,7 @@ pub async fn run(
             let before = meter.map(|m| m.snapshot(&cgroups)).transpose()?;
             let kubernetes_before = kubernetes.snapshot(&cgroups)?;
             let from = audit.end();
+            let started = std::time::Instant::now();
             let outcome = workload
                 .run(phase, count, options.interval, options.churn)
                 .await
@@ -259,6 +260,7 @@ pub async fn run(
                     .cpu
                     .add(&meter.snapshot(&cgroups)?.since(&before));
                 kind_totals.api_requests += audit.count(from, to, namespaces(system))?;
+                kind_totals.window_seconds += started.elapsed().as_secs_f64();
             }
             let latency = Latency::of(&mut outcome.times.clone());
             let final_latency = Latency::of(&mut outcome.final_times.clone());
@@ -366,27 +368,34 @@ fn prepare_probe(layout: &Layout) -> anyhow::Result<()> {
 /// How long each system's idle CPU is measured, with no measured pod on the node.
 const IDLE_WINDOW: Duration = Duration::from_secs(30);
 
-/// Each system's CPU rates over [`IDLE_WINDOW`] with nothing to do.
+/// Each system's CPU and API requests over [`IDLE_WINDOW`] with nothing to do.
 async fn idle_rates(
     meters: &BTreeMap<System, SystemMeter>,
     cgroups: &Cgroups,
-) -> anyhow::Result<BTreeMap<System, IdleRates>> {
+    audit: &AuditLog,
+) -> anyhow::Result<BTreeMap<System, Idle>> {
     let mut before = BTreeMap::new();
     for (system, meter) in meters {
         before.insert(*system, meter.snapshot(cgroups)?);
     }
+    let from = audit.end();
     tokio::time::sleep(IDLE_WINDOW).await;
+    let to = audit.end();
     let mut rates = BTreeMap::new();
     for (system, meter) in meters {
         let used = meter.snapshot(cgroups)?.since(&before[system]);
         let per_s = |parts: &BTreeMap<String, f64>| {
             parts.values().sum::<f64>() * 1e3 / IDLE_WINDOW.as_secs_f64()
         };
+        let requests = audit.count(from, to, namespaces(*system))?;
         rates.insert(
             *system,
-            IdleRates {
-                node: per_s(&used.node),
-                control_plane: per_s(&used.control),
+            Idle {
+                cpu_ms_per_s: IdleRates {
+                    node: per_s(&used.node),
+                    control_plane: per_s(&used.control),
+                },
+                api_requests_per_s: requests as f64 / IDLE_WINDOW.as_secs_f64(),
             },
         );
     }

@@ -118,12 +118,29 @@ pub struct SystemReport {
     /// Kubernetes API requests per credential that the system's service accounts made, or
     /// that the kubelet made to authorize them (SubjectAccessReviews), from the audit log.
     pub api_requests_per_credential: f64,
+    /// The system's API requests with no pod coming or going, a second, measured before the
+    /// phases (ours: the initializer's CA checks, the callback's `/version`): a cost of running
+    /// at all, whatever the cluster's size, that the figure above includes for the time each
+    /// window lasted.
+    pub idle_api_requests_per_s: f64,
+    /// `api_requests_per_credential` less the idle rate over the kind's windows: the requests
+    /// the credentials themselves caused.
+    pub api_requests_per_credential_above_idle: f64,
     /// Created → the app container holding a verified credential naming it, by phase.
     pub time_to_credential_ms: BTreeMap<String, Latency>,
     /// Created → the app container holding the verified credential it keeps, by phase: in flex
     /// and socket mode ours names the pod's IP too; files mode's default (no `ipSAN`) and
     /// SPIRE's first credential is the final one.
     pub time_to_verified_final_credential_ms: BTreeMap<String, Latency>,
+}
+
+/// A system with nothing to do.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Idle {
+    /// Its CPU, ms a second.
+    pub cpu_ms_per_s: IdleRates,
+    /// Its Kubernetes API requests a second.
+    pub api_requests_per_s: f64,
 }
 
 /// CPU with nothing to do, ms per second.
@@ -155,6 +172,8 @@ pub struct KindTotals {
     pub cpu: CpuSnapshot,
     /// API requests the system caused in this kind's windows.
     pub api_requests: usize,
+    /// How long this kind's windows lasted, seconds.
+    pub window_seconds: f64,
     /// The API server and etcd over this kind's windows (its control-plane parts).
     pub kubernetes: CpuSnapshot,
 }
@@ -187,12 +206,7 @@ impl KindTotals {
     }
 
     /// The system's report for `kind`, with its agent's peak RSS and idle rates.
-    pub fn system_report(
-        &self,
-        kind: Kind,
-        agent_peak_rss_mib: f64,
-        idle_cpu_ms_per_s: IdleRates,
-    ) -> SystemReport {
+    pub fn system_report(&self, kind: Kind, agent_peak_rss_mib: f64, idle: Idle) -> SystemReport {
         let credentials = self.times.values().map(Vec::len).sum::<usize>();
         let per = |seconds: f64| seconds * 1e3 / credentials.max(1) as f64;
         let per_parts = |parts: &BTreeMap<String, f64>| -> BTreeMap<String, f64> {
@@ -225,8 +239,13 @@ impl KindTotals {
             },
             control_plane_cpu_ms_per_credential: control_cpu,
             control_plane_parts_ms: control_parts,
-            idle_cpu_ms_per_s,
+            idle_cpu_ms_per_s: idle.cpu_ms_per_s,
             api_requests_per_credential: self.api_requests as f64 / credentials.max(1) as f64,
+            idle_api_requests_per_s: idle.api_requests_per_s,
+            api_requests_per_credential_above_idle: (self.api_requests as f64
+                - idle.api_requests_per_s * self.window_seconds)
+                .max(0.0)
+                / credentials.max(1) as f64,
             time_to_credential_ms: self.latencies(),
             time_to_verified_final_credential_ms: self.final_latencies(),
         }
@@ -279,7 +298,8 @@ impl BenchReport {
             out.push_str(&format!(
                 "{name:<22} agent RSS {:.1} MiB, node CPU {:.2} ms/credential (per pod {:.2} ms, \
                  {:.1} MiB), control plane {:.2} ms/credential, total {:.2} ({:.2} without the \
-                 CA's share), API {:.2} requests/credential; idle {:.2} ms/s on the node\n",
+                 CA's share), API {:.2} requests/credential ({:.2} above idle); idle {:.2} ms/s \
+                 on the node, {:.2} API requests/s\n",
                 s.agent_peak_rss_mib,
                 s.node_cpu_ms_per_credential,
                 s.per_pod_cpu_ms,
@@ -288,7 +308,9 @@ impl BenchReport {
                 s.total_cpu_ms_per_credential,
                 s.total_cpu_ms_per_credential_without_ca,
                 s.api_requests_per_credential,
-                s.idle_cpu_ms_per_s.node
+                s.api_requests_per_credential_above_idle,
+                s.idle_cpu_ms_per_s.node,
+                s.idle_api_requests_per_s
             ));
         }
         if !self.volume_waits.is_empty() {
@@ -380,11 +402,15 @@ mod tests {
         totals.cpu.control.insert(DEV_ZTS.into(), 0.008);
         totals.cpu.control.insert("athenz-callback".into(), 0.004);
         totals.api_requests = 6;
+        totals.window_seconds = 20.0;
         totals.kubernetes.control.insert("etcd".into(), 0.002);
         let report = totals.system_report(
             Kind::Identity(VolumeMode::CsiSocket),
             14.5,
-            IdleRates::default(),
+            Idle {
+                api_requests_per_s: 0.1,
+                ..Idle::default()
+            },
         );
         assert!((totals.per_pod_cpu_ms() - 2.0).abs() < 1e-9);
         assert_eq!(report.credentials, 4);
@@ -393,6 +419,9 @@ mod tests {
         assert!((report.node_cpu_ms_per_credential - 12.0).abs() < 1e-9);
         assert!((report.control_plane_cpu_ms_per_credential - 3.0).abs() < 1e-9);
         assert!((report.api_requests_per_credential - 1.5).abs() < 1e-9);
+        // 6 requests, 2 of them the idle rate's over 20 s
+        assert!((report.api_requests_per_credential_above_idle - 1.0).abs() < 1e-9);
+        assert!((report.idle_api_requests_per_s - 0.1).abs() < 1e-9);
         // node 12 + control plane 3, of which the dev ZTS 2
         assert!((report.total_cpu_ms_per_credential - 15.0).abs() < 1e-9);
         assert!((report.total_cpu_ms_per_credential_without_ca - 13.0).abs() < 1e-9);
