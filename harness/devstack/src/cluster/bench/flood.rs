@@ -25,7 +25,8 @@ use crate::cluster::{ClusterInfo, Layout};
 use anyhow::Context;
 use athenz_core::volume_mode::VolumeMode;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The flood pods' namespace (domain `bench.flood`).
@@ -306,11 +307,36 @@ fn set_early_issue(scenario: &Scenario, on: bool) -> anyhow::Result<()> {
     kubectl.wait_rolled_out(NODE_NAMESPACE, AGENT_DAEMONSET, ROLL_LIMIT)
 }
 
-/// The dev ZTS's registrations for the flood's domain so far.
-fn flood_registrations(zts_log: &Path) -> anyhow::Result<usize> {
-    std::fs::read_to_string(zts_log)
-        .with_context(|| format!("reading {}", zts_log.display()))
-        .map(|log| zts_registrations(&log, "bench.flood"))
+/// A log a process keeps appending to, read a round at a time: each read returns the whole
+/// lines written since the one before, so no round parses what earlier rounds already did.
+struct LogTail {
+    path: PathBuf,
+    /// Where the next read starts: just after the last whole line read.
+    offset: u64,
+}
+
+impl LogTail {
+    /// The log at `path`, from its current end.
+    fn from_end(path: PathBuf) -> anyhow::Result<Self> {
+        let offset = std::fs::metadata(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .len();
+        Ok(Self { path, offset })
+    }
+
+    /// The whole lines written since the last read (a line still being written waits).
+    fn read_new(&mut self) -> anyhow::Result<String> {
+        let mut file = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        file.seek(SeekFrom::Start(self.offset))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        bytes.truncate(whole);
+        self.offset += whole as u64;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
 }
 
 /// What the agent counted during the flooded rounds (each read from the agent of its round:
@@ -401,8 +427,8 @@ pub async fn run(
     };
     warm_up().await?;
     let metrics_url = format!("http://{}:{AGENT_OPS_PORT}/metrics", info.node_ip);
-    let zts_log = layout.logs.join(format!("{ZTS}.log"));
-    let kubelet_log = layout.logs.join(format!("{KUBELET}.log"));
+    let mut zts_log = LogTail::from_end(layout.logs.join(format!("{ZTS}.log")))?;
+    let mut kubelet_log = LogTail::from_end(layout.logs.join(format!("{KUBELET}.log")))?;
     let mut samples: BTreeMap<&'static str, Samples> = BTreeMap::new();
     let mut counts = AgentCounts::default();
     let mut flood_pods = 0;
@@ -415,7 +441,9 @@ pub async fn run(
                 early_issue_on = round.early_issue();
                 warm_up().await?;
             }
-            let registered_before = flood_registrations(&zts_log)?;
+            // what the logs say of this round alone
+            zts_log.read_new()?;
+            kubelet_log.read_new()?;
             let counted = round == Round::Flooded;
             let before = if counted {
                 Some(crate::scrape::text(&metrics_url).await?)
@@ -423,7 +451,8 @@ pub async fn run(
                 None
             };
             let (stop, stopped) = tokio::sync::oneshot::channel();
-            let sampler = tokio::spawn(sample_warmups(metrics_url.clone(), stopped));
+            let sampler =
+                counted.then(|| tokio::spawn(sample_warmups(metrics_url.clone(), stopped)));
             let prefix = format!("{}-{pass}", round.name().replace('_', "-"));
             let prototype = match round.flood_labelled() {
                 Some(true) => Some(&labelled_pod),
@@ -451,7 +480,10 @@ pub async fn run(
                 flooding,
             );
             let _ = stop.send(());
-            let warmups = sampler.await.unwrap_or(0);
+            let warmups = match sampler {
+                Some(sampler) => sampler.await.unwrap_or(0),
+                None => 0,
+            };
             let outcome = outcome.with_context(|| format!("pass {pass}, {}", round.name()))?;
             let created = created?;
             if let Some(before) = before {
@@ -462,12 +494,13 @@ pub async fn run(
                 counts.warmup_most = counts.warmup_most.max(warmups);
                 flood_pods += created;
             }
-            let log = std::fs::read_to_string(&kubelet_log)
-                .with_context(|| format!("reading {}", kubelet_log.display()))?;
-            let setups = volume_wait::identity_setups(&log, &workload.ns, Phase::Sequential.name());
+            let setups = volume_wait::identity_setups(
+                &kubelet_log.read_new()?,
+                &workload.ns,
+                Phase::Sequential.name(),
+            );
             let figures = samples.entry(round.name()).or_default();
-            figures.registrations +=
-                flood_registrations(&zts_log)?.saturating_sub(registered_before);
+            figures.registrations += zts_registrations(&zts_log.read_new()?, "bench.flood");
             report(format!(
                 "pass {pass} {:<28} p99 {:.0} ms",
                 round.name(),
@@ -527,6 +560,33 @@ mod tests {
             metric_sum(page, "athenz_agent_issuance_in_flight", "warmup"),
             2
         );
+    }
+
+    #[test]
+    fn a_log_tail_returns_each_whole_line_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("zts.log");
+        std::fs::write(&path, "before the round\n").unwrap();
+        let mut tail = LogTail::from_end(path.clone()).unwrap();
+        assert_eq!(tail.read_new().unwrap(), "");
+        let append = |text: &str| {
+            use std::io::Write;
+            let mut file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            file.write_all(text.as_bytes()).unwrap();
+        };
+        append("one\ntw");
+        assert_eq!(
+            tail.read_new().unwrap(),
+            "one\n",
+            "a line being written waits"
+        );
+        append("o\n");
+        assert_eq!(tail.read_new().unwrap(), "two\n");
+        assert_eq!(tail.read_new().unwrap(), "");
+        assert!(LogTail::from_end(dir.path().join("missing")).is_err());
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! Read from the logs of containerd 2 and the kubelet of Kubernetes 1.37; logs that say
 //! otherwise give no figures, never wrong ones.
 
-use super::volume_wait::{klog_seconds, span};
+use super::volume_wait::{clock_seconds, klog_seconds, span, text_between};
 use crate::bench::Latency;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -42,18 +42,12 @@ struct Container {
 
 /// Seconds of the day in a containerd line's `time="2026-12-06T07:57:30.879861198Z"`.
 fn containerd_seconds(line: &str) -> Option<f64> {
-    let stamp = line.strip_prefix("time=\"")?.get(..30)?;
-    let clock = stamp.get(11..29)?;
-    let (h, rest) = clock.split_once(':')?;
-    let (m, s) = rest.split_once(':')?;
-    Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
+    clock_seconds(line.strip_prefix("time=\"")?.get(11..29)?)
 }
 
 /// The text after `key` up to the next escaped quote (`\"`) in a containerd line.
 fn escaped<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let start = line.find(key)? + key.len();
-    let rest = line.get(start..)?;
-    Some(&rest[..rest.find("\\\"")?])
+    text_between(line, key, "\\\"")
 }
 
 /// An id: 64 hex digits, as containerd names sandboxes and containers.

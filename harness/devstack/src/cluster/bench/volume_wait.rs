@@ -47,19 +47,28 @@ struct PodVolumes {
     identity_set_up: Option<f64>,
 }
 
-/// Seconds of the day a klog line (`I1128 20:50:25.978900 ...`) was written at.
-pub(super) fn klog_seconds(line: &str) -> Option<f64> {
-    let time = line.get(6..21)?;
-    let (h, rest) = time.split_once(':')?;
+/// Seconds of the day in a clock `HH:MM:SS.fraction`, as the node's logs write it.
+pub(super) fn clock_seconds(clock: &str) -> Option<f64> {
+    let (h, rest) = clock.split_once(':')?;
     let (m, s) = rest.split_once(':')?;
     Some(h.parse::<f64>().ok()? * 3600.0 + m.parse::<f64>().ok()? * 60.0 + s.parse::<f64>().ok()?)
 }
 
-/// The value of `key="..."` in a klog line.
-fn quoted<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+/// Seconds of the day a klog line (`I1128 20:50:25.978900 ...`) was written at.
+pub(super) fn klog_seconds(line: &str) -> Option<f64> {
+    clock_seconds(line.get(6..21)?)
+}
+
+/// The text in `line` after `key`, up to the next `end`.
+pub(super) fn text_between<'a>(line: &'a str, key: &str, end: &str) -> Option<&'a str> {
     let start = line.find(key)? + key.len();
     let rest = line.get(start..)?;
-    Some(&rest[..rest.find('"')?])
+    Some(&rest[..rest.find(end)?])
+}
+
+/// The value of `key="..."` in a klog line.
+fn quoted<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    text_between(line, key, "\"")
 }
 
 /// Whether a volume line is about a CSI or flex volume: its `UniqueName` is
