@@ -83,7 +83,7 @@ pub async fn start(
 ) -> Result<(Bound, tokio::task::JoinHandle<()>), StartError> {
     let domains = namespace_domains(&config).await?;
     check_kubelet_list_rate(&config)?;
-    let (zts, athenz_ca) = zts_client(&config)?;
+    let (zts, athenz_ca, issuers) = zts_client(&config)?;
     let mut registry = prometheus_client::registry::Registry::with_prefix("athenz_agent");
     let readiness = Readiness::default();
     let node = node_identity(&config, &zts, &readiness, &mut registry)?;
@@ -196,6 +196,7 @@ pub async fn start(
     let task = tokio::spawn(async move {
         let watcher = tokio::spawn(Arc::clone(&node).run(shutdown.wait()));
         let ca_watcher = zts_ca.spawn_watcher(ca_reload);
+        let issuers_watcher = issuers.spawn_watcher(ca_reload);
         let csi = csi.map(|serve| tokio::spawn(serve(Box::pin(shutdown.wait()))));
         let ops = tokio::spawn(athenz_core::daemon::serve_ops(
             ops_listener,
@@ -217,6 +218,7 @@ pub async fn start(
             let _ = csi.await;
         }
         ca_watcher.abort();
+        issuers_watcher.abort();
         if let Some(early_watch) = early_watch {
             early_watch.abort();
         }
@@ -268,22 +270,31 @@ fn issuance_queue(
     Ok(manager::queue::Queue::new(limits, metrics))
 }
 
-/// The ZTS client and the CA bundle Athenz issues instance certificates under.
-fn zts_client(config: &Config) -> Result<(ZtsClient, tls::IssuerCheck), StartError> {
+/// The ZTS client and the CA bundle Athenz issues instance certificates under, both followed as
+/// their files change (docs/design.md §6: a CA rotation reaches the agent with no restart). The
+/// issuer bundle's file is read again by the watcher the returned handle spawns.
+fn zts_client(
+    config: &Config,
+) -> Result<(ZtsClient, tls::IssuerCheck, Arc<tls::ReloadingClientCa>), StartError> {
+    let ca = tls::ServerCaBundle::from_file(&config.zts_ca)
+        .map_err(|e| StartError::new("--zts-ca (ZTS_CA_FILE)", e))?;
     let zts = ZtsClient::new(ZtsClientConfig {
         url: config.zts_url.clone(),
-        ca_certs: read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
+        ca,
         timeout: config.upstream_timeout,
         connect_timeout: config.upstream_timeout.min(Duration::from_secs(5)),
     })
     .map_err(|e| StartError::new("--zts-url (ZTS_URL)", e))?;
-    let athenz_ca = match &config.athenz_ca {
-        Some(path) => read_cas(path, "--athenz-ca (ATHENZ_CA_FILE)")?,
-        None => read_cas(&config.zts_ca, "--zts-ca (ZTS_CA_FILE)")?,
+    let (path, setting) = match &config.athenz_ca {
+        Some(path) => (path, "--athenz-ca (ATHENZ_CA_FILE)"),
+        None => (&config.zts_ca, "--zts-ca (ZTS_CA_FILE)"),
     };
-    let athenz_ca = tls::IssuerCheck::new(&athenz_ca)
-        .map_err(|e| StartError::new("--athenz-ca (ATHENZ_CA_FILE)", e))?;
-    Ok((zts, athenz_ca))
+    let issuers = tls::ReloadingClientCa::load(path).map_err(|e| StartError::new(setting, e))?;
+    Ok((
+        zts,
+        tls::IssuerCheck::reloading(Arc::clone(&issuers)),
+        issuers,
+    ))
 }
 
 /// The node's own identity, its kept certificate loaded; its token file must exist.

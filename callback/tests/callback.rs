@@ -411,7 +411,8 @@ async fn round_trip_through_the_dev_zts_with_a_real_jwt_service() {
     let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
     let zts = ZtsClient::new(ZtsClientConfig {
         url: f.zts.url().into(),
-        ca_certs: pem_certificates(f.zts.root_pem()).unwrap(),
+        ca: athenz_core::tls::ServerCaBundle::fixed(pem_certificates(f.zts.root_pem()).unwrap())
+            .unwrap(),
         timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(5),
     })

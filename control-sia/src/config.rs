@@ -1,13 +1,13 @@
 //! Settings: every one a flag with an environment fallback, checked at start with errors that name
 //! the setting (docs/design.md §4.8).
 
-use athenz_core::crypto::{PrivateKey, pem_certificates};
+use athenz_core::crypto::PrivateKey;
 use athenz_core::names;
 use athenz_core::refresh::parse_duration;
 use athenz_core::telemetry::LogFormat;
+use athenz_core::tls::ServerCaBundle;
 use athenz_core::zts::PRINCIPAL_AUTH_HEADER;
 use clap::{Args, Parser, Subcommand};
-use rustls_pki_types::CertificateDer;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -154,8 +154,8 @@ pub struct Loaded {
     pub key: PrivateKey,
     /// Its version (`k=` and `keyId`).
     pub key_version: String,
-    /// CAs that verify ZTS.
-    pub zts_cas: Vec<CertificateDer<'static>>,
+    /// The CA bundle that verifies ZTS, followed as its file changes.
+    pub zts_cas: std::sync::Arc<ServerCaBundle>,
     /// Resolved group id.
     pub gid: Option<u32>,
 }
@@ -254,9 +254,9 @@ impl Settings {
             .map_err(|e| bad(key_setting, format!("service.version: {e}")))?;
 
         let ca_setting = "--zts-ca (ZTS_CA_FILE)";
-        let ca_pem = read_text(&self.zts_ca, ca_setting, "CA bundle")?;
-        let zts_cas = pem_certificates(&ca_pem)
-            .map_err(|e| bad(ca_setting, format!("{}: {e}", self.zts_ca.display())))?;
+        // followed as the file changes: a ZTS CA rotation reaches control SIA with no restart
+        let zts_cas =
+            ServerCaBundle::from_file(&self.zts_ca).map_err(|e| bad(ca_setting, e.to_string()))?;
         let gid = match &self.group {
             Some(g) => {
                 Some(athenz_core::files::resolve_group(g).map_err(|e| bad("--group (GROUP)", e))?)

@@ -64,7 +64,7 @@ impl ControlSia {
         identity.ip_addresses.extend(s.ip_addresses.iter().copied());
         let zts = ZtsClient::new(ZtsClientConfig {
             url: s.zts_url.clone(),
-            ca_certs: loaded.zts_cas.clone(),
+            ca: std::sync::Arc::clone(&loaded.zts_cas),
             timeout: s.zts_timeout,
             connect_timeout: s.zts_timeout.min(std::time::Duration::from_secs(5)),
         })?;

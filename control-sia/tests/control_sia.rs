@@ -259,7 +259,8 @@ async fn csr_key_and_expired_tokens_are_rejected_by_zts() {
     .unwrap();
     let client = athenz_core::zts::ZtsClient::new(athenz_core::zts::ZtsClientConfig {
         url: f.zts.url().into(),
-        ca_certs: pem_certificates(f.zts.root_pem()).unwrap(),
+        ca: athenz_core::tls::ServerCaBundle::fixed(pem_certificates(f.zts.root_pem()).unwrap())
+            .unwrap(),
         timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(5),
     })

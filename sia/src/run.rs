@@ -95,11 +95,12 @@ fn load_zts_route(settings: &Settings) -> Result<Option<ZtsRoute>, String> {
         .filter(|u| !u.is_empty())
         .ok_or("--zts-url (ZTS_URL) is required with --refresh-route direct")?;
     let ca = settings.zts_ca_path();
-    let ca_certs = athenz_core::tls::read_certs_file(&ca)
+    // followed as the file changes: a ZTS CA rotation reaches direct refreshes with no restart
+    let ca = athenz_core::tls::ServerCaBundle::from_file(&ca)
         .map_err(|e| format!("--zts-ca (SERVER_CA_CERT) {}: {e}", ca.display()))?;
     let zts = athenz_core::zts::ZtsClient::new(athenz_core::zts::ZtsClientConfig {
         url: url.to_owned(),
-        ca_certs,
+        ca,
         timeout: settings.zts_timeout,
         connect_timeout: settings.zts_timeout,
     })

@@ -129,7 +129,7 @@ impl DirectAccess {
     fn zts(&self) -> anyhow::Result<ZtsClient> {
         Ok(ZtsClient::new(ZtsClientConfig {
             url: self.zts_url.clone(),
-            ca_certs: self.cas.clone(),
+            ca: athenz_core::tls::ServerCaBundle::fixed(self.cas.clone())?,
             timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
         })?)

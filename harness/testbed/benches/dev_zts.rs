@@ -81,7 +81,7 @@ fn main() {
         .unwrap();
         let client = ZtsClient::new(ZtsClientConfig {
             url: zts.url().into(),
-            ca_certs: pem_certificates(zts.root_pem()).unwrap(),
+            ca: athenz_core::tls::ServerCaBundle::fixed(pem_certificates(zts.root_pem()).unwrap()).unwrap(),
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
         })

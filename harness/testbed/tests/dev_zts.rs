@@ -48,7 +48,8 @@ async fn stack(decision: Decision) -> Stack {
     .unwrap();
     let client = ZtsClient::new(ZtsClientConfig {
         url: zts.url().into(),
-        ca_certs: pem_certificates(zts.root_pem()).unwrap(),
+        ca: athenz_core::tls::ServerCaBundle::fixed(pem_certificates(zts.root_pem()).unwrap())
+            .unwrap(),
         timeout: Duration::from_secs(10),
         connect_timeout: Duration::from_secs(5),
     })

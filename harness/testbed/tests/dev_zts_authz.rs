@@ -418,7 +418,8 @@ async fn athenz_cores_service_client_gets_all_three_and_keeps_zts_refusals() {
     );
     let client = ZtsClient::new(ZtsClientConfig {
         url: zts.url().into(),
-        ca_certs: pem_certificates(zts.root_pem()).unwrap(),
+        ca: athenz_core::tls::ServerCaBundle::fixed(pem_certificates(zts.root_pem()).unwrap())
+            .unwrap(),
         timeout: std::time::Duration::from_secs(10),
         connect_timeout: std::time::Duration::from_secs(5),
     })

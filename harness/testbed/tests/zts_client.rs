@@ -139,7 +139,7 @@ async fn start() -> Fixture {
     );
     let client = ZtsClient::new(ZtsClientConfig {
         url: format!("https://localhost:{port}/zts/v1"),
-        ca_certs: cas,
+        ca: athenz_core::tls::ServerCaBundle::fixed(cas).unwrap(),
         timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
     })
@@ -237,7 +237,7 @@ async fn slow_and_unreachable_zts_are_transient() {
     let cas = athenz_core::crypto::pem_certificates(f.ca.root_pem()).unwrap();
     let closed = ZtsClient::new(ZtsClientConfig {
         url: format!("https://localhost:{port}/zts/v1"),
-        ca_certs: cas,
+        ca: athenz_core::tls::ServerCaBundle::fixed(cas).unwrap(),
         timeout: Duration::from_secs(1),
         connect_timeout: Duration::from_secs(1),
     })

@@ -6,7 +6,7 @@ use super::targets::DomainRole;
 use athenz_core::crypto::{CertInfo, PrivateKey, build_csr};
 use athenz_core::names;
 use athenz_core::secret::Secret;
-use athenz_core::tls::{ClientIdentity, certified_key_from_pem, read_certs_file};
+use athenz_core::tls::{ClientIdentity, ServerCaBundle, certified_key_from_pem};
 use athenz_core::zts::{
     RoleCertificateRequest, ServiceZtsClient, ZtsClient, ZtsClientConfig, ZtsError,
 };
@@ -111,10 +111,12 @@ impl ZtsAccess {
     /// ZTS at `url` (ending in `/zts/v1`), verified with the CA certificates in `ca_file`;
     /// `timeout` bounds each call.
     pub fn new(url: &str, ca_file: &Path, timeout: Duration) -> Result<Self, String> {
-        let ca_certs = read_certs_file(ca_file).map_err(|e| e.to_string())?;
+        // followed as the file changes: a ZTS CA rotation reaches role and token fetches with
+        // no restart (docs/design.md §6)
+        let ca = ServerCaBundle::from_file(ca_file).map_err(|e| e.to_string())?;
         let zts = ZtsClient::new(ZtsClientConfig {
             url: url.to_owned(),
-            ca_certs,
+            ca,
             timeout,
             connect_timeout: timeout.min(Duration::from_secs(5)),
         })

@@ -8,11 +8,11 @@ use crate::client::{ReadError, error_chain, read_limited};
 use crate::http::ErrorBody;
 use crate::names::{self, NameError};
 use crate::secret::Secret;
-use crate::tls::{ClientIdentity, TlsError, client_config};
-use rustls_pki_types::CertificateDer;
+use crate::tls::{ClientIdentity, ServerCaBundle, TlsError, client_config_with_bundle};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -251,8 +251,9 @@ impl ZtsError {
 pub struct ZtsClientConfig {
     /// Base URL ending in `/zts/v1`, e.g. `https://zts.example:4443/zts/v1`.
     pub url: String,
-    /// CA certificates that verify ZTS (never the system roots).
-    pub ca_certs: Vec<CertificateDer<'static>>,
+    /// The CA bundle that verifies ZTS (never the system roots), as it is at each connection:
+    /// [`ServerCaBundle::from_file`] follows a CA rotation (docs/design.md §6).
+    pub ca: Arc<ServerCaBundle>,
     /// Overall time allowed for one call.
     pub timeout: Duration,
     /// Time allowed to connect.
@@ -505,7 +506,7 @@ fn build_http_client(
     config: &ZtsClientConfig,
     identity: Option<ClientIdentity>,
 ) -> Result<reqwest::Client, ZtsError> {
-    let tls = client_config(&config.ca_certs, identity)?;
+    let tls = client_config_with_bundle(&config.ca, identity)?;
     reqwest::Client::builder()
         .tls_backend_preconfigured(tls)
         .timeout(config.timeout)
@@ -733,17 +734,25 @@ mod tests {
 
     #[test]
     fn config_url_is_checked() {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_pem = params
+            .self_signed(&rcgen::KeyPair::generate().unwrap())
+            .unwrap()
+            .pem();
+        let ca = ServerCaBundle::fixed(crate::crypto::pem_certificates(&ca_pem).unwrap()).unwrap();
         let config = |url: &str| ZtsClientConfig {
             url: url.into(),
-            ca_certs: Vec::new(),
+            ca: Arc::clone(&ca),
             timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(1),
         };
         let err = ZtsClient::new(config("http://zts/zts/v1")).unwrap_err();
         assert!(err.to_string().contains("ZTS URL"), "{err}");
         assert!(ZtsClient::new(config("https://zts/other")).is_err());
+        assert!(ZtsClient::new(config("https://zts:4443/zts/v1")).is_ok());
         // an empty CA bundle is refused rather than trusting nothing (or everything)
-        let err = ZtsClient::new(config("https://zts:4443/zts/v1")).unwrap_err();
+        let err = ServerCaBundle::fixed(Vec::new()).unwrap_err();
         assert!(err.to_string().contains("CA bundle"), "{err}");
     }
 }

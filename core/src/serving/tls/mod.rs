@@ -27,9 +27,11 @@ use thiserror::Error;
 
 mod expect_principal;
 mod reloading_client_ca;
+mod server_ca;
 mod session_cache;
 pub use expect_principal::{client_config_expecting, client_config_expecting_cn_only};
 pub use reloading_client_ca::ReloadingClientCa;
+pub use server_ca::{ServerCaBundle, client_config_with_bundle};
 pub use session_cache::{ExpiringSessionCache, SESSION_MAX_AGE};
 
 /// Largest certificate or key file read.
@@ -396,6 +398,12 @@ impl IssuerCheck {
             .build()
             .map_err(|e| TlsError::Config(e.to_string()))?;
         Ok(Self { verifier })
+    }
+
+    /// Certificates must chain to the bundle `ca` holds at each check: a rotation of its file
+    /// (followed by [`ReloadingClientCa::spawn_watcher`]) reaches the check with no restart.
+    pub fn reloading(ca: Arc<ReloadingClientCa>) -> Self {
+        Self { verifier: ca }
     }
 
     /// Whether `chain` (the leaf, then any intermediates) chains to the bundle and is valid

@@ -30,7 +30,10 @@ fn identity_as(
 ) -> (NodeIdentity, Readiness) {
     let zts = ZtsClient::new(ZtsClientConfig {
         url: format!("https://127.0.0.1:{}/zts/v1", node.zts_proxy.addr.port()),
-        ca_certs: athenz_core::crypto::pem_certificates(node.zts.root_pem()).unwrap(),
+        ca: athenz_core::tls::ServerCaBundle::fixed(
+            athenz_core::crypto::pem_certificates(node.zts.root_pem()).unwrap(),
+        )
+        .unwrap(),
         timeout: Duration::from_secs(5),
         connect_timeout: Duration::from_secs(2),
     })
