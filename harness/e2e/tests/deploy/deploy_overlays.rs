@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "deploy_overlays/grants_and_egress.rs"]
+mod grants_and_egress;
 mod kustomize;
 
 use kustomize::{Key, LocalOverlay, STAND_IN_ZTS_URL, deploy_dir, key};
@@ -40,14 +42,25 @@ fn changes(before: &BTreeMap<Key, Value>, after: &BTreeMap<Key, Value>) -> Chang
 /// The base rendered with `deploy/components/<name>` (in a copy of `deploy/`, as an operator's
 /// overlay would list it).
 fn with_component(name: &str) -> BTreeMap<Key, Value> {
+    with_components(&[name], "")
+}
+
+/// The base rendered with the components `names`, in that order, and `more` (the rest of an
+/// overlay's kustomization.yaml, e.g. its `patches:`).
+fn with_components(names: &[&str], more: &str) -> BTreeMap<Key, Value> {
     let copy = LocalOverlay::new();
     let dir = copy.dir.path().join("deploy/overlays/with-component");
     std::fs::create_dir_all(&dir).unwrap();
+    let components: Vec<String> = names
+        .iter()
+        .map(|name| format!("../../components/{name}"))
+        .collect();
     std::fs::write(
         dir.join("kustomization.yaml"),
         format!(
             "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
-             resources: [../../base]\ncomponents: [../../components/{name}]\n"
+             resources: [../../base]\ncomponents: [{}]\n{more}",
+            components.join(", ")
         ),
     )
     .unwrap();
@@ -509,6 +522,7 @@ fn every_component_has_its_test() {
         "kubelet-ca",
         "legacy-kubelet-authz",
         "network-policies",
+        "no-early-issue",
         "openshift",
     ];
     let mut found: Vec<String> = std::fs::read_dir(deploy_dir().join("components"))

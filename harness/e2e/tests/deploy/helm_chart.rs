@@ -6,6 +6,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "helm_chart/egress.rs"]
+mod egress;
+#[path = "helm_chart/keys.rs"]
+mod keys;
 mod kustomize;
 #[path = "helm_chart/refusals.rs"]
 mod refusals;
@@ -37,9 +41,15 @@ fn the_defaults_render_what_kustomize_renders() {
     }
 }
 
+/// The components whose switch in the chart is a value it has for that (one switch per
+/// installer; deploy/helm/generate's COMPONENT_VALUES): the component, that value.
+const SWITCHED_BY_A_VALUE: [(&str, &str); 1] = [("no-early-issue", "agent.earlyIssue=false")];
+
 /// Every component of the kustomize tree, switched on in the chart, renders exactly what
 /// kustomize renders with that component over the base: the chart has all of them, and each
-/// does the same thing through either installer.
+/// does the same thing through either installer. The network policies' addresses are the
+/// component's placeholders given as the chart's values (the chart has no placeholder: it
+/// refuses the lists empty).
 #[test]
 fn each_component_renders_what_kustomize_renders_with_it() {
     let components = deploy_dir().join("components");
@@ -64,8 +74,20 @@ fn each_component_renders_what_kustomize_renders_with_it() {
         )
         .unwrap();
         let expected = kustomize::kustomize(&tree.join("overlays/with"));
-        let value = format!("components.{}=true", camel(name));
-        let chart = as_base(helm_template(&["--set", &value]));
+        let mut values = match SWITCHED_BY_A_VALUE.iter().find(|(c, _)| c == name) {
+            Some((_, value)) => vec![(*value).to_owned()],
+            None => vec![format!("components.{}=true", camel(name))],
+        };
+        if let Some(policy) = expected.get(&key("NetworkPolicy", "k8s-admin", "athenz-egress")) {
+            for (rule, list) in [(1, "ztsCidrs"), (2, "apiServerCidrs")] {
+                let to = &policy["spec"]["egress"][rule]["to"];
+                assert_eq!(to.as_array().map(Vec::len), Some(1), "{name}: {policy}");
+                let cidr = to[0]["ipBlock"]["cidr"].as_str().unwrap();
+                values.push(format!("networkPolicies.{list}={{{cidr}}}"));
+            }
+        }
+        let args: Vec<&str> = values.iter().flat_map(|v| ["--set", v.as_str()]).collect();
+        let chart = as_base(helm_template(&args));
         assert_eq!(
             chart.keys().collect::<Vec<_>>(),
             expected.keys().collect::<Vec<_>>(),

@@ -1,5 +1,5 @@
-//! What the chart refuses, each naming the value: an install that could not work, keys as
-//! values outside the control plane's namespace, values its schema does not allow.
+//! What the chart refuses, each naming the value: an install that could not work, values its
+//! schema does not allow (keys as values: `keys.rs`; egress to any address: `egress.rs`).
 
 use super::kustomize::key;
 use super::render::{
@@ -38,17 +38,6 @@ fn an_install_that_could_not_work_is_refused_by_name() {
             "agentNamespace \"k8s-admin\": must differ",
         ),
         (
-            vec![
-                "--namespace",
-                "k8s-admin",
-                "--set",
-                "serviceKeys.athenz-callback=a key",
-                "--set",
-                "existingSecrets.athenz-callback-key=mine",
-            ],
-            "serviceKeys.athenz-callback and existingSecrets.athenz-callback-key",
-        ),
-        (
             vec!["--set", "domainAnnotationAllow[0]=acme.*"],
             "domainAnnotationAllow: set components.domainAnnotations too",
         ),
@@ -66,42 +55,6 @@ fn an_install_that_could_not_work_is_refused_by_name() {
         "provider=acme.k8s.athenz-callback",
     ]);
     assert!(other.contains_key(&key("Deployment", "acme-k8s", "athenz-callback")));
-}
-
-/// Private keys as values only in a release of the control plane's namespace (Helm keeps values
-/// in its release Secret there); the defaults need no key at all.
-#[test]
-fn keys_as_values_are_refused_outside_the_control_planes_namespace() {
-    for (args, value) in [
-        (
-            vec!["--set", "serviceKeys.athenz-callback=a key"],
-            "serviceKeys",
-        ),
-        (
-            vec!["--set-string", "jwtSigningKeys.v1\\.pem=a key"],
-            "jwtSigningKeys",
-        ),
-    ] {
-        let err = helm_template_error(&[&["--namespace", "default"][..], &args[..]].concat());
-        assert!(
-            err.contains("serviceKeys / jwtSigningKeys") && err.contains("\"default\""),
-            "{value}: {err}"
-        );
-    }
-    // by default no key passes through the chart: the one Secret it makes is the initializer's
-    // CA's, shipped without data (the initializer fills it in the cluster)
-    let defaults = helm_template(&["--namespace", "default"]);
-    let secrets: Vec<_> = defaults
-        .iter()
-        .filter(|((kind, _, _), _)| kind == "Secret")
-        .collect();
-    assert_eq!(secrets.len(), 1, "{secrets:?}");
-    let ((_, _, name), secret) = secrets[0];
-    assert_eq!(name, "athenz-initializer-ca");
-    assert!(
-        secret.get("data").is_none() && secret.get("stringData").is_none(),
-        "{secret}"
-    );
 }
 
 /// values.schema.json refuses what the chart cannot use, naming it.

@@ -30,8 +30,6 @@ fn the_values_change_what_they_name() {
         "--set",
         "flexPluginDir=",
         "--set",
-        "serviceKeys.athenz-callback=stand-in key",
-        "--set",
         "namespaces.create=false",
         "--set",
         "agent.priorityClassName=node-high",
@@ -123,12 +121,6 @@ fn the_values_change_what_they_name() {
     assert_eq!(
         chart[&key("ClusterRole", "", "athenz-agent")]["rules"][0]["resources"],
         serde_json::json!(["nodes/proxy"])
-    );
-    let secret = &chart[&key("Secret", "k8s-admin", "athenz-callback-key")];
-    assert_eq!(secret["stringData"]["service.key"], "stand-in key");
-    assert!(
-        !chart.contains_key(&key("Secret", "k8s-admin", "athenz-jwt-service-key")),
-        "a key not given makes no Secret"
     );
     let egress = &chart[&key("NetworkPolicy", "k8s-admin", "athenz-egress")]["spec"]["egress"];
     assert_eq!(egress[1]["to"][0]["ipBlock"]["cidr"], "192.0.2.10/32");
