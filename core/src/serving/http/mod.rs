@@ -5,6 +5,11 @@
 //! timeout, a body size limit checked before the handler runs (413, chunked bodies included), a
 //! body read timeout (408), JSON errors `{code,message}`, per-route request metrics, and a graceful
 //! drain on shutdown. Handlers receive the whole body and who is calling ([`ConnInfo`]).
+//!
+//! A client certificate is trusted no longer than it is valid and its CA trusted (docs/design.md
+//! §6): a resumed TLS session is verified again before its connection serves
+//! ([`crate::tls::ResumedSessionCheck`]; refused ones are closed unread), and every connection is
+//! closed gracefully at its maximum age or its client certificate's notAfter ([`conn_age`]).
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, header};
@@ -23,12 +28,16 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tls_accept::TlsServing;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
+mod conn_age;
 mod ops;
+mod tls_accept;
+pub use conn_age::MAX_CONNECTION_AGE;
 pub use ops::{OpsHandler, Readiness, termination_signal, termination_signal_after};
 
 /// The error body of every API in the system (and of ZTS): `{"code": <status>, "message": "..."}`.
@@ -98,8 +107,12 @@ pub struct ServerLimits {
     pub handshake_timeout: Duration,
     /// Most connections served at once; accepting pauses at the bound.
     pub max_connections: usize,
-    /// How long shutdown waits for in-flight requests.
+    /// How long shutdown waits for in-flight requests (and a connection closed at its maximum
+    /// age for its own).
     pub grace: Duration,
+    /// Longest a connection is served before it is closed gracefully ([`MAX_CONNECTION_AGE`]);
+    /// a TLS connection is closed sooner when its client certificate expires.
+    pub max_connection_age: Duration,
 }
 
 impl Default for ServerLimits {
@@ -111,6 +124,7 @@ impl Default for ServerLimits {
             handshake_timeout: Duration::from_secs(10),
             max_connections: 1024,
             grace: Duration::from_secs(20),
+            max_connection_age: MAX_CONNECTION_AGE,
         }
     }
 }
@@ -184,7 +198,9 @@ pub struct RouteLabels {
 pub struct HandshakeLabels {
     /// `1.2` or `1.3`.
     pub version: &'static str,
-    /// `full` (the client's certificate verified) or `resumed` (taken from its session).
+    /// `full` (the client's certificate verified), `resumed` (taken from its session, and
+    /// verified again) or `refused` (a resumed session whose client certificate is no longer
+    /// accepted: the connection is closed before any request).
     pub kind: &'static str,
 }
 
@@ -201,6 +217,14 @@ impl HandshakeLabels {
             _ => "full",
         };
         Self { version, kind }
+    }
+
+    /// The labels of a resumed handshake whose session was refused.
+    pub fn refused(session: &rustls::ServerConnection) -> Self {
+        Self {
+            kind: "refused",
+            ..Self::of(session)
+        }
     }
 }
 
@@ -219,7 +243,8 @@ impl HttpMetrics {
         let handshakes = Family::<HandshakeLabels, Counter>::default();
         registry.register(
             "tls_handshakes",
-            "TLS handshakes completed, by version and kind (full, or resumed from a session)",
+            "TLS handshakes completed, by version and kind (full, resumed from a session, or \
+             refused: a resumed session no longer accepted)",
             handshakes.clone(),
         );
         Self {
@@ -253,11 +278,14 @@ impl HttpMetrics {
         }
     }
 
-    fn record_handshake(&self, session: &rustls::ServerConnection) {
+    fn record_handshake(&self, session: &rustls::ServerConnection, refused: bool) {
         if let Some(handshakes) = &self.handshakes {
-            handshakes
-                .get_or_create(&HandshakeLabels::of(session))
-                .inc();
+            let labels = if refused {
+                HandshakeLabels::refused(session)
+            } else {
+                HandshakeLabels::of(session)
+            };
+            handshakes.get_or_create(&labels).inc();
         }
     }
 
@@ -286,7 +314,7 @@ pub enum Listener {
 /// A configured server, ready to run.
 pub struct Server<H> {
     listener: Listener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<TlsServing>,
     handler: Arc<H>,
     limits: ServerLimits,
     metrics: Option<HttpMetrics>,
@@ -304,9 +332,14 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    /// Serves TLS (only on TCP listeners) with this config, usually from [`crate::tls::server_config`].
+    /// Serves TLS (only on TCP listeners) with this config, usually from [`crate::tls::server_config`]
+    /// (whose verifier then checks resumed sessions again, [`crate::tls::ResumedSessionCheck`]).
     pub fn with_tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
-        self.tls = Some(TlsAcceptor::from(config));
+        let check = Arc::new(crate::tls::ResumedSessionCheck::for_config(&config));
+        self.tls = Some(TlsServing {
+            acceptor: TlsAcceptor::from(config),
+            check,
+        });
         self
     }
 
@@ -364,46 +397,15 @@ impl<H: Handler> Server<H> {
             tokio::spawn(async move {
                 let _permit = permit;
                 match (stream, tls) {
-                    (Stream::Tcp(tcp), Some(acceptor)) => {
-                        let handshake = tokio::time::timeout(
-                            shared.limits.handshake_timeout,
-                            acceptor.accept(tcp),
-                        )
-                        .await;
-                        let tls_stream = match handshake {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                tracing::info!(?peer, error = %e, "TLS handshake refused");
-                                return;
-                            }
-                            Err(_) => {
-                                tracing::info!(?peer, "TLS handshake timed out");
-                                return;
-                            }
-                        };
-                        let session = tls_stream.get_ref().1;
-                        if let Some(metrics) = &shared.metrics {
-                            metrics.record_handshake(session);
+                    (Stream::Tcp(tcp), Some(tls)) => {
+                        let limits = &shared.limits;
+                        let accepted = tls
+                            .accept(tcp, peer, peer_process, limits, shared.metrics.as_ref())
+                            .await;
+                        if let Some(a) = accepted {
+                            serve_connection(a.stream, a.h2, a.conn, a.max_age, shared, watcher)
+                                .await;
                         }
-                        let leaf = crate::tls::peer_leaf(session);
-                        let principal = leaf
-                            .as_ref()
-                            .map(|info| info.common_name.clone())
-                            .filter(|cn| !cn.is_empty());
-                        let peer_uris = leaf.map(|info| info.uris).unwrap_or_default();
-                        let peer_certificate = session
-                            .peer_certificates()
-                            .and_then(|chain| chain.first())
-                            .map(|c| c.clone().into_owned());
-                        let h2 = session.alpn_protocol() == Some(b"h2");
-                        let conn = ConnInfo {
-                            peer,
-                            principal,
-                            peer_certificate,
-                            peer_uris,
-                            peer_process,
-                        };
-                        serve_connection(tls_stream, h2, conn, shared, watcher).await;
                     }
                     (Stream::Tcp(tcp), None) => {
                         let conn = ConnInfo {
@@ -413,7 +415,8 @@ impl<H: Handler> Server<H> {
                             peer_uris: Vec::new(),
                             peer_process,
                         };
-                        serve_connection(tcp, false, conn, shared, watcher).await;
+                        let max_age = shared.limits.max_connection_age;
+                        serve_connection(tcp, false, conn, max_age, shared, watcher).await;
                     }
                     (Stream::Unix(unix), _) => {
                         let conn = ConnInfo {
@@ -423,7 +426,8 @@ impl<H: Handler> Server<H> {
                             peer_uris: Vec::new(),
                             peer_process,
                         };
-                        serve_connection(unix, false, conn, shared, watcher).await;
+                        let max_age = shared.limits.max_connection_age;
+                        serve_connection(unix, false, conn, max_age, shared, watcher).await;
                     }
                 }
             });
@@ -482,6 +486,7 @@ async fn serve_connection<H, I>(
     io: I,
     h2: bool,
     conn: ConnInfo,
+    max_age: Duration,
     shared: Arc<Shared<H>>,
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) where
@@ -502,17 +507,23 @@ async fn serve_connection<H, I>(
     // read timeout runs from the moment the connection is served, so idle connections cannot
     // hold the connection slots.
     let io = TokioIo::new(io);
-    // Drives a connection until it ends; once shutdown is signalled, asks it to finish its
-    // in-flight request and close, then drives it to that end.
+    // Drives a connection until it ends; once shutdown is signalled or the connection reaches
+    // its maximum age, asks it to finish its in-flight requests and close (an HTTP/2 GOAWAY, or
+    // HTTP/1.1 `connection: close`), then drives it to that end for at most the grace period.
+    let grace = shared.limits.grace;
     macro_rules! until_stopped {
         ($conn:expr) => {{
             let conn = $conn;
             tokio::pin!(conn);
             tokio::select! {
                 result = conn.as_mut() => result,
-                () = async { drop(stopping.wait_for(|stop| *stop).await) } => {
+                why = conn_age::closing(&mut stopping, max_age) => {
+                    tracing::debug!(?why, "closing the connection gracefully");
                     conn.as_mut().graceful_shutdown();
-                    conn.await
+                    match tokio::time::timeout(grace, conn).await {
+                        Ok(result) => result,
+                        Err(_) => Ok(()),
+                    }
                 }
             }
         }};

@@ -1,8 +1,11 @@
 //! rustls configurations for every TLS endpoint of the system.
 //!
 //! - Servers always require a client certificate chaining to a configured CA, and hand the handler
-//!   the client's principal (the certificate CN) so it can check an allow-list. A session may be
-//!   resumed for [`SESSION_MAX_AGE`] after its client was verified ([`ExpiringSessionCache`]).
+//!   the client's principal (the certificate CN) so it can check an allow-list. Only TLS 1.2
+//!   sessions are resumed, for [`SESSION_MAX_AGE`] after the full handshake that verified their
+//!   client ([`ExpiringSessionCache`]); a resumed session is verified again before it serves
+//!   ([`ResumedSessionCheck`]), and none survives a change of a reloaded client CA bundle
+//!   (docs/design.md §6; [`server_config_on_clock`] says why each setting).
 //! - Clients trust only a configured CA bundle — never the system roots.
 //! - Certificates and keys are reloaded from disk when they change ([`ReloadingIdentity`]); a
 //!   half-written pair (key not matching certificate) is skipped and the old pair keeps serving.
@@ -25,13 +28,20 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 use thiserror::Error;
 
+pub mod clock;
 mod expect_principal;
 mod reloading_client_ca;
+mod resumption;
 mod server_ca;
+mod server_config;
 mod session_cache;
+#[cfg(test)]
+pub(crate) mod test_pki;
 pub use expect_principal::{client_config_expecting, client_config_expecting_cn_only};
 pub use reloading_client_ca::ReloadingClientCa;
+pub use resumption::{ResumedSessionCheck, ResumptionRefused};
 pub use server_ca::{ServerCaBundle, client_config_with_bundle};
+pub use server_config::{ClientCas, server_config_on_clock};
 pub use session_cache::{ExpiringSessionCache, SESSION_MAX_AGE};
 
 /// Largest certificate or key file read.
@@ -433,39 +443,25 @@ pub fn server_config_with(
     client_cas: &[CertificateDer<'static>],
     client_auth: ClientAuth,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let roots = root_store(client_cas)?;
-    let builder = WebPkiClientVerifier::builder_with_provider(roots, provider());
-    let builder = match client_auth {
-        ClientAuth::Required => builder,
-        ClientAuth::Optional => builder.allow_unauthenticated(),
-    };
-    let verifier = builder
-        .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(identity);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    config.session_storage = ExpiringSessionCache::for_servers();
-    Ok(Arc::new(config))
+    server_config_on_clock(
+        identity,
+        ClientCas::Fixed(client_cas, client_auth),
+        clock::system_clock(),
+    )
 }
 
 /// A server config that requires a client certificate verified by `client_ca`, whose bundle is
-/// read again as its file changes ([`ReloadingClientCa::spawn_watcher`]).
+/// read again as its file changes ([`ReloadingClientCa::spawn_watcher`]); a change empties this
+/// config's session cache.
 pub fn server_config_reloading(
     identity: Arc<ReloadingIdentity>,
     client_ca: Arc<ReloadingClientCa>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_client_cert_verifier(client_ca)
-        .with_cert_resolver(identity);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    config.session_storage = ExpiringSessionCache::for_servers();
-    Ok(Arc::new(config))
+    server_config_on_clock(
+        identity,
+        ClientCas::Reloading(client_ca),
+        clock::system_clock(),
+    )
 }
 
 /// A server config that asks for no client certificate. Only for the admission webhook, which the
@@ -474,14 +470,7 @@ pub fn server_config_reloading(
 pub fn server_config_without_client_auth(
     identity: Arc<dyn ResolvesServerCert>,
 ) -> Result<Arc<ServerConfig>, TlsError> {
-    let mut config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_no_client_auth()
-        .with_cert_resolver(identity);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    config.session_storage = ExpiringSessionCache::for_servers();
-    Ok(Arc::new(config))
+    server_config_on_clock(identity, ClientCas::NotAsked, clock::system_clock())
 }
 
 /// A client config trusting only `cas`, presenting `identity` if given.

@@ -6,21 +6,30 @@
 //! The server sends no CA names in its certificate request (`root_hint_subjects` is empty, which
 //! TLS allows): the names would have to outlive a reload. Every client here has exactly one
 //! certificate to present, so the hint would change nothing.
+//!
+//! A change of the bundle reaches resumed sessions too (docs/design.md §6): the session caches of
+//! the servers built on the bundle are emptied when it changes
+//! ([`ReloadingClientCa::forget_sessions_on_change`]), so every client's next handshake is a full
+//! one, verified with the new bundle; and a session resumed all the same (one stored by a
+//! handshake that was under way at the change) is verified again with the bundle as it is now
+//! before its connection serves ([`super::ResumedSessionCheck`]).
 
-use super::{TlsError, provider, read_certs_file, root_store};
+use super::{ExpiringSessionCache, TlsError, provider, read_certs_file, root_store};
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 /// The verifier of the bundle last read from `path`.
 pub struct ReloadingClientCa {
     path: PathBuf,
     current: RwLock<(Vec<CertificateDer<'static>>, Arc<dyn ClientCertVerifier>)>,
+    /// The session caches of the servers verifying with this bundle, emptied when it changes.
+    sessions: Mutex<Vec<Weak<ExpiringSessionCache>>>,
 }
 
 impl std::fmt::Debug for ReloadingClientCa {
@@ -43,11 +52,12 @@ impl ReloadingClientCa {
         Ok(Arc::new(Self {
             path: path.to_owned(),
             current: RwLock::new((cas, verifier)),
+            sessions: Mutex::new(Vec::new()),
         }))
     }
 
-    /// Reads the file again; a changed, valid bundle is used for the next handshake. Returns
-    /// whether it changed.
+    /// Reads the file again; a changed, valid bundle is used for the next handshake, and the
+    /// sessions verified under the old one are forgotten. Returns whether it changed.
     pub fn reload(&self) -> Result<bool, TlsError> {
         let cas = read_certs_file(&self.path)?;
         if cas == self.current.read().unwrap_or_else(|p| p.into_inner()).0 {
@@ -55,7 +65,29 @@ impl ReloadingClientCa {
         }
         let verifier = verifier(&cas)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = (cas, verifier);
+        // after the swap: a session stored from now on was verified with the new bundle (one
+        // whose handshake began before the swap is caught when it resumes)
+        self.forget_sessions();
         Ok(true)
+    }
+
+    /// Empties `cache` whenever the bundle changes: a session verified under the old bundle is
+    /// not resumed under the new one. Held weakly; a dropped server's cache is forgotten.
+    pub fn forget_sessions_on_change(&self, cache: &Arc<ExpiringSessionCache>) {
+        let mut caches = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        caches.retain(|cache| cache.strong_count() > 0);
+        caches.push(Arc::downgrade(cache));
+    }
+
+    fn forget_sessions(&self) {
+        let mut caches = self.sessions.lock().unwrap_or_else(PoisonError::into_inner);
+        caches.retain(|cache| match cache.upgrade() {
+            Some(cache) => {
+                cache.clear();
+                true
+            }
+            None => false,
+        });
     }
 
     /// How many CA certificates are trusted now.
