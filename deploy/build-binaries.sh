@@ -3,7 +3,7 @@
 # deploy/image.sh and deploy/Dockerfile:
 #   - static (glibc's crt-static, so the image needs no libc: FROM scratch);
 #   - the locked dependencies and the release profiles of Cargo.toml: `dist` (whole-program
-#     LTO) for athenz-daemons, the one binary of the five daemons; `release-small` for the SIA,
+#     LTO) for athenz-daemons, the one binary of the six daemons; `release-small` for the SIA,
 #     which runs in every pod, and the volume driver, which kubelet execs per mount;
 #   - each binary's dependency list embedded by `cargo auditable` (section .dep-v0), which
 #     `cargo audit bin`, Trivy and Grype read; symbols stripped;
@@ -16,7 +16,7 @@ cd "$root"
 
 target=x86_64-unknown-linux-gnu
 built="${CARGO_TARGET_DIR:-target}"
-daemons=(athenz-identity-agent athenz-jwt-service athenz-callback athenz-initializer athenz-control-sia)
+daemons=(athenz-identity-agent athenz-jwt-service athenz-callback athenz-initializer athenz-control-sia athenz-node-authorizer)
 
 command -v cargo-auditable >/dev/null || {
   echo "build-binaries.sh: cargo-auditable is missing: cargo install cargo-auditable --locked --version 0.7.7" >&2

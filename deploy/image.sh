@@ -25,8 +25,8 @@
 #                                        appVersion must be the workspace version, checked first.
 #
 # The layout (kept in step with deploy/Dockerfile by harness/e2e/tests/deploy/image_layout.rs):
-#   /usr/local/bin/athenz-daemons            the five daemons in one binary (athenz-daemons)
-#   /usr/local/bin/athenz-{identity-agent,jwt-service,callback,initializer,control-sia} -> athenz-daemons
+#   /usr/local/bin/athenz-daemons            the six daemons in one binary (athenz-daemons)
+#   /usr/local/bin/athenz-{identity-agent,jwt-service,callback,initializer,control-sia,node-authorizer} -> athenz-daemons
 #   /usr/local/bin/athenz-sia, athenz-volume-driver
 #   user 65532:65532, PATH=/usr/local/bin, org.opencontainers.image.* labels
 # -e: stop at the first failing step, so no image, digest or SBOM of a failed build is printed

@@ -1,9 +1,9 @@
-//! One binary for the five daemons (`athenz-daemons`), each run under its own name.
+//! One binary for the six daemons (`athenz-daemons`), each run under its own name.
 //!
-//! The image ships the agent, the jwt-service, the callback, the initializer and the control
-//! SIA as links to this one static binary: they share most of their code (tokio, hyper,
-//! rustls with aws-lc, kube, serde), which five separate static binaries would each carry
-//! again. A link's name is `argv[0]`, so the manifests' commands (`athenz-callback`, …) and each
+//! The image ships the agent, the jwt-service, the callback, the initializer, the control
+//! SIA and the node authorizer as links to this one static binary: they share most of their
+//! code (tokio, hyper, rustls with aws-lc, kube, serde), which six separate static binaries
+//! would each carry again. A link's name is `argv[0]`, so the manifests' commands (`athenz-callback`, …) and each
 //! daemon's flags, environment and `--version` are exactly those of its own crate. The SIA (in
 //! every pod, built for size) and the volume driver (copied onto the host) stay binaries of
 //! their own. README.md ("What the image holds") says what this saves.
@@ -19,6 +19,7 @@ pub const DAEMONS: &[&str] = &[
     "athenz-callback",
     "athenz-initializer",
     "athenz-control-sia",
+    "athenz-node-authorizer",
 ];
 
 /// Runs the daemon named `name` (a file name, as in `argv[0]`) with `args` (the program name
@@ -38,6 +39,9 @@ pub fn dispatch(name: &str, args: Vec<OsString>) -> Option<ExitCode> {
         "athenz-callback" => served(athenz_callback::main_with_args(args)),
         "athenz-initializer" => served(athenz_initializer::main_with_args(args)),
         "athenz-control-sia" => athenz_control_sia::main_with_args(args),
+        "athenz-node-authorizer" => {
+            served(athenz_initializer::node_authorizer::main_with_args(args))
+        }
         _ => return None,
     })
 }

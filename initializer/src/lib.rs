@@ -2,9 +2,14 @@
 //! identity volume, the credentials volume and the SIA containers to pods as they are created. It
 //! sits on the pod-creation path of the whole cluster, so it never patches a pod that did not ask
 //! for it, and injecting twice changes nothing.
+//!
+//! [`node_authorizer`] is the API server's other webhook, run as its own daemon
+//! (`athenz-node-authorizer`): the authorization webhook that scopes the agents' pod watch to
+//! their node (docs/design.md §6).
 
 pub mod live_template;
 pub mod mutate;
+pub mod node_authorizer;
 pub mod review;
 pub mod serving_ca;
 pub mod template;

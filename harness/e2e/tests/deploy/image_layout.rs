@@ -214,6 +214,22 @@ fn build_binaries_ships_what_its_builds_write_and_links_every_daemon() {
             .iter()
             .any(|l| l.contains("ln -s athenz-daemons \"$out/$d\""))
     );
+    // a link for every daemon athenz-daemons runs, and none it does not
+    let lib = read("daemons/src/lib.rs");
+    let list = lib
+        .split_once("pub const DAEMONS: &[&str] = &[")
+        .and_then(|(_, rest)| rest.split_once("];"))
+        .unwrap()
+        .0;
+    let dispatched: BTreeSet<String> = list
+        .split(',')
+        .map(|name| name.trim().trim_matches('"').to_owned())
+        .filter(|name| !name.is_empty())
+        .collect();
+    assert_eq!(
+        daemons, dispatched,
+        "build-binaries.sh's links vs daemons/src/lib.rs's DAEMONS"
+    );
     let names: BTreeSet<String> = shipped
         .iter()
         .map(|p| p.rsplit('/').next().unwrap().to_owned())

@@ -79,7 +79,7 @@ fn all_flags(name: &str, extra: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn every_flag_each_binary_lists_is_on_its_page() {
-    let binaries: [(&str, &[&str]); 8] = [
+    let binaries: [(&str, &[&str]); 9] = [
         ("athenz-volume-driver", &[]),
         ("athenz-identity-agent", &["status"]),
         ("athenz-sia", &[]),
@@ -87,6 +87,7 @@ fn every_flag_each_binary_lists_is_on_its_page() {
         ("athenz-jwt-service", &[]),
         ("athenz-callback", &[]),
         ("athenz-initializer", &[]),
+        ("athenz-node-authorizer", &[]),
         ("athenz-devstack", &[]),
     ];
     let (mut missing, mut checked) = (Vec::new(), 0);
