@@ -3,7 +3,7 @@
 //! exactly the routes of what they stand in for, and injecting a fault needs no credentials:
 //! whoever may write the stack's state directory already owns the stack.
 //!
-//! `zts --faults-file F` follows `zts_instance_status`; `kube-standins --faults-file F` the
+//! `zts --faults-file F` follows `zts_instance_status` and `zts_next_ca`; `kube-standins --faults-file F` the
 //! `api_*` and `kubelet_*` fields. A missing file means no fault; a malformed one is logged
 //! and the faults in force are kept.
 
@@ -24,6 +24,10 @@ pub struct Faults {
     /// The dev ZTS answers every instance register and refresh with this status (4xx or 5xx)
     /// and a ZTS error body, as a ZTS in trouble does.
     pub zts_instance_status: Option<u16>,
+    /// The dev ZTS serves and signs under its next CA (`next-ca.pem` in its state directory),
+    /// as a ZTS moved to a new CA does once every client trusts both. One way: false afterwards
+    /// does not move it back.
+    pub zts_next_ca: bool,
     /// The API stand-in answers 404 to every single-pod read, as for a deleted pod: the
     /// callback then denies every launch and refresh.
     pub api_pods_missing: bool,

@@ -400,3 +400,109 @@ async fn provider_with_the_wrong_certificate_is_not_called() {
 mod refresh;
 #[path = "dev_zts/server.rs"]
 mod server;
+
+/// A rotation of ZTS's CA as an operator does it (docs/design.md §6): the next root added to the
+/// clients' bundle, ZTS moved to it (its certificate and its signer), the old root removed. A
+/// client whose bundle follows its file (`ServerCaBundle::from_file`) keeps refreshing through
+/// all of it with no restart; one that read the old bundle once can no longer reach ZTS.
+#[tokio::test]
+async fn a_ca_rotation_reaches_a_client_that_follows_its_bundle_file() {
+    let zts = DevZts::start(DevZtsConfig {
+        provider_timeout_ms: 2_000,
+        ..DevZtsConfig::default()
+    })
+    .await
+    .unwrap();
+    let next_root = std::fs::read_to_string(zts.ca_path().with_file_name("next-ca.pem")).unwrap();
+    // the provider, as the callback with the install's bundle: both roots while ZTS moves
+    let provider = ProviderStub::start(
+        zts.ca(),
+        PROVIDER,
+        &format!("{}{next_root}", zts.root_pem()),
+        BASE,
+        allow(),
+    )
+    .await
+    .unwrap();
+    zts.add_provider(ProviderEntry {
+        name: PROVIDER.into(),
+        endpoint: provider.endpoint().into(),
+        dns_suffixes: vec![fixtures::DNS_SUFFIX.into()],
+        launch: vec!["media.sports.*".into()],
+    })
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let bundle_file = dir.path().join("zts-ca.pem");
+    // rewritten as the agent publishes it: a new file renamed over the old
+    let publish = |pem: &str| {
+        let tmp = dir.path().join("zts-ca.pem.tmp");
+        std::fs::write(&tmp, pem).unwrap();
+        std::fs::rename(&tmp, &bundle_file).unwrap();
+    };
+    publish(zts.root_pem());
+    let client_with = |ca| {
+        ZtsClient::new(ZtsClientConfig {
+            url: zts.url().into(),
+            ca,
+            timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+        })
+        .unwrap()
+    };
+    let following = client_with(tls::ServerCaBundle::from_file(&bundle_file).unwrap());
+    let read_once =
+        client_with(tls::ServerCaBundle::fixed(pem_certificates(zts.root_pem()).unwrap()).unwrap());
+    let key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
+    let mut identity = following
+        .register(&register_info(pod_csr(&key)))
+        .await
+        .unwrap()
+        .identity;
+    let mut key = key;
+    // (the bundle's file is looked at no more than every 2 s)
+    let past_the_check = || tokio::time::sleep(Duration::from_millis(2_100));
+
+    // 1. both roots; 2. ZTS moved; 3. the old root removed
+    publish(&format!("{}{next_root}", zts.root_pem()));
+    past_the_check().await;
+    assert!(zts.rotate_ca().unwrap(), "moved now");
+    assert!(!zts.rotate_ca().unwrap(), "and only once");
+    for (step, bundle) in [
+        ("both roots", None),
+        ("the next root alone", Some(&next_root)),
+    ] {
+        if let Some(bundle) = bundle {
+            publish(bundle);
+            past_the_check().await;
+        }
+        let next_key = PrivateKey::generate(KeyAlgorithm::P256).unwrap();
+        identity = following
+            .refresh_instance(
+                &target(),
+                &refresh_info(pod_csr(&next_key)),
+                presenting(&identity, &key),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{step}: {e}"));
+        key = next_key;
+        // issued under the next CA, with its bundle
+        let cert = identity.x509_certificate.as_deref().unwrap();
+        let signer = identity.x509_certificate_signer.as_deref().unwrap();
+        assert!(signer.ends_with(&next_root), "{step}: {signer}");
+        let intermediate = signer.strip_suffix(next_root.as_str()).unwrap();
+        openssl::verify(&next_root, intermediate, cert).unwrap();
+        assert!(
+            openssl::verify(zts.root_pem(), intermediate, cert).is_err(),
+            "{step}: the old root verifies the new certificate"
+        );
+    }
+    // the client that read the old root once no longer reaches ZTS
+    let refused = read_once
+        .register(&register_info(pod_csr(&key)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, ZtsError::Unreachable(ref e) if e.contains("certificate")),
+        "{refused}"
+    );
+}

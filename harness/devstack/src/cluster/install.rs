@@ -307,6 +307,13 @@ async fn start_zts(
         format!("--state-dir={}", dir.display()),
         format!("--config={}", dir.join("config.json").display()),
     ];
+    if release.zts == ZtsServer::Dev {
+        // what a test moves the dev ZTS with (its CA rotation: `zts_next_ca`)
+        args.push(format!(
+            "--faults-file={}",
+            dir.join(ZTS_FAULTS_FILE).display()
+        ));
+    }
     args.extend(server_args);
     let mut zts = Process::start(Command::new(ZTS, &exe, args), &layout.logs)?;
     zts.wait_file(&dir.join("zts.json")).await?;
@@ -314,6 +321,10 @@ async fn start_zts(
     write_pids(layout, processes)?;
     json_file::read(&dir.join("zts.json")).context("reading the ZTS's zts.json")
 }
+
+/// The dev ZTS's faults file in its state directory (`<athenz>/zts/`): a test writes
+/// [`athenz_testbed::faults::Faults`] there, e.g. to move it to its next CA.
+pub const ZTS_FAULTS_FILE: &str = "faults.json";
 
 /// The overlay the page's steps fill and apply, relative to the checkout.
 pub const LOCAL_OVERLAY: &str = "deploy/overlays/local";

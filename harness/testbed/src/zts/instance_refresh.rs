@@ -116,7 +116,7 @@ impl ZtsHandler {
             name: principal,
             instance_id: instance_id.to_owned(),
             x509_certificate: Some(issued.cert_pem),
-            x509_certificate_signer: Some(self.state.ca_bundle.clone()),
+            x509_certificate_signer: Some(self.state.cas.bundle().to_owned()),
             service_token: match info.token {
                 Some(true) => Some(self.service_token(domain, service)?),
                 _ => None,

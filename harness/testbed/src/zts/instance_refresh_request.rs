@@ -108,7 +108,7 @@ impl ZtsHandler {
             &Identity {
                 name: principal,
                 certificate: issued.cert_pem,
-                ca_cert_bundle: Some(self.state.ca_bundle.clone()),
+                ca_cert_bundle: Some(self.state.cas.bundle().to_owned()),
                 service_token: None,
             },
         ))

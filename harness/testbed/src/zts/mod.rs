@@ -8,6 +8,7 @@
 
 pub mod access_token_request;
 pub mod authz;
+pub mod ca_rotation;
 pub mod instance_provider_client;
 pub mod instance_refresh;
 pub mod instance_refresh_request;
@@ -21,10 +22,10 @@ pub mod server;
 pub mod x509_cert_request;
 pub mod x509_role_cert_request;
 
-use crate::pki::{CertAuthority, LeafSpec, PkiError};
+use crate::pki::{CertAuthority, PkiError};
 use athenz_core::crypto::{KeyAlgorithm, PrivateKey, pem_certificates};
 use athenz_core::http::{HttpMetrics, Listener, Server, ServerLimits};
-use athenz_core::tls::{self, ClientAuth, ClientIdentity, ReloadingIdentity, TlsError};
+use athenz_core::tls::{self, ClientAuth, ClientIdentity, TlsError};
 use instance_provider_client::ProviderClients;
 use instances::{InstanceKey, InstanceRecord, InstanceStore};
 use registry::{ProviderEntry, Registry, RegistryError, ServiceEntry};
@@ -47,6 +48,9 @@ pub enum DevZtsError {
     /// TLS setup failed.
     #[error("dev ZTS TLS: {0}")]
     Tls(#[from] TlsError),
+    /// Its CAs could not be made.
+    #[error("dev ZTS CA: {0}")]
+    Ca(#[from] ca_rotation::CaRotationError),
     /// A file or socket operation failed.
     #[error("dev ZTS {action}: {source}")]
     Io {
@@ -207,11 +211,6 @@ impl DevZts {
         athenz_core::install_crypto_provider();
         std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
         let registry = Registry::new(&config.services, &config.providers)?;
-        let root = CertAuthority::new_root("Athenz Dev ZTS Root")?;
-        let signer = root.new_intermediate("Athenz Dev ZTS Intermediate")?;
-        let root_pem = root.root_pem().to_owned();
-
-        let key = PrivateKey::generate(KeyAlgorithm::P256).map_err(PkiError::from)?;
         // clients reach it by the address it listens on (a pod reaches a ZTS beside its cluster
         // by the node's address), and always by loopback
         let mut ip_addresses = vec![std::net::IpAddr::from([127, 0, 0, 1])];
@@ -219,33 +218,19 @@ impl DevZts {
         if !listen_ip.is_unspecified() && !ip_addresses.contains(&listen_ip) {
             ip_addresses.push(listen_ip);
         }
-        let own = signer.issue_for_key(
-            &LeafSpec {
-                ip_addresses,
-                ..LeafSpec::service(&config.principal, &["localhost"])
-            },
-            &key.public_key_der(),
-        )?;
-        let cert_path = dir.join("zts.cert.pem");
-        let key_path = dir.join("zts.key.pem");
-        crate::pki::write_file(&cert_path, own.chain_pem.as_bytes(), 0o644)?;
-        crate::pki::write_file(
-            &key_path,
-            key.to_pkcs8_pem()
-                .map_err(PkiError::from)?
-                .expose()
-                .as_bytes(),
-            0o600,
-        )?;
-        crate::pki::write_file(&dir.join("ca.pem"), root_pem.as_bytes(), 0o644)?;
-        let identity = ReloadingIdentity::load(&cert_path, &key_path)?;
+        let cas = ca_rotation::CaGenerations::create(dir, &config.principal, &ip_addresses)?;
+        let root_pem = cas.first_root_pem().to_owned();
+        let identity = cas.serving();
 
-        // ZTS trusts its own signer as well as the root, so an instance may present its leaf alone
-        // (as real ZTS does with its configured signer chain).
-        let mut client_extra = vec![signer.cert_pem().to_owned()];
+        // ZTS trusts its own signers as well as the roots, so an instance may present its leaf
+        // alone (as real ZTS does with its configured signer chain); both CA generations, so
+        // that a rotation ([`ca_rotation`]) never refuses a client in the middle of it.
+        let mut client_extra = cas.all_cas_pem();
         client_extra.extend(config.extra_client_cas.iter().cloned());
         let client_cas = ca_list(&root_pem, &client_extra)?;
-        let provider_cas = ca_list(&root_pem, &config.extra_provider_cas)?;
+        let mut provider_extra = cas.all_cas_pem();
+        provider_extra.extend(config.extra_provider_cas.iter().cloned());
+        let provider_cas = ca_list(&root_pem, &provider_extra)?;
         let server_config =
             tls::server_config_with(identity.clone(), &client_cas, ClientAuth::Optional)?;
 
@@ -253,8 +238,7 @@ impl DevZts {
             principal: config.principal.clone(),
             registry: RwLock::new(registry),
             instances: InstanceStore::default(),
-            ca_bundle: format!("{}{}", signer.intermediates_pem(), root_pem),
-            signer,
+            cas,
             token_key: PrivateKey::generate(KeyAlgorithm::P256).map_err(PkiError::from)?,
             providers: ProviderClients::new(
                 provider_cas,
@@ -356,15 +340,21 @@ impl DevZts {
         self.files.join("ca.pem")
     }
 
-    /// The CA bundle ZTS returns with certificates (intermediate then root).
+    /// The CA bundle ZTS returns with certificates now (intermediate then root).
     pub fn ca_bundle(&self) -> &str {
-        &self.state.ca_bundle
+        self.state.cas.bundle()
     }
 
-    /// The intermediate that signs everything: mint provider, client and service certificates
-    /// trusted by ZTS with it.
+    /// The first intermediate, which signs everything until a rotation: mint provider, client
+    /// and service certificates trusted by ZTS with it.
     pub fn ca(&self) -> &CertAuthority {
-        &self.state.signer
+        self.state.cas.first_signer()
+    }
+
+    /// Moves ZTS to its next CA (its certificate and its signer; [`ca_rotation`]); the next
+    /// root is `next-ca.pem` beside [`Self::ca_path`]. Returns whether it moved now.
+    pub fn rotate_ca(&self) -> Result<bool, ca_rotation::CaRotationError> {
+        self.state.cas.rotate()
     }
 
     /// The public key (SubjectPublicKeyInfo PEM) of the key that signs ntokens, role tokens and
@@ -468,6 +458,11 @@ pub async fn run_standalone(
                 f.zts_instance_status.unwrap_or(0),
                 std::sync::atomic::Ordering::SeqCst,
             );
+            if f.zts_next_ca
+                && let Err(e) = state.cas.rotate()
+            {
+                tracing::error!(error = %e, "the dev ZTS could not move to its next CA");
+            }
         }))
     });
     let info = StandaloneInfo {

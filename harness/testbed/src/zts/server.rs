@@ -22,7 +22,7 @@ use super::instance_provider_client::{ProviderClients, ProviderRefusal, Provider
 use super::instances::{InstanceKey, InstanceStore};
 use super::registry::{ProviderEntry, Registry};
 use super::x509_cert_request::check_instance_csr;
-use crate::pki::{CertAuthority, IssuedCert, LeafSpec};
+use crate::pki::{IssuedCert, LeafSpec};
 use athenz_core::crypto::{CsrInfo, PrivateKey};
 use athenz_core::http::{Body, ConnInfo, Handler, Peer, error_response, json_response};
 use athenz_core::names;
@@ -67,10 +67,9 @@ pub struct ZtsState {
     pub registry: RwLock<Registry>,
     /// Instance records.
     pub instances: InstanceStore,
-    /// Signs instance and service certificates.
-    pub signer: CertAuthority,
-    /// The CA bundle returned with certificates (intermediates then root).
-    pub ca_bundle: String,
+    /// Signs instance and service certificates, and the bundle returned with them (the first
+    /// CA, or the next once rotated).
+    pub cas: super::ca_rotation::CaGenerations,
     /// Signs the ntokens handed to instances.
     pub token_key: PrivateKey,
     /// Calls providers.
@@ -327,7 +326,8 @@ impl ZtsHandler {
 
     pub(super) fn issue(&self, csr: &CsrInfo, lifetime: Duration) -> Result<IssuedCert, Refusal> {
         self.state
-            .signer
+            .cas
+            .signer()
             .issue_for_key(
                 &LeafSpec {
                     backdate: self.state.settings.backdate,
@@ -440,7 +440,7 @@ impl ZtsHandler {
             name: names::principal(&info.domain, &info.service),
             instance_id: instance_id.clone(),
             x509_certificate: Some(issued.cert_pem),
-            x509_certificate_signer: Some(self.state.ca_bundle.clone()),
+            x509_certificate_signer: Some(self.state.cas.bundle().to_owned()),
             service_token: match info.token {
                 Some(true) => Some(self.service_token(&info.domain, &info.service)?),
                 _ => None,
