@@ -6,8 +6,8 @@
 //! of its CA from a reloaded bundle. So every connection is closed gracefully, as at shutdown,
 //! once it is [`MAX_CONNECTION_AGE`] old (the same bound as a TLS session's,
 //! [`crate::tls::SESSION_MAX_AGE`]), or when its client certificate expires if that comes first:
-//! in-flight requests finish (within the grace period), and the client reconnects and is
-//! verified again.
+//! no new request is read, in-flight requests finish, and the client reconnects and is verified
+//! again. Plain TCP and Unix socket connections are aged alike: one rule for every connection.
 
 use std::time::Duration;
 use tokio::sync::watch;

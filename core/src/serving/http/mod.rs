@@ -107,8 +107,7 @@ pub struct ServerLimits {
     pub handshake_timeout: Duration,
     /// Most connections served at once; accepting pauses at the bound.
     pub max_connections: usize,
-    /// How long shutdown waits for in-flight requests (and a connection closed at its maximum
-    /// age for its own).
+    /// How long shutdown waits for in-flight requests.
     pub grace: Duration,
     /// Longest a connection is served before it is closed gracefully ([`MAX_CONNECTION_AGE`]);
     /// a TLS connection is closed sooner when its client certificate expires.
@@ -509,8 +508,7 @@ async fn serve_connection<H, I>(
     let io = TokioIo::new(io);
     // Drives a connection until it ends; once shutdown is signalled or the connection reaches
     // its maximum age, asks it to finish its in-flight requests and close (an HTTP/2 GOAWAY, or
-    // HTTP/1.1 `connection: close`), then drives it to that end for at most the grace period.
-    let grace = shared.limits.grace;
+    // HTTP/1.1 `connection: close`): no new request is read, and the ones in flight finish.
     macro_rules! until_stopped {
         ($conn:expr) => {{
             let conn = $conn;
@@ -520,10 +518,7 @@ async fn serve_connection<H, I>(
                 why = conn_age::closing(&mut stopping, max_age) => {
                     tracing::debug!(?why, "closing the connection gracefully");
                     conn.as_mut().graceful_shutdown();
-                    match tokio::time::timeout(grace, conn).await {
-                        Ok(result) => result,
-                        Err(_) => Ok(()),
-                    }
+                    conn.await
                 }
             }
         }};

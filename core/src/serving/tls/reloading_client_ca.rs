@@ -110,7 +110,8 @@ impl ReloadingClientCa {
             Ok(true) => tracing::info!(
                 path = %self.path.display(),
                 certificates = self.len(),
-                "the client CA bundle changed; verifying clients with the new one"
+                "the client CA bundle changed; verifying clients with the new one, their sessions \
+                 forgotten"
             ),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "kept the last good client CA bundle"),
