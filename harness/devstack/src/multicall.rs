@@ -13,7 +13,7 @@ use std::process::ExitCode;
 const OWN_BINARIES: &[&str] = &["athenz-volume-driver", "athenz-sia"];
 
 /// Runs the component this process was executed as (the file name of `argv[0]`), if it is one:
-/// the five daemons as `athenz-daemons` runs them, the driver and the SIA from their crates.
+/// the six daemons as `athenz-daemons` runs them, the driver and the SIA from their crates.
 pub fn dispatch() -> Option<ExitCode> {
     let args: Vec<OsString> = std::env::args_os().collect();
     let name = athenz_daemons::invoked_name(&args)?.to_owned();

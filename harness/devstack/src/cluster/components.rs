@@ -1,6 +1,7 @@
 //! Starting the components in dependency order, each as its own process with its own log, each
 //! waited for before the next: etcd, the API server, the controller-manager and scheduler,
-//! containerd (and the pause image), the kubelet, kube-proxy; then the node must be Ready with a
+//! containerd (and the pause image), the kubelet, kube-proxy (with `--node-authorizer`, the node
+//! authorizer before the API server); then the node must be Ready with a
 //! pod range, and the `default` service account must exist (what pods need before they can be
 //! created). Each node's own components start in [`super::node_start`].
 
@@ -10,6 +11,7 @@ use super::control_plane::{
 use super::health::{Checker, wait_for};
 use super::info::{ApiServer, ClusterInfo, Containerd, NodeInfo};
 use super::layout::{pids, write_pids};
+use super::node_authorizer::{self, Authorization, NODE_AUTHORIZER};
 use super::nodes::{NodeNamespaces, NodeSpec};
 use super::pki::ClusterPki;
 use super::{ClusterOptions, Layout, host, images};
@@ -35,6 +37,7 @@ pub const KUBELET_PORT: u16 = 10250;
 const ETCD_UP: Duration = Duration::from_secs(30);
 const APISERVER_UP: Duration = Duration::from_secs(120);
 const CONTROLLERS_UP: Duration = Duration::from_secs(60);
+const NODE_AUTHORIZER_UP: Duration = Duration::from_secs(30);
 pub(super) const CONTAINERD_UP: Duration = Duration::from_secs(30);
 pub(super) const KUBELET_UP: Duration = Duration::from_secs(60);
 pub(super) const PROXY_UP: Duration = Duration::from_secs(60);
@@ -66,7 +69,7 @@ pub async fn start_all(
     let nodes = NodeSpec::all(&primary.name, primary.ip, options.nodes)?;
     let api_port = free_port()?;
     let api_server = format!("https://{}:{api_port}", primary.ip);
-    let pki = ClusterPki::create(layout, &nodes, &api_server)?;
+    let pki = ClusterPki::create(layout, &nodes, &api_server, options.node_authorizer)?;
     let checker = Checker::new(&pki.ca, &pki.admin.cert, &pki.admin.key, &api_server)?;
     report(format!(
         "node {} ({}){}; state in {}",
@@ -88,8 +91,19 @@ pub async fn start_all(
         report,
     };
     let etcd_url = up.etcd().await?;
-    up.api_server(&pki, primary.ip, api_port, &etcd_url, &api_server)
-        .await?;
+    let authorization = match options.node_authorizer {
+        true => up.node_authorizer(&pki).await?,
+        false => Authorization::NodeRbac,
+    };
+    up.api_server(
+        &pki,
+        primary.ip,
+        api_port,
+        &etcd_url,
+        &api_server,
+        &authorization,
+    )
+    .await?;
     up.controller_manager_and_scheduler(&pki).await?;
     if nodes.len() > 1 {
         super::nodes::create_bridge()?;
@@ -261,7 +275,8 @@ impl Starter<'_> {
         Ok(url)
     }
 
-    /// The API server ([`apiserver_args`]) at `url`, on `port` of `node_ip`.
+    /// The API server ([`apiserver_args`]) at `url`, on `port` of `node_ip`, authorizing as
+    /// `authorization` says.
     async fn api_server(
         &mut self,
         pki: &ClusterPki,
@@ -269,19 +284,74 @@ impl Starter<'_> {
         port: u16,
         etcd_url: &str,
         url: &str,
+        authorization: &Authorization,
     ) -> anyhow::Result<()> {
         let audit = write_audit_policy(self.layout)?;
         let api_server = Component {
             name: APISERVER,
             process: APISERVER.to_owned(),
             namespaces: None,
-            args: apiserver_args(pki, node_ip, port, etcd_url, &audit),
+            args: apiserver_args(pki, node_ip, port, etcd_url, &audit, authorization),
             env: Vec::new(),
             awaited: "the API server's /readyz",
             limit: APISERVER_UP,
         };
         self.start_healthy(api_server, format!("{url}/readyz"), "API server")
             .await
+    }
+
+    /// The node authorizer ([`super::node_authorizer`]) on loopback ports of its own, recorded
+    /// as the cluster's, up once its /readyz answers; then the API server's
+    /// AuthorizationConfiguration and webhook kubeconfig under `<state>/node-authorizer/`.
+    /// Returns how the API server authorizes.
+    async fn node_authorizer(&mut self, pki: &ClusterPki) -> anyhow::Result<Authorization> {
+        let certs = pki
+            .node_authorizer
+            .as_ref()
+            .context("the cluster PKI has no node authorizer certificates")?;
+        let (port, ops) = (free_port()?, free_port()?);
+        let dir = self.layout.dir.join("node-authorizer");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // this executable under the daemon's name runs it (crate::multicall)
+        let link = dir.join(NODE_AUTHORIZER);
+        let exe = std::env::current_exe().context("finding athenz-devstack itself")?;
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&exe, &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+        let args = node_authorizer::args(
+            port,
+            ops,
+            (&certs.serving.cert, &certs.serving.key),
+            &pki.ca,
+            super::install::NODE_NAMESPACE,
+        );
+        let mut command = Command::new(NODE_AUTHORIZER, &link, args);
+        command.cwd = Some(self.layout.dir.clone());
+        self.processes
+            .push(Process::start(command, &self.layout.logs)?);
+        write_pids(self.layout, self.processes)?;
+        let checker = self.checker.clone();
+        let ready = format!("http://127.0.0.1:{ops}/readyz");
+        let took = self
+            .wait_on(
+                NODE_AUTHORIZER,
+                "the node authorizer",
+                "the node authorizer's /readyz",
+                NODE_AUTHORIZER_UP,
+                || ok_or(&checker, &ready),
+            )
+            .await?;
+        (self.report)(format!("node authorizer up in {:.1} s", took.as_secs_f64()));
+        let kubeconfig = dir.join("kubeconfig.yaml");
+        let client = &certs.apiserver_client;
+        let text = node_authorizer::webhook_kubeconfig(port, &pki.ca, &client.cert, &client.key);
+        athenz_testbed::pki::write_file(&kubeconfig, text.as_bytes(), 0o600)?;
+        let config = dir.join("authorization-config.yaml");
+        write(
+            &config,
+            &node_authorizer::authorization_config(&kubeconfig)?,
+        )?;
+        Ok(Authorization::Config(config))
     }
 
     /// The controller-manager, then the scheduler, each on a loopback port of its own.

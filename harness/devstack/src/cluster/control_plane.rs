@@ -15,8 +15,9 @@ pub(super) fn flag(name: &str, value: impl AsRef<std::ffi::OsStr>) -> String {
     format!("--{name}={}", Path::new(value.as_ref()).display())
 }
 
-/// The API server: the node's address advertised (it refuses loopback), `Node,RBAC` with the
-/// cluster CA's client certificates, NodeRestriction on top of the default admission plugins,
+/// The API server: the node's address advertised (it refuses loopback), `Node,RBAC` (or the
+/// node authorizer's chain, [`super::node_authorizer`]) with the cluster CA's client
+/// certificates, NodeRestriction on top of the default admission plugins,
 /// the service-account issuer a conformant cluster uses, the front proxy for aggregated APIs,
 /// and aggregator routing to endpoints (webhooks work before kube-proxy does).
 pub(super) fn apiserver_args(
@@ -25,6 +26,7 @@ pub(super) fn apiserver_args(
     port: u16,
     etcd: &str,
     audit: &Audit,
+    authorization: &super::node_authorizer::Authorization,
 ) -> Vec<String> {
     vec![
         flag("audit-policy-file", &audit.policy),
@@ -35,7 +37,7 @@ pub(super) fn apiserver_args(
         format!("--secure-port={port}"),
         format!("--etcd-servers={etcd}"),
         "--allow-privileged=true".to_owned(),
-        "--authorization-mode=Node,RBAC".to_owned(),
+        authorization.flag(),
         "--enable-admission-plugins=NodeRestriction".to_owned(),
         flag("client-ca-file", &pki.ca),
         flag("tls-cert-file", &pki.apiserver.cert),

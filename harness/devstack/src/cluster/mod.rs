@@ -31,6 +31,7 @@ pub mod installed;
 pub mod iptables;
 pub mod kubectl;
 pub mod layout;
+pub mod node_authorizer;
 pub mod node_build;
 pub mod node_loss;
 mod node_start;
@@ -96,6 +97,9 @@ pub struct ClusterOptions {
     /// The release to install (cluster DNS, the dev ZTS, the image, `deploy/overlays/local`);
     /// `None` stops at a Ready node (`--bare`).
     pub release: Option<install::Release>,
+    /// Whether the API server authorizes with the node authorizer's chain, the authorizer
+    /// running on the host ([`node_authorizer`]; `--node-authorizer`).
+    pub node_authorizer: bool,
 }
 
 /// The default release archive: what `deploy/image.sh` writes for this workspace's version.

@@ -57,6 +57,18 @@ pub struct ClusterPki {
     /// Kubeconfigs by client: `admin` (also [`Layout::kubeconfig`]), `controller-manager`,
     /// `scheduler`, `kube-proxy`, `kubelet`.
     pub kubeconfigs: std::collections::BTreeMap<&'static str, PathBuf>,
+    /// The node authorizer's certificates, when the cluster runs it.
+    pub node_authorizer: Option<NodeAuthorizerPki>,
+}
+
+/// What the node authorizer (`cluster up --node-authorizer`) and the API server, its only
+/// client, are given: its serving certificate for loopback, and the client certificate the API
+/// server presents to it (CN [`super::node_authorizer::APISERVER_PRINCIPAL`], the principal the
+/// authorizer allows), both from the cluster CA.
+#[derive(Debug, Clone)]
+pub struct NodeAuthorizerPki {
+    pub serving: Pair,
+    pub apiserver_client: Pair,
 }
 
 /// What one node's kubelet is given: a serving certificate for its name and address, and a
@@ -119,7 +131,13 @@ impl ClusterPki {
     /// Makes the whole PKI under `layout.pki` and the kubeconfigs for `api_server`: the API
     /// server's certificate names the primary node (`nodes[0]`), and every node's kubelet gets
     /// its own credentials.
-    pub fn create(layout: &Layout, nodes: &[NodeSpec], api_server: &str) -> anyhow::Result<Self> {
+    /// With `node_authorizer`, also the node authorizer's certificates ([`NodeAuthorizerPki`]).
+    pub fn create(
+        layout: &Layout,
+        nodes: &[NodeSpec],
+        api_server: &str,
+        node_authorizer: bool,
+    ) -> anyhow::Result<Self> {
         let primary = nodes.first().context("a cluster has at least one node")?;
         let (node_name, node_ip) = (primary.name.as_str(), primary.ip);
         let dir = &layout.pki;
@@ -177,6 +195,28 @@ impl ClusterPki {
             &spec("kube-scheduler", &["localhost"], &[loopback]),
             None,
         )?;
+
+        let node_authorizer = match node_authorizer {
+            true => Some(NodeAuthorizerPki {
+                serving: write_leaf(
+                    &ca,
+                    dir,
+                    "node-authorizer-serving",
+                    &spec("athenz-node-authorizer", &["localhost"], &[loopback]),
+                    None,
+                )?
+                .0,
+                apiserver_client: write_leaf(
+                    &ca,
+                    dir,
+                    "node-authorizer-apiserver-client",
+                    &spec(super::node_authorizer::APISERVER_PRINCIPAL, &[], &[]),
+                    None,
+                )?
+                .0,
+            }),
+            false => None,
+        };
 
         let front_proxy = CertAuthority::new_root("athenz-devstack front-proxy CA")
             .context("making the front-proxy CA")?;
@@ -250,6 +290,7 @@ impl ClusterPki {
             scheduler_serving,
             admin: admin.context("no admin client certificate")?,
             kubeconfigs,
+            node_authorizer,
         })
     }
 
@@ -362,7 +403,7 @@ mod tests {
         std::fs::create_dir_all(&layout.pki).unwrap();
         std::fs::create_dir_all(&layout.kubeconfigs).unwrap();
         let nodes = NodeSpec::all("node-a", Ipv4Addr::new(192, 0, 2, 9), 2).unwrap();
-        let pki = ClusterPki::create(&layout, &nodes, "https://192.0.2.9:6443").unwrap();
+        let pki = ClusterPki::create(&layout, &nodes, "https://192.0.2.9:6443", true).unwrap();
         let admin = std::fs::read_to_string(&pki.admin.cert).unwrap();
         let info = CertInfo::from_pem(&admin).unwrap();
         assert_eq!(info.common_name, "kubernetes-admin");
@@ -411,5 +452,23 @@ mod tests {
                 .contains(&IpAddr::V4(Ipv4Addr::new(10, 250, 0, 2)))
         );
         assert!(pki.kubelet(2).is_err());
+        // the node authorizer's client: the API server, by the principal the authorizer allows
+        let authorizer = pki.node_authorizer.as_ref().unwrap();
+        let client = CertInfo::from_pem(
+            &std::fs::read_to_string(&authorizer.apiserver_client.cert).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            client.common_name,
+            super::super::node_authorizer::APISERVER_PRINCIPAL
+        );
+        let serving =
+            CertInfo::from_pem(&std::fs::read_to_string(&authorizer.serving.cert).unwrap())
+                .unwrap();
+        assert!(
+            serving
+                .ip_addresses
+                .contains(&IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
     }
 }

@@ -120,6 +120,12 @@ pub struct UpArgs {
     /// network and mount namespaces, containerd, kubelet, kube-proxy and cgroup root.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=cluster::nodes::MAX_NODES as i64))]
     nodes: u16,
+    /// Authorize with deploy/node-authorizer/authorization-config.yaml (Node, the node
+    /// authorizer's webhook, RBAC) instead of --authorization-mode=Node,RBAC, the node authorizer
+    /// running on this host on loopback with certificates from the cluster CA: the agents' pod
+    /// list and watch are then scoped to their node.
+    #[arg(long)]
+    node_authorizer: bool,
 }
 
 fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -141,6 +147,7 @@ fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         node_name: args.node_name,
         nodes: usize::from(args.nodes),
         release,
+        node_authorizer: args.node_authorizer,
     };
     runtime()?.block_on(cluster::up(options))?;
     Ok(ExitCode::SUCCESS)
@@ -187,6 +194,7 @@ impl ReleaseArgs {
             node_name: None,
             nodes: usize::from(self.nodes),
             release: Some(release),
+            node_authorizer: false,
         })
     }
 }

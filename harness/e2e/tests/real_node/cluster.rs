@@ -1,6 +1,7 @@
 //! `athenz-devstack cluster up --bare` / `cluster down`: a real node from Kubernetes' own
 //! modules runs pods from an image built here, they reach each other over the CNI bridge and a
-//! Service through kube-proxy, and `down` leaves no process, mount, cgroup, chain or device.
+//! Service through kube-proxy, the node authorizer scopes the agents' pod list to their node
+//! (`--node-authorizer`), and `down` leaves no process, mount, cgroup, chain or device.
 //!
 //! Needs root, `harness/real-node/kube/build.sh`'s binaries and the node's tools (runc, iptables, conntrack,
 //! containernetworking-plugins, buildah, gcc, busybox-static). It fails naming what is missing;
@@ -16,6 +17,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
+#[path = "cluster/node_authorizer.rs"]
+mod node_authorizer;
 use common::DEVSTACK;
 use common::cluster::{BUSYBOX, require_prerequisites, start_cluster};
 
@@ -121,7 +124,13 @@ fn a_real_node_runs_pods_that_reach_each_other_and_a_service_then_goes_down_clea
         .tempdir()
         .unwrap();
     let state_dir = temp.path().join("state");
-    let (mut guard, info) = start_cluster(&state_dir, &["--bare"], Duration::from_secs(300));
+    // the API server's authorization as deploy/node-authorizer configures it (Node, the node
+    // authorizer, RBAC): every check below runs under it, and node_authorizer's checks it
+    let (mut guard, info) = start_cluster(
+        &state_dir,
+        &["--bare", "--node-authorizer"],
+        Duration::from_secs(300),
+    );
     let up_seconds = guard.up_seconds;
     assert_eq!(info.kubernetes_version, KUBE_VERSION);
     assert_eq!(info.pod_cidr, "10.244.0.0/24");
@@ -204,6 +213,9 @@ fn a_real_node_runs_pods_that_reach_each_other_and_a_service_then_goes_down_clea
         &format!("http://{cluster_ip}/index.html"),
     );
     assert_eq!(via_service.trim(), greeting);
+    node_authorizer::check(&info, IMAGE, BUSYBOX, &|args, stdin| {
+        kubectl(&info, args, stdin)
+    });
 
     // down: nothing is left
     let down_started = Instant::now();
