@@ -180,7 +180,7 @@ fn handshake(c: &mut Criterion) {
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(server_config);
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(server_config.config()));
     rt.spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {

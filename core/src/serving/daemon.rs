@@ -147,8 +147,8 @@ impl StartError {
 pub struct TlsServerSetup {
     /// The listener, bound.
     pub listener: tokio::net::TcpListener,
-    /// The server config (client certificate required).
-    pub config: Arc<rustls::ServerConfig>,
+    /// The server config (client certificate required), with its check of resumed sessions.
+    pub config: tls::ServerTls,
     /// The server identity (reloaded in the background once [`Self::watch`] runs).
     pub identity: Arc<ReloadingIdentity>,
     /// The client CA bundle (reloaded likewise).

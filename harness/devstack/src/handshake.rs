@@ -49,7 +49,7 @@ pub fn server_side_us(kind: HandshakeKind, runs: u32) -> anyhow::Result<f64> {
     let name = rustls_pki_types::ServerName::try_from("callback.bench")?;
     let connect = || -> anyhow::Result<(Duration, Option<HandshakeKind>)> {
         let mut client = ClientConnection::new(client_config.clone(), name.clone())?;
-        let mut server = ServerConnection::new(server_config.clone())?;
+        let mut server = ServerConnection::new(Arc::clone(server_config.config()))?;
         let time = handshake(&mut client, &mut server)?;
         Ok((time, server.handshake_kind()))
     };

@@ -331,13 +331,14 @@ impl<H: Handler> Server<H> {
         }
     }
 
-    /// Serves TLS (only on TCP listeners) with this config, usually from [`crate::tls::server_config`]
-    /// (whose verifier then checks resumed sessions again, [`crate::tls::ResumedSessionCheck`]).
-    pub fn with_tls(mut self, config: Arc<rustls::ServerConfig>) -> Self {
-        let check = Arc::new(crate::tls::ResumedSessionCheck::for_config(&config));
+    /// Serves TLS (only on TCP listeners) with `tls`, from [`crate::tls::server_config`] or its
+    /// siblings: its config accepts, and its check, made with the config's own verifier, refuses
+    /// a resumed session whose client the verifier refuses now ([`crate::tls::ServerTls`],
+    /// docs/design.md §6).
+    pub fn with_tls(mut self, tls: crate::tls::ServerTls) -> Self {
         self.tls = Some(TlsServing {
-            acceptor: TlsAcceptor::from(config),
-            check,
+            acceptor: TlsAcceptor::from(Arc::clone(tls.config())),
+            check: Arc::clone(tls.resumed_sessions()),
         });
         self
     }

@@ -18,7 +18,7 @@ use rustls::client::ResolvesClientCert;
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 pub use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, RootCertStore, ServerConfig, SignatureScheme};
+use rustls::{ClientConfig, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use std::fs;
@@ -41,7 +41,7 @@ pub use expect_principal::{client_config_expecting, client_config_expecting_cn_o
 pub use reloading_client_ca::ReloadingClientCa;
 pub use resumption::{ResumedSessionCheck, ResumptionRefused};
 pub use server_ca::{ServerCaBundle, client_config_with_bundle};
-pub use server_config::{ClientCas, server_config_on_clock};
+pub use server_config::{ClientCas, ServerTls, server_config_on_clock};
 pub use session_cache::{ExpiringSessionCache, SESSION_MAX_AGE};
 
 /// Largest certificate or key file read.
@@ -429,11 +429,12 @@ impl IssuerCheck {
     }
 }
 
-/// A server config that requires a client certificate chaining to `client_cas`.
+/// A server config ([`ServerTls`]: with its check of resumed sessions) that requires a client
+/// certificate chaining to `client_cas`.
 pub fn server_config(
     identity: Arc<dyn ResolvesServerCert>,
     client_cas: &[CertificateDer<'static>],
-) -> Result<Arc<ServerConfig>, TlsError> {
+) -> Result<ServerTls, TlsError> {
     server_config_with(identity, client_cas, ClientAuth::Required)
 }
 
@@ -442,7 +443,7 @@ pub fn server_config_with(
     identity: Arc<dyn ResolvesServerCert>,
     client_cas: &[CertificateDer<'static>],
     client_auth: ClientAuth,
-) -> Result<Arc<ServerConfig>, TlsError> {
+) -> Result<ServerTls, TlsError> {
     server_config_on_clock(
         identity,
         ClientCas::Fixed(client_cas, client_auth),
@@ -456,7 +457,7 @@ pub fn server_config_with(
 pub fn server_config_reloading(
     identity: Arc<ReloadingIdentity>,
     client_ca: Arc<ReloadingClientCa>,
-) -> Result<Arc<ServerConfig>, TlsError> {
+) -> Result<ServerTls, TlsError> {
     server_config_on_clock(
         identity,
         ClientCas::Reloading(client_ca),
@@ -464,12 +465,13 @@ pub fn server_config_reloading(
     )
 }
 
-/// A server config that asks for no client certificate. Only for the admission webhook, which the
-/// Kubernetes API server calls without one unless it is given a kubeconfig for that webhook; every
-/// other server here requires client certificates.
+/// A server config that asks for no client certificate (so its [`ResumedSessionCheck`] verifies
+/// no chain, and refuses a resumed session carrying one). Only for the admission webhook, which
+/// the Kubernetes API server calls without one unless it is given a kubeconfig for that webhook;
+/// every other server here requires client certificates.
 pub fn server_config_without_client_auth(
     identity: Arc<dyn ResolvesServerCert>,
-) -> Result<Arc<ServerConfig>, TlsError> {
+) -> Result<ServerTls, TlsError> {
     server_config_on_clock(identity, ClientCas::NotAsked, clock::system_clock())
 }
 

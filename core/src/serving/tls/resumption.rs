@@ -8,18 +8,18 @@
 //! connection whose chain the server's verifier refuses now, before reading any request
 //! (docs/design.md §6).
 //!
-//! rustls keeps a `ServerConfig`'s verifier private, and the HTTP layer is handed only the config
-//! (`Server::with_tls`). The config builders here therefore record each config's verifier by its
-//! session cache ([`register`]), which every clone of the config shares, and
-//! [`ResumedSessionCheck::for_config`] finds it again. A config built elsewhere has no record:
-//! its resumed sessions are held to the validity period of their leaf certificate only.
+//! rustls keeps a `ServerConfig`'s verifier private, so the check cannot be derived from a
+//! config. It is made with the config instead, by [`super::server_config_on_clock`], from the
+//! very verifier (and clock) the config was given, and the two travel together as a
+//! [`super::ServerTls`], the only thing `Server::with_tls` accepts. A check that verifies no
+//! chain exists only for the config that asks clients for no certificate
+//! ([`ResumedSessionCheck::no_client_certificates`]), and it refuses any resumed session that
+//! carries one.
 
-use super::ExpiringSessionCache;
-use crate::crypto::CertInfo;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::time_provider::TimeProvider;
-use rustls::{HandshakeKind, ServerConfig, ServerConnection};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use rustls::{HandshakeKind, ServerConnection};
+use std::sync::Arc;
 use std::time::Duration;
 use thiserror::Error;
 use time::OffsetDateTime;
@@ -31,13 +31,10 @@ pub enum ResumptionRefused {
     /// trusted).
     #[error("the resumed session's client certificate is no longer accepted: {0}")]
     Untrusted(rustls::Error),
-    /// The session's leaf certificate is outside its validity period now (a config whose
-    /// verifier is not known here).
-    #[error("the resumed session's client certificate is not valid now")]
-    NotValidNow,
-    /// The session's leaf certificate does not parse.
-    #[error("the resumed session's client certificate does not parse")]
-    Unreadable,
+    /// The session carries a client certificate, on a server that asks for none: nothing here
+    /// verified it.
+    #[error("the resumed session carries a client certificate this server never asks for")]
+    CertificateNotAsked,
     /// The server's clock gave no time.
     #[error("the server's clock gives no time")]
     NoClock,
@@ -45,8 +42,11 @@ pub enum ResumptionRefused {
 
 /// What the HTTP layer checks on every TLS connection of a server: resumed sessions against the
 /// server's verifier, and how long the client's certificate has left, both on the server's clock.
+/// Made only with its config ([`super::ServerTls`]).
 pub struct ResumedSessionCheck {
     clock: Arc<dyn TimeProvider>,
+    /// The config's client-certificate verifier; `None` only for a config that asks for no
+    /// client certificate.
     verifier: Option<Arc<dyn ClientCertVerifier>>,
 }
 
@@ -54,22 +54,36 @@ impl std::fmt::Debug for ResumedSessionCheck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ResumedSessionCheck")
             .field("clock", &self.clock)
-            .field("verifier_known", &self.verifier.is_some())
+            .field("verifies_chains", &self.verifier.is_some())
             .finish()
     }
 }
 
 impl ResumedSessionCheck {
-    /// The check of connections accepted with `config`: its clock, and its verifier when the
-    /// config was built here.
-    pub fn for_config(config: &ServerConfig) -> Self {
+    /// The check of a config that verifies client certificates with `verifier` on `clock`: the
+    /// same verifier and clock the config was built with.
+    pub(super) fn verifying(
+        clock: Arc<dyn TimeProvider>,
+        verifier: Arc<dyn ClientCertVerifier>,
+    ) -> Self {
         Self {
-            clock: Arc::clone(&config.time_provider),
-            verifier: registered_verifier(config),
+            clock,
+            verifier: Some(verifier),
         }
     }
 
-    /// Whether the server's verifier is known (the config was built here).
+    /// The check of a config on `clock` that asks for no client certificate (the admission
+    /// webhook's): a resumed session has no chain to verify, and one that carries a chain is
+    /// refused.
+    pub(super) fn no_client_certificates(clock: Arc<dyn TimeProvider>) -> Self {
+        Self {
+            clock,
+            verifier: None,
+        }
+    }
+
+    /// Whether resumed chains are verified (false only for a config that asks for no client
+    /// certificate).
     pub fn verifies_chains(&self) -> bool {
         self.verifier.is_some()
     }
@@ -87,30 +101,18 @@ impl ResumedSessionCheck {
         else {
             return Ok(());
         };
+        let verifier = self
+            .verifier
+            .as_ref()
+            .ok_or(ResumptionRefused::CertificateNotAsked)?;
         let now = self
             .clock
             .current_time()
             .ok_or(ResumptionRefused::NoClock)?;
-        match &self.verifier {
-            Some(verifier) => verifier
-                .verify_client_cert(leaf, intermediates, now)
-                .map(drop)
-                .map_err(ResumptionRefused::Untrusted),
-            None => {
-                let info =
-                    CertInfo::from_der(leaf.as_ref()).map_err(|_| ResumptionRefused::Unreadable)?;
-                let now = i64::try_from(now.as_secs())
-                    .ok()
-                    .and_then(|secs| OffsetDateTime::from_unix_timestamp(secs).ok())
-                    .ok_or(ResumptionRefused::NoClock)?;
-                // as webpki: valid from notBefore through notAfter, both included
-                if info.not_before <= now && now <= info.not_after {
-                    Ok(())
-                } else {
-                    Err(ResumptionRefused::NotValidNow)
-                }
-            }
-        }
+        verifier
+            .verify_client_cert(leaf, intermediates, now)
+            .map(drop)
+            .map_err(ResumptionRefused::Untrusted)
     }
 
     /// How long until `not_after` (a client certificate's), on the server's clock; zero once it
@@ -123,39 +125,6 @@ impl ResumedSessionCheck {
         u64::try_from(not_after.unix_timestamp().saturating_sub(now))
             .map_or(Duration::ZERO, Duration::from_secs)
     }
-}
-
-/// A config's verifier, recorded by the config's session cache.
-struct Registered {
-    cache: Weak<ExpiringSessionCache>,
-    verifier: Arc<dyn ClientCertVerifier>,
-}
-
-/// Every config built here that verifies clients. An entry lives until its cache is dropped
-/// (pruned at the next registration); its `Weak` keeps the cache's address from being reused,
-/// so an address matches one cache only.
-static REGISTERED: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
-
-/// Records that the config whose session storage is `cache` verifies clients with `verifier`.
-pub(super) fn register(cache: &Arc<ExpiringSessionCache>, verifier: Arc<dyn ClientCertVerifier>) {
-    let mut registered = REGISTERED.lock().unwrap_or_else(PoisonError::into_inner);
-    registered.retain(|entry| entry.cache.strong_count() > 0);
-    registered.push(Registered {
-        cache: Arc::downgrade(cache),
-        verifier,
-    });
-}
-
-fn registered_verifier(config: &ServerConfig) -> Option<Arc<dyn ClientCertVerifier>> {
-    let storage = Arc::as_ptr(&config.session_storage).cast::<()>();
-    REGISTERED
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .iter()
-        .find(|entry| {
-            entry.cache.strong_count() > 0 && entry.cache.as_ptr().cast::<()>() == storage
-        })
-        .map(|entry| Arc::clone(&entry.verifier))
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@
 //!   reconnecting within each ticket's life would never be verified again. Our TLS 1.3 clients
 //!   keep their connections and gain nothing from resuming.
 //! - A resumed session is verified again by the HTTP layer before it serves
-//!   ([`super::ResumedSessionCheck`]), which finds the config's verifier through the record made
-//!   here ([`super::resumption`]); a reloading client CA bundle empties the config's session cache
+//!   ([`super::ResumedSessionCheck`]), with the verifier given to the config here: the config
+//!   and its check are built together and handed on together ([`ServerTls`]), since rustls keeps
+//!   a config's verifier private. A reloading client CA bundle empties the config's session cache
 //!   when it changes ([`ReloadingClientCa::forget_sessions_on_change`]).
 //! - The clock (rustls's `time_provider`) is the system clock, or one a test moves
 //!   ([`super::clock::ManualClock`]): certificate validity, session age and the time left on a
@@ -20,8 +21,8 @@
 
 use super::session_cache::SESSION_CAPACITY;
 use super::{
-    ClientAuth, ExpiringSessionCache, ReloadingClientCa, SESSION_MAX_AGE, TlsError, provider,
-    resumption, root_store,
+    ClientAuth, ExpiringSessionCache, ReloadingClientCa, ResumedSessionCheck, SESSION_MAX_AGE,
+    TlsError, provider, root_store,
 };
 use rustls::ServerConfig;
 use rustls::server::danger::ClientCertVerifier;
@@ -42,6 +43,30 @@ pub enum ClientCas<'a> {
     NotAsked,
 }
 
+/// What a TLS server serves with: the rustls config, and the check of its resumed sessions made
+/// with the same verifier and clock as the config (docs/design.md §6). Only the builders here
+/// make one, so a server never holds a config without the check that belongs to it.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    config: Arc<ServerConfig>,
+    resumed: Arc<ResumedSessionCheck>,
+}
+
+impl ServerTls {
+    /// The rustls config, for an acceptor (`tokio_rustls::TlsAcceptor::from`) or a
+    /// `rustls::ServerConnection`. Whoever accepts with it outside `Server::with_tls` must ask
+    /// [`Self::resumed_sessions`] about each connection before serving it.
+    pub fn config(&self) -> &Arc<ServerConfig> {
+        &self.config
+    }
+
+    /// The check of this config's resumed sessions, and of the time left on a client
+    /// certificate, on the config's clock.
+    pub fn resumed_sessions(&self) -> &Arc<ResumedSessionCheck> {
+        &self.resumed
+    }
+}
+
 /// A server config presenting `identity`, accepting `client_cas`, on `clock`. The four
 /// `server_config*` functions are this on the system clock; tests pass a
 /// [`super::clock::ManualClock`].
@@ -49,13 +74,13 @@ pub fn server_config_on_clock(
     identity: Arc<dyn ResolvesServerCert>,
     client_cas: ClientCas<'_>,
     clock: Arc<dyn TimeProvider>,
-) -> Result<Arc<ServerConfig>, TlsError> {
+) -> Result<ServerTls, TlsError> {
     let cache =
         ExpiringSessionCache::with_clock(SESSION_CAPACITY, SESSION_MAX_AGE, Arc::clone(&clock));
-    let builder = ServerConfig::builder_with_details(provider(), clock)
+    let builder = ServerConfig::builder_with_details(provider(), Arc::clone(&clock))
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?;
-    let (builder, verifier) = match client_cas {
+    let (builder, resumed) = match client_cas {
         ClientCas::Fixed(cas, client_auth) => {
             let verifier =
                 WebPkiClientVerifier::builder_with_provider(root_store(cas)?, provider());
@@ -67,7 +92,7 @@ pub fn server_config_on_clock(
             .map_err(|e| TlsError::Config(e.to_string()))?;
             (
                 builder.with_client_cert_verifier(Arc::clone(&verifier)),
-                Some(verifier),
+                ResumedSessionCheck::verifying(clock, verifier),
             )
         }
         ClientCas::Reloading(client_ca) => {
@@ -75,17 +100,20 @@ pub fn server_config_on_clock(
             let verifier: Arc<dyn ClientCertVerifier> = client_ca;
             (
                 builder.with_client_cert_verifier(Arc::clone(&verifier)),
-                Some(verifier),
+                ResumedSessionCheck::verifying(clock, verifier),
             )
         }
-        ClientCas::NotAsked => (builder.with_no_client_auth(), None),
+        ClientCas::NotAsked => (
+            builder.with_no_client_auth(),
+            ResumedSessionCheck::no_client_certificates(clock),
+        ),
     };
     let mut config = builder.with_cert_resolver(identity);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     config.send_tls13_tickets = 0;
     config.session_storage = Arc::clone(&cache) as _;
-    if let Some(verifier) = verifier {
-        resumption::register(&cache, verifier);
-    }
-    Ok(Arc::new(config))
+    Ok(ServerTls {
+        config: Arc::new(config),
+        resumed: Arc::new(resumed),
+    })
 }

@@ -38,7 +38,7 @@ struct Running {
     registry: Registry,
 }
 
-async fn serve(config: Arc<rustls::ServerConfig>, limits: ServerLimits) -> Running {
+async fn serve(config: crate::tls::ServerTls, limits: ServerLimits) -> Running {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut registry = Registry::default();

@@ -4,9 +4,7 @@
 use super::*;
 use crate::tls::clock::ManualClock;
 use crate::tls::test_pki::{TestCa, client, client_config, handshake, secs, server_identity};
-use crate::tls::{
-    ClientAuth, ClientCas, ReloadingClientCa, SESSION_MAX_AGE, server_config_on_clock,
-};
+use crate::tls::{ClientAuth, ClientCas, ReloadingClientCa, ServerTls, server_config_on_clock};
 use rustls::version::{TLS12, TLS13};
 use rustls::{ClientConfig, SupportedProtocolVersion};
 use std::time::Duration;
@@ -30,14 +28,14 @@ impl Seen {
     }
 }
 
-fn connect(server: &Arc<ServerConfig>, client_config: &Arc<ClientConfig>) -> Seen {
+fn connect(server: &ServerTls, client_config: &Arc<ClientConfig>) -> Seen {
     let mut c = client(client_config);
-    let mut s = ServerConnection::new(Arc::clone(server)).unwrap();
+    let mut s = ServerConnection::new(Arc::clone(server.config())).unwrap();
     if handshake(&mut c, &mut s).is_err() {
         return Seen::HandshakeRefused;
     }
     let resumed = s.handshake_kind() == Some(HandshakeKind::Resumed);
-    match (resumed, ResumedSessionCheck::for_config(server).check(&s)) {
+    match (resumed, server.resumed_sessions().check(&s)) {
         (false, _) => Seen::Full,
         (true, Ok(())) => Seen::Resumed,
         (true, Err(_)) => Seen::ResumedRefused,
@@ -92,34 +90,45 @@ fn a_resuming_client_is_refused_once_its_certificate_expires() {
     }
 }
 
-/// A config built elsewhere has no recorded verifier: its resumed sessions are held to their
-/// leaf's validity period.
+/// The one check that verifies no chain is the one made for a config that asks for no client
+/// certificate (the admission webhook's): its clients resume without a certificate, so there is
+/// nothing to verify however long they go on; and a resumed session that carries a chain all
+/// the same is refused, never waved through.
 #[test]
-fn without_a_known_verifier_the_leaf_validity_is_checked() {
+fn without_client_certificates_no_chain_is_verified_and_one_carried_is_refused() {
     let clock = ManualClock::starting_now();
     let start = clock.now().as_secs();
     let ca = TestCa::new("Athenz Root");
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        crate::tls::root_store(std::slice::from_ref(&ca.cert)).unwrap(),
-        crate::tls::provider(),
-    )
-    .build()
-    .unwrap();
-    let mut config = ServerConfig::builder_with_details(crate::tls::provider(), clock.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_client_cert_verifier(verifier)
-        .with_cert_resolver(server_identity(&ca));
-    config.session_storage = ExpiringSessionCache::with_clock(8, SESSION_MAX_AGE, clock.clone());
-    let server = Arc::new(config);
-    assert!(!ResumedSessionCheck::for_config(&server).verifies_chains());
+    let webhook =
+        server_config_on_clock(server_identity(&ca), ClientCas::NotAsked, clock.clone()).unwrap();
+    assert!(!webhook.resumed_sessions().verifies_chains());
+    // the client holds a certificate it is never asked for
     let key = ca.leaf_between("sys.auth.zts", &[], secs(start - 60), secs(start + 100));
-    let client = client_config(&ca, key, &[&TLS12]);
-    assert_eq!(connect(&server, &client), Seen::Full);
+    let api_server = client_config(&ca, key, &[&TLS12]);
+    assert_eq!(connect(&webhook, &api_server), Seen::Full);
     clock.advance(MINUTE);
-    assert_eq!(connect(&server, &client), Seen::Resumed);
+    assert_eq!(connect(&webhook, &api_server), Seen::Resumed);
     clock.advance(MINUTE);
-    assert_eq!(connect(&server, &client), Seen::ResumedRefused);
+    assert_eq!(connect(&webhook, &api_server), Seen::Resumed, "no chain");
+
+    // a session whose client presented a chain, checked by the check that verifies none
+    let verifying = server_config_on_clock(
+        server_identity(&ca),
+        ClientCas::Fixed(std::slice::from_ref(&ca.cert), ClientAuth::Required),
+        clock.clone(),
+    )
+    .unwrap();
+    let zts = client_config(&ca, ca.leaf("sys.auth.zts", &[]), &[&TLS12]);
+    assert_eq!(connect(&verifying, &zts), Seen::Full);
+    let mut c = client(&zts);
+    let mut s = ServerConnection::new(Arc::clone(verifying.config())).unwrap();
+    handshake(&mut c, &mut s).unwrap();
+    assert_eq!(s.handshake_kind(), Some(HandshakeKind::Resumed));
+    assert!(verifying.resumed_sessions().check(&s).is_ok());
+    assert!(matches!(
+        ResumedSessionCheck::no_client_certificates(clock).check(&s),
+        Err(ResumptionRefused::CertificateNotAsked)
+    ));
 }
 
 /// A CA removed from a reloaded bundle is refused at once: its clients' sessions are forgotten,
@@ -142,7 +151,7 @@ fn a_ca_removed_from_the_bundle_is_refused_at_once() {
         clock.clone(),
     )
     .unwrap();
-    assert!(ResumedSessionCheck::for_config(&server).verifies_chains());
+    assert!(server.resumed_sessions().verifies_chains());
     let zts = client_config(&old, old.leaf("sys.auth.zts", &[]), &[&TLS12]);
     let agent = client_config(&old, old.leaf("k8s.nodes.node-1", &[]), &[&TLS13]);
     let renewed = client_config(&old, new.leaf("sys.auth.zts", &[]), &[&TLS12]);
@@ -153,13 +162,13 @@ fn a_ca_removed_from_the_bundle_is_refused_at_once() {
     assert_eq!(connect(&server, &zts), Seen::Resumed);
     // a connection resumed just before the change, checked just after it
     let mut c = client(&zts);
-    let mut resumed_before = ServerConnection::new(Arc::clone(&server)).unwrap();
+    let mut resumed_before = ServerConnection::new(Arc::clone(server.config())).unwrap();
     handshake(&mut c, &mut resumed_before).unwrap();
     assert_eq!(
         resumed_before.handshake_kind(),
         Some(HandshakeKind::Resumed)
     );
-    let check = ResumedSessionCheck::for_config(&server);
+    let check = server.resumed_sessions();
     assert!(check.check(&resumed_before).is_ok());
 
     std::fs::write(&bundle, &new.pem).unwrap();
@@ -234,7 +243,8 @@ fn every_server_config_sends_no_tls13_tickets() {
         crate::tls::server_config_with(server_identity(&ca), cas, ClientAuth::Optional).unwrap(),
         crate::tls::server_config_without_client_auth(server_identity(&ca)).unwrap(),
     ];
-    for config in configs {
+    for tls in configs {
+        let config = tls.config();
         assert_eq!(config.send_tls13_tickets, 0);
         assert_eq!(config.alpn_protocols, [&b"h2"[..], &b"http/1.1"[..]]);
     }
