@@ -89,7 +89,9 @@ fn the_values_change_what_they_name() {
     assert_eq!(pod["spec"]["nodeSelector"]["pool"], "identity");
     assert_eq!(pod["spec"]["nodeSelector"]["kubernetes.io/arch"], "amd64");
     assert!(
-        pod["metadata"]["annotations"].get("checksum/zts-ca").is_none(),
+        pod["metadata"]["annotations"]
+            .get("checksum/zts-ca")
+            .is_none(),
         "a CA change rolls nothing: every part follows the bundle"
     );
     let text = agent.to_string();
@@ -204,7 +206,11 @@ fn the_workload_and_cluster_values_change_what_they_name() {
         pod["metadata"]["annotations"]["example.com/owner"],
         "platform"
     );
-    assert!(pod["metadata"]["annotations"].get("checksum/zts-ca").is_none());
+    assert!(
+        pod["metadata"]["annotations"]
+            .get("checksum/zts-ca")
+            .is_none()
+    );
     assert_eq!(
         pod["spec"]["topologySpreadConstraints"][0]["topologyKey"],
         "topology.kubernetes.io/zone"
