@@ -170,8 +170,11 @@ pub fn check(
             assert_eq!(status, 200, "own node, webhook hung: {body}");
             let (status, body) = list(info, &other_account, "").await;
             assert_eq!(status, 200, "another account, webhook hung: {body}");
+            // refused as the failure policy says: a deny with the webhook's error, which the
+            // API server answers 500 (not 403), naming the error
             let (status, body) = list(info, &agent, &node_selector("yet-another-node")).await;
-            assert_eq!(status, 403, "another node, webhook hung: {body}");
+            assert_eq!(status, 500, "another node, webhook hung: {body}");
+            assert!(body.contains("/authorize"), "{body}");
             drop(resume);
         });
     let log = std::fs::read_to_string(info.logs.join(format!("{NODE_AUTHORIZER}.log"))).unwrap();
