@@ -25,6 +25,8 @@ mod env_vars;
 /// The initializer's own CA: its empty Secret, its grant by name and the policy bounding it.
 mod initializer_ca;
 mod kustomize;
+/// deploy/node-authorizer/: the static pod, its kubeconfig and the authorization configuration.
+mod node_authorizer;
 /// Privilege: namespaces by Pod Security level, and no key for the agent anywhere.
 mod privilege;
 /// One setting, one value, across the components that read it.
