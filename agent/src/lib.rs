@@ -339,19 +339,19 @@ fn node_identity(
     Ok(node)
 }
 
-/// The jwt-service's HTTP client, presenting the node's certificate.
+/// The jwt-service's HTTP client, presenting the node's certificate. The jwt-service's
+/// certificate comes from ZTS, so its CA bundle is followed as its file changes, as the ZTS
+/// client's is (docs/design.md §6): after a CA rotation the jwt-service serves a certificate
+/// under the new CA, which a bundle read once at start would refuse.
 fn jwt_http_client(
     config: &Config,
     node: &node_identity::NodeIdentity,
 ) -> Result<reqwest::Client, StartError> {
-    let jwt_tls = tls::client_config(
-        &read_cas(
-            &config.jwt_service_ca,
-            "--jwt-service-ca (JWT_SERVICE_CA_FILE)",
-        )?,
-        Some(node.client_identity()),
-    )
-    .map_err(|e| StartError::new("--jwt-service-ca (JWT_SERVICE_CA_FILE)", e))?;
+    let setting = "--jwt-service-ca (JWT_SERVICE_CA_FILE)";
+    let bundle = tls::ServerCaBundle::from_file(&config.jwt_service_ca)
+        .map_err(|e| StartError::new(setting, e))?;
+    let jwt_tls = tls::client_config_with_bundle(&bundle, Some(node.client_identity()))
+        .map_err(|e| StartError::new(setting, e))?;
     reqwest::Client::builder()
         .tls_backend_preconfigured(jwt_tls)
         .timeout(config.upstream_timeout)

@@ -119,6 +119,7 @@ struct Pki {
     ca_der: Vec<rustls_pki_types::CertificateDer<'static>>,
     server: Arc<ReloadingIdentity>,
     client: ClientIdentity,
+    client_chain: Vec<rustls_pki_types::CertificateDer<'static>>,
 }
 
 fn pki() -> Pki {
@@ -153,6 +154,7 @@ fn pki() -> Pki {
     let server =
         ReloadingIdentity::load(dir.path().join("s.pem"), dir.path().join("s.key")).unwrap();
     let (client_cert, client_key) = leaf("k8s.admin.athenz-zts", Vec::new());
+    let client_chain = athenz_core::crypto::pem_certificates(&client_cert).unwrap();
     let client =
         ClientIdentity::Fixed(tls::certified_key_from_pem(&client_cert, &client_key).unwrap());
     Pki {
@@ -160,6 +162,7 @@ fn pki() -> Pki {
         ca_der: vec![ca_cert.der().clone()],
         server,
         client,
+        client_chain,
     }
 }
 
@@ -235,6 +238,14 @@ fn handshake(c: &mut Criterion) {
         assert_eq!(connect(), Some(kind), "{bench}");
         c.bench_function(bench, |b| b.iter(connect));
     }
+    // what a server adds to each resumed handshake before it serves (docs/design.md §6): the
+    // client's chain verified again, now, by the config's verifier (the same WebPKI client
+    // verification, here through the agent's check of a presented pair)
+    let again = tls::IssuerCheck::new(&pki.ca_der).unwrap();
+    again.check(&pki.client_chain).unwrap();
+    c.bench_function("tls/resumed_client_verified_again", |b| {
+        b.iter(|| again.check(black_box(&pki.client_chain)).unwrap())
+    });
 }
 
 /// A pod's credential set: key, certificate, CA bundle and ntoken, of their usual sizes.
