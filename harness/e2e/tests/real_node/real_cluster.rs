@@ -193,7 +193,9 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     }
     check_features(&outcome.features);
     rotate_the_athenz_ca_and_check_new_pods(&scenario);
-    ca_rotation::rotate_the_zts_ca_with_nothing_restarted(&scenario, &layout, &identities);
+    // from here on, identities verify to the new root alone
+    let scenario =
+        ca_rotation::rotate_the_zts_ca_with_nothing_restarted(&scenario, &layout, &identities);
     let enforced = kubectl
         .get_json(&["namespace", RESTRICTED_NAMESPACE])
         .unwrap();
@@ -312,7 +314,8 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         kubectl,
         &install::checkout_dir(&layout.athenz),
         &zts.url,
-        &zts.ca,
+        // the bundle since ZTS's CA rotation: its new root alone
+        scenario.zts_ca(),
         &install::operator_keys_dir(&layout.athenz),
     )
     .unwrap();

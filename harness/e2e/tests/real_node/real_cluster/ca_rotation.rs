@@ -155,12 +155,13 @@ fn every_pod_refreshed_under(
         .collect()
 }
 
-/// The rotation, on the running cluster, for `identities` (pods of every mode still running).
+/// The rotation, on the running cluster, for `identities` (pods of every mode still running);
+/// returns the scenario that judges identities by the new root from then on.
 pub fn rotate_the_zts_ca_with_nothing_restarted(
     scenario: &Scenario,
     layout: &Layout,
     identities: &[PodIdentity],
-) {
+) -> Scenario {
     let kubectl = scenario.kubectl();
     let zts_dir = layout.athenz.join("zts");
     let old_root = std::fs::read_to_string(zts_dir.join("ca.pem")).unwrap();
@@ -176,8 +177,8 @@ pub fn rotate_the_zts_ca_with_nothing_restarted(
         athenz_core::crypto::pem_certificates(&old_root).unwrap(),
         "the install's bundle is the dev ZTS's root"
     );
-    let judge_dir = tempfile::tempdir().unwrap();
-    let next_only = judge_dir.path().join("next-root.pem");
+    // kept in the state dir: the rest of the test judges by it
+    let next_only = layout.dir.join("zts-ca-after-rotation.pem");
     std::fs::write(&next_only, &next_root).unwrap();
     let next_judge = Scenario::new(layout, &next_only);
     let before = restarts(scenario);
@@ -229,4 +230,5 @@ pub fn rotate_the_zts_ca_with_nothing_restarted(
         started.elapsed().as_secs_f64(),
         identities.len()
     );
+    next_judge
 }
