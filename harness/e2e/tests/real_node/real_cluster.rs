@@ -50,7 +50,7 @@ use common::real_node::{
     agent_early_issues, callback_pod_cache_sizes, callback_pod_reads, check_metrics_reference,
     uninstall_as_documented, webhook_ca_bundle,
 };
-use common::release::{build_image, check_features, rotate_the_athenz_ca_and_check_new_pods};
+use common::release::{build_image, check_features};
 
 /// One cluster per host (`cluster up` holds the node's lock): the tests here take turns.
 static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -192,7 +192,6 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
         assert_eq!(id.namespace, RESTRICTED_NAMESPACE, "{id:#?}");
     }
     check_features(&outcome.features);
-    rotate_the_athenz_ca_and_check_new_pods(&scenario);
     // from here on, identities verify to the new root alone
     let scenario =
         ca_rotation::rotate_the_zts_ca_with_nothing_restarted(&scenario, &layout, &identities);

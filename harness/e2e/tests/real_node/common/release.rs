@@ -1,15 +1,11 @@
 //! What the real-node tests of the release share: the image as `deploy/image.sh` builds it, the
-//! features pod's verdict, a CA change reaching new pods, and Helm's release Secrets holding no
-//! key.
+//! features pod's verdict, and Helm's release Secrets holding no key.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
 use athenz_core::volume_mode::VolumeMode;
-use athenz_devstack::cluster::install::{CONTROL_NAMESPACE, NODE_NAMESPACE};
-use athenz_devstack::cluster::scenario::{RESTRICTED_NAMESPACE, Scenario};
-use std::path::Path;
+use athenz_devstack::cluster::scenario::RESTRICTED_NAMESPACE;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// Builds the release image as CI and operators do: `deploy/image.sh` (warm: seconds). Its
 /// release builds go where `harness/e2e/tests/deploy/image.rs` has them go (`target/image-build`: a cargo
@@ -54,78 +50,6 @@ pub fn check_features(features: &athenz_devstack::cluster::features::Features) {
     );
     assert_eq!(features.access_token_scope, vec![ROLE.to_owned()]);
     assert_eq!(features.sds_principal, principal);
-}
-
-/// An Athenz CA change reaches new pods with no restart and no failed pod: a second CA appended
-/// to the install's `athenz-zts-ca` (both namespaces, as an operator edits them), then removed
-/// again. The agent publishes each bundle beside its socket (the file every SIA pod reads), and
-/// a new pod asking for every feature works with each. (The dev ZTS cannot move to another CA,
-/// so the CA appended and removed is the extra one, not ZTS's own.)
-pub fn rotate_the_athenz_ca_and_check_new_pods(scenario: &Scenario) {
-    use athenz_devstack::cluster::features::FEATURES;
-    let kubectl = scenario.kubectl();
-    let published = Path::new(athenz_core::volume::DEFAULT_AGENT_DIR).join("zts-ca.pem");
-    let certificates = || {
-        athenz_core::tls::read_certs_file(&published)
-            .map(|c| c.len())
-            .unwrap_or(0)
-    };
-    let original = kubectl
-        .get_json(&["configmap", "-n", NODE_NAMESPACE, "athenz-zts-ca"])
-        .unwrap()["data"]["ca.pem"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let before = certificates();
-    assert!(before >= 1, "{} holds no certificate", published.display());
-    let extra = athenz_testbed::pki::CertAuthority::new_root("Athenz Next Root")
-        .unwrap()
-        .cert_pem()
-        .to_owned();
-    for (bundle, expected) in [
-        (format!("{original}{extra}"), before + 1),
-        (original, before),
-    ] {
-        let patch = serde_json::json!({"data": {"ca.pem": bundle}}).to_string();
-        for ns in [NODE_NAMESPACE, CONTROL_NAMESPACE] {
-            kubectl
-                .run(&[
-                    "patch",
-                    "configmap",
-                    "-n",
-                    ns,
-                    "athenz-zts-ca",
-                    "--type",
-                    "merge",
-                    "-p",
-                    &patch,
-                ])
-                .unwrap();
-        }
-        let started = Instant::now();
-        while certificates() != expected {
-            assert!(
-                started.elapsed() < Duration::from_secs(240),
-                "the agent did not publish the {expected}-certificate bundle"
-            );
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        eprintln!(
-            "the CA bundle change ({expected} certificates) reached the pods' copy in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        kubectl
-            .run(&[
-                "delete",
-                "pod",
-                "-n",
-                FEATURES.namespace,
-                FEATURES.service_account,
-                "--wait=true",
-            ])
-            .unwrap();
-        check_features(&scenario.check_features().unwrap());
-    }
 }
 
 /// Every Secret Helm keeps of its releases, decoded (base64, gzip, JSON), holds no private key.
