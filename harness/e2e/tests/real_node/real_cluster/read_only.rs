@@ -62,8 +62,12 @@ pub fn a_files_volume_is_read_only_whatever_the_pod_spec_says(scenario: &Scenari
             ("append to the certificate", format!("echo x >> {cert}")),
             ("remove the certificate", format!("rm -f {cert}")),
             (
-                "replace the current set's link",
-                format!("ln -sfn /tmp {CREDENTIALS}/..data"),
+                "remove the current set's link",
+                format!("rm -f {CREDENTIALS}/..data"),
+            ),
+            (
+                "rename the certificate",
+                format!("mv {cert} {CREDENTIALS}/moved.pem"),
             ),
             (
                 "fill the volume",
