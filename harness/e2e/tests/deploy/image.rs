@@ -24,13 +24,16 @@ use common::Devstack;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const BIN_DIR: &str = "usr/local/bin";
-/// The daemons, each a link to `athenz-daemons` (the manifests' commands).
-const DAEMONS: [&str; 5] = [
+/// The daemons, each a link to `athenz-daemons` (the manifests' commands, and the node
+/// authorizer's static pod); `daemons/src/lib.rs`'s `DAEMONS`, which `image_layout` holds
+/// `deploy/build-binaries.sh` to.
+const DAEMONS: [&str; 6] = [
     "athenz-identity-agent",
     "athenz-jwt-service",
     "athenz-callback",
     "athenz-initializer",
     "athenz-control-sia",
+    "athenz-node-authorizer",
 ];
 /// The binaries of their own.
 const BINARIES: [&str; 3] = ["athenz-daemons", "athenz-sia", "athenz-volume-driver"];
