@@ -177,10 +177,8 @@ impl PendingFilesVolume {
         &self.paths.files
     }
 
-    /// Seals the tmpfs with the written set in it ([`seal`]), then binds it read-only at the
-    /// target; the volume is then in place.
+    /// Binds the written set read-only at the target; the volume is then in place.
     pub fn publish(mut self) -> Result<VolumeId, StepError> {
-        seal(&self.paths.files, Seal::ReadOnly)?;
         bind(&self.paths.files, &self.target, false)?;
         self.rollback.push(Undo::Unmount(self.target.clone()));
         checkpoint(FilesStep::Bind, self.fail_at)?;
@@ -190,67 +188,6 @@ impl PendingFilesVolume {
         rollback.commit();
         Ok(id)
     }
-}
-
-/// Whether a tmpfs's superblock takes writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seal {
-    ReadOnly,
-    Writable,
-}
-
-/// Sets the read-only flag of the tmpfs mounted on `files` on its superblock (a remount without
-/// `MS_BIND`), so that it holds for every mount of it. A read-only flag on the pod's bind alone
-/// is not enough: the container runtime binds the target into the container and remounts that
-/// bind read-write when the pod spec says `readOnly: false`; a read-only superblock refuses the
-/// write whatever a mount's own flag says (docs/design.md §4.10).
-fn seal(files: &Path, seal: Seal) -> Result<(), StepError> {
-    let mut flags =
-        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    if seal == Seal::ReadOnly {
-        flags |= MsFlags::MS_RDONLY;
-    }
-    mount(None::<&str>, files, None::<&str>, flags, None::<&str>).map_err(errno_step(format!(
-        "remounting the tmpfs on {} {}",
-        files.display(),
-        if seal == Seal::ReadOnly {
-            "read-only"
-        } else {
-            "writable"
-        }
-    )))
-}
-
-/// Runs `write` (the agent's rotation of a published volume's set) with the volume's tmpfs on
-/// `files` writable, and seals it read-only again afterwards, whether or not the write
-/// succeeded. The tmpfs is writable only for the write's few milliseconds; every other moment
-/// no mount of it takes a write. A `files` that is not a mount of its own (the later layout's
-/// `files/` inside a tmpfs on the volume directory, or a test's plain directory) is written as
-/// it is.
-pub fn write_sealed<T>(
-    files: &Path,
-    write: impl FnOnce() -> Result<T, String>,
-) -> Result<T, String> {
-    if !is_mount_root(files).map_err(|e| e.0)? {
-        return write();
-    }
-    seal(files, Seal::Writable).map_err(|e| e.0)?;
-    let written = write();
-    let sealed = seal(files, Seal::ReadOnly);
-    match (written, sealed) {
-        (Ok(value), Ok(())) => Ok(value),
-        (Err(e), _) => Err(e),
-        (Ok(_), Err(e)) => Err(format!("written, but {}", e.0)),
-    }
-}
-
-/// Whether `dir` is the root of a mount: its device differs from its parent's.
-fn is_mount_root(dir: &Path) -> Result<bool, StepError> {
-    use std::os::unix::fs::MetadataExt;
-    let own = fs::metadata(dir).map_err(step(format!("reading {}", dir.display())))?;
-    let parent = fs::metadata(dir.join(".."))
-        .map_err(step(format!("reading the parent of {}", dir.display())))?;
-    Ok(own.dev() != parent.dev())
 }
 
 /// Whether a files-mode volume is fully in place at `target`: its tmpfs mounted once (on
@@ -336,67 +273,12 @@ mod tests {
             Some(libc::EROFS),
             "the pod's view is read-only"
         );
-        // sealed: no mount of the tmpfs takes a write, not even one remounted read-write as a
-        // container runtime remounts its bind of the target for `readOnly: false`
-        let runtime_bind = root.join("runtime-bind");
-        fs::create_dir(&runtime_bind).unwrap();
-        bind(&target, &runtime_bind, false).unwrap();
-        mount(
-            None::<&str>,
-            &runtime_bind,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REMOUNT,
-            None::<&str>,
-        )
-        .unwrap();
-        for (what, result) in [
-            ("a new file", fs::write(runtime_bind.join("planted"), b"x")),
-            (
-                "a change",
-                fs::write(runtime_bind.join("service.cert.pem"), b"x"),
-            ),
-            (
-                "a removal",
-                fs::remove_file(runtime_bind.join("service.cert.pem")),
-            ),
-            (
-                "the agent's own mount",
-                fs::write(paths.files.join("x"), b"x"),
-            ),
-        ] {
-            assert_eq!(
-                result.unwrap_err().raw_os_error(),
-                Some(libc::EROFS),
-                "{what} through a read-write bind"
-            );
-        }
-        // the agent's rotation writes, and seals it again
-        write_sealed(&paths.files, || {
-            fs::write(paths.files.join("service.cert.pem"), b"new").map_err(|e| e.to_string())
-        })
-        .unwrap();
-        assert_eq!(
-            fs::read(runtime_bind.join("service.cert.pem")).unwrap(),
-            b"new"
-        );
-        let err = fs::write(runtime_bind.join("planted"), b"x").unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::EROFS), "sealed again");
-        // a failed write seals it again too
-        let failed = write_sealed(&paths.files, || -> Result<(), String> { Err("no".into()) });
-        assert_eq!(failed.unwrap_err(), "no");
-        let err = fs::write(runtime_bind.join("planted"), b"x").unwrap_err();
-        assert_eq!(
-            err.raw_os_error(),
-            Some(libc::EROFS),
-            "sealed after a failure"
-        );
         // the tmpfs is size-capped
         let big = vec![0u8; 70_000];
-        let over = write_sealed(&paths.files, || {
-            fs::write(paths.files.join("big"), &big).map_err(|e| e.to_string())
-        });
-        assert!(over.is_err(), "over the cap");
-        super::super::steps::unmount_all(&runtime_bind).unwrap();
+        assert!(
+            fs::write(paths.files.join("big"), &big).is_err(),
+            "over the cap"
+        );
         super::super::unmount_volume(&host, target_text).unwrap();
         assert_eq!(MountTable::read().unwrap().under(&root).count(), 0);
         assert_eq!(volume_dirs(), 0);

@@ -458,22 +458,16 @@ async fn stats_report_an_expired_certificate() {
         .unwrap();
     let key_pem = String::from_utf8(set[0].clone()).unwrap();
     let expired = athenz_testbed::pki::expired_self_signed(&key_pem, "media.sports.web").unwrap();
-    // (the tmpfs is sealed read-only: opened for this write as the agent opens it for its own)
-    athenz_core::volume_mount::files_mode::write_sealed(&files, || {
-        athenz_core::files::write_credentials(
-            &FileSet::new(&files),
-            &athenz_core::files::Credentials {
-                key_pem: Some(&athenz_core::secret::Secret::new(key_pem.clone())),
-                cert_pem: &expired,
-                ca_pem: &String::from_utf8(set[1].clone()).unwrap(),
-                ntoken: &athenz_core::secret::Secret::new(
-                    String::from_utf8(set[2].clone()).unwrap(),
-                ),
-            },
-            None,
-        )
-        .map_err(|e| e.to_string())
-    })
+    athenz_core::files::write_credentials(
+        &FileSet::new(&files),
+        &athenz_core::files::Credentials {
+            key_pem: Some(&athenz_core::secret::Secret::new(key_pem.clone())),
+            cert_pem: &expired,
+            ca_pem: &String::from_utf8(set[1].clone()).unwrap(),
+            ntoken: &athenz_core::secret::Secret::new(String::from_utf8(set[2].clone()).unwrap()),
+        },
+        None,
+    )
     .unwrap();
 
     wait_for("the agent restarted", Duration::from_secs(20), async || {
