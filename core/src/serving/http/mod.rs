@@ -17,11 +17,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 use std::convert::Infallible;
 use std::future::Future;
@@ -35,9 +30,11 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 mod conn_age;
+mod metrics;
 mod ops;
 mod tls_accept;
 pub use conn_age::MAX_CONNECTION_AGE;
+pub use metrics::{HandshakeLabels, HttpMetrics, RequestLabels, RouteLabels};
 pub use ops::{OpsHandler, Readiness, termination_signal, termination_signal_after};
 
 /// The error body of every API in the system (and of ZTS): `{"code": <status>, "message": "..."}`.
@@ -173,131 +170,6 @@ pub trait Handler: Send + Sync + 'static {
     /// The metrics label of a request's route (a fixed set, never raw paths).
     fn route(&self, _req: &http::request::Parts) -> &'static str {
         "other"
-    }
-}
-
-/// Labels of the request counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
-    /// Route label from [`Handler::route`].
-    pub route: &'static str,
-    /// HTTP status code.
-    pub status: u16,
-}
-
-/// Labels of the latency histogram.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RouteLabels {
-    /// Route label from [`Handler::route`].
-    pub route: &'static str,
-}
-
-/// Labels of the TLS handshake counter.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct HandshakeLabels {
-    /// `1.2` or `1.3`.
-    pub version: &'static str,
-    /// `full` (the client's certificate verified), `resumed` (taken from its session, and
-    /// verified again) or `refused` (a resumed session whose client certificate is no longer
-    /// accepted: the connection is closed before any request).
-    pub kind: &'static str,
-}
-
-impl HandshakeLabels {
-    /// The labels of a completed handshake.
-    pub fn of(session: &rustls::ServerConnection) -> Self {
-        let version = match session.protocol_version() {
-            Some(rustls::ProtocolVersion::TLSv1_2) => "1.2",
-            Some(rustls::ProtocolVersion::TLSv1_3) => "1.3",
-            _ => "other",
-        };
-        let kind = match session.handshake_kind() {
-            Some(rustls::HandshakeKind::Resumed) => "resumed",
-            _ => "full",
-        };
-        Self { version, kind }
-    }
-
-    /// The labels of a resumed handshake whose session was refused.
-    pub fn refused(session: &rustls::ServerConnection) -> Self {
-        Self {
-            kind: "refused",
-            ..Self::of(session)
-        }
-    }
-}
-
-/// Request metrics of one server.
-#[derive(Clone, Debug)]
-pub struct HttpMetrics {
-    requests: Family<RequestLabels, Counter>,
-    latency: Family<RouteLabels, Histogram>,
-    /// Only a TLS server's ([`HttpMetrics::register_tls`]).
-    handshakes: Option<Family<HandshakeLabels, Counter>>,
-}
-
-impl HttpMetrics {
-    /// A TLS server's: [`HttpMetrics::register`]'s and `tls_handshakes`.
-    pub fn register_tls(registry: &mut Registry) -> Self {
-        let handshakes = Family::<HandshakeLabels, Counter>::default();
-        registry.register(
-            "tls_handshakes",
-            "TLS handshakes completed, by version and kind (full, resumed from a session, or \
-             refused: a resumed session no longer accepted)",
-            handshakes.clone(),
-        );
-        Self {
-            handshakes: Some(handshakes),
-            ..Self::register(registry)
-        }
-    }
-
-    /// Creates and registers `http_requests` and `http_request_duration_seconds` in `registry`.
-    pub fn register(registry: &mut Registry) -> Self {
-        let requests = Family::<RequestLabels, Counter>::default();
-        let latency = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ])
-        });
-        registry.register(
-            "http_requests",
-            "Requests served, by route and status",
-            requests.clone(),
-        );
-        registry.register(
-            "http_request_duration_seconds",
-            "Time to answer a request, by route",
-            latency.clone(),
-        );
-        Self {
-            requests,
-            latency,
-            handshakes: None,
-        }
-    }
-
-    fn record_handshake(&self, session: &rustls::ServerConnection, refused: bool) {
-        if let Some(handshakes) = &self.handshakes {
-            let labels = if refused {
-                HandshakeLabels::refused(session)
-            } else {
-                HandshakeLabels::of(session)
-            };
-            handshakes.get_or_create(&labels).inc();
-        }
-    }
-
-    fn record(&self, route: &'static str, status: StatusCode, elapsed: Duration) {
-        self.requests
-            .get_or_create(&RequestLabels {
-                route,
-                status: status.as_u16(),
-            })
-            .inc();
-        self.latency
-            .get_or_create(&RouteLabels { route })
-            .observe(elapsed.as_secs_f64());
     }
 }
 
@@ -660,6 +532,8 @@ async fn drain(body: &mut Incoming, mut seen: u64, deadline: tokio::time::Instan
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::registry::Registry;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Echoes the body length and the peer kind.

@@ -9,6 +9,7 @@ use super::max_age;
 use crate::tls::clock::ManualClock;
 use crate::tls::test_pki::{TestCa, client_config, secs, server_identity};
 use crate::tls::{ClientAuth, ClientCas, server_config_on_clock};
+use prometheus_client::registry::Registry;
 use rustls::version::{TLS12, TLS13};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
