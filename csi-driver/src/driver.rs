@@ -6,8 +6,12 @@
 //! 2. same target already published: with the same arguments and complete → OK; with other
 //!    arguments → `ALREADY_EXISTS`; partial (an interrupted publish, lost mounts) → cleared;
 //! 3. `socket` mode: the flex layout (`athenz_core::volume_mount::steps`);
-//!    `files` mode: tmpfs → issue through the agent → write the set → bind read-only → rotate;
+//!    `files` mode: tmpfs → issue through the agent → write the set → seal the tmpfs
+//!    (`athenz_core::volume_mount::seal`) → bind read-only → rotate;
 //! 4. any failure undoes every step, the target dir included.
+//!
+//! A stopping agent hands its volumes over ([`Driver::hand_over`]): rotation stops and every
+//! seal is opened, so that the next agent, of any release, can write the next set.
 //!
 //! One publish or unpublish per target at a time; different targets run in parallel. A files
 //! publish that cannot issue now answers `UNAVAILABLE` (kubelet retries) well within kubelet's
@@ -24,10 +28,13 @@ use athenz_core::issuance::Registration;
 use athenz_core::volume::{VolumeData, VolumeError, VolumeId, VolumePaths, read_json_file};
 use athenz_core::volume_mode::VolumeMode;
 use athenz_core::volume_mount::mountinfo::MountTable;
-use athenz_core::volume_mount::{HostDirs, files_mode, mount_dir, mount_volume, unmount_volume};
+use athenz_core::volume_mount::{
+    HostDirs, files_mode, mount_dir, mount_volume, seal, unmount_volume,
+};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tonic::Status;
 
@@ -50,6 +57,17 @@ pub struct Driver<I: Issuer> {
     config: DriverConfig,
     issuer: Arc<I>,
     rotation: Arc<Rotation<I>>,
+    /// Set by [`Driver::hand_over`]: a publish still in flight then leaves its tmpfs unsealed.
+    handed_over: AtomicBool,
+}
+
+/// What [`Driver::hand_over`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HandOver {
+    /// Files-mode volumes whose tmpfs is now writable.
+    pub opened: usize,
+    /// Those that could not be opened, each with why.
+    pub failed: Vec<String>,
 }
 
 fn internal(what: impl std::fmt::Display) -> Status {
@@ -71,6 +89,7 @@ impl<I: Issuer> Driver<I> {
             config,
             issuer,
             rotation,
+            handed_over: AtomicBool::new(false),
         }
     }
 
@@ -188,9 +207,40 @@ impl<I: Issuer> Driver<I> {
         let group = publish.request.csi.as_ref().and_then(|c| c.group);
         write_set(pending.files_dir(), &answer.answer, group).map_err(internal)?;
         let files = pending.files_dir().to_owned();
+        // under the volume's lock, so that a hand-over either waits for this seal (and opens
+        // it) or has begun before it (and this volume stays open)
+        if !self.handed_over.load(Ordering::SeqCst) {
+            seal::seal(&files).map_err(internal)?;
+        }
         pending.publish().map_err(internal)?;
         self.rotation.track(id.clone(), data, files, &answer.cert);
         Ok(())
+    }
+
+    /// What a stopping agent does last: stops every rotation (no write of this agent runs or
+    /// starts after it) and opens every files-mode volume's seal, each once a publish holding
+    /// the volume's lock is done, so that the next agent can write the next set even if its release predates the seal (a
+    /// rollback). The next agent of this release seals them again as it resumes them. Call it
+    /// once the CSI server has stopped.
+    pub async fn hand_over(&self) -> HandOver {
+        self.handed_over.store(true, Ordering::SeqCst);
+        self.rotation.stop_all();
+        let mut outcome = HandOver::default();
+        let volumes = match seal::mounted_files_volumes(&self.config.host.volumes) {
+            Ok(volumes) => volumes,
+            Err(e) => {
+                outcome.failed.push(e.0);
+                return outcome;
+            }
+        };
+        for (id, files) in volumes {
+            drop(self.issuer.lock_volume(&id).await);
+            match seal::open(&files) {
+                Ok(()) => outcome.opened += 1,
+                Err(e) => outcome.failed.push(format!("volume {id}: {}", e.0)),
+            }
+        }
+        outcome
     }
 
     fn resume_one(&self, id: &VolumeId, paths: &VolumePaths) -> Result<(), Status> {

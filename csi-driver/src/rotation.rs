@@ -23,8 +23,8 @@ use athenz_core::refresh::{Backoff, RefreshPolicy};
 use athenz_core::secret::Secret;
 use athenz_core::volume::{RecordedVolume, VolumeData, VolumeId, VolumeStatusRecord, VolumesDir};
 use athenz_core::volume_mode::VolumeMode;
-use athenz_core::volume_mount::files_mode;
 use athenz_core::volume_mount::mountinfo::MountTable;
+use athenz_core::volume_mount::{files_mode, seal};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -253,6 +253,10 @@ impl<I: Issuer> Rotation<I> {
             .read(&[CERT_FILE])
             .map_err(|e| format!("reading the set in {}: {e}", files.display()))?;
         let cert = leaf_info(&String::from_utf8_lossy(&set[0]))?;
+        // found again: sealed (an earlier release's volume, or one a stopping agent opened)
+        if let Err(e) = seal::seal(files) {
+            tracing::warn!(%id, error = %e.0, "files-mode volume not sealed");
+        }
         self.track(id, data, files.to_owned(), &cert);
         Ok(())
     }
@@ -263,6 +267,14 @@ impl<I: Issuer> Rotation<I> {
         let old = lock(&self.tracked).remove(id);
         if let Some(old) = old {
             old.stop();
+        }
+    }
+
+    /// Stops rotating every volume (the agent is stopping). When it returns, no write of a
+    /// rotation is running or will start.
+    pub fn stop_all(&self) {
+        for (_, tracked) in lock(&self.tracked).drain() {
+            tracked.stop();
         }
     }
 
@@ -486,7 +498,8 @@ impl<I: Issuer> Rotation<I> {
             }
         }
         .map_err(|e| e.message)?;
-        gate.write(|| write_set(files, &answer.answer, group))?;
+        // the tmpfs takes writes only during this one (docs/design.md §4.10)
+        gate.write(|| seal::write_sealed(files, || write_set(files, &answer.answer, group)))?;
         Ok(answer.cert)
     }
 }

@@ -331,10 +331,20 @@ pub(crate) fn start(
             });
             athenz_csi_driver::server::serve(
                 listener,
-                athenz_csi_driver::service::CsiService::new(driver),
+                athenz_csi_driver::service::CsiService::new(Arc::clone(&driver)),
                 stopping.wait(),
             )
             .await;
+            // the next agent may be of a release that does not open the seals (a rollback)
+            let handed = driver.hand_over().await;
+            if handed.failed.is_empty() {
+                tracing::info!(
+                    opened = handed.opened,
+                    "files-mode volumes handed over: seals opened"
+                );
+            } else {
+                tracing::warn!(opened = handed.opened, failed = ?handed.failed, "files-mode volumes handed over, some seals not opened");
+            }
             let _ = relay.await;
             if let Some(registering) = registering {
                 let _ = registering.await;

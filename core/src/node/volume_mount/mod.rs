@@ -5,12 +5,14 @@
 //!   read-only view), each step undone on failure, and the unmount of either layout;
 //! - [`files_mode`]: the CSI files layout (a size-capped tmpfs the agent writes the credential
 //!   set into, bound read-only at the target);
+//! - [`seal`]: that tmpfs read-only for every mount of it but during the agent's writes;
 //! - [`mount_dir`]: the checks on the directory kubelet names;
 //! - [`mountinfo`]: the mount table, from which idempotency and cleanup are decided.
 
 pub mod files_mode;
 pub mod mount_dir;
 pub mod mountinfo;
+pub mod seal;
 pub mod steps;
 
 pub use steps::{HostDirs, StepError, VolumeRequest, mount_volume, unmount_volume};

@@ -69,7 +69,15 @@ pub(super) async fn disk_full(
     let before = Effects::now(stack, pods);
     let started = time::OffsetDateTime::now_utc();
     let mut tally = Tally::default();
-    let filled = fill(&tmpfs, FILLER)?;
+    // the tmpfs is sealed read-only but for the agent's writes (docs/design.md §4.10): the
+    // filler goes in, and comes out, through the same opening as a root process on the node
+    let sealed = |write: &dyn Fn() -> anyhow::Result<u64>| {
+        athenz_core::volume_mount::seal::write_sealed(&tmpfs, || {
+            write().map_err(|e| format!("{e:#}"))
+        })
+        .map_err(anyhow::Error::msg)
+    };
+    let filled = sealed(&|| fill(&tmpfs, FILLER))?;
     // hold until the agent has met the full disk (its status records the failure) and a
     // little longer, at most a lifetime; remove the filler whatever happened
     let held_since = Instant::now();
@@ -87,7 +95,10 @@ pub(super) async fn disk_full(
         Ok(())
     }
     .await;
-    std::fs::remove_file(tmpfs.join(FILLER)).context("removing the filler")?;
+    sealed(&|| {
+        std::fs::remove_file(tmpfs.join(FILLER)).context("removing the filler")?;
+        Ok(0)
+    })?;
     held?;
     let recovery = recover(stack, pods, &mut tally).await?;
     let left = stale_entries(&target)?;

@@ -188,6 +188,54 @@ mod tests {
         assert!(shell_blocks(OPERATING, "No such section", "kustomize").is_empty());
     }
 
+    /// The page's way to open the seals a killed agent left closed, run as written (its volumes
+    /// dir moved into a temporary one) on a sealed files-mode tmpfs beside a plain directory:
+    /// the tmpfs takes writes again; the directory is skipped (real mounts: needs root).
+    #[test]
+    fn the_pages_seal_opening_opens_a_sealed_tmpfs() {
+        use athenz_core::volume_mount::seal::is_sealed;
+        use nix::mount::{MsFlags, mount, umount};
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "this test mounts a tmpfs and must run as root"
+        );
+        let blocks = shell_blocks(OPERATING, "Upgrade and rollback", "node");
+        assert_eq!(blocks.len(), 1, "{blocks:#?}");
+        let tmp = tempfile::tempdir().unwrap();
+        let volumes = tmp.path().join("volumes");
+        let (sealed, plain) = (volumes.join("a/files"), volumes.join("b/files"));
+        std::fs::create_dir_all(&sealed).unwrap();
+        std::fs::create_dir_all(&plain).unwrap();
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        mount(
+            Some("athenz-identity"),
+            &sealed,
+            Some("tmpfs"),
+            flags,
+            Some("size=65536"),
+        )
+        .unwrap();
+        mount(
+            None::<&str>,
+            &sealed,
+            None::<&str>,
+            flags | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        )
+        .unwrap();
+        assert!(is_sealed(&sealed).unwrap());
+        let script = blocks[0].replace("/var/athenz/volumes", volumes.to_str().unwrap());
+        assert_ne!(script, blocks[0], "the block names the default volumes dir");
+        let out = std::process::Command::new("sh")
+            .args(["-ec", &script])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert!(!is_sealed(&sealed).unwrap(), "opened");
+        std::fs::write(sealed.join("next-set"), b"x").unwrap();
+        umount(&sealed).unwrap();
+    }
+
     #[test]
     fn blocks_and_tables_are_read_exactly() {
         let doc = "intro\n## A\n```sh\necho one\n```\n```console\nnot run\n```\n```sh\necho two\n\

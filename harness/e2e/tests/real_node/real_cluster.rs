@@ -15,6 +15,7 @@
 //! - a pod with the identity volume but no webhook (csi-files, a namespace not opted in) gets
 //!   its identity like any other: opting in is the webhook's convenience, Athenz's `launch`
 //!   grant per domain is the control;
+//! - a files-mode volume is read-only to the app whatever `readOnly` says (`real_cluster/read_only.rs`);
 //! - a terminating pod's SIA is refused; the webhook down stops pod creation in opted-in
 //!   namespaces only (failurePolicy Fail, as documented); the agent deleted while a pod waits
 //!   for its identity is restarted by its DaemonSet and the pod still gets it.
@@ -41,6 +42,8 @@ mod ca_rotation;
 mod common;
 #[path = "real_cluster/faults.rs"]
 mod faults;
+#[path = "real_cluster/read_only.rs"]
+mod read_only;
 use common::cluster::{require_prerequisites, start_cluster};
 use common::previous_release::{previous_image, previous_release};
 use common::real_node::{
@@ -248,6 +251,7 @@ fn our_release_on_a_real_node_gives_every_pod_its_identity_and_refuses_what_it_m
     faults::the_agent_deleted_while_a_pod_waits_is_replaced(&scenario);
     let evil = faults::a_namespace_in_the_admin_domain_is_refused(&scenario);
     faults::containerd_killed_is_restarted(&scenario, &info, &state_dir);
+    read_only::a_files_volume_is_read_only_whatever_the_pod_spec_says(&scenario);
 
     // the sidecar refreshes a flex and a csi-socket pod's certificate (the flex Deployment's
     // pods but the one deleted above), the agent rotates a files-mode volume's

@@ -425,6 +425,83 @@ async fn agent_restart_resumes_rotation_and_lost_mounts_unpublish() {
     unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
 }
 
+/// A files-mode volume's tmpfs is sealed (read-only for every mount of it); an agent stopped
+/// gracefully opens the seal for whichever release comes next (a rollback's does not know it),
+/// and the next agent of this release seals it again as it resumes the volume and rotates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_agent_opens_its_seals_and_the_next_closes_them() {
+    use athenz_core::volume_mount::seal::is_sealed;
+    let stack = Devstack::start_with_env(
+        &["--volume", "csi-files"],
+        &[("CSI_REFRESH_INTERVAL", "1s")],
+    );
+    let mut kubelet = kubelet(&stack).await;
+    let (pod, csi_pod) = pending_pod(&stack, "web-sealed").await;
+    stack.kube.report_running(pod, "10.1.7.11").await.unwrap();
+    let volume = kubelet
+        .publish(&csi_pod, &[("mode", "files")])
+        .await
+        .unwrap();
+    let files = std::fs::read_dir(&stack.info.volumes_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path().join("files"))
+        .find(|p| p.is_dir())
+        .expect("the volume's files dir");
+    assert!(is_sealed(&files).unwrap(), "sealed once published");
+    let target = volume.target.clone();
+    let first = read_set(&target).serial_hex;
+    wait_for("a rotation", Duration::from_secs(20), async || {
+        read_set(&target).serial_hex != first
+    })
+    .await;
+    assert!(is_sealed(&files).unwrap(), "sealed again after a rotation");
+
+    let agent = stack.pid("agent");
+    nix::sys::signal::kill(agent, nix::sys::signal::Signal::SIGTERM).unwrap();
+    wait_for("the agent restarted", Duration::from_secs(20), async || {
+        stack
+            .current_info()
+            .processes
+            .get("agent")
+            .is_some_and(|p| *p as i32 != agent.as_raw())
+    })
+    .await;
+    let log = std::fs::read_to_string(stack.dir.path().join("state/logs/agent.log")).unwrap();
+    // the log's fields are coloured: each escape sequence runs from ESC to its `m`
+    let plain: String = log
+        .split('\x1b')
+        .enumerate()
+        .map(|(i, part)| match part.split_once('m') {
+            Some((_, rest)) if i > 0 => rest,
+            _ => part,
+        })
+        .collect();
+    assert!(
+        plain
+            .lines()
+            .any(|l| l.contains("handed over: seals opened opened=1")),
+        "the stopping agent opened the one volume's seal: {plain}"
+    );
+    wait_for(
+        "the next agent sealed the volume it resumed",
+        Duration::from_secs(20),
+        async || is_sealed(&files).unwrap(),
+    )
+    .await;
+    let resumed = read_set(&target).serial_hex;
+    wait_for(
+        "a rotation by the next agent",
+        Duration::from_secs(20),
+        async || read_set(&target).serial_hex != resumed,
+    )
+    .await;
+    assert!(
+        is_sealed(&files).unwrap(),
+        "still sealed after its rotation"
+    );
+    unpublish_leaves_nothing(&stack, &mut kubelet, &volume).await;
+}
+
 /// An expired certificate the agent cannot replace (ZTS unreachable) makes the volume abnormal,
 /// with the reason, in the stats kubelet polls (it becomes a pod event). The set on disk is
 /// replaced by an expired one while the agent is down; the restarted agent resumes from it.
@@ -458,16 +535,22 @@ async fn stats_report_an_expired_certificate() {
         .unwrap();
     let key_pem = String::from_utf8(set[0].clone()).unwrap();
     let expired = athenz_testbed::pki::expired_self_signed(&key_pem, "media.sports.web").unwrap();
-    athenz_core::files::write_credentials(
-        &FileSet::new(&files),
-        &athenz_core::files::Credentials {
-            key_pem: Some(&athenz_core::secret::Secret::new(key_pem.clone())),
-            cert_pem: &expired,
-            ca_pem: &String::from_utf8(set[1].clone()).unwrap(),
-            ntoken: &athenz_core::secret::Secret::new(String::from_utf8(set[2].clone()).unwrap()),
-        },
-        None,
-    )
+    // (the tmpfs is sealed read-only: opened for this write as the agent opens it for its own)
+    athenz_core::volume_mount::seal::write_sealed(&files, || {
+        athenz_core::files::write_credentials(
+            &FileSet::new(&files),
+            &athenz_core::files::Credentials {
+                key_pem: Some(&athenz_core::secret::Secret::new(key_pem.clone())),
+                cert_pem: &expired,
+                ca_pem: &String::from_utf8(set[1].clone()).unwrap(),
+                ntoken: &athenz_core::secret::Secret::new(
+                    String::from_utf8(set[2].clone()).unwrap(),
+                ),
+            },
+            None,
+        )
+        .map_err(|e| e.to_string())
+    })
     .unwrap();
 
     wait_for("the agent restarted", Duration::from_secs(20), async || {
