@@ -248,6 +248,11 @@ impl Starter<'_> {
 
     /// etcd on loopback ports, its data unsynced; returns its client URL.
     async fn etcd(&mut self) -> anyhow::Result<String> {
+        self.etcd_with_quota(2 << 30).await
+    }
+
+    /// [`Self::etcd`] with a backend quota of `quota_bytes` (`cluster scale`'s is larger).
+    pub(super) async fn etcd_with_quota(&mut self, quota_bytes: u64) -> anyhow::Result<String> {
         let (client, peer) = (free_port()?, free_port()?);
         let url = format!("http://127.0.0.1:{client}");
         let args = vec![
@@ -256,7 +261,7 @@ impl Starter<'_> {
             format!("--listen-client-urls={url}"),
             format!("--advertise-client-urls={url}"),
             format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-            "--quota-backend-bytes=2147483648".to_owned(),
+            format!("--quota-backend-bytes={quota_bytes}"),
             "--log-level=warn".to_owned(),
             // a development cluster's data dies with it; fsyncs would only slow the machine
             "--unsafe-no-fsync".to_owned(),
@@ -277,7 +282,7 @@ impl Starter<'_> {
 
     /// The API server ([`apiserver_args`]) at `url`, on `port` of `node_ip`, authorizing as
     /// `authorization` says.
-    async fn api_server(
+    pub(super) async fn api_server(
         &mut self,
         pki: &ClusterPki,
         node_ip: Ipv4Addr,
@@ -355,7 +360,10 @@ impl Starter<'_> {
     }
 
     /// The controller-manager, then the scheduler, each on a loopback port of its own.
-    async fn controller_manager_and_scheduler(&mut self, pki: &ClusterPki) -> anyhow::Result<()> {
+    pub(super) async fn controller_manager_and_scheduler(
+        &mut self,
+        pki: &ClusterPki,
+    ) -> anyhow::Result<()> {
         let (cm_port, scheduler_port) = (free_port()?, free_port()?);
         let controller_manager = Component {
             name: CONTROLLER_MANAGER,

@@ -39,6 +39,7 @@ pub mod nodes;
 pub mod pki;
 pub mod previous_release;
 pub mod runbook;
+pub mod scale;
 pub mod scenario;
 pub mod spire;
 pub mod storage_e2e;

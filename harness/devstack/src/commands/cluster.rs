@@ -1,4 +1,4 @@
-//! `cluster up|demo|bench|storage-e2e|stop-node|down|previous-image`: a real Kubernetes cluster on this
+//! `cluster up|demo|bench|storage-e2e|scale|stop-node|down|previous-image`: a real Kubernetes cluster on this
 //! machine (one node, or several with `--nodes`), with our release installed as an operator
 //! installs it (or none: `--bare`).
 
@@ -38,6 +38,12 @@ pub enum ClusterCommand {
     /// csi.athenz.io]", the specs that apply to an inline ephemeral driver. Takes the cluster
     /// down. Exits 1 if a spec failed or none passed.
     StorageE2e(StorageE2eArgs),
+    /// A cluster at Kubernetes' published limits on this machine: the real API server, etcd,
+    /// controller-manager and scheduler, and kwok's controller (`harness/real-node/kube/build.sh
+    /// --kwok`) keeping fake nodes and their pods; at each point NODES:PODS, the control
+    /// plane's CPU and memory at rest and while pods are created at --rate, the creations'
+    /// latency and etcd's size (JSON with --json). Everything is stopped at the end.
+    Scale(ScaleArgs),
     /// Lose a further node of the running cluster in DIR, as a power cut loses it: its
     /// kubelet, kube-proxy, containerd and every container on it stop and stay stopped; its
     /// Node object stays (NotReady). `cluster down` still removes everything.
@@ -61,6 +67,7 @@ pub fn run(command: ClusterCommand) -> anyhow::Result<ExitCode> {
         ClusterCommand::Flood(args) => flood(args),
         ClusterCommand::LogWaits(args) => log_waits(&args),
         ClusterCommand::StorageE2e(args) => storage_e2e(args),
+        ClusterCommand::Scale(args) => scale(args),
         ClusterCommand::StopNode(args) => stop_node(&args),
         ClusterCommand::Down(args) => down(&args),
         ClusterCommand::PreviousImage(args) => previous_image(&args),
@@ -367,6 +374,59 @@ fn storage_e2e(args: StorageE2eArgs) -> anyhow::Result<ExitCode> {
         args.report_dir,
     ))?;
     Ok(passed_or_failed(passed))
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ScaleArgs {
+    /// Where etcd's data, the PKI and the logs go (emptied first).
+    #[arg(long)]
+    state_dir: PathBuf,
+    /// The Kubernetes binaries; default: target/kube/<version>/bin of this workspace.
+    #[arg(long, value_name = "DIR")]
+    kube_bin: Option<PathBuf>,
+    /// kwok's binary; default: target/kwok/kwok of this workspace.
+    #[arg(long, value_name = "FILE")]
+    kwok_bin: Option<PathBuf>,
+    /// The scale points, NODES:PODS, each larger than the one before.
+    #[arg(long, value_delimiter = ',', default_value = "1000:30000,5000:150000")]
+    points: Vec<cluster::scale::ScalePoint>,
+    /// Pods a second in each point's measured window.
+    #[arg(long, default_value_t = 50.0)]
+    rate: f64,
+    /// Pods created in each point's measured window.
+    #[arg(long, default_value_t = 1000)]
+    window_pods: usize,
+    /// How long the control plane is watched at rest at each point, seconds.
+    #[arg(long, default_value_t = 30)]
+    rest_seconds: u64,
+    /// Print JSON instead of lines.
+    #[arg(long)]
+    json: bool,
+}
+
+fn scale(args: ScaleArgs) -> anyhow::Result<ExitCode> {
+    let options = cluster::scale::ScaleOptions {
+        state_dir: args.state_dir,
+        kube_bin: args.kube_bin.unwrap_or_else(cluster::default_kube_bin),
+        kwok_bin: args
+            .kwok_bin
+            .unwrap_or_else(cluster::scale::kwok::default_binary),
+        points: args.points,
+        rate: args.rate,
+        window_pods: args.window_pods,
+        rest: std::time::Duration::from_secs(args.rest_seconds),
+    };
+    let json = args.json;
+    let mut report = |line: String| {
+        if !json {
+            println!("{line}");
+        }
+    };
+    let points = runtime()?.block_on(cluster::scale::run(&options, &mut report))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&points)?);
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Debug, clap::Args)]
