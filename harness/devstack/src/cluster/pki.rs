@@ -80,6 +80,15 @@ pub struct KubeletCredentials {
     pub kubeconfig: PathBuf,
 }
 
+/// A further client that gets a kubeconfig (`kubeconfigs/<name>.conf`): a client certificate
+/// whose CN is the user the API server sees and whose O, if any, its group.
+#[derive(Debug, Clone)]
+pub struct ExtraClient {
+    pub name: &'static str,
+    pub user: String,
+    pub group: Option<&'static str>,
+}
+
 /// The clients that get a kubeconfig: (file name, CN, O).
 fn clients() -> [(&'static str, String, Option<&'static str>); 4] {
     [
@@ -137,6 +146,18 @@ impl ClusterPki {
         nodes: &[NodeSpec],
         api_server: &str,
         node_authorizer: bool,
+    ) -> anyhow::Result<Self> {
+        Self::create_with_clients(layout, nodes, api_server, node_authorizer, &[])
+    }
+
+    /// [`Self::create`], with a kubeconfig for each of `extra` too (named by its `name` in
+    /// [`ClusterPki::kubeconfigs`]).
+    pub fn create_with_clients(
+        layout: &Layout,
+        nodes: &[NodeSpec],
+        api_server: &str,
+        node_authorizer: bool,
+        extra: &[ExtraClient],
     ) -> anyhow::Result<Self> {
         let primary = nodes.first().context("a cluster has at least one node")?;
         let (node_name, node_ip) = (primary.name.as_str(), primary.ip);
@@ -250,7 +271,8 @@ impl ClusterPki {
 
         let mut kubeconfigs = std::collections::BTreeMap::new();
         let mut admin = None;
-        for (name, common_name, organization) in clients() {
+        let extra = extra.iter().map(|c| (c.name, c.user.clone(), c.group));
+        for (name, common_name, organization) in clients().into_iter().chain(extra) {
             let (pair, issued) = write_leaf(
                 &ca,
                 dir,

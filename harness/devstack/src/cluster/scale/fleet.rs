@@ -190,6 +190,30 @@ pub fn pod(n: usize, nodes: usize) -> (String, Value) {
     (format!("/api/v1/namespaces/{namespace}/pods"), body)
 }
 
+/// What deploy/ grants the agents on pods (their early-issuance watch), for `user`: a
+/// ClusterRole and its binding.
+pub fn agent_rbac(user: &str) -> [(String, Value); 2] {
+    let name = "athenz-agent-pods";
+    [
+        (
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_owned(),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                   "metadata": {"name": name},
+                   "rules": [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "list", "watch"]}]}),
+        ),
+        (
+            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_owned(),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                   "metadata": {"name": name},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                               "name": name},
+                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                 "name": user}]}),
+        ),
+    ]
+}
+
 /// Creates every object of `objects` with at most `parallel` calls in flight; each call's time.
 pub async fn create_all(
     api: &Api,

@@ -6,7 +6,7 @@ use crate::bench::Latency;
 use crate::procs::{Process, Usage};
 use serde::Serialize;
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The processes measured: each one's name and pid.
 pub struct Sampler {
@@ -65,6 +65,34 @@ impl Sampler {
     }
 }
 
+impl Sampler {
+    /// Each process's cost over `span` of doing nothing here.
+    pub async fn at_rest(&self, span: std::time::Duration) -> Vec<ProcessCost> {
+        let rested = self
+            .over(|| async {
+                tokio::time::sleep(span).await;
+                anyhow::Ok(())
+            })
+            .await;
+        rested.map(|(costs, ())| costs).unwrap_or_default()
+    }
+}
+
+/// The pod watches the API server serves now (`apiserver_longrunning_requests`, verb `WATCH`,
+/// resource `pods`): the simulated agents' show there, one each, beside the controllers'.
+pub async fn pod_watches(api: &super::fleet::Api) -> anyhow::Result<f64> {
+    let text = api.text("/metrics", "text/plain").await?;
+    Ok(
+        crate::scrape::samples(&text, "apiserver_longrunning_requests")
+            .filter(|(labels, _)| {
+                crate::scrape::label(labels, "verb") == Some("WATCH")
+                    && crate::scrape::label(labels, "resource") == Some("pods")
+            })
+            .map(|(_, v)| v)
+            .sum(),
+    )
+}
+
 /// etcd's database size (`etcd_mvcc_db_total_size_in_bytes` on its client URL's `/metrics`).
 pub async fn etcd_db_bytes(etcd_url: &str) -> anyhow::Result<f64> {
     let text = crate::scrape::text(&format!("{etcd_url}/metrics")).await?;
@@ -85,36 +113,21 @@ pub struct PointReport {
     pub rate: f64,
     /// The window's pod creations, each `POST` to its answer, ms.
     pub creation: Latency,
-    /// Each process at rest (leases renewed, nothing created).
+    /// Each process at rest (leases renewed, nothing created), before this point's agents.
     pub at_rest: Vec<ProcessCost>,
-    /// Each process while the window's pods were created and started.
+    /// How long this point's new agents took to start their watches.
+    pub agents_started_seconds: f64,
+    /// The pod watches the API server served with every node's agent watching.
+    pub pod_watches: f64,
+    /// Each process at rest with every node's agent watching.
+    pub at_rest_with_agents: Vec<ProcessCost>,
+    /// Each process while the window's pods were created and started, agents watching.
     pub creating: Vec<ProcessCost>,
     /// etcd's database after the point, bytes.
     pub etcd_db_bytes: f64,
 }
 
 impl PointReport {
-    pub fn new(
-        point: super::ScalePoint,
-        fill_seconds: f64,
-        rate: f64,
-        creations: &mut [Duration],
-        at_rest: Vec<ProcessCost>,
-        creating: Vec<ProcessCost>,
-        etcd_db_bytes: f64,
-    ) -> Self {
-        Self {
-            nodes: point.nodes,
-            pods: point.pods,
-            fill_seconds,
-            rate,
-            creation: Latency::of(creations),
-            at_rest,
-            creating,
-            etcd_db_bytes,
-        }
-    }
-
     /// One line for the terminal.
     pub fn line(&self) -> String {
         let costs = |costs: &[ProcessCost]| {
@@ -125,13 +138,15 @@ impl PointReport {
                 .join(", ")
         };
         format!(
-            "{} nodes, {} pods: creation at {}/s p50 {:.1} ms p99 {:.1} ms; at rest: {}; creating: {}; etcd {:.0} MiB",
+            "{} nodes, {} pods: creation at {}/s p50 {:.1} ms p99 {:.1} ms; at rest: {}; with agents ({} pod watches): {}; creating: {}; etcd {:.0} MiB",
             self.nodes,
             self.pods,
             self.rate,
             self.creation.p50,
             self.creation.p99,
             costs(&self.at_rest),
+            self.pod_watches,
+            costs(&self.at_rest_with_agents),
             costs(&self.creating),
             self.etcd_db_bytes / (1 << 20) as f64
         )

@@ -8,6 +8,7 @@
 //! Nothing here mounts or runs a container: the state dir holds etcd's data, the PKI and the
 //! logs, and every process is stopped when the run ends, whatever its outcome.
 
+pub mod agents;
 pub mod fleet;
 pub mod kwok;
 pub mod measure;
@@ -17,7 +18,7 @@ use super::health::Checker;
 use super::host;
 use super::layout::Layout;
 use super::nodes::NodeSpec;
-use super::pki::ClusterPki;
+use super::pki::{ClusterPki, ExtraClient};
 use crate::procs::{Process, free_port};
 use measure::{PointReport, Sampler};
 use std::path::PathBuf;
@@ -142,7 +143,13 @@ async fn run_points(
         name: "scale-control-plane".to_owned(),
         ip,
     };
-    let pki = ClusterPki::create(layout, &[control], &api_url, false)?;
+    let agent_client = ExtraClient {
+        name: "athenz-agent",
+        user: agents::AGENT_USER.to_owned(),
+        group: Some("system:serviceaccounts"),
+    };
+    let pki =
+        ClusterPki::create_with_clients(layout, &[control], &api_url, false, &[agent_client])?;
     let checker = Checker::new(&pki.ca, &pki.admin.cert, &pki.admin.key, &api_url)?;
     let mut up = Starter {
         layout,
@@ -175,7 +182,11 @@ async fn run_points(
         etcd_url,
     };
     let api = fleet::Api::new(&pki, &api_url)?;
-    let mut made = Made::default();
+    fleet::create_all(&api, fleet::agent_rbac(agents::AGENT_USER), 1).await?;
+    let mut made = Made {
+        agents_kubeconfig: pki.kubeconfig("athenz-agent")?.to_owned(),
+        ..Made::default()
+    };
     let mut points = Vec::new();
     for point in &options.points {
         points.push(run_point(options, *point, &api, &measured, &mut made, report).await?);
@@ -189,6 +200,10 @@ struct Made {
     nodes: usize,
     namespaces: usize,
     pods: usize,
+    /// The agents' identity.
+    agents_kubeconfig: PathBuf,
+    /// The simulated agents, one set per point (each for the nodes that point added).
+    agents: Vec<agents::SimulatedAgents>,
 }
 
 /// Grows the cluster to `point`: nodes, namespaces and pods up to the measured window; the
@@ -232,13 +247,20 @@ async fn run_point(
         point.nodes
     ));
 
-    let (rest, ()) = measured
-        .sampler
-        .over(|| async {
-            tokio::time::sleep(options.rest).await;
-            Ok(())
-        })
-        .await?;
+    let rest = measured.sampler.at_rest(options.rest).await;
+    let watching = Instant::now();
+    let nodes_added = made
+        .agents
+        .iter()
+        .map(agents::SimulatedAgents::len)
+        .sum::<usize>()..point.nodes;
+    made.agents.push(
+        agents::SimulatedAgents::start(&made.agents_kubeconfig, nodes_added.map(fleet::node_name))
+            .await?,
+    );
+    let agents_started_seconds = watching.elapsed().as_secs_f64();
+    let rest_with_agents = measured.sampler.at_rest(options.rest).await;
+    let pod_watches = measure::pod_watches(api).await?;
     let window: Vec<_> = (filled..point.pods)
         .map(|n| fleet::pod(n, point.nodes))
         .collect();
@@ -249,15 +271,19 @@ async fn run_point(
     made.pods = point.pods;
     wait_running(api, point.pods).await?;
     let etcd_db_bytes = measure::etcd_db_bytes(&measured.etcd_url).await?;
-    let point_report = PointReport::new(
-        point,
+    let point_report = PointReport {
+        nodes: point.nodes,
+        pods: point.pods,
         fill_seconds,
-        options.rate,
-        &mut creations,
-        rest,
-        busy,
+        rate: options.rate,
+        creation: crate::bench::Latency::of(&mut creations),
+        at_rest: rest,
+        agents_started_seconds,
+        pod_watches,
+        at_rest_with_agents: rest_with_agents,
+        creating: busy,
         etcd_db_bytes,
-    );
+    };
     report(point_report.line());
     Ok(point_report)
 }

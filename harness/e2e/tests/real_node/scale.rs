@@ -1,0 +1,69 @@
+//! `athenz-devstack cluster scale` at a small size: the real API server, etcd and controllers,
+//! kwok keeping its fake nodes Ready and playing their pods' start, every node's simulated agent
+//! holding its pod watch; two points, each measured (docs/benchmarks.md, "A cluster at
+//! Kubernetes' limits", has the large ones).
+//!
+//! Needs root (the control plane's ports and state dir), `harness/real-node/kube/build.sh
+//! --kwok`'s binaries (CI builds them). It fails naming what is missing; it never skips.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
+
+use std::process::Command;
+
+mod common;
+use common::DEVSTACK;
+
+#[test]
+fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
+    let state = tempfile::tempdir().unwrap();
+    let out = Command::new(&*DEVSTACK)
+        .args(["cluster", "scale", "--state-dir"])
+        .arg(state.path())
+        .args([
+            "--points=20:300,40:600",
+            "--window-pods=100",
+            "--rate=50",
+            "--rest-seconds=3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "cluster scale failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let points: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let points = points.as_array().unwrap();
+    assert_eq!(points.len(), 2, "{points:#?}");
+    let mut etcd_before = 0.0;
+    for (point, (nodes, pods)) in points.iter().zip([(20, 300), (40, 600)]) {
+        assert_eq!(point["nodes"], nodes);
+        assert_eq!(point["pods"], pods);
+        // every node's agent holds its watch (the controllers hold a few more)
+        let watches = point["pod_watches"].as_f64().unwrap();
+        assert!(
+            watches >= f64::from(nodes),
+            "{watches} pod watches for {nodes} agents"
+        );
+        assert!(point["creation"]["p50"].as_f64().unwrap() > 0.0, "{point}");
+        for span in ["at_rest", "at_rest_with_agents", "creating"] {
+            let processes: Vec<&str> = point[span]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    assert!(p["rss_mib"].as_f64().unwrap() > 0.0, "{span}: {p}");
+                    p["process"].as_str().unwrap()
+                })
+                .collect();
+            for expected in ["etcd", "kube-apiserver", "kwok"] {
+                assert!(processes.contains(&expected), "{span}: {processes:?}");
+            }
+        }
+        let etcd = point["etcd_db_bytes"].as_f64().unwrap();
+        assert!(etcd > etcd_before, "etcd grows with the cluster: {etcd}");
+        etcd_before = etcd;
+    }
+    eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+}
