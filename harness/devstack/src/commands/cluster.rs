@@ -387,6 +387,10 @@ pub struct ScaleArgs {
     /// kwok's binary; default: target/kwok/kwok of this workspace.
     #[arg(long, value_name = "FILE")]
     kwok_bin: Option<PathBuf>,
+    /// The release's binaries (the callback's); default: target/image/bin of this workspace
+    /// (deploy/image.sh writes them).
+    #[arg(long, value_name = "DIR")]
+    release_bin: Option<PathBuf>,
     /// The scale points, NODES:PODS, each larger than the one before.
     #[arg(long, value_delimiter = ',', default_value = "1000:30000,5000:150000")]
     points: Vec<cluster::scale::ScalePoint>,
@@ -411,6 +415,9 @@ fn scale(args: ScaleArgs) -> anyhow::Result<ExitCode> {
         kwok_bin: args
             .kwok_bin
             .unwrap_or_else(cluster::scale::kwok::default_binary),
+        release_bin: args
+            .release_bin
+            .unwrap_or_else(cluster::scale::callback::default_release_bin),
         points: args.points,
         rate: args.rate,
         window_pods: args.window_pods,

@@ -1,10 +1,11 @@
 //! `athenz-devstack cluster scale` at a small size: the real API server, etcd and controllers,
 //! kwok keeping its fake nodes Ready and playing their pods' start, every node's simulated agent
-//! holding its pod watch; two points, each measured (docs/benchmarks.md, "A cluster at
+//! holding its pod watch, the release's callback confirming every pod of each measured window
+//! for ZTS's stand-in (the run fails if one is refused); two points, each measured (docs/benchmarks.md, "A cluster at
 //! Kubernetes' limits", has the large ones).
 //!
 //! Needs root (the control plane's ports and state dir), `harness/real-node/kube/build.sh
-//! --kwok`'s binaries (CI builds them). It fails naming what is missing; it never skips.
+//! --kwok`'s binaries and the release's (deploy/image.sh; CI builds both). It fails naming what is missing; it never skips.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stderr)]
 
@@ -15,6 +16,8 @@ use common::DEVSTACK;
 
 #[test]
 fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
+    // the release's binaries (target/image/bin), as deploy/image.sh builds them
+    common::release::build_image();
     let state = tempfile::tempdir().unwrap();
     let out = Command::new(&*DEVSTACK)
         .args(["cluster", "scale", "--state-dir"])
@@ -47,6 +50,10 @@ fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
             "{watches} pod watches for {nodes} agents"
         );
         assert!(point["creation"]["p50"].as_f64().unwrap() > 0.0, "{point}");
+        assert!(
+            point["confirmation"]["p50"].as_f64().unwrap() > 0.0,
+            "{point}"
+        );
         for span in ["at_rest", "at_rest_with_agents", "creating"] {
             let processes: Vec<&str> = point[span]
                 .as_array()
@@ -57,7 +64,7 @@ fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
                     p["process"].as_str().unwrap()
                 })
                 .collect();
-            for expected in ["etcd", "kube-apiserver", "kwok"] {
+            for expected in ["etcd", "kube-apiserver", "kwok", "athenz-callback"] {
                 assert!(processes.contains(&expected), "{span}: {processes:?}");
             }
         }

@@ -89,6 +89,17 @@ impl Api {
         String::from_utf8(body).with_context(|| format!("GET {path}: not UTF-8"))
     }
 
+    /// `GET path` held open for `limit` (a watch): the response, its body still to be read.
+    pub async fn watch(&self, path: &str, limit: Duration) -> anyhow::Result<reqwest::Response> {
+        self.client
+            .get(format!("{}{path}", self.base))
+            .timeout(limit)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| format!("GET {path}"))
+    }
+
     /// How many pods with label [`POD_LABEL`] match `field_selector`, counted over
     /// metadata-only pages (what a count costs the API server, not a full list).
     pub async fn count_pods(&self, field_selector: &str) -> anyhow::Result<usize> {
@@ -172,15 +183,28 @@ pub fn namespace(n: usize) -> [(String, Value); 2] {
     ]
 }
 
+/// The label naming the batch a pod was made in (a point's fill or its measured window).
+pub const BATCH_LABEL: &str = "athenz.io/scale-batch";
+
 /// Pod `n` of the run, in its tenant namespace, bound to node `n % nodes` (so that every node
-/// holds its share, as a spread Deployment's would).
-pub fn pod(n: usize, nodes: usize) -> (String, Value) {
+/// holds its share, as a spread Deployment's would), in `batch`. It carries the label the
+/// initializer gives a pod it injected a files-mode volume into (the callback's cache and the
+/// agents' watches select on it; this run has no webhook in the pods' path yet).
+pub fn pod(n: usize, nodes: usize, batch: &str) -> (String, Value) {
     let namespace = namespace_name(n / PODS_PER_NAMESPACE);
     let (key, value) = POD_LABEL;
     let body = json!({
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": format!("web-{n:06}"), "labels": {key: value, "app": "web"}},
+        "metadata": {
+            "name": format!("web-{n:06}"),
+            "labels": {
+                key: value,
+                "app": "web",
+                BATCH_LABEL: batch,
+                athenz_core::volume_mode::INJECTED_LABEL: "csi-files",
+            },
+        },
         "spec": {
             "nodeName": node_name(n % nodes.max(1)),
             "serviceAccountName": SERVICE_ACCOUNT,
@@ -188,30 +212,6 @@ pub fn pod(n: usize, nodes: usize) -> (String, Value) {
         },
     });
     (format!("/api/v1/namespaces/{namespace}/pods"), body)
-}
-
-/// What deploy/ grants the agents on pods (their early-issuance watch), for `user`: a
-/// ClusterRole and its binding.
-pub fn agent_rbac(user: &str) -> [(String, Value); 2] {
-    let name = "athenz-agent-pods";
-    [
-        (
-            "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_owned(),
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                   "metadata": {"name": name},
-                   "rules": [{"apiGroups": [""], "resources": ["pods"],
-                              "verbs": ["get", "list", "watch"]}]}),
-        ),
-        (
-            "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_owned(),
-            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                   "metadata": {"name": name},
-                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                               "name": name},
-                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                 "name": user}]}),
-        ),
-    ]
 }
 
 /// Creates every object of `objects` with at most `parallel` calls in flight; each call's time.
@@ -273,12 +273,13 @@ mod tests {
 
     #[test]
     fn pods_spread_over_nodes_and_fill_namespaces_in_turn() {
-        let (path, body) = pod(1_234, 100);
+        let (path, body) = pod(1_234, 100, "1-fill");
         assert_eq!(path, "/api/v1/namespaces/scale-tenant-001/pods");
         assert_eq!(body["spec"]["nodeName"], "kwok-node-00034");
         assert_eq!(body["metadata"]["name"], "web-001234");
         assert_eq!(body["metadata"]["labels"][POD_LABEL.0], POD_LABEL.1);
-        let (_, first) = pod(0, 100);
+        assert_eq!(body["metadata"]["labels"][BATCH_LABEL], "1-fill");
+        let (_, first) = pod(0, 100, "1-fill");
         assert_eq!(first["spec"]["nodeName"], "kwok-node-00000");
         let (_, node) = node(7);
         let (key, value) = super::super::kwok::FAKE_NODE_ANNOTATION;

@@ -93,6 +93,15 @@ pub async fn pod_watches(api: &super::fleet::Api) -> anyhow::Result<f64> {
     )
 }
 
+/// The pods the callback's cache holds (`pod_cache_pods` on its ops address).
+pub async fn callback_cached_pods(ops: &str) -> anyhow::Result<f64> {
+    let text = crate::scrape::text(&format!("{ops}/metrics")).await?;
+    crate::scrape::samples(&text, "pod_cache_pods")
+        .map(|(_, v)| v)
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("the callback's /metrics has no pod_cache_pods"))
+}
+
 /// etcd's database size (`etcd_mvcc_db_total_size_in_bytes` on its client URL's `/metrics`).
 pub async fn etcd_db_bytes(etcd_url: &str) -> anyhow::Result<f64> {
     let text = crate::scrape::text(&format!("{etcd_url}/metrics")).await?;
@@ -113,6 +122,10 @@ pub struct PointReport {
     pub rate: f64,
     /// The window's pod creations, each `POST` to its answer, ms.
     pub creation: Latency,
+    /// ZTS's confirmations of the window's pods, each over a new connection, ms.
+    pub confirmation: Latency,
+    /// Pods the callback's cache held after the window (`pod_cache_pods`).
+    pub callback_cached_pods: f64,
     /// Each process at rest (leases renewed, nothing created), before this point's agents.
     pub at_rest: Vec<ProcessCost>,
     /// How long this point's new agents took to start their watches.
@@ -138,12 +151,14 @@ impl PointReport {
                 .join(", ")
         };
         format!(
-            "{} nodes, {} pods: creation at {}/s p50 {:.1} ms p99 {:.1} ms; at rest: {}; with agents ({} pod watches): {}; creating: {}; etcd {:.0} MiB",
+            "{} nodes, {} pods: creation at {}/s p50 {:.1} ms p99 {:.1} ms; confirmation p50 {:.1} ms p99 {:.1} ms; at rest: {}; with agents ({} pod watches): {}; creating: {}; etcd {:.0} MiB",
             self.nodes,
             self.pods,
             self.rate,
             self.creation.p50,
             self.creation.p99,
+            self.confirmation.p50,
+            self.confirmation.p99,
             costs(&self.at_rest),
             self.pod_watches,
             costs(&self.at_rest_with_agents),

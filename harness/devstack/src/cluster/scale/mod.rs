@@ -9,9 +9,11 @@
 //! logs, and every process is stopped when the run ends, whatever its outcome.
 
 pub mod agents;
+pub mod callback;
 pub mod fleet;
 pub mod kwok;
 pub mod measure;
+pub mod pending;
 
 use super::components::Starter;
 use super::health::Checker;
@@ -20,6 +22,7 @@ use super::layout::Layout;
 use super::nodes::NodeSpec;
 use super::pki::{ClusterPki, ExtraClient};
 use crate::procs::{Process, free_port};
+use anyhow::Context;
 use measure::{PointReport, Sampler};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -29,6 +32,8 @@ const FILL_PARALLEL: usize = 32;
 /// etcd's backend quota: the 8 GiB etcd suggests as the most, since 150,000 pods and their
 /// history outgrow the 2 GiB default.
 const ETCD_QUOTA_BYTES: u64 = 8 << 30;
+/// How long past the window's last creation its last pods may take to be confirmed.
+const CONFIRM_GRACE: Duration = Duration::from_secs(30);
 /// How long every pod made may take to run, per 1,000 pods.
 const RUNNING_WAIT_PER_THOUSAND: Duration = Duration::from_secs(60);
 
@@ -69,6 +74,8 @@ pub struct ScaleOptions {
     pub kube_bin: PathBuf,
     /// kwok's binary.
     pub kwok_bin: PathBuf,
+    /// The release's binaries (the callback's).
+    pub release_bin: PathBuf,
     /// The scale points, each larger than the one before in nodes and pods.
     pub points: Vec<ScalePoint>,
     /// Pods a second in each point's measured window (an open arrival process).
@@ -123,10 +130,26 @@ pub async fn run(
     outcome
 }
 
-/// The processes whose cost is measured, by name.
+/// The processes whose cost is measured, by name, and where their own figures are read.
 struct Measured {
     sampler: Sampler,
     etcd_url: String,
+    /// The callback's ops address (its `/metrics`).
+    callback_ops: String,
+}
+
+/// What deploy/ grants our parts: its namespaces and `deploy/base/rbac.yaml` as shipped (the
+/// agents and the callback authenticate as those service accounts' users).
+fn grant_as_deploy_does(layout: &Layout) -> anyhow::Result<()> {
+    let kubectl = super::kubectl::Kubectl::new(layout);
+    for namespace in ["athenz-system", "k8s-admin"] {
+        kubectl.run(&["create", "namespace", namespace])?;
+    }
+    let rbac = super::workspace_path("deploy/base/rbac.yaml");
+    let text =
+        std::fs::read_to_string(&rbac).with_context(|| format!("reading {}", rbac.display()))?;
+    kubectl.apply_manifest(&text, "deploy/base/rbac.yaml")?;
+    Ok(())
 }
 
 async fn run_points(
@@ -148,8 +171,18 @@ async fn run_points(
         user: agents::AGENT_USER.to_owned(),
         group: Some("system:serviceaccounts"),
     };
-    let pki =
-        ClusterPki::create_with_clients(layout, &[control], &api_url, false, &[agent_client])?;
+    let callback_client = ExtraClient {
+        name: "athenz-callback",
+        user: callback::CALLBACK_USER.to_owned(),
+        group: Some("system:serviceaccounts"),
+    };
+    let pki = ClusterPki::create_with_clients(
+        layout,
+        &[control],
+        &api_url,
+        false,
+        &[agent_client, callback_client],
+    )?;
     let checker = Checker::new(&pki.ca, &pki.admin.cert, &pki.admin.key, &api_url)?;
     let mut up = Starter {
         layout,
@@ -177,19 +210,30 @@ async fn run_points(
     )
     .await?;
     processes.push(kwok);
+    grant_as_deploy_does(layout)?;
+    let (callback_process, callback_ops, callback) = callback::Callback::start(
+        &options.release_bin.join("athenz-callback"),
+        pki.kubeconfig("athenz-callback")?,
+        &layout.dir,
+        &layout.logs,
+    )
+    .await?;
+    processes.push(callback_process);
+    report("the callback up, as deploy/ grants it".to_owned());
     let measured = Measured {
         sampler: Sampler::of(processes),
         etcd_url,
+        callback_ops,
     };
     let api = fleet::Api::new(&pki, &api_url)?;
-    fleet::create_all(&api, fleet::agent_rbac(agents::AGENT_USER), 1).await?;
     let mut made = Made {
         agents_kubeconfig: pki.kubeconfig("athenz-agent")?.to_owned(),
+        callback: Some(std::sync::Arc::new(callback)),
         ..Made::default()
     };
     let mut points = Vec::new();
-    for point in &options.points {
-        points.push(run_point(options, *point, &api, &measured, &mut made, report).await?);
+    for (index, point) in options.points.iter().enumerate() {
+        points.push(run_point(options, index, *point, &api, &measured, &mut made, report).await?);
     }
     Ok(points)
 }
@@ -204,12 +248,15 @@ struct Made {
     agents_kubeconfig: PathBuf,
     /// The simulated agents, one set per point (each for the nodes that point added).
     agents: Vec<agents::SimulatedAgents>,
+    /// ZTS's way to the callback.
+    callback: Option<std::sync::Arc<callback::Callback>>,
 }
 
 /// Grows the cluster to `point`: nodes, namespaces and pods up to the measured window; the
 /// control plane at rest; then the window's pods at the rate.
 async fn run_point(
     options: &ScaleOptions,
+    index: usize,
     point: ScalePoint,
     api: &fleet::Api,
     measured: &Measured,
@@ -235,7 +282,7 @@ async fn run_point(
     let filled = point.pods - options.window_pods;
     fleet::create_all(
         api,
-        (made.pods..filled).map(|n| fleet::pod(n, point.nodes)),
+        (made.pods..filled).map(|n| fleet::pod(n, point.nodes, &format!("{index}-fill"))),
         FILL_PARALLEL,
     )
     .await?;
@@ -261,15 +308,33 @@ async fn run_point(
     let agents_started_seconds = watching.elapsed().as_secs_f64();
     let rest_with_agents = measured.sampler.at_rest(options.rest).await;
     let pod_watches = measure::pod_watches(api).await?;
+    let batch = format!("{index}-window");
     let window: Vec<_> = (filled..point.pods)
-        .map(|n| fleet::pod(n, point.nodes))
+        .map(|n| fleet::pod(n, point.nodes, &batch))
         .collect();
+    let callback = made
+        .callback
+        .clone()
+        .context("the callback was not started")?;
+    let window_time =
+        Duration::from_secs_f64(options.window_pods as f64 / options.rate) + CONFIRM_GRACE;
+    let confirming =
+        pending::start(api, callback, &batch, options.window_pods, window_time).await?;
     let (busy, mut creations) = measured
         .sampler
         .over(|| fleet::create_at_rate(api, window, options.rate))
         .await?;
     made.pods = point.pods;
+    let mut confirmed = confirming.await.context("the confirmations' task")?;
     wait_running(api, point.pods).await?;
+    anyhow::ensure!(
+        confirmed.failures == 0,
+        "{} of {} confirmations failed: {:?}",
+        confirmed.failures,
+        options.window_pods,
+        confirmed.failed
+    );
+    let callback_cached = measure::callback_cached_pods(&measured.callback_ops).await?;
     let etcd_db_bytes = measure::etcd_db_bytes(&measured.etcd_url).await?;
     let point_report = PointReport {
         nodes: point.nodes,
@@ -277,6 +342,8 @@ async fn run_point(
         fill_seconds,
         rate: options.rate,
         creation: crate::bench::Latency::of(&mut creations),
+        confirmation: crate::bench::Latency::of(&mut confirmed.took),
+        callback_cached_pods: callback_cached,
         at_rest: rest,
         agents_started_seconds,
         pod_watches,
@@ -315,6 +382,7 @@ mod tests {
             state_dir: PathBuf::from("/nonexistent"),
             kube_bin: PathBuf::from("/nonexistent"),
             kwok_bin: PathBuf::from("/nonexistent"),
+            release_bin: PathBuf::from("/nonexistent"),
             points: points.iter().map(|p| p.parse().unwrap()).collect(),
             rate: 50.0,
             window_pods: window,

@@ -1,0 +1,151 @@
+//! ZTS's side of a measured window: a watch of the window's pods, and each pod confirmed
+//! through the callback at the moment it is pending on its node with its IP (when its SIA
+//! registers), as ZTS asks the provider for every launch.
+
+use super::callback::{Callback, PendingPod};
+use super::fleet::{Api, BATCH_LABEL};
+use anyhow::Context;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest watch event read (a pod's is a few KiB).
+const MAX_EVENT: usize = 1 << 20;
+
+/// What the confirmations of a window came to.
+#[derive(Debug, Default)]
+pub struct Confirmed {
+    /// Each confirmation's time, the callback's answer included.
+    pub took: Vec<Duration>,
+    /// Those the callback refused or did not answer, each with why (the first few).
+    pub failed: Vec<String>,
+    /// How many failed in all.
+    pub failures: usize,
+}
+
+/// Starts watching batch `batch`'s pods (before they are made) and confirms each of them once
+/// it is pending with its IP, until `expected` were tried or `limit` passed.
+pub async fn start(
+    api: &Api,
+    callback: Arc<Callback>,
+    batch: &str,
+    expected: usize,
+    limit: Duration,
+) -> anyhow::Result<tokio::task::JoinHandle<Confirmed>> {
+    let path = format!(
+        "/api/v1/pods?watch=1&labelSelector={BATCH_LABEL}%3D{batch}&timeoutSeconds={}",
+        limit.as_secs().max(1)
+    );
+    let response = api.watch(&path, limit).await?;
+    Ok(tokio::spawn(async move {
+        confirm_pending(response, callback, expected, limit).await
+    }))
+}
+
+async fn confirm_pending(
+    mut response: reqwest::Response,
+    callback: Arc<Callback>,
+    expected: usize,
+    limit: Duration,
+) -> Confirmed {
+    let deadline = Instant::now() + limit;
+    let mut tried = HashSet::new();
+    let mut calls = tokio::task::JoinSet::new();
+    let mut buffer: Vec<u8> = Vec::new();
+    while tried.len() < expected && Instant::now() < deadline {
+        let chunk = match tokio::time::timeout_at(deadline.into(), response.chunk()).await {
+            Ok(Ok(Some(chunk))) => chunk,
+            _ => break,
+        };
+        buffer.extend_from_slice(&chunk);
+        if buffer.len() > MAX_EVENT {
+            break;
+        }
+        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            let Some(pod) = pending_pod(&line) else {
+                continue;
+            };
+            if tried.insert(pod.uid.clone()) {
+                let callback = Arc::clone(&callback);
+                calls.spawn(async move { callback.confirm(&pod).await });
+            }
+        }
+    }
+    let mut confirmed = Confirmed::default();
+    while let Some(joined) = calls.join_next().await {
+        match joined.context("a confirmation's task").and_then(|r| r) {
+            Ok(took) => confirmed.took.push(took),
+            Err(e) => {
+                confirmed.failures += 1;
+                if confirmed.failed.len() < 5 {
+                    confirmed.failed.push(format!("{e:#}"));
+                }
+            }
+        }
+    }
+    let missed = expected.saturating_sub(tried.len());
+    if missed > 0 {
+        confirmed.failures += missed;
+        confirmed.failed.push(format!(
+            "{missed} pods were never seen pending with an IP within {limit:?}"
+        ));
+    }
+    confirmed
+}
+
+/// The pod of a watch event, if it is pending on a node with its IP.
+fn pending_pod(line: &[u8]) -> Option<PendingPod> {
+    let event: Value = serde_json::from_slice(line).ok()?;
+    let pod = &event["object"];
+    if pod["status"]["phase"] != "Pending" || pod["metadata"]["deletionTimestamp"].is_string() {
+        return None;
+    }
+    Some(PendingPod {
+        namespace: pod["metadata"]["namespace"].as_str()?.to_owned(),
+        name: pod["metadata"]["name"].as_str()?.to_owned(),
+        uid: pod["metadata"]["uid"].as_str()?.to_owned(),
+        node: pod["spec"]["nodeName"].as_str()?.to_owned(),
+        ip: pod["status"]["podIP"].as_str()?.parse().ok()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn only_a_pod_pending_with_its_ip_is_confirmed() {
+        let event = |phase: &str, ip: Option<&str>, deleting: bool| {
+            let mut pod = serde_json::json!({
+                "type": "MODIFIED",
+                "object": {
+                    "metadata": {"namespace": "scale-tenant-000", "name": "web-000001",
+                                 "uid": "0b6e4c1e-8f57-4d5e-9a51-1f0f3c1a2b3c"},
+                    "spec": {"nodeName": "kwok-node-00001"},
+                    "status": {"phase": phase},
+                }
+            });
+            if let Some(ip) = ip {
+                pod["object"]["status"]["podIP"] = ip.into();
+            }
+            if deleting {
+                pod["object"]["metadata"]["deletionTimestamp"] = "2026-12-06T00:00:00Z".into();
+            }
+            serde_json::to_vec(&pod).unwrap()
+        };
+        let pod = pending_pod(&event("Pending", Some("10.64.0.9"), false)).unwrap();
+        assert_eq!(pod.node, "kwok-node-00001");
+        assert_eq!(pod.ip.to_string(), "10.64.0.9");
+        assert!(
+            pending_pod(&event("Pending", None, false)).is_none(),
+            "no IP yet"
+        );
+        assert!(pending_pod(&event("Running", Some("10.64.0.9"), false)).is_none());
+        assert!(pending_pod(&event("Pending", Some("10.64.0.9"), true)).is_none());
+        assert!(pending_pod(&event("Pending", Some("not an ip"), false)).is_none());
+        assert!(pending_pod(b"{not json").is_none());
+    }
+}
