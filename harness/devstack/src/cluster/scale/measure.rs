@@ -95,20 +95,25 @@ pub async fn pod_watches(api: &super::fleet::Api) -> anyhow::Result<f64> {
 
 /// The pods the callback's cache holds (`pod_cache_pods` on its ops address).
 pub async fn callback_cached_pods(ops: &str) -> anyhow::Result<f64> {
-    let text = crate::scrape::text(&format!("{ops}/metrics")).await?;
-    crate::scrape::samples(&text, "pod_cache_pods")
-        .map(|(_, v)| v)
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("the callback's /metrics has no pod_cache_pods"))
+    first_sample(&format!("{ops}/metrics"), "pod_cache_pods").await
 }
 
 /// etcd's database size (`etcd_mvcc_db_total_size_in_bytes` on its client URL's `/metrics`).
 pub async fn etcd_db_bytes(etcd_url: &str) -> anyhow::Result<f64> {
-    let text = crate::scrape::text(&format!("{etcd_url}/metrics")).await?;
-    crate::scrape::samples(&text, "etcd_mvcc_db_total_size_in_bytes")
+    first_sample(
+        &format!("{etcd_url}/metrics"),
+        "etcd_mvcc_db_total_size_in_bytes",
+    )
+    .await
+}
+
+/// The first sample of metric `name` on the page at `url`.
+async fn first_sample(url: &str, name: &str) -> anyhow::Result<f64> {
+    let text = crate::scrape::text(url).await?;
+    crate::scrape::samples(&text, name)
         .map(|(_, v)| v)
         .next()
-        .ok_or_else(|| anyhow::anyhow!("etcd's /metrics has no etcd_mvcc_db_total_size_in_bytes"))
+        .ok_or_else(|| anyhow::anyhow!("{url} has no {name}"))
 }
 
 /// What one scale point measured.
