@@ -202,7 +202,8 @@ pub fn pod(n: usize, nodes: usize, batch: &str) -> (String, Value) {
                 key: value,
                 "app": "web",
                 BATCH_LABEL: batch,
-                athenz_core::volume_mode::INJECTED_LABEL: "csi-files",
+                athenz_core::volume_mode::INJECTED_LABEL:
+                    athenz_core::volume_mode::VolumeMode::CsiFiles.name(),
             },
         },
         "spec": {
