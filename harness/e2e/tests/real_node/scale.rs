@@ -1,8 +1,10 @@
 //! `athenz-devstack cluster scale` at a small size: the real API server, etcd and controllers,
-//! kwok keeping its fake nodes Ready and playing their pods' start, every node's simulated agent
-//! holding its pod watch, the release's callback confirming every pod of each measured window
-//! for ZTS's stand-in (the run fails if one is refused); two points, each measured (docs/benchmarks.md, "A cluster at
-//! Kubernetes' limits", has the large ones).
+//! kwok keeping its fake nodes Ready and playing their pods' start, the release's initializer in
+//! the pods' path (every measured pod admitted through it, as the API server times it), every
+//! node's simulated agent holding its pod watch, the release's callback confirming every pod of
+//! each measured window for ZTS's stand-in (the run fails if one is refused), a second callback
+//! with its cache full, and the control plane measured with our parts stopped and running; two
+//! points (docs/benchmarks.md, "A cluster at Kubernetes' limits", has the large ones).
 //!
 //! Needs root (the control plane's ports and state dir), `harness/real-node/kube/build.sh
 //! --kwok`'s binaries and the release's (deploy/image.sh; CI builds both). It fails naming what is missing; it never skips.
@@ -54,7 +56,37 @@ fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
             point["confirmation"]["p50"].as_f64().unwrap() > 0.0,
             "{point}"
         );
-        for span in ["at_rest", "at_rest_with_agents", "creating"] {
+        // every measured pod passed through the webhook, and only those: the control window's
+        // namespace is not opted in
+        assert_eq!(point["webhook"]["calls"], 100.0, "{point}");
+        let p99 = point["webhook"]["p99_ms"].as_f64().unwrap();
+        assert!(p99 > 0.0 && p99 <= point["webhook"]["p99_at_most_ms"].as_f64().unwrap());
+        assert!(
+            point["control_creation"]["p50"].as_f64().unwrap() > 0.0,
+            "{point}"
+        );
+        // the full cache holds every injected pod: the fills' and the measured windows'
+        let full = &point["full_cache"];
+        // each point so far made a control window of 100 pods
+        let control_pods = 100.0 * f64::from(if nodes == 20 { 1 } else { 2 });
+        assert_eq!(
+            full["pods"].as_f64().unwrap(),
+            f64::from(pods) - control_pods,
+            "{full}"
+        );
+        assert!(full["bytes_per_pod"].as_f64().unwrap() > 0.0, "{full}");
+        for share in ["api_share_at_rest", "api_share_creating"] {
+            assert!(
+                point[share].as_f64().unwrap().is_finite(),
+                "{share}: {point}"
+            );
+        }
+        for (span, ours) in [
+            ("at_rest_without_ours", false),
+            ("creating_without_ours", false),
+            ("at_rest", true),
+            ("creating", true),
+        ] {
             let processes: Vec<&str> = point[span]
                 .as_array()
                 .unwrap()
@@ -64,8 +96,11 @@ fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
                     p["process"].as_str().unwrap()
                 })
                 .collect();
-            for expected in ["etcd", "kube-apiserver", "kwok", "athenz-callback"] {
+            for expected in ["etcd", "kube-apiserver", "kwok"] {
                 assert!(processes.contains(&expected), "{span}: {processes:?}");
+            }
+            for of_ours in ["athenz-callback", "athenz-initializer"] {
+                assert_eq!(processes.contains(&of_ours), ours, "{span}: {processes:?}");
             }
         }
         let etcd = point["etcd_db_bytes"].as_f64().unwrap();

@@ -50,12 +50,14 @@ pub struct PendingPod {
 }
 
 impl Callback {
-    /// Starts the callback from `binary` with `kubeconfig` (its service account's), its
-    /// certificates and keys under `dir`; waits until it is ready. Returns its process and its
-    /// ops address (its metrics) beside what ZTS's side needs.
+    /// Starts the callback from `binary` as process `name` with `kubeconfig` (its service
+    /// account's) and `extra_args` after the shipped ones, its certificates and keys under `dir`;
+    /// waits until it is ready. Returns its process and its ops address (its metrics) beside
+    /// what ZTS's side needs.
     pub async fn start(
-        binary: &Path,
+        (name, binary): (&str, &Path),
         kubeconfig: &Path,
+        extra_args: &[String],
         dir: &Path,
         logs: &Path,
     ) -> anyhow::Result<(Process, String, Self)> {
@@ -103,7 +105,7 @@ impl Callback {
             format!("--dns-suffix={DNS_SUFFIX}"),
             format!("--admin-domain={ADMIN_DOMAIN}"),
         ];
-        let mut command = Command::new("athenz-callback", binary, args);
+        let mut command = Command::new(name, binary, [args, extra_args.to_vec()].concat());
         command.env = vec![("KUBECONFIG".to_owned(), kubeconfig.display().to_string())];
         let mut process = Process::start(command, logs)?;
         process

@@ -167,13 +167,29 @@ pub fn namespace_name(n: usize) -> String {
     format!("scale-tenant-{n:03}")
 }
 
-/// Tenant namespace `n` and its pods' service account.
+/// Tenant namespace `n`, opted in to identities, and its pods' service account.
 pub fn namespace(n: usize) -> [(String, Value); 2] {
-    let name = namespace_name(n);
+    namespace_with_account(&namespace_name(n), true)
+}
+
+/// The control namespace: not opted in, so its pods never meet our webhook, our agents or our
+/// callback (the cluster's same pods without us).
+pub const CONTROL_NAMESPACE: &str = "scale-control";
+
+/// `name` (opted in or not, by the initializer's label) and its pods' service account.
+pub fn namespace_with_account(name: &str, opted_in: bool) -> [(String, Value); 2] {
+    let mut labels = serde_json::Map::new();
+    if opted_in {
+        let (key, value) = crate::cluster::tenant_domains::OPT_IN
+            .split_once('=')
+            .unwrap_or_default();
+        labels.insert(key.to_owned(), Value::from(value));
+    }
     [
         (
             "/api/v1/namespaces".to_owned(),
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
+            json!({"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": name, "labels": labels}}),
         ),
         (
             format!("/api/v1/namespaces/{name}/serviceaccounts"),
@@ -187,22 +203,28 @@ pub fn namespace(n: usize) -> [(String, Value); 2] {
 pub const BATCH_LABEL: &str = "athenz.io/scale-batch";
 
 /// Pod `n` of the run, in its tenant namespace, bound to node `n % nodes` (so that every node
-/// holds its share, as a spread Deployment's would), in `batch`. It carries the label the
-/// initializer gives a pod it injected a files-mode volume into (the callback's cache and the
-/// agents' watches select on it; this run has no webhook in the pods' path yet).
+/// holds its share, as a spread Deployment's would), in `batch`. It asks for a files-mode volume
+/// (the initializer injects it and labels the pod, so the callback's cache and the agents'
+/// watches select it, as in a cluster).
 pub fn pod(n: usize, nodes: usize, batch: &str) -> (String, Value) {
-    let namespace = namespace_name(n / PODS_PER_NAMESPACE);
+    pod_in(&namespace_name(n / PODS_PER_NAMESPACE), n, nodes, batch)
+}
+
+/// The same pod in the control namespace (no webhook, so nothing of ours selects it).
+pub fn control_pod(n: usize, nodes: usize, batch: &str) -> (String, Value) {
+    pod_in(CONTROL_NAMESPACE, n, nodes, batch)
+}
+
+fn pod_in(namespace: &str, n: usize, nodes: usize, batch: &str) -> (String, Value) {
     let (key, value) = POD_LABEL;
     let body = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": format!("web-{n:06}"),
-            "labels": {
-                key: value,
-                "app": "web",
-                BATCH_LABEL: batch,
-                athenz_core::volume_mode::INJECTED_LABEL:
+            "labels": {key: value, "app": "web", BATCH_LABEL: batch},
+            "annotations": {
+                athenz_initializer::mutate::VOLUME_ANNOTATION:
                     athenz_core::volume_mode::VolumeMode::CsiFiles.name(),
             },
         },
@@ -280,6 +302,19 @@ mod tests {
         assert_eq!(body["metadata"]["name"], "web-001234");
         assert_eq!(body["metadata"]["labels"][POD_LABEL.0], POD_LABEL.1);
         assert_eq!(body["metadata"]["labels"][BATCH_LABEL], "1-fill");
+        assert_eq!(
+            body["metadata"]["annotations"]["athenz.io/volume"],
+            "csi-files"
+        );
+        let (control, _) = control_pod(1_234, 100, "1-control");
+        assert_eq!(control, "/api/v1/namespaces/scale-control/pods");
+        let [(_, tenant), _] = namespace(3);
+        assert_eq!(
+            tenant["metadata"]["labels"]["athenz.io/identity"],
+            "enabled"
+        );
+        let [(_, plain), _] = namespace_with_account(CONTROL_NAMESPACE, false);
+        assert!(plain["metadata"]["labels"].as_object().unwrap().is_empty());
         let (_, first) = pod(0, 100, "1-fill");
         assert_eq!(first["spec"]["nodeName"], "kwok-node-00000");
         let (_, node) = node(7);

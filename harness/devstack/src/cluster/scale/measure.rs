@@ -2,6 +2,7 @@
 //! (from /proc, as a node's monitoring reads it), etcd's database size, and the pod creations'
 //! latency at the point's rate.
 
+use super::admission::WebhookLatency;
 use crate::bench::Latency;
 use crate::procs::{Process, Usage};
 use serde::Serialize;
@@ -66,6 +67,13 @@ impl Sampler {
 }
 
 impl Sampler {
+    /// These processes and `more`.
+    pub fn with(&self, more: &[&Process]) -> Self {
+        let mut processes = self.processes.clone();
+        processes.extend(more.iter().map(|p| (p.command.name.clone(), p.pid())));
+        Self { processes }
+    }
+
     /// Each process's cost over `span` of doing nothing here.
     pub async fn at_rest(&self, span: std::time::Duration) -> Vec<ProcessCost> {
         let rested = self
@@ -116,31 +124,80 @@ async fn first_sample(url: &str, name: &str) -> anyhow::Result<f64> {
         .ok_or_else(|| anyhow::anyhow!("{url} has no {name}"))
 }
 
-/// What one scale point measured.
+/// The API server's cores in `costs` (the process named `kube-apiserver`).
+pub fn api_server_cores(costs: &[ProcessCost]) -> f64 {
+    costs
+        .iter()
+        .find(|c| c.process == crate::cluster::components::APISERVER)
+        .map_or(0.0, |c| c.cores)
+}
+
+/// Our parts' share of the API server's CPU: what it used with them, less what it used
+/// without them doing the same, over what it used with them. Negative when the difference is
+/// below the two spans' noise.
+pub fn share(with: &[ProcessCost], without: &[ProcessCost]) -> f64 {
+    let with = api_server_cores(with);
+    (with - api_server_cores(without)) / with.max(f64::EPSILON)
+}
+
+/// The callback with its cache full (every injected pod, `--pod-cache-fields=`), beside the
+/// shipped one (pending pods only) at the same moment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FullCache {
+    /// Pods it held once its first list was done.
+    pub pods: f64,
+    /// Its resident set then, MiB.
+    pub rss_mib: f64,
+    /// The shipped callback's resident set at the same moment, and the pods it held.
+    pub pending_rss_mib: f64,
+    pub pending_pods: f64,
+    /// What each further pod held costs: the two resident sets' difference over the two
+    /// caches' difference, bytes.
+    pub bytes_per_pod: f64,
+    /// From its start to its cache holding every pod: its first list and watch (what a relist
+    /// costs), seconds; its own CPU seconds over that; the API server's.
+    pub list_seconds: f64,
+    pub list_cpu_seconds: f64,
+    pub api_server_cpu_seconds: f64,
+}
+
+/// What one scale point measured. "Ours" is the initializer in the pods' path, the callback
+/// and every node's agent watch; "without ours" is the same cluster with them stopped.
 #[derive(Debug, Serialize)]
 pub struct PointReport {
     pub nodes: usize,
     pub pods: usize,
-    /// From the point's first node made to its pods (but the window's) running.
+    /// From the point's first node made to its pods (but the two windows') running.
     pub fill_seconds: f64,
-    /// The window's creation rate, pods a second.
+    /// Both windows' creation rate, pods a second.
     pub rate: f64,
-    /// The window's pod creations, each `POST` to its answer, ms.
+    /// The control window's creations (a namespace not opted in, ours stopped), ms.
+    pub control_creation: Latency,
+    /// The measured window's creations (opted in, through the webhook), ms.
     pub creation: Latency,
+    /// The webhook's calls in the measured window, as the API server timed them.
+    pub webhook: WebhookLatency,
     /// ZTS's confirmations of the window's pods, each over a new connection, ms.
     pub confirmation: Latency,
-    /// Pods the callback's cache held after the window (`pod_cache_pods`).
+    /// Pods the shipped callback's cache held after the window (`pod_cache_pods`).
     pub callback_cached_pods: f64,
-    /// Each process at rest (leases renewed, nothing created), before this point's agents.
+    /// A callback with its cache full.
+    pub full_cache: FullCache,
+    /// Each process at rest (leases renewed, nothing created), ours stopped.
+    pub at_rest_without_ours: Vec<ProcessCost>,
+    /// Each process at rest, ours running.
     pub at_rest: Vec<ProcessCost>,
-    /// How long this point's new agents took to start their watches.
+    /// How long every node's agent took to start its watch.
     pub agents_started_seconds: f64,
     /// The pod watches the API server served with every node's agent watching.
     pub pod_watches: f64,
-    /// Each process at rest with every node's agent watching.
-    pub at_rest_with_agents: Vec<ProcessCost>,
-    /// Each process while the window's pods were created and started, agents watching.
+    /// Each process while the control window's pods were created and started.
+    pub creating_without_ours: Vec<ProcessCost>,
+    /// Each process while the measured window's pods were created, started and confirmed.
     pub creating: Vec<ProcessCost>,
+    /// Our share of the API server's CPU at rest and while creating ([`share`]).
+    pub api_share_at_rest: f64,
+    pub api_share_creating: f64,
     /// etcd's database after the point, bytes.
     pub etcd_db_bytes: f64,
 }
@@ -148,27 +205,30 @@ pub struct PointReport {
 impl PointReport {
     /// One line for the terminal.
     pub fn line(&self) -> String {
-        let costs = |costs: &[ProcessCost]| {
-            costs
-                .iter()
-                .map(|c| format!("{} {:.2} cores {:.0} MiB", c.process, c.cores, c.rss_mib))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         format!(
-            "{} nodes, {} pods: creation at {}/s p50 {:.1} ms p99 {:.1} ms; confirmation p50 {:.1} ms p99 {:.1} ms; at rest: {}; with agents ({} pod watches): {}; creating: {}; etcd {:.0} MiB",
+            "{} nodes, {} pods: creation at {}/s p99 {:.1} ms ({:.1} without us); webhook p50 {} p99 {} ms ({} calls); confirmation p50 {:.1} ms p99 {:.1} ms; our share of the API server's CPU {:.1} % at rest, {:.1} % creating; API server at rest {:.2} cores ({:.2} without us); full cache {:.0} pods, {:.0} bytes a pod, listed in {:.1} s; etcd {:.0} MiB",
             self.nodes,
             self.pods,
             self.rate,
-            self.creation.p50,
             self.creation.p99,
+            self.control_creation.p99,
+            shown(self.webhook.p50_ms),
+            shown(self.webhook.p99_ms),
+            self.webhook.calls,
             self.confirmation.p50,
             self.confirmation.p99,
-            costs(&self.at_rest),
-            self.pod_watches,
-            costs(&self.at_rest_with_agents),
-            costs(&self.creating),
+            self.api_share_at_rest * 100.0,
+            self.api_share_creating * 100.0,
+            api_server_cores(&self.at_rest),
+            api_server_cores(&self.at_rest_without_ours),
+            self.full_cache.pods,
+            self.full_cache.bytes_per_pod,
+            self.full_cache.list_seconds,
             self.etcd_db_bytes / (1 << 20) as f64
         )
     }
+}
+
+fn shown(ms: Option<f64>) -> String {
+    ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1}"))
 }

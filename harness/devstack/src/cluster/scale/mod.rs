@@ -8,12 +8,15 @@
 //! Nothing here mounts or runs a container: the state dir holds etcd's data, the PKI and the
 //! logs, and every process is stopped when the run ends, whatever its outcome.
 
+pub mod admission;
 pub mod agents;
 pub mod callback;
 pub mod fleet;
 pub mod kwok;
 pub mod measure;
+pub mod ours;
 pub mod pending;
+pub mod webhook;
 
 use super::components::Starter;
 use super::health::Checker;
@@ -25,6 +28,7 @@ use crate::procs::{Process, free_port};
 use anyhow::Context;
 use measure::{PointReport, Sampler};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The tenant pods' API calls in flight while the cluster is filled to a point.
@@ -34,6 +38,8 @@ const FILL_PARALLEL: usize = 32;
 const ETCD_QUOTA_BYTES: u64 = 8 << 30;
 /// How long past the window's last creation its last pods may take to be confirmed.
 const CONFIRM_GRACE: Duration = Duration::from_secs(30);
+/// How long a callback with its cache full may take to list every pod.
+const FULL_CACHE_WAIT: Duration = Duration::from_secs(600);
 /// How long every pod made may take to run, per 1,000 pods.
 const RUNNING_WAIT_PER_THOUSAND: Duration = Duration::from_secs(60);
 
@@ -101,8 +107,9 @@ impl ScaleOptions {
             );
         }
         anyhow::ensure!(
-            self.window_pods > 0 && self.points[0].pods > self.window_pods,
-            "--window-pods ({}) must be above zero and below the first point's pods ({})",
+            self.window_pods > 0 && self.points[0].pods > 2 * self.window_pods,
+            "--window-pods ({}) must be above zero and below half the first point's pods ({}): \
+             each point has a control window and a measured window of that many",
             self.window_pods,
             self.points[0].pods
         );
@@ -132,10 +139,10 @@ pub async fn run(
 
 /// The processes whose cost is measured, by name, and where their own figures are read.
 struct Measured {
+    /// The control plane's processes (etcd, the API server, controller-manager, scheduler,
+    /// kwok); ours are added while they run.
     sampler: Sampler,
     etcd_url: String,
-    /// The callback's ops address (its `/metrics`).
-    callback_ops: String,
 }
 
 /// What deploy/ grants our parts: its namespaces and `deploy/base/rbac.yaml` as shipped (the
@@ -152,6 +159,20 @@ fn grant_as_deploy_does(layout: &Layout) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The clients of ours the API server knows, each as its service account's user.
+fn our_clients() -> [ExtraClient; 3] {
+    let client = |name, user: &str| ExtraClient {
+        name,
+        user: user.to_owned(),
+        group: Some("system:serviceaccounts"),
+    };
+    [
+        client("athenz-agent", agents::AGENT_USER),
+        client("athenz-callback", callback::CALLBACK_USER),
+        client("athenz-initializer", webhook::INITIALIZER_USER),
+    ]
+}
+
 async fn run_points(
     options: &ScaleOptions,
     layout: &Layout,
@@ -166,23 +187,7 @@ async fn run_points(
         name: "scale-control-plane".to_owned(),
         ip,
     };
-    let agent_client = ExtraClient {
-        name: "athenz-agent",
-        user: agents::AGENT_USER.to_owned(),
-        group: Some("system:serviceaccounts"),
-    };
-    let callback_client = ExtraClient {
-        name: "athenz-callback",
-        user: callback::CALLBACK_USER.to_owned(),
-        group: Some("system:serviceaccounts"),
-    };
-    let pki = ClusterPki::create_with_clients(
-        layout,
-        &[control],
-        &api_url,
-        false,
-        &[agent_client, callback_client],
-    )?;
+    let pki = ClusterPki::create_with_clients(layout, &[control], &api_url, false, &our_clients())?;
     let checker = Checker::new(&pki.ca, &pki.admin.cert, &pki.admin.key, &api_url)?;
     let mut up = Starter {
         layout,
@@ -211,29 +216,50 @@ async fn run_points(
     .await?;
     processes.push(kwok);
     grant_as_deploy_does(layout)?;
-    let (callback_process, callback_ops, callback) = callback::Callback::start(
-        &options.release_bin.join("athenz-callback"),
-        pki.kubeconfig("athenz-callback")?,
-        &layout.dir,
-        &layout.logs,
-    )
-    .await?;
-    processes.push(callback_process);
-    report("the callback up, as deploy/ grants it".to_owned());
+    let kubectl = super::kubectl::Kubectl::new(layout);
+    let webhook_at = (ip, free_port()?);
+    let setup = ours::Setup {
+        release_bin: options.release_bin.clone(),
+        dir: layout.dir.clone(),
+        logs: layout.logs.clone(),
+        initializer_kubeconfig: pki.kubeconfig("athenz-initializer")?.to_owned(),
+        callback_kubeconfig: pki.kubeconfig("athenz-callback")?.to_owned(),
+        agents_kubeconfig: pki.kubeconfig("athenz-agent")?.to_owned(),
+        webhook_config: webhook::install(&kubectl, webhook_at.0, webhook_at.1)?,
+        webhook_at,
+    };
     let measured = Measured {
         sampler: Sampler::of(processes),
         etcd_url,
-        callback_ops,
     };
     let api = fleet::Api::new(&pki, &api_url)?;
+    fleet::create_all(
+        &api,
+        fleet::namespace_with_account(fleet::CONTROL_NAMESPACE, false),
+        1,
+    )
+    .await?;
     let mut made = Made {
-        agents_kubeconfig: pki.kubeconfig("athenz-agent")?.to_owned(),
-        callback: Some(std::sync::Arc::new(callback)),
+        ours: Some(ours::Ours::start(&setup, std::iter::empty()).await?),
         ..Made::default()
     };
+    report(
+        "the initializer in the pods' path and the callback up, as deploy/ grants them".to_owned(),
+    );
     let mut points = Vec::new();
     for (index, point) in options.points.iter().enumerate() {
-        points.push(run_point(options, index, *point, &api, &measured, &mut made, report).await?);
+        let context = Point {
+            options,
+            index,
+            point: *point,
+            api: &api,
+            measured: &measured,
+            setup: &setup,
+        };
+        points.push(run_point(&context, &mut made, report).await?);
+    }
+    if let Some(ours) = made.ours.take() {
+        ours.stop().await;
     }
     Ok(points)
 }
@@ -243,26 +269,34 @@ async fn run_points(
 struct Made {
     nodes: usize,
     namespaces: usize,
+    /// Pods in the tenant namespaces, and in the control namespace.
     pods: usize,
-    /// The agents' identity.
-    agents_kubeconfig: PathBuf,
-    /// The simulated agents, one set per point (each for the nodes that point added).
-    agents: Vec<agents::SimulatedAgents>,
-    /// ZTS's way to the callback.
-    callback: Option<std::sync::Arc<callback::Callback>>,
+    control_pods: usize,
+    /// Our parts, when running.
+    ours: Option<ours::Ours>,
 }
 
-/// Grows the cluster to `point`: nodes, namespaces and pods up to the measured window; the
-/// control plane at rest; then the window's pods at the rate.
-async fn run_point(
-    options: &ScaleOptions,
+/// One point of the run and what it runs against.
+struct Point<'a> {
+    options: &'a ScaleOptions,
     index: usize,
     point: ScalePoint,
-    api: &fleet::Api,
-    measured: &Measured,
+    api: &'a fleet::Api,
+    measured: &'a Measured,
+    setup: &'a ours::Setup,
+}
+
+/// Grows the cluster to `point`: nodes, namespaces and pods up to the two windows (our parts
+/// running, the webhook in the pods' path); then with ours stopped, the control plane at rest
+/// and a control window of pods at the rate in a namespace not opted in; then with ours
+/// started again (every node's agent), at rest and the measured window, each pod confirmed as
+/// ZTS would; then a callback with its cache full.
+async fn run_point(
+    at: &Point<'_>,
     made: &mut Made,
     report: &mut dyn FnMut(String),
 ) -> anyhow::Result<PointReport> {
+    let (options, point, api) = (at.options, at.point, at.api);
     let started = Instant::now();
     fleet::create_all(
         api,
@@ -279,54 +313,69 @@ async fn run_point(
     )
     .await?;
     made.namespaces = namespaces;
-    let filled = point.pods - options.window_pods;
+    let filled = point.pods - 2 * options.window_pods - made.control_pods;
     fleet::create_all(
         api,
-        (made.pods..filled).map(|n| fleet::pod(n, point.nodes, &format!("{index}-fill"))),
+        (made.pods..filled).map(|n| fleet::pod(n, point.nodes, &format!("{}-fill", at.index))),
         FILL_PARALLEL,
     )
     .await?;
     made.pods = filled;
-    wait_running(api, filled).await?;
+    wait_running(api, filled + made.control_pods).await?;
     let fill_seconds = started.elapsed().as_secs_f64();
     report(format!(
         "{} nodes, {filled} pods running in {fill_seconds:.0} s",
         point.nodes
     ));
 
-    let rest = measured.sampler.at_rest(options.rest).await;
-    let watching = Instant::now();
-    let nodes_added = made
-        .agents
-        .iter()
-        .map(agents::SimulatedAgents::len)
-        .sum::<usize>()..point.nodes;
-    made.agents.push(
-        agents::SimulatedAgents::start(&made.agents_kubeconfig, nodes_added.map(fleet::node_name))
-            .await?,
-    );
-    let agents_started_seconds = watching.elapsed().as_secs_f64();
-    let rest_with_agents = measured.sampler.at_rest(options.rest).await;
+    if let Some(ours) = made.ours.take() {
+        ours.stop().await;
+    }
+    let sampler = &at.measured.sampler;
+    let at_rest_without_ours = sampler.at_rest(options.rest).await;
+    let control_batch = format!("{}-control", at.index);
+    let control: Vec<_> = (made.control_pods..made.control_pods + options.window_pods)
+        .map(|n| fleet::control_pod(n, point.nodes, &control_batch))
+        .collect();
+    let (creating_without_ours, mut control_creations) = sampler
+        .over(|| async {
+            let took = fleet::create_at_rate(api, control, options.rate).await?;
+            wait_running(api, made.pods + made.control_pods + options.window_pods).await?;
+            Ok(took)
+        })
+        .await?;
+    made.control_pods += options.window_pods;
+
+    let ours = ours::Ours::start(at.setup, (0..point.nodes).map(fleet::node_name)).await?;
+    let sampler = sampler.with(&ours.processes());
+    let at_rest = sampler.at_rest(options.rest).await;
     let pod_watches = measure::pod_watches(api).await?;
-    let batch = format!("{index}-window");
-    let window: Vec<_> = (filled..point.pods)
+    let batch = format!("{}-window", at.index);
+    let window: Vec<_> = (made.pods..made.pods + options.window_pods)
         .map(|n| fleet::pod(n, point.nodes, &batch))
         .collect();
-    let callback = made
-        .callback
-        .clone()
-        .context("the callback was not started")?;
     let window_time =
         Duration::from_secs_f64(options.window_pods as f64 / options.rate) + CONFIRM_GRACE;
-    let confirming =
-        pending::start(api, callback, &batch, options.window_pods, window_time).await?;
-    let (busy, mut creations) = measured
-        .sampler
-        .over(|| fleet::create_at_rate(api, window, options.rate))
+    let confirming = pending::start(
+        api,
+        Arc::clone(&ours.callback),
+        &batch,
+        options.window_pods,
+        window_time,
+    )
+    .await?;
+    let webhook_before = webhook_buckets(api).await?;
+    let (creating, mut creations) = sampler
+        .over(|| async {
+            let took = fleet::create_at_rate(api, window, options.rate).await?;
+            wait_running(api, point.pods).await?;
+            Ok(took)
+        })
         .await?;
-    made.pods = point.pods;
+    made.pods += options.window_pods;
+    let webhook =
+        admission::WebhookLatency::of(&webhook_buckets(api).await?.since(&webhook_before));
     let mut confirmed = confirming.await.context("the confirmations' task")?;
-    wait_running(api, point.pods).await?;
     anyhow::ensure!(
         confirmed.failures == 0,
         "{} of {} confirmations failed: {:?}",
@@ -334,25 +383,83 @@ async fn run_point(
         options.window_pods,
         confirmed.failed
     );
-    let callback_cached = measure::callback_cached_pods(&measured.callback_ops).await?;
-    let etcd_db_bytes = measure::etcd_db_bytes(&measured.etcd_url).await?;
+    let callback_cached_pods = measure::callback_cached_pods(&ours.callback_ops).await?;
+    let full_cache = full_cache(at, &ours, made.pods).await?;
     let point_report = PointReport {
         nodes: point.nodes,
         pods: point.pods,
         fill_seconds,
         rate: options.rate,
+        control_creation: crate::bench::Latency::of(&mut control_creations),
         creation: crate::bench::Latency::of(&mut creations),
+        webhook,
         confirmation: crate::bench::Latency::of(&mut confirmed.took),
-        callback_cached_pods: callback_cached,
-        at_rest: rest,
-        agents_started_seconds,
+        callback_cached_pods,
+        full_cache,
+        api_share_at_rest: measure::share(&at_rest, &at_rest_without_ours),
+        api_share_creating: measure::share(&creating, &creating_without_ours),
+        at_rest_without_ours,
+        at_rest,
+        agents_started_seconds: ours.agents_started_seconds,
         pod_watches,
-        at_rest_with_agents: rest_with_agents,
-        creating: busy,
-        etcd_db_bytes,
+        creating_without_ours,
+        creating,
+        etcd_db_bytes: measure::etcd_db_bytes(&at.measured.etcd_url).await?,
     };
+    made.ours = Some(ours);
     report(point_report.line());
     Ok(point_report)
+}
+
+/// The API server's histogram of our webhook's calls, now.
+async fn webhook_buckets(api: &fleet::Api) -> anyhow::Result<admission::Buckets> {
+    let page = api.text("/metrics", "text/plain").await?;
+    Ok(admission::Buckets::parse(&page, webhook::WEBHOOK_NAME)?)
+}
+
+/// Starts a callback whose cache holds every injected pod (`injected` of them), waits until it
+/// holds them all, and reads its memory beside the shipped callback's; then stops it.
+async fn full_cache(
+    at: &Point<'_>,
+    ours: &ours::Ours,
+    injected: usize,
+) -> anyhow::Result<measure::FullCache> {
+    let started = Instant::now();
+    let (mut process, ops, _) = ours::start_full_cache(at.setup).await?;
+    let (api_costs, pods) = at
+        .measured
+        .sampler
+        .over(|| async {
+            loop {
+                let held = measure::callback_cached_pods(&ops).await.unwrap_or(0.0);
+                if held >= injected as f64 {
+                    return Ok(held);
+                }
+                anyhow::ensure!(
+                    started.elapsed() < FULL_CACHE_WAIT,
+                    "the full cache held {held} of {injected} pods after {FULL_CACHE_WAIT:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await?;
+    let list_seconds = started.elapsed().as_secs_f64();
+    let full = process.usage();
+    let shipped = ours.callback_process.usage();
+    let pending_pods = measure::callback_cached_pods(&ours.callback_ops).await?;
+    process.stop().await;
+    let kib = |k: u64| k as f64 / 1024.0;
+    Ok(measure::FullCache {
+        pods,
+        rss_mib: kib(full.rss_kib),
+        pending_rss_mib: kib(shipped.rss_kib),
+        pending_pods,
+        bytes_per_pod: (full.rss_kib as f64 - shipped.rss_kib as f64) * 1024.0
+            / (pods - pending_pods).max(1.0),
+        list_seconds,
+        list_cpu_seconds: full.cpu_seconds,
+        api_server_cpu_seconds: measure::api_server_cores(&api_costs) * list_seconds,
+    })
 }
 
 /// Waits until `pods` of the run's pods run (kwok has played their start).
@@ -402,12 +509,12 @@ mod tests {
         for bad in ["5000", "0:10", "10:0", "a:1", "1:-1", ":"] {
             assert!(bad.parse::<ScalePoint>().is_err(), "{bad}");
         }
-        options(&["10:100", "20:200"], 50).check().unwrap();
+        options(&["10:100", "20:200"], 40).check().unwrap();
         let shrinking = options(&["20:200", "10:300"], 50).check().unwrap_err();
         assert!(shrinking.to_string().contains("must grow"), "{shrinking}");
         let same_pods = options(&["10:200", "20:200"], 50).check().unwrap_err();
         assert!(same_pods.to_string().contains("must grow"), "{same_pods}");
-        let window = options(&["10:100"], 100).check().unwrap_err();
+        let window = options(&["10:100"], 50).check().unwrap_err();
         assert!(window.to_string().contains("--window-pods"), "{window}");
         assert!(options(&[], 1).check().is_err());
     }
