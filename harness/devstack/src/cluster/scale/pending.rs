@@ -25,7 +25,9 @@ pub struct Confirmed {
 }
 
 /// Starts watching batch `batch`'s pods (before they are made) and confirms each of them once
-/// it is pending with its IP, until `expected` were tried or `limit` passed.
+/// it is pending with its IP, until `expected` were tried or `limit` passed. A watch the API
+/// server ends early is opened again (its first events are then the batch's pods as they are,
+/// so none is missed; a pod already tried is not tried again).
 pub async fn start(
     api: &Api,
     callback: Arc<Callback>,
@@ -33,66 +35,97 @@ pub async fn start(
     expected: usize,
     limit: Duration,
 ) -> anyhow::Result<tokio::task::JoinHandle<Confirmed>> {
-    let path = format!(
-        "/api/v1/pods?watch=1&labelSelector={BATCH_LABEL}%3D{batch}&timeoutSeconds={}",
-        limit.as_secs().max(1)
-    );
-    let response = api.watch(&path, limit).await?;
+    let path = format!("/api/v1/pods?watch=1&labelSelector={BATCH_LABEL}%3D{batch}");
+    let first = api.watch(&timed(&path, limit), limit).await?;
+    let api = api.clone();
     Ok(tokio::spawn(async move {
-        confirm_pending(response, callback, expected, limit).await
-    }))
-}
-
-async fn confirm_pending(
-    mut response: reqwest::Response,
-    callback: Arc<Callback>,
-    expected: usize,
-    limit: Duration,
-) -> Confirmed {
-    let deadline = Instant::now() + limit;
-    let mut tried = HashSet::new();
-    let mut calls = tokio::task::JoinSet::new();
-    let mut buffer: Vec<u8> = Vec::new();
-    while tried.len() < expected && Instant::now() < deadline {
-        let chunk = match tokio::time::timeout_at(deadline.into(), response.chunk()).await {
-            Ok(Ok(Some(chunk))) => chunk,
-            _ => break,
-        };
-        buffer.extend_from_slice(&chunk);
-        if buffer.len() > MAX_EVENT {
-            break;
-        }
-        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
-            let Some(pod) = pending_pod(&line) else {
-                continue;
+        let deadline = Instant::now() + limit;
+        let mut watch = Some(first);
+        let mut tried = HashSet::new();
+        let mut calls = tokio::task::JoinSet::new();
+        let mut ended = Vec::new();
+        while tried.len() < expected && Instant::now() < deadline {
+            let response = match watch.take() {
+                Some(response) => response,
+                None => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match api.watch(&timed(&path, left), left).await {
+                        Ok(response) => response,
+                        Err(e) => {
+                            ended.push(format!("{e:#}"));
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                    }
+                }
             };
-            if tried.insert(pod.uid.clone()) {
-                let callback = Arc::clone(&callback);
-                calls.spawn(async move { callback.confirm(&pod).await });
-            }
+            let why = read_watch(response, deadline, |pod| {
+                if tried.insert(pod.uid.clone()) {
+                    let callback = Arc::clone(&callback);
+                    calls.spawn(async move { callback.confirm(&pod).await });
+                }
+                tried.len() < expected
+            })
+            .await;
+            ended.push(why);
         }
-    }
-    let mut confirmed = Confirmed::default();
-    while let Some(joined) = calls.join_next().await {
-        match joined.context("a confirmation's task").and_then(|r| r) {
-            Ok(took) => confirmed.took.push(took),
-            Err(e) => {
-                confirmed.failures += 1;
-                if confirmed.failed.len() < 5 {
-                    confirmed.failed.push(format!("{e:#}"));
+        let mut confirmed = Confirmed::default();
+        while let Some(joined) = calls.join_next().await {
+            match joined.context("a confirmation's task").and_then(|r| r) {
+                Ok(took) => confirmed.took.push(took),
+                Err(e) => {
+                    confirmed.failures += 1;
+                    if confirmed.failed.len() < 5 {
+                        confirmed.failed.push(format!("{e:#}"));
+                    }
                 }
             }
         }
+        let missed = expected.saturating_sub(tried.len());
+        if missed > 0 {
+            confirmed.failures += missed;
+            ended.truncate(5);
+            confirmed.failed.push(format!(
+                "{missed} pods were never seen pending with an IP within {limit:?}; the watches ended: {ended:?}"
+            ));
+        }
+        confirmed
+    }))
+}
+
+/// `path` with the API server's own end to the watch at `limit`.
+fn timed(path: &str, limit: Duration) -> String {
+    format!("{path}&timeoutSeconds={}", limit.as_secs().max(1))
+}
+
+/// Reads one watch until it ends, `deadline`, or `seen` says no more are wanted; `seen` gets
+/// each pod pending with its IP. Returns why it stopped.
+async fn read_watch(
+    mut response: reqwest::Response,
+    deadline: Instant,
+    mut seen: impl FnMut(PendingPod) -> bool,
+) -> String {
+    let mut buffer: Vec<u8> = Vec::new();
+    loop {
+        let chunk = match tokio::time::timeout_at(deadline.into(), response.chunk()).await {
+            Ok(Ok(Some(chunk))) => chunk,
+            Ok(Ok(None)) => return "ended by the API server".to_owned(),
+            Ok(Err(e)) => return format!("{e:#}"),
+            Err(_) => return "the window's time passed".to_owned(),
+        };
+        buffer.extend_from_slice(&chunk);
+        if buffer.len() > MAX_EVENT {
+            return format!("an event over {MAX_EVENT} bytes");
+        }
+        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            if let Some(pod) = pending_pod(&line)
+                && !seen(pod)
+            {
+                return "every pod seen".to_owned();
+            }
+        }
     }
-    let missed = expected.saturating_sub(tried.len());
-    if missed > 0 {
-        confirmed.failures += missed;
-        confirmed.failed.push(format!(
-            "{missed} pods were never seen pending with an IP within {limit:?}"
-        ));
-    }
-    confirmed
 }
 
 /// The pod of a watch event, if it is pending on a node with its IP.
