@@ -424,15 +424,21 @@ fn scale(args: ScaleArgs) -> anyhow::Result<ExitCode> {
         rest: std::time::Duration::from_secs(args.rest_seconds),
     };
     let json = args.json;
+    // with --json the progress goes to stderr, so a long run still says where it is
     let mut report = |line: String| {
-        if !json {
+        if json {
+            eprintln!("{line}");
+        } else {
             println!("{line}");
         }
     };
-    let points = runtime()?.block_on(cluster::scale::run(&options, &mut report))?;
+    let mut points = Vec::new();
+    let outcome = runtime()?.block_on(cluster::scale::run(&options, &mut report, &mut points));
+    // the points measured are printed even when a later one failed
     if json {
         println!("{}", serde_json::to_string_pretty(&points)?);
     }
+    outcome?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -187,7 +187,7 @@ pub struct PointReport {
     pub at_rest_without_ours: Vec<ProcessCost>,
     /// Each process at rest, ours running.
     pub at_rest: Vec<ProcessCost>,
-    /// How long every node's agent took to start its watch.
+    /// From the agents' start until the API server served every node's agent watch.
     pub agents_started_seconds: f64,
     /// The pod watches the API server served with every node's agent watching.
     pub pod_watches: f64,

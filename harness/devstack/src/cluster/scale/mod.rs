@@ -38,6 +38,10 @@ const FILL_PARALLEL: usize = 32;
 const ETCD_QUOTA_BYTES: u64 = 8 << 30;
 /// How long past the window's last creation its last pods may take to be confirmed.
 const CONFIRM_GRACE: Duration = Duration::from_secs(30);
+/// How long every agent's watch may take to open once the agents start.
+const WATCHES_WAIT: Duration = Duration::from_secs(300);
+/// A pause between the last watch opened and the rest span.
+const SETTLE: Duration = Duration::from_secs(5);
 /// How long a callback with its cache full may take to list every pod.
 const FULL_CACHE_WAIT: Duration = Duration::from_secs(600);
 /// How long every pod made may take to run, per 1,000 pods.
@@ -121,16 +125,18 @@ impl ScaleOptions {
     }
 }
 
-/// Runs every point and returns what each measured; every process is stopped at the end.
+/// Runs every point, adding what each measured to `points` as it ends (so a run that fails at
+/// a later point keeps the earlier ones); every process is stopped at the end.
 pub async fn run(
     options: &ScaleOptions,
     report: &mut dyn FnMut(String),
-) -> anyhow::Result<Vec<PointReport>> {
+    points: &mut Vec<PointReport>,
+) -> anyhow::Result<()> {
     options.check()?;
     let layout = Layout::new(&options.state_dir, &options.kube_bin)?;
     layout.reset()?;
     let mut processes = Vec::new();
-    let outcome = run_points(options, &layout, &mut processes, report).await;
+    let outcome = run_points(options, &layout, &mut processes, report, points).await;
     for process in processes.iter_mut().rev() {
         process.stop().await;
     }
@@ -178,7 +184,8 @@ async fn run_points(
     layout: &Layout,
     processes: &mut Vec<Process>,
     report: &mut dyn FnMut(String),
-) -> anyhow::Result<Vec<PointReport>> {
+    points: &mut Vec<PointReport>,
+) -> anyhow::Result<()> {
     let ip = host::default_ipv4()?;
     let api_port = free_port()?;
     let api_url = format!("https://{ip}:{api_port}");
@@ -246,7 +253,6 @@ async fn run_points(
     report(
         "the initializer in the pods' path and the callback up, as deploy/ grants them".to_owned(),
     );
-    let mut points = Vec::new();
     for (index, point) in options.points.iter().enumerate() {
         let context = Point {
             options,
@@ -261,7 +267,7 @@ async fn run_points(
     if let Some(ours) = made.ours.take() {
         ours.stop().await;
     }
-    Ok(points)
+    Ok(())
 }
 
 /// What the run has made so far.
@@ -346,7 +352,24 @@ async fn run_point(
         .await?;
     made.control_pods += options.window_pods;
 
-    let ours = ours::Ours::start(at.setup, (0..point.nodes).map(fleet::node_name)).await?;
+    let watches_before = measure::pod_watches(api).await?;
+    let mut ours = ours::Ours::start(at.setup, (0..point.nodes).map(fleet::node_name)).await?;
+    // at rest means every agent's watch is open: their first lists are not rest
+    let watching = Instant::now();
+    let expected = watches_before + point.nodes as f64 + 1.0;
+    loop {
+        let open = measure::pod_watches(api).await?;
+        if open >= expected {
+            break;
+        }
+        anyhow::ensure!(
+            watching.elapsed() < WATCHES_WAIT,
+            "{open} of {expected} pod watches open {WATCHES_WAIT:?} after the agents started"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ours.agents_started_seconds += watching.elapsed().as_secs_f64();
+    tokio::time::sleep(SETTLE).await;
     let sampler = sampler.with(&ours.processes());
     let at_rest = sampler.at_rest(options.rest).await;
     let pod_watches = measure::pod_watches(api).await?;

@@ -37,7 +37,8 @@ pub struct Ours {
     /// ZTS's way to the callback.
     pub callback: Arc<callback::Callback>,
     pub agents: agents::SimulatedAgents,
-    /// How long the agents took to start their watches.
+    /// How long the agents took to start their watches (then, with the wait, until every
+    /// watch was open).
     pub agents_started_seconds: f64,
 }
 
