@@ -51,6 +51,16 @@ pub(super) fn is_ip_less_refresh_refused(line: &str) -> bool {
         && line.contains("an identity without an IP is only for a pod that has none yet")
 }
 
+/// An agent the roll is replacing, refreshing its node identity after its pod was marked for
+/// deletion (before the kubelet's SIGTERM reached it): the callback refuses a terminating
+/// agent, as it must, and the agent that replaces it on the node registers its own.
+pub(super) fn is_replaced_agent_refused(line: &str) -> bool {
+    line.contains("/athenz-agent/")
+        && line.contains("unable to verify attestation data")
+        && line.contains("node_pod: the agent pod ")
+        && line.contains(" is being deleted")
+}
+
 /// Whether a refused refresh is ZTS failing to connect to the callback (`Connection refused`),
 /// not a judgement.
 pub(super) fn is_callback_connection_refused(line: &str) -> bool {
@@ -128,6 +138,18 @@ fn refused_refreshes_are_counted_and_registrations_are_not() {
     assert!(!is_idle_api_connection_ended(&api_down));
     let judged = idle_ended.replace("cannot tell now (kubernetes_api)", "pod_exists");
     assert!(!is_idle_api_connection_ended(&judged));
+    // as a rollback met it: an agent being replaced refreshing its node identity
+    let replaced = "INFO athenz_testbed::zts::server: dev ZTS refused \
+                    path=/zts/v1/instance/k8s.admin.athenz-callback/k8s.admin/athenz-agent/vm \
+                    status=403 Forbidden unable to verify attestation data: ResourceException \
+                    (403): {\"code\":403,\"message\":\"node_pod: the agent pod \
+                    athenz-system/athenz-agent-fn5sk is being deleted\"} client: null";
+    assert_eq!(refresh_refusals(replaced).len(), 1);
+    assert!(is_replaced_agent_refused(replaced));
+    // a tenant pod's refusal, or an agent refused for another reason, is not
+    assert!(!is_replaced_agent_refused(&judged));
+    let other = replaced.replace("is being deleted", "does not exist");
+    assert!(!is_replaced_agent_refused(&other));
     assert_eq!(refused_pod("pod other-ns/upgrade-17: x"), None);
 }
 
