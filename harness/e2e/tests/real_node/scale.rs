@@ -74,7 +74,15 @@ fn a_small_cluster_is_filled_watched_and_measured_at_each_point() {
             f64::from(pods) - control_pods,
             "{full}"
         );
-        assert!(full["bytes_per_pod"].as_f64().unwrap() > 0.0, "{full}");
+        // a few hundred pods are below two processes' resident-set noise: the figure per pod
+        // is the large runs' (docs/benchmarks.md); here it must be a number and the full
+        // cache's callback must have run
+        assert!(
+            full["bytes_per_pod"].as_f64().unwrap().is_finite(),
+            "{full}"
+        );
+        assert!(full["rss_mib"].as_f64().unwrap() > 0.0, "{full}");
+        assert!(full["list_seconds"].as_f64().unwrap() > 0.0, "{full}");
         for share in ["api_share_at_rest", "api_share_creating"] {
             assert!(
                 point[share].as_f64().unwrap().is_finite(),
