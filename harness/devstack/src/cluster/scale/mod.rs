@@ -355,20 +355,8 @@ async fn run_point(
     let watches_before = measure::pod_watches(api).await?;
     let mut ours = ours::Ours::start(at.setup, (0..point.nodes).map(fleet::node_name)).await?;
     // at rest means every agent's watch is open: their first lists are not rest
-    let watching = Instant::now();
-    let expected = watches_before + point.nodes as f64 + 1.0;
-    loop {
-        let open = measure::pod_watches(api).await?;
-        if open >= expected {
-            break;
-        }
-        anyhow::ensure!(
-            watching.elapsed() < WATCHES_WAIT,
-            "{open} of {expected} pod watches open {WATCHES_WAIT:?} after the agents started"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    ours.agents_started_seconds += watching.elapsed().as_secs_f64();
+    ours.agents_started_seconds +=
+        wait_watches(api, watches_before + point.nodes as f64 + 1.0).await?;
     tokio::time::sleep(SETTLE).await;
     let sampler = sampler.with(&ours.processes());
     let at_rest = sampler.at_rest(options.rest).await;
@@ -432,6 +420,22 @@ async fn run_point(
     made.ours = Some(ours);
     report(point_report.line());
     Ok(point_report)
+}
+
+/// Waits until the API server serves `expected` pod watches; how long that took, seconds.
+async fn wait_watches(api: &fleet::Api, expected: f64) -> anyhow::Result<f64> {
+    let watching = Instant::now();
+    loop {
+        let open = measure::pod_watches(api).await?;
+        if open >= expected {
+            return Ok(watching.elapsed().as_secs_f64());
+        }
+        anyhow::ensure!(
+            watching.elapsed() < WATCHES_WAIT,
+            "{open} of {expected} pod watches open {WATCHES_WAIT:?} after the agents started"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The API server's histogram of our webhook's calls, now.

@@ -28,6 +28,19 @@ pub struct Setup {
     pub webhook_config: (String, Vec<(String, String)>),
 }
 
+impl Setup {
+    /// The release's binary `name`, which must be there.
+    fn binary(&self, name: &str) -> anyhow::Result<PathBuf> {
+        let binary = self.release_bin.join(name);
+        anyhow::ensure!(
+            binary.is_file(),
+            "no {name} at {} (deploy/image.sh writes the release's binaries into target/image/bin)",
+            binary.display()
+        );
+        Ok(binary)
+    }
+}
+
 /// Our parts, running until [`Ours::stop`] (or dropped: every process is killed).
 pub struct Ours {
     pub initializer: webhook::Initializer,
@@ -50,7 +63,7 @@ impl Ours {
         nodes: impl IntoIterator<Item = String>,
     ) -> anyhow::Result<Self> {
         let initializer = webhook::start(
-            &setup.release_bin.join("athenz-initializer"),
+            &setup.binary("athenz-initializer")?,
             &setup.initializer_kubeconfig,
             setup.webhook_at,
             &setup.webhook_config,
@@ -59,7 +72,7 @@ impl Ours {
         )
         .await?;
         let (callback_process, callback_ops, callback) = callback::Callback::start(
-            (CALLBACK, &setup.release_bin.join(CALLBACK)),
+            (CALLBACK, &setup.binary(CALLBACK)?),
             &setup.callback_kubeconfig,
             &[],
             &setup.dir,

@@ -96,11 +96,6 @@ pub async fn start(
     dir: &Path,
     logs: &Path,
 ) -> anyhow::Result<Initializer> {
-    anyhow::ensure!(
-        binary.is_file(),
-        "no initializer binary at {} (deploy/image.sh writes the release's into target/image/bin)",
-        binary.display()
-    );
     let dir = dir.join("initializer");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let template_file = dir.join("template.yaml");
