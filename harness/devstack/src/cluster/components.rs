@@ -104,7 +104,7 @@ pub async fn start_all(
         &authorization,
     )
     .await?;
-    up.controller_manager_and_scheduler(&pki).await?;
+    up.controller_manager_and_scheduler(&pki, true).await?;
     if nodes.len() > 1 {
         super::nodes::create_bridge()?;
     }
@@ -359,17 +359,19 @@ impl Starter<'_> {
         Ok(Authorization::Config(config))
     }
 
-    /// The controller-manager, then the scheduler, each on a loopback port of its own.
+    /// The controller-manager (allocating pod ranges to nodes when `node_cidrs`), then the
+    /// scheduler, each on a loopback port of its own.
     pub(super) async fn controller_manager_and_scheduler(
         &mut self,
         pki: &ClusterPki,
+        node_cidrs: bool,
     ) -> anyhow::Result<()> {
         let (cm_port, scheduler_port) = (free_port()?, free_port()?);
         let controller_manager = Component {
             name: CONTROLLER_MANAGER,
             process: CONTROLLER_MANAGER.to_owned(),
             namespaces: None,
-            args: controller_manager_args(pki, cm_port)?,
+            args: controller_manager_args(pki, cm_port, node_cidrs)?,
             env: Vec::new(),
             awaited: "the controller-manager's /healthz",
             limit: CONTROLLERS_UP,

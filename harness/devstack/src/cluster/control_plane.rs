@@ -98,10 +98,16 @@ pub(super) fn write_audit_policy(layout: &Layout) -> anyhow::Result<Audit> {
 }
 
 /// The controller-manager: every default controller, service-account tokens per controller,
-/// the root CA for `kube-root-ca.crt`, the cluster CA as the CSR signer, pod ranges per node.
-pub(super) fn controller_manager_args(pki: &ClusterPki, port: u16) -> anyhow::Result<Vec<String>> {
+/// the root CA for `kube-root-ca.crt`, the cluster CA as the CSR signer, pod ranges per node
+/// when `node_cidrs` (a cluster of fake nodes has more nodes than the pods' network has /24s,
+/// and kwok gives its pods addresses of its own).
+pub(super) fn controller_manager_args(
+    pki: &ClusterPki,
+    port: u16,
+    node_cidrs: bool,
+) -> anyhow::Result<Vec<String>> {
     let kubeconfig = pki.kubeconfig("controller-manager")?;
-    Ok(vec![
+    let mut args = vec![
         flag("kubeconfig", kubeconfig),
         flag("authentication-kubeconfig", kubeconfig),
         flag("authorization-kubeconfig", kubeconfig),
@@ -118,13 +124,16 @@ pub(super) fn controller_manager_args(pki: &ClusterPki, port: u16) -> anyhow::Re
         flag("root-ca-file", &pki.ca),
         flag("service-account-private-key-file", &pki.service_account_key),
         "--use-service-account-credentials=true".to_owned(),
-        "--allocate-node-cidrs=true".to_owned(),
-        format!("--cluster-cidr={}", super::CLUSTER_CIDR),
-        "--node-cidr-mask-size=24".to_owned(),
+        format!("--allocate-node-cidrs={node_cidrs}"),
         format!("--service-cluster-ip-range={}", super::SERVICE_CIDR),
         "--cluster-name=athenz-devstack".to_owned(),
         "--v=1".to_owned(),
-    ])
+    ];
+    if node_cidrs {
+        args.push(format!("--cluster-cidr={}", super::CLUSTER_CIDR));
+        args.push("--node-cidr-mask-size=24".to_owned());
+    }
+    Ok(args)
 }
 
 /// The scheduler, with its own kubeconfig and a serving certificate from the cluster CA.

@@ -394,15 +394,20 @@ pub struct ScaleArgs {
     /// The scale points, NODES:PODS, each larger than the one before.
     #[arg(long, value_delimiter = ',', default_value = "1000:30000,5000:150000")]
     points: Vec<cluster::scale::ScalePoint>,
-    /// Pods a second in each point's measured window.
+    /// Pods a second in each comparison's windows.
     #[arg(long, default_value_t = 50.0)]
     rate: f64,
-    /// Pods created in each point's measured window.
+    /// Pods created in each comparison's control window and in its measured window.
     #[arg(long, default_value_t = 1000)]
     window_pods: usize,
-    /// How long the control plane is watched at rest at each point, seconds.
+    /// How long the control plane is watched at rest in each comparison, seconds (at least:
+    /// each span ends after the API server's next garbage collection).
     #[arg(long, default_value_t = 30)]
     rest_seconds: u64,
+    /// Comparisons with our parts and without at each point (their spread is the share's
+    /// standard error).
+    #[arg(long, default_value_t = 2)]
+    repeats: usize,
     /// Print JSON instead of lines.
     #[arg(long)]
     json: bool,
@@ -422,6 +427,7 @@ fn scale(args: ScaleArgs) -> anyhow::Result<ExitCode> {
         rate: args.rate,
         window_pods: args.window_pods,
         rest: std::time::Duration::from_secs(args.rest_seconds),
+        repeats: args.repeats,
     };
     let json = args.json;
     // with --json the progress goes to stderr, so a long run still says where it is

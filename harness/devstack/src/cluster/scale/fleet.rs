@@ -54,23 +54,43 @@ impl Api {
     /// `POST path` with `body`; how long the API server took to answer 201.
     pub async fn create(&self, path: &str, body: &Value) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let response = self
-            .client
+        let response = self.send_post(path, body).await?;
+        let took = started.elapsed();
+        Self::answer(path, response).await?;
+        Ok(took)
+    }
+
+    /// `POST path` with `body`; the object the API server answered with.
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let response = self.send_post(path, body).await?;
+        let text = Self::answer(path, response).await?;
+        serde_json::from_str(&text).with_context(|| format!("POST {path}: not JSON"))
+    }
+
+    async fn send_post(&self, path: &str, body: &Value) -> anyhow::Result<reqwest::Response> {
+        self.client
             .post(format!("{}{path}", self.base))
             .json(body)
             .send()
             .await
-            .with_context(|| format!("POST {path}"))?;
-        let took = started.elapsed();
+            .with_context(|| format!("POST {path}"))
+    }
+
+    /// A POST's answer as text, which must be a success (else its first 400 characters).
+    async fn answer(path: &str, response: reqwest::Response) -> anyhow::Result<String> {
         let status = response.status();
-        if !status.is_success() {
-            let text = response.text().await.unwrap_or_default();
-            anyhow::bail!(
-                "POST {path}: {status}: {}",
-                text.chars().take(400).collect::<String>()
-            );
-        }
-        Ok(took)
+        let text = String::from_utf8(
+            athenz_core::client::read_limited(response, MAX_ANSWER)
+                .await
+                .with_context(|| format!("POST {path}"))?,
+        )
+        .with_context(|| format!("POST {path}: not UTF-8"))?;
+        anyhow::ensure!(
+            status.is_success(),
+            "POST {path}: {status}: {}",
+            text.chars().take(400).collect::<String>()
+        );
+        Ok(text)
     }
 
     /// `GET path` as text (a success status required).

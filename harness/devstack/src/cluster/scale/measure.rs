@@ -140,6 +140,54 @@ pub fn share(with: &[ProcessCost], without: &[ProcessCost]) -> f64 {
     (with - api_server_cores(without)) / with.max(f64::EPSILON)
 }
 
+/// A span of one comparison: how long, how many of the API server's GCs it held, each
+/// process's cost.
+#[derive(Debug, Clone, Serialize)]
+pub struct Span {
+    pub seconds: f64,
+    pub gc_cycles: f64,
+    pub processes: Vec<ProcessCost>,
+}
+
+/// One comparison's spans and what it found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    pub at_rest_without_ours: Span,
+    pub creating_without_ours: Span,
+    pub at_rest: Span,
+    pub creating: Span,
+    /// Our share of the API server's CPU at rest and while creating ([`measure::share`]).
+    pub api_share_at_rest: f64,
+    pub api_share_creating: f64,
+    /// From the agents' start until the API server served every node's agent watch.
+    pub agents_started_seconds: f64,
+    /// The pod watches the API server served with every node's agent watching.
+    pub pod_watches: f64,
+}
+
+/// A share over the comparisons: their mean and its standard error (none from one).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ShareEstimate {
+    pub mean: f64,
+    pub standard_error: Option<f64>,
+}
+
+impl ShareEstimate {
+    /// Of `shares` (at least one).
+    pub fn of(shares: &[f64]) -> Self {
+        let n = shares.len().max(1) as f64;
+        let mean = shares.iter().sum::<f64>() / n;
+        let standard_error = (shares.len() > 1).then(|| {
+            let variance = shares.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            (variance / n).sqrt()
+        });
+        Self {
+            mean,
+            standard_error,
+        }
+    }
+}
+
 /// The callback with its cache full (every injected pod, `--pod-cache-fields=`), beside the
 /// shipped one (pending pods only) at the same moment.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -161,43 +209,42 @@ pub struct FullCache {
     pub api_server_cpu_seconds: f64,
 }
 
-/// What one scale point measured. "Ours" is the initializer in the pods' path, the callback
-/// and every node's agent watch; "without ours" is the same cluster with them stopped.
+/// What one scale point measured. "Ours" is the initializer in the pods' path, the callback,
+/// the jwt-service and every node's agent watch; "without ours" is the same cluster with them
+/// stopped. Latencies are pooled over the point's comparisons.
 #[derive(Debug, Serialize)]
 pub struct PointReport {
     pub nodes: usize,
     pub pods: usize,
-    /// From the point's first node made to its pods (but the two windows') running.
+    /// The agents' pods (one a node, each its agent's token's pod).
+    pub agent_pods: usize,
+    /// From the point's first node made to its pods (but the comparisons' windows') running.
     pub fill_seconds: f64,
-    /// Both windows' creation rate, pods a second.
+    /// The windows' creation rate, pods a second.
     pub rate: f64,
-    /// The control window's creations (a namespace not opted in, ours stopped), ms.
+    /// The control windows' creations (a namespace not opted in, ours stopped), ms.
     pub control_creation: Latency,
-    /// The measured window's creations (opted in, through the webhook), ms.
+    /// The measured windows' creations (opted in, through the webhook), ms.
     pub creation: Latency,
-    /// The webhook's calls in the measured window, as the API server timed them.
+    /// The webhook's calls in the measured windows, as the API server timed them.
     pub webhook: WebhookLatency,
-    /// ZTS's confirmations of the window's pods, each over a new connection, ms.
+    /// ZTS's confirmations of the windows' pods, each over a new connection, ms.
     pub confirmation: Latency,
-    /// Pods the shipped callback's cache held after the window (`pod_cache_pods`).
+    /// Each confirmed pod's identity JWT from the jwt-service, asked by its node's agent, ms.
+    pub jwt: Latency,
+    /// Node agents' registrations confirmed (each a TokenReview, its agent pod's and node's
+    /// reads), and their time, ms.
+    pub node_confirmations: usize,
+    pub node_confirmation: Latency,
+    /// Pods the shipped callback's cache held after the windows (`pod_cache_pods`).
     pub callback_cached_pods: f64,
     /// A callback with its cache full.
     pub full_cache: FullCache,
-    /// Each process at rest (leases renewed, nothing created), ours stopped.
-    pub at_rest_without_ours: Vec<ProcessCost>,
-    /// Each process at rest, ours running.
-    pub at_rest: Vec<ProcessCost>,
-    /// From the agents' start until the API server served every node's agent watch.
-    pub agents_started_seconds: f64,
-    /// The pod watches the API server served with every node's agent watching.
-    pub pod_watches: f64,
-    /// Each process while the control window's pods were created and started.
-    pub creating_without_ours: Vec<ProcessCost>,
-    /// Each process while the measured window's pods were created, started and confirmed.
-    pub creating: Vec<ProcessCost>,
-    /// Our share of the API server's CPU at rest and while creating ([`share`]).
-    pub api_share_at_rest: f64,
-    pub api_share_creating: f64,
+    /// Each comparison's spans.
+    pub comparisons: Vec<Comparison>,
+    /// Our share of the API server's CPU at rest and while creating, over the comparisons.
+    pub api_share_at_rest: ShareEstimate,
+    pub api_share_creating: ShareEstimate,
     /// etcd's database after the point, bytes.
     pub etcd_db_bytes: f64,
 }
@@ -205,8 +252,15 @@ pub struct PointReport {
 impl PointReport {
     /// One line for the terminal.
     pub fn line(&self) -> String {
+        let mean_cores = |span: fn(&Comparison) -> &Span| {
+            self.comparisons
+                .iter()
+                .map(|c| api_server_cores(&span(c).processes))
+                .sum::<f64>()
+                / self.comparisons.len().max(1) as f64
+        };
         format!(
-            "{} nodes, {} pods: creation at {}/s p99 {:.1} ms ({:.1} without us); webhook p50 {} p99 {} ms ({} calls); confirmation p50 {:.1} ms p99 {:.1} ms; our share of the API server's CPU {:.1} % at rest, {:.1} % creating; API server at rest {:.2} cores ({:.2} without us); full cache {:.0} pods, {:.0} bytes a pod, listed in {:.1} s; etcd {:.0} MiB",
+            "{} nodes, {} pods: creation at {}/s p99 {:.1} ms ({:.1} without us); webhook p50 {} p99 {} ms ({} calls); confirmation p50 {:.1} ms p99 {:.1} ms (JWT p99 {:.1} ms); {} node confirmations p99 {:.1} ms; our share of the API server's CPU {} at rest, {} creating; API server at rest {:.2} cores ({:.2} without us); full cache {:.0} pods, {:.0} bytes a pod, listed in {:.1} s; etcd {:.0} MiB",
             self.nodes,
             self.pods,
             self.rate,
@@ -217,10 +271,13 @@ impl PointReport {
             self.webhook.calls,
             self.confirmation.p50,
             self.confirmation.p99,
-            self.api_share_at_rest * 100.0,
-            self.api_share_creating * 100.0,
-            api_server_cores(&self.at_rest),
-            api_server_cores(&self.at_rest_without_ours),
+            self.jwt.p99,
+            self.node_confirmations,
+            self.node_confirmation.p99,
+            percent(&self.api_share_at_rest),
+            percent(&self.api_share_creating),
+            mean_cores(|c| &c.at_rest),
+            mean_cores(|c| &c.at_rest_without_ours),
             self.full_cache.pods,
             self.full_cache.bytes_per_pod,
             self.full_cache.list_seconds,
@@ -229,6 +286,30 @@ impl PointReport {
     }
 }
 
+fn percent(share: &ShareEstimate) -> String {
+    match share.standard_error {
+        Some(se) => format!("{:.1} ± {:.1} %", share.mean * 100.0, se * 100.0),
+        None => format!("{:.1} %", share.mean * 100.0),
+    }
+}
+
 fn shown(ms: Option<f64>) -> String {
     ms.map_or_else(|| "-".to_owned(), |ms| format!("{ms:.1}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_share_estimate_is_the_mean_and_its_standard_error() {
+        let one = ShareEstimate::of(&[0.04]);
+        assert!((one.mean - 0.04).abs() < 1e-12);
+        assert!(one.standard_error.is_none(), "one comparison has no spread");
+        let three = ShareEstimate::of(&[0.01, 0.03, 0.05]);
+        assert!((three.mean - 0.03).abs() < 1e-12);
+        // sample sd 0.02, over √3
+        let se = three.standard_error.unwrap_or(f64::NAN);
+        assert!((se - 0.02 / 3f64.sqrt()).abs() < 1e-12, "{se}");
+    }
 }

@@ -11,7 +11,9 @@
 pub mod admission;
 pub mod agents;
 pub mod callback;
+pub mod compare;
 pub mod fleet;
+pub mod jwt;
 pub mod kwok;
 pub mod measure;
 pub mod ours;
@@ -36,12 +38,6 @@ const FILL_PARALLEL: usize = 32;
 /// etcd's backend quota: the 8 GiB etcd suggests as the most, since 150,000 pods and their
 /// history outgrow the 2 GiB default.
 const ETCD_QUOTA_BYTES: u64 = 8 << 30;
-/// How long past the window's last creation its last pods may take to be confirmed.
-const CONFIRM_GRACE: Duration = Duration::from_secs(30);
-/// How long every agent's watch may take to open once the agents start.
-const WATCHES_WAIT: Duration = Duration::from_secs(300);
-/// A pause between the last watch opened and the rest span.
-const SETTLE: Duration = Duration::from_secs(5);
 /// How long a callback with its cache full may take to list every pod.
 const FULL_CACHE_WAIT: Duration = Duration::from_secs(600);
 /// How long every pod made may take to run, per 1,000 pods.
@@ -92,8 +88,11 @@ pub struct ScaleOptions {
     pub rate: f64,
     /// Pods created in each point's measured window (the point's last ones).
     pub window_pods: usize,
-    /// How long the control plane is watched at rest at each point.
+    /// How long the control plane is watched at rest at each point (at least: each span
+    /// ends with the API server's next garbage collection).
     pub rest: Duration,
+    /// Comparisons (with our parts and without) at each point.
+    pub repeats: usize,
 }
 
 impl ScaleOptions {
@@ -110,12 +109,15 @@ impl ScaleOptions {
                 pair[1].pods
             );
         }
+        anyhow::ensure!(self.repeats > 0, "--repeats must be above zero");
         anyhow::ensure!(
-            self.window_pods > 0 && self.points[0].pods > 2 * self.window_pods,
-            "--window-pods ({}) must be above zero and below half the first point's pods ({}): \
-             each point has a control window and a measured window of that many",
+            self.window_pods > 0 && self.points[0].pods > 2 * self.repeats * self.window_pods,
+            "--window-pods ({}) must be above zero and below the first point's pods ({}) over \
+             twice --repeats ({}): each comparison has a control window and a measured window \
+             of that many",
             self.window_pods,
-            self.points[0].pods
+            self.points[0].pods,
+            self.repeats
         );
         anyhow::ensure!(
             self.rate.is_finite() && self.rate > 0.0,
@@ -212,7 +214,7 @@ async fn run_points(
         &super::node_authorizer::Authorization::NodeRbac,
     )
     .await?;
-    up.controller_manager_and_scheduler(&pki).await?;
+    up.controller_manager_and_scheduler(&pki, false).await?;
     let kwok = kwok::start(
         &options.kwok_bin,
         pki.kubeconfig("admin")?,
@@ -234,6 +236,7 @@ async fn run_points(
         agents_kubeconfig: pki.kubeconfig("athenz-agent")?.to_owned(),
         webhook_config: webhook::install(&kubectl, webhook_at.0, webhook_at.1)?,
         webhook_at,
+        trust: Arc::new(jwt::RunTrust::create(&layout.dir)?),
     };
     let measured = Measured {
         sampler: Sampler::of(processes),
@@ -247,7 +250,7 @@ async fn run_points(
     )
     .await?;
     let mut made = Made {
-        ours: Some(ours::Ours::start(&setup, std::iter::empty()).await?),
+        ours: Some(ours::Ours::start(&setup, &[]).await?),
         ..Made::default()
     };
     report(
@@ -278,6 +281,8 @@ struct Made {
     /// Pods in the tenant namespaces, and in the control namespace.
     pods: usize,
     control_pods: usize,
+    /// Every node's agent pod.
+    agents: Vec<agents::AgentPod>,
     /// Our parts, when running.
     ours: Option<ours::Ours>,
 }
@@ -292,11 +297,9 @@ struct Point<'a> {
     setup: &'a ours::Setup,
 }
 
-/// Grows the cluster to `point`: nodes, namespaces and pods up to the two windows (our parts
-/// running, the webhook in the pods' path); then with ours stopped, the control plane at rest
-/// and a control window of pods at the rate in a namespace not opted in; then with ours
-/// started again (every node's agent), at rest and the measured window, each pod confirmed as
-/// ZTS would; then a callback with its cache full.
+/// Grows the cluster to `point`: nodes with their agent pods, namespaces and pods up to the
+/// comparisons' windows (our parts running, the webhook in the pods' path); then each
+/// comparison ([`compare::once`]); then a callback with its cache full.
 async fn run_point(
     at: &Point<'_>,
     made: &mut Made,
@@ -310,6 +313,14 @@ async fn run_point(
         FILL_PARALLEL,
     )
     .await?;
+    made.agents.extend(
+        agents::AgentPod::create_all(
+            api,
+            (made.nodes..point.nodes).map(fleet::node_name),
+            FILL_PARALLEL,
+        )
+        .await?,
+    );
     made.nodes = point.nodes;
     let namespaces = point.pods.div_ceil(fleet::PODS_PER_NAMESPACE);
     fleet::create_all(
@@ -319,7 +330,8 @@ async fn run_point(
     )
     .await?;
     made.namespaces = namespaces;
-    let filled = point.pods - 2 * options.window_pods - made.control_pods;
+    let window = options.window_pods;
+    let filled = point.pods - 2 * options.repeats * window - made.control_pods;
     fleet::create_all(
         api,
         (made.pods..filled).map(|n| fleet::pod(n, point.nodes, &format!("{}-fill", at.index))),
@@ -330,112 +342,82 @@ async fn run_point(
     wait_running(api, filled + made.control_pods).await?;
     let fill_seconds = started.elapsed().as_secs_f64();
     report(format!(
-        "{} nodes, {filled} pods running in {fill_seconds:.0} s",
+        "{} nodes and their agent pods, {filled} pods running in {fill_seconds:.0} s",
         point.nodes
     ));
 
-    if let Some(ours) = made.ours.take() {
-        ours.stop().await;
-    }
-    let sampler = &at.measured.sampler;
-    let at_rest_without_ours = sampler.at_rest(options.rest).await;
-    let control_batch = format!("{}-control", at.index);
-    let control: Vec<_> = (made.control_pods..made.control_pods + options.window_pods)
-        .map(|n| fleet::control_pod(n, point.nodes, &control_batch))
-        .collect();
-    let (creating_without_ours, mut control_creations) = sampler
-        .over(|| async {
-            let took = fleet::create_at_rate(api, control, options.rate).await?;
-            wait_running(api, made.pods + made.control_pods + options.window_pods).await?;
-            Ok(took)
-        })
-        .await?;
-    made.control_pods += options.window_pods;
-
-    let watches_before = measure::pod_watches(api).await?;
-    let mut ours = ours::Ours::start(at.setup, (0..point.nodes).map(fleet::node_name)).await?;
-    // at rest means every agent's watch is open: their first lists are not rest
-    ours.agents_started_seconds +=
-        wait_watches(api, watches_before + point.nodes as f64 + 1.0).await?;
-    tokio::time::sleep(SETTLE).await;
-    let sampler = sampler.with(&ours.processes());
-    let at_rest = sampler.at_rest(options.rest).await;
-    let pod_watches = measure::pod_watches(api).await?;
-    let batch = format!("{}-window", at.index);
-    let window: Vec<_> = (made.pods..made.pods + options.window_pods)
-        .map(|n| fleet::pod(n, point.nodes, &batch))
-        .collect();
-    let window_time =
-        Duration::from_secs_f64(options.window_pods as f64 / options.rate) + CONFIRM_GRACE;
-    let confirming = pending::start(
+    let against = compare::Against {
         api,
-        Arc::clone(&ours.callback),
-        &batch,
-        options.window_pods,
-        window_time,
-    )
-    .await?;
+        sampler: &at.measured.sampler,
+        setup: at.setup,
+        agents: &made.agents,
+        rest: options.rest,
+        rate: options.rate,
+    };
     let webhook_before = webhook_buckets(api).await?;
-    let (creating, mut creations) = sampler
-        .over(|| async {
-            let took = fleet::create_at_rate(api, window, options.rate).await?;
-            wait_running(api, point.pods).await?;
-            Ok(took)
-        })
-        .await?;
-    made.pods += options.window_pods;
+    let (mut comparisons, mut timed) = (Vec::new(), Vec::new());
+    for repeat in 0..options.repeats {
+        let running = made.pods + made.control_pods;
+        let windows = compare::Windows {
+            control: (made.control_pods..made.control_pods + window)
+                .map(|n| {
+                    fleet::control_pod(n, point.nodes, &format!("{}-control-{repeat}", at.index))
+                })
+                .collect(),
+            measured: (made.pods..made.pods + window)
+                .map(|n| fleet::pod(n, point.nodes, &format!("{}-window-{repeat}", at.index)))
+                .collect(),
+            batch: format!("{}-window-{repeat}", at.index),
+            running_after_control: running + window,
+            running_after_measured: running + 2 * window,
+        };
+        let (ours, comparison, times) = compare::once(&against, made.ours.take(), windows).await?;
+        made.ours = Some(ours);
+        made.control_pods += window;
+        made.pods += window;
+        report(format!(
+            "  comparison {}: our share of the API server's CPU {:.1} % at rest, {:.1} % creating",
+            repeat + 1,
+            comparison.api_share_at_rest * 100.0,
+            comparison.api_share_creating * 100.0
+        ));
+        comparisons.push(comparison);
+        timed.push(times);
+    }
     let webhook =
         admission::WebhookLatency::of(&webhook_buckets(api).await?.since(&webhook_before));
-    let mut confirmed = confirming.await.context("the confirmations' task")?;
-    anyhow::ensure!(
-        confirmed.failures == 0,
-        "{} of {} confirmations failed: {:?}",
-        confirmed.failures,
-        options.window_pods,
-        confirmed.failed
-    );
+    let ours = made
+        .ours
+        .as_ref()
+        .context("our parts stopped after the comparisons")?;
     let callback_cached_pods = measure::callback_cached_pods(&ours.callback_ops).await?;
-    let full_cache = full_cache(at, &ours, made.pods).await?;
+    let full_cache = full_cache(at, ours, made.pods).await?;
+    let timed = compare::pooled(timed);
+    let share = |of: fn(&measure::Comparison) -> f64| {
+        measure::ShareEstimate::of(&comparisons.iter().map(of).collect::<Vec<_>>())
+    };
     let point_report = PointReport {
         nodes: point.nodes,
         pods: point.pods,
+        agent_pods: made.agents.len(),
         fill_seconds,
         rate: options.rate,
-        control_creation: crate::bench::Latency::of(&mut control_creations),
-        creation: crate::bench::Latency::of(&mut creations),
+        control_creation: compare::latency(timed.control_creations),
+        creation: compare::latency(timed.creations),
         webhook,
-        confirmation: crate::bench::Latency::of(&mut confirmed.took),
+        confirmation: compare::latency(timed.confirmations),
+        jwt: compare::latency(timed.jwts),
+        node_confirmations: timed.node_confirmations.len(),
+        node_confirmation: compare::latency(timed.node_confirmations),
         callback_cached_pods,
         full_cache,
-        api_share_at_rest: measure::share(&at_rest, &at_rest_without_ours),
-        api_share_creating: measure::share(&creating, &creating_without_ours),
-        at_rest_without_ours,
-        at_rest,
-        agents_started_seconds: ours.agents_started_seconds,
-        pod_watches,
-        creating_without_ours,
-        creating,
+        api_share_at_rest: share(|c| c.api_share_at_rest),
+        api_share_creating: share(|c| c.api_share_creating),
+        comparisons,
         etcd_db_bytes: measure::etcd_db_bytes(&at.measured.etcd_url).await?,
     };
-    made.ours = Some(ours);
     report(point_report.line());
     Ok(point_report)
-}
-
-/// Waits until the API server serves `expected` pod watches; how long that took, seconds.
-async fn wait_watches(api: &fleet::Api, expected: f64) -> anyhow::Result<f64> {
-    let watching = Instant::now();
-    loop {
-        let open = measure::pod_watches(api).await?;
-        if open >= expected {
-            return Ok(watching.elapsed().as_secs_f64());
-        }
-        anyhow::ensure!(
-            watching.elapsed() < WATCHES_WAIT,
-            "{open} of {expected} pod watches open {WATCHES_WAIT:?} after the agents started"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// The API server's histogram of our webhook's calls, now.
@@ -490,7 +472,7 @@ async fn full_cache(
 }
 
 /// Waits until `pods` of the run's pods run (kwok has played their start).
-async fn wait_running(api: &fleet::Api, pods: usize) -> anyhow::Result<()> {
+pub(crate) async fn wait_running(api: &fleet::Api, pods: usize) -> anyhow::Result<()> {
     let limit = RUNNING_WAIT_PER_THOUSAND * u32::try_from(pods.div_ceil(1000)).unwrap_or(u32::MAX);
     let started = Instant::now();
     loop {
@@ -521,6 +503,7 @@ mod tests {
             rate: 50.0,
             window_pods: window,
             rest: Duration::from_secs(1),
+            repeats: 1,
         }
     }
 

@@ -1,9 +1,10 @@
 //! Our parts on the scaled cluster, started and stopped as one: the initializer in the pods'
-//! path ([`super::webhook`]), the callback with ZTS's way to it ([`super::callback`]), and every
-//! node's agent watch ([`super::agents`]). Each point measures the control plane once with them
+//! path ([`super::webhook`]), the callback with ZTS's way to it ([`super::callback`]), the
+//! jwt-service ([`super::jwt`]), and every node's agent watch ([`super::agents`]). Each point measures the control plane once with them
 //! stopped and once with them running, in the same run (docs/benchmarks.md, "A cluster at
 //! Kubernetes' limits").
 
+use super::jwt::{JwtService, RunTrust};
 use super::{agents, callback, webhook};
 use crate::procs::Process;
 use std::net::Ipv4Addr;
@@ -26,6 +27,8 @@ pub struct Setup {
     pub webhook_at: (Ipv4Addr, u16),
     /// The initializer's template and settings, as deploy/ ships them.
     pub webhook_config: (String, Vec<(String, String)>),
+    /// The run's CA and JWT key (the callback's and the jwt-service's).
+    pub trust: Arc<RunTrust>,
 }
 
 impl Setup {
@@ -49,6 +52,9 @@ pub struct Ours {
     pub callback_ops: String,
     /// ZTS's way to the callback.
     pub callback: Arc<callback::Callback>,
+    pub jwt_process: Process,
+    /// The agents' way to the jwt-service.
+    pub jwt: Arc<JwtService>,
     pub agents: agents::SimulatedAgents,
     /// How long the agents took to start their watches (then, with the wait, until every
     /// watch was open).
@@ -56,12 +62,9 @@ pub struct Ours {
 }
 
 impl Ours {
-    /// Starts the initializer, then the callback (as shipped: its cache of pending pods), then
-    /// one agent watch for each of `nodes`.
-    pub async fn start(
-        setup: &Setup,
-        nodes: impl IntoIterator<Item = String>,
-    ) -> anyhow::Result<Self> {
+    /// Starts the initializer, then the callback (as shipped: its cache of pending pods) and
+    /// the jwt-service, then one agent watch for each of `agents`.
+    pub async fn start(setup: &Setup, agents: &[agents::AgentPod]) -> anyhow::Result<Self> {
         let initializer = webhook::start(
             &setup.binary("athenz-initializer")?,
             &setup.initializer_kubeconfig,
@@ -75,30 +78,44 @@ impl Ours {
             (CALLBACK, &setup.binary(CALLBACK)?),
             &setup.callback_kubeconfig,
             &[],
+            (&setup.trust, &setup.dir),
+            &setup.logs,
+        )
+        .await?;
+        let (jwt_process, jwt) = JwtService::start(
+            &setup.binary("athenz-jwt-service")?,
+            Arc::clone(&setup.trust),
             &setup.dir,
             &setup.logs,
         )
         .await?;
         let started = Instant::now();
-        let agents = agents::SimulatedAgents::start(&setup.agents_kubeconfig, nodes).await?;
+        let agents = agents::SimulatedAgents::start(&setup.agents_kubeconfig, agents).await?;
         Ok(Self {
             initializer,
             callback_process,
             callback_ops,
             callback: Arc::new(callback),
+            jwt_process,
+            jwt: Arc::new(jwt),
             agents,
             agents_started_seconds: started.elapsed().as_secs_f64(),
         })
     }
 
     /// The processes of ours whose cost is measured.
-    pub fn processes(&self) -> [&Process; 2] {
-        [&self.initializer.process, &self.callback_process]
+    pub fn processes(&self) -> [&Process; 3] {
+        [
+            &self.initializer.process,
+            &self.callback_process,
+            &self.jwt_process,
+        ]
     }
 
     /// Stops every part: the agents' watches end, the processes are asked to stop.
     pub async fn stop(mut self) {
         drop(self.agents);
+        self.jwt_process.stop().await;
         self.callback_process.stop().await;
         self.initializer.process.stop().await;
     }
@@ -119,7 +136,7 @@ pub async fn start_full_cache(
         ),
         &setup.callback_kubeconfig,
         &["--pod-cache-fields=".to_owned()],
-        dir,
+        (&setup.trust, dir),
         &setup.logs,
     )
     .await

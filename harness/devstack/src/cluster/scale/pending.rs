@@ -1,9 +1,11 @@
 //! ZTS's side of a measured window: a watch of the window's pods, and each pod confirmed
 //! through the callback at the moment it is pending on its node with its IP (when its SIA
-//! registers), as ZTS asks the provider for every launch.
+//! registers), as ZTS asks the provider for every launch, with the identity JWT its node's
+//! agent got from the jwt-service.
 
 use super::callback::{Callback, PendingPod};
 use super::fleet::{Api, BATCH_LABEL};
+use super::jwt::JwtService;
 use anyhow::Context;
 use serde_json::Value;
 use std::collections::HashSet;
@@ -18,6 +20,8 @@ const MAX_EVENT: usize = 1 << 20;
 pub struct Confirmed {
     /// Each confirmation's time, the callback's answer included.
     pub took: Vec<Duration>,
+    /// Each identity JWT's time from the jwt-service.
+    pub jwt_took: Vec<Duration>,
     /// Those the callback refused or did not answer, each with why (the first few).
     pub failed: Vec<String>,
     /// How many failed in all.
@@ -30,7 +34,7 @@ pub struct Confirmed {
 /// so none is missed; a pod already tried is not tried again).
 pub async fn start(
     api: &Api,
-    callback: Arc<Callback>,
+    (callback, jwt): (Arc<Callback>, Arc<JwtService>),
     batch: &str,
     expected: usize,
     limit: Duration,
@@ -61,8 +65,11 @@ pub async fn start(
             };
             let why = read_watch(response, deadline, |pod| {
                 if tried.insert(pod.uid.clone()) {
-                    let callback = Arc::clone(&callback);
-                    calls.spawn(async move { callback.confirm(&pod).await });
+                    let (callback, jwt) = (Arc::clone(&callback), Arc::clone(&jwt));
+                    calls.spawn(async move {
+                        let (token, jwt_took) = jwt.jwt_for(&pod.subject()?, &pod.node).await?;
+                        Ok((jwt_took, callback.confirm(&pod, token).await?))
+                    });
                 }
                 tried.len() < expected
             })
@@ -71,8 +78,14 @@ pub async fn start(
         }
         let mut confirmed = Confirmed::default();
         while let Some(joined) = calls.join_next().await {
-            match joined.context("a confirmation's task").and_then(|r| r) {
-                Ok(took) => confirmed.took.push(took),
+            match joined
+                .context("a confirmation's task")
+                .and_then(|r: anyhow::Result<(Duration, Duration)>| r)
+            {
+                Ok((jwt_took, took)) => {
+                    confirmed.jwt_took.push(jwt_took);
+                    confirmed.took.push(took);
+                }
                 Err(e) => {
                     confirmed.failures += 1;
                     if confirmed.failed.len() < 5 {
