@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 /// How long every agent's watch may take to open once the agents start.
 const WATCHES_WAIT: Duration = Duration::from_secs(300);
-/// A pause between the last watch opened and the rest span.
+/// A pause between the last watch opened (or closed) and the rest span.
 const SETTLE: Duration = Duration::from_secs(5);
 /// How long past the window's last creation its last pods may take to be confirmed.
 const CONFIRM_GRACE: Duration = Duration::from_secs(30);
@@ -68,10 +68,14 @@ pub async fn once(
     running: Option<ours::Ours>,
     windows: Windows,
 ) -> anyhow::Result<(ours::Ours, Comparison, Timed)> {
-    if let Some(ours) = running {
-        ours.stop().await;
-    }
     let api = at.api;
+    if let Some(ours) = running {
+        let closed = measure::pod_watches(api).await? - ours.agents.len() as f64;
+        ours.stop().await;
+        // at rest without us means every agent's watch is closed: their ending is ours
+        wait_watches(api, |open| open <= closed).await?;
+        tokio::time::sleep(SETTLE).await;
+    }
     let mut timed = Timed::default();
     let at_rest_without_ours = rest(at, at.sampler).await?;
     let (creating_without_ours, control_creations) = whole_gc_cycles(api, at.sampler, || async {
@@ -85,8 +89,8 @@ pub async fn once(
     let watches_before = measure::pod_watches(api).await?;
     let mut ours = ours::Ours::start(at.setup, at.agents).await?;
     // at rest means every agent's watch is open: their first lists are not rest
-    ours.agents_started_seconds +=
-        wait_watches(api, watches_before + at.agents.len() as f64 + 1.0).await?;
+    let expected = watches_before + at.agents.len() as f64 + 1.0;
+    ours.agents_started_seconds += wait_watches(api, |open| open >= expected).await?;
     tokio::time::sleep(SETTLE).await;
     let sampler = at.sampler.with(&ours.processes());
     let at_rest = rest(at, &sampler).await?;
@@ -201,17 +205,18 @@ async fn next_gc(api: &fleet::Api, seen: f64) -> anyhow::Result<f64> {
     }
 }
 
-/// Waits until the API server serves `expected` pod watches; how long that took, seconds.
-async fn wait_watches(api: &fleet::Api, expected: f64) -> anyhow::Result<f64> {
+/// Waits until the pod watches the API server serves are as `wanted` says (the agents' all
+/// open, or all closed); how long that took, seconds.
+async fn wait_watches(api: &fleet::Api, wanted: impl Fn(f64) -> bool) -> anyhow::Result<f64> {
     let watching = Instant::now();
     loop {
         let open = measure::pod_watches(api).await?;
-        if open >= expected {
+        if wanted(open) {
             return Ok(watching.elapsed().as_secs_f64());
         }
         anyhow::ensure!(
             watching.elapsed() < WATCHES_WAIT,
-            "{open} of {expected} pod watches open {WATCHES_WAIT:?} after the agents started"
+            "{open} pod watches open {WATCHES_WAIT:?} after the agents started or stopped"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
