@@ -1,9 +1,10 @@
 //! `athenz-devstack cluster scale`: a cluster at Kubernetes' published limits on one machine
-//! (docs/design.md §5, docs/benchmarks.md "A cluster at Kubernetes' limits"). The real API
+//! (docs/design.md §5.3, docs/benchmarks.md "A cluster at Kubernetes' limits"). The real API
 //! server, etcd, controller-manager and scheduler (the node's binaries), kwok's controller
 //! keeping thousands of fake nodes and playing their pods' lives ([`kwok`]), and the cluster's
-//! objects made through the API server ([`fleet`]); at each scale point (nodes, pods) what the
-//! control plane costs at rest and while pods are created at a steady rate ([`measure`]).
+//! objects made through the API server ([`fleet`], [`agents`]); at each scale point (nodes,
+//! pods) what the control plane costs at rest and while pods are created at a steady rate,
+//! with our parts ([`ours`]) and without them, several times ([`compare`], [`measure`]).
 //!
 //! Nothing here mounts or runs a container: the state dir holds etcd's data, the PKI and the
 //! logs, and every process is stopped when the run ends, whatever its outcome.
