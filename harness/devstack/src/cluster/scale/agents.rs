@@ -78,24 +78,11 @@ impl AgentPod {
         nodes: impl IntoIterator<Item = String>,
         parallel: usize,
     ) -> anyhow::Result<Vec<Self>> {
-        let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
-        let mut calls = tokio::task::JoinSet::new();
-        for node in nodes {
-            let permit = std::sync::Arc::clone(&permits)
-                .acquire_owned()
-                .await
-                .context("the agent pods' semaphore")?;
+        let mut made = super::calls::bounded(nodes, parallel, |node| {
             let api = api.clone();
-            calls.spawn(async move {
-                let made = Self::create(&api, node).await;
-                drop(permit);
-                made
-            });
-        }
-        let mut made = Vec::new();
-        while let Some(joined) = calls.join_next().await {
-            made.push(joined.context("an agent pod's task")??);
-        }
+            async move { Self::create(&api, node).await }
+        })
+        .await?;
         made.sort_by(|a, b| a.node.cmp(&b.node));
         Ok(made)
     }

@@ -12,7 +12,7 @@ use crate::procs::{Command, Process};
 use anyhow::Context;
 use athenz_core::contracts::subject::PodSubject;
 use athenz_core::crypto::{KeyAlgorithm, pem_certificates};
-use athenz_core::names::{CsrIdentity, PodIdentityInput};
+use athenz_core::names::{CsrIdentity, DomainMapper, PodIdentityInput};
 use athenz_core::secret::Secret;
 use athenz_core::tls::{self, ClientIdentity};
 use athenz_core::zts::InstanceConfirmation;
@@ -159,7 +159,8 @@ impl PendingPod {
             self.namespace.clone(),
             self.name.clone(),
             self.uid.clone(),
-            self.namespace.replace('-', "."),
+            DomainMapper::new(ADMIN_DOMAIN, Vec::<String>::new())?
+                .namespace_to_domain(&self.namespace)?,
             super::fleet::SERVICE_ACCOUNT.to_owned(),
             Some(&self.ip.to_string()),
         )?)

@@ -252,19 +252,11 @@ fn confirm_nodes(
     per_second: f64,
 ) -> tokio::task::JoinHandle<anyhow::Result<Vec<Duration>>> {
     tokio::spawn(async move {
-        let started = tokio::time::Instant::now();
-        let mut calls = tokio::task::JoinSet::new();
-        for (i, (node, token)) in tokens.into_iter().enumerate() {
-            tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / per_second))
-                .await;
+        super::calls::at_rate(tokens, per_second, |(node, token)| {
             let callback = Arc::clone(&callback);
-            calls.spawn(async move { callback.confirm_node(&node, token).await });
-        }
-        let mut took = Vec::new();
-        while let Some(joined) = calls.join_next().await {
-            took.push(joined.context("a node confirmation's task")??);
-        }
-        Ok(took)
+            async move { callback.confirm_node(&node, token).await }
+        })
+        .await
     })
 }
 

@@ -263,25 +263,11 @@ pub async fn create_all(
     objects: impl IntoIterator<Item = (String, Value)>,
     parallel: usize,
 ) -> anyhow::Result<Vec<Duration>> {
-    let permits = Arc::new(tokio::sync::Semaphore::new(parallel.max(1)));
-    let mut calls = tokio::task::JoinSet::new();
-    for (path, body) in objects {
-        let permit = Arc::clone(&permits)
-            .acquire_owned()
-            .await
-            .context("the creations' semaphore")?;
+    super::calls::bounded(objects, parallel, |(path, body)| {
         let api = api.clone();
-        calls.spawn(async move {
-            let took = api.create(&path, &body).await;
-            drop(permit);
-            took
-        });
-    }
-    let mut took = Vec::new();
-    while let Some(joined) = calls.join_next().await {
-        took.push(joined.context("a creation's task")??);
-    }
-    Ok(took)
+        async move { api.create(&path, &body).await }
+    })
+    .await
 }
 
 /// Creates `objects` at `per_second`, each on time whatever the earlier ones take (an open
@@ -291,22 +277,11 @@ pub async fn create_at_rate(
     objects: Vec<(String, Value)>,
     per_second: f64,
 ) -> anyhow::Result<Vec<Duration>> {
-    anyhow::ensure!(
-        per_second.is_finite() && per_second > 0.0,
-        "a creation rate must be above zero (got {per_second})"
-    );
-    let started = tokio::time::Instant::now();
-    let mut calls = tokio::task::JoinSet::new();
-    for (i, (path, body)) in objects.into_iter().enumerate() {
-        tokio::time::sleep_until(started + Duration::from_secs_f64(i as f64 / per_second)).await;
+    super::calls::at_rate(objects, per_second, |(path, body)| {
         let api = api.clone();
-        calls.spawn(async move { api.create(&path, &body).await });
-    }
-    let mut took = Vec::new();
-    while let Some(joined) = calls.join_next().await {
-        took.push(joined.context("a creation's task")??);
-    }
-    Ok(took)
+        async move { api.create(&path, &body).await }
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 pub mod admission;
 pub mod agents;
 pub mod callback;
+pub mod calls;
 pub mod compare;
 pub mod fleet;
 pub mod jwt;
