@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """The release's software bill of materials and image digest, for deploy/image.sh.
 
-    deploy/sbom.py sbom --name NAME --version TAG [--digest sha256:HEX] [--timestamp TIME]
-                        --output FILE BINARY...
+    deploy/sbom.py sbom --name NAME --version TAG [--digest sha256:HEX] [--arch ARCH]
+                        [--timestamp TIME] --output FILE BINARY...
     deploy/sbom.py digest ARCHIVE
+    deploy/sbom.py platforms ARCHIVE
 
 `sbom` writes a CycloneDX 1.5 JSON document describing the image NAME:TAG from the dependency
 lists the binaries embed: `cargo auditable` stores each binary's dependency graph as
@@ -15,7 +16,9 @@ for crates.io packages, the dependency graph, and the image as metadata.componen
 listed with scope "excluded": they are not in the binaries.
 
 `digest` prints the manifest digest (`sha256:HEX`) of an OCI archive (`buildah push
-oci-archive:...`): the one manifest its index.json names, checked against the blob it stores.
+oci-archive:...`, or `buildah manifest push --all` of a multi-platform index): the one manifest
+its index.json names, checked against the blob it stores. `platforms` prints, for an archive of
+an image index, one line per platform: `linux/<arch> sha256:HEX`, each checked against its blob.
 
 The input is treated as untrusted: a binary without the section, a section that does not
 decompress (or decompresses to more than MAX_JSON_BYTES), JSON of the wrong shape, more than
@@ -60,6 +63,13 @@ SOURCE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,255}\Z")
 KINDS = ("runtime", "build")
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}\Z")
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+# an image index lists a manifest per platform: the release has two
+MAX_PLATFORMS = 64
+# an OCI platform's os or architecture ("linux", "amd64", "arm64")
+PLATFORM_PART_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}\Z")
+# the architectures the release builds (deploy/image.sh), as --arch takes them
+ARCHES = ("amd64", "arm64")
 
 
 class SbomError(Exception):
@@ -313,10 +323,13 @@ def purl(name, version):
     return f"pkg:cargo/{name}@{urllib.parse.quote(version, safe='')}"
 
 
-def oci_purl(image, tag, digest):
-    """pkg:oci/NAME@DIGEST?repository_url=REPO&tag=TAG (the purl spec's type for OCI images)."""
+def oci_purl(image, tag, digest, arch=None):
+    """pkg:oci/NAME@DIGEST?[arch=ARCH&]repository_url=REPO&tag=TAG (the purl spec's type for OCI
+    images; `arch` names one platform's image of a multi-platform index)."""
     last = image.rsplit("/", 1)[-1].lower()
-    qualifiers = urllib.parse.urlencode({"repository_url": image, "tag": tag}, safe="/")
+    qualifiers = {"arch": arch} if arch else {}
+    qualifiers.update({"repository_url": image, "tag": tag})
+    qualifiers = urllib.parse.urlencode(qualifiers, safe="/")
     return f"pkg:oci/{urllib.parse.quote(last, safe='')}@{urllib.parse.quote(digest, safe='')}?{qualifiers}"
 
 
@@ -342,11 +355,14 @@ def merge(binaries):
     return merged
 
 
-def cyclonedx(binaries, image, tag, digest=None, timestamp=None):
+def cyclonedx(binaries, image, tag, digest=None, timestamp=None, arch=None):
     """The CycloneDX 1.5 document (a dict) of the image `image`:`tag` holding `binaries`, a list
-    of (path, packages from parse_packages)."""
+    of (path, packages from parse_packages); `arch`: the platform (linux/<arch>) whose image this
+    is, named in the image's purl and as a property."""
     if digest is not None and not DIGEST_RE.match(digest):
         raise SbomError(f"the digest {digest!r} is not sha256:<64 hex digits>")
+    if arch is not None and arch not in ARCHES:
+        raise SbomError(f"the architecture {arch!r} is not one of {', '.join(ARCHES)}")
     merged = merge(binaries)
     refs = {key: component_ref(key[0], key[1], e["source"]) for key, e in merged.items()}
     components = []
@@ -367,8 +383,10 @@ def cyclonedx(binaries, image, tag, digest=None, timestamp=None):
         dependencies.append({"ref": refs[key], "dependsOn": sorted(refs[d] for d in entry["deps"])})
 
     image_component = {"type": "container", "name": image, "version": tag}
+    if arch is not None:
+        image_component["properties"] = [{"name": "oci:platform", "value": f"linux/{arch}"}]
     if digest is not None:
-        image_component["bom-ref"] = oci_purl(image, tag, digest)
+        image_component["bom-ref"] = oci_purl(image, tag, digest, arch)
         image_component["purl"] = image_component["bom-ref"]
     else:
         image_component["bom-ref"] = f"image:{image}:{tag}"
@@ -406,32 +424,93 @@ def _read_member(archive, tar, name, limit):
     return tar.extractfile(member).read()
 
 
-def oci_archive_digest(archive):
-    """sha256:HEX of the one image manifest in the OCI archive (a tar) at `archive`."""
+def _json_member(archive, tar, name):
+    raw = _read_member(archive, tar, name, MAX_OCI_JSON_BYTES)
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants), raw
+    except (ValueError, RecursionError) as e:
+        raise SbomError(f"{archive}: {name} is not valid JSON ({e})") from None
+
+
+def _descriptor_digest(archive, descriptor, what):
+    digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
+    if not isinstance(digest, str) or not DIGEST_RE.match(digest):
+        raise SbomError(f"{archive}: {what}'s digest is not sha256:<64 hex digits>")
+    return digest
+
+
+def _blob(archive, tar, descriptor, digest, what):
+    """The blob `descriptor` names, checked against its size and digest."""
+    blob = _read_member(archive, tar, "blobs/sha256/" + digest[7:], MAX_OCI_JSON_BYTES)
+    if descriptor.get("size") != len(blob):
+        raise SbomError(f"{archive}: {what} is {len(blob)} bytes, its descriptor says {descriptor.get('size')}")
+    if "sha256:" + hashlib.sha256(blob).hexdigest() != digest:
+        raise SbomError(f"{archive}: {what}'s contents do not hash to {digest}")
+    return blob
+
+
+def oci_archive(archive):
+    """(digest, platforms) of the OCI archive (a tar) at `archive`: the digest of the one
+    manifest its index.json names, an image manifest or an image index (`buildah manifest push
+    --all`), checked against its blob; and for an index, {"linux/<arch>": digest} of the image
+    manifests it lists (each checked against its blob), for an image manifest {}."""
     try:
         with tarfile.open(archive, "r:") as tar:
-            raw = _read_member(archive, tar, "index.json", MAX_OCI_JSON_BYTES)
-            try:
-                index = json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
-            except (ValueError, RecursionError) as e:
-                raise SbomError(f"{archive}: index.json is not valid JSON ({e})") from None
+            index, _ = _json_member(archive, tar, "index.json")
             manifests = index.get("manifests") if isinstance(index, dict) else None
             if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
                 raise SbomError(f"{archive}: index.json does not name exactly one manifest")
-            descriptor = manifests[0]
-            digest = descriptor.get("digest")
-            if not isinstance(digest, str) or not DIGEST_RE.match(digest):
-                raise SbomError(f"{archive}: the manifest's digest is not sha256:<64 hex digits>")
-            if descriptor.get("mediaType") != OCI_MANIFEST:
-                raise SbomError(f"{archive}: the manifest is not an OCI image manifest")
-            blob = _read_member(archive, tar, "blobs/sha256/" + digest[7:], MAX_OCI_JSON_BYTES)
+            top = manifests[0]
+            digest = _descriptor_digest(archive, top, "the manifest")
+            if top.get("mediaType") == OCI_MANIFEST:
+                _blob(archive, tar, top, digest, "the manifest")
+                return digest, {}
+            if top.get("mediaType") != OCI_INDEX:
+                raise SbomError(f"{archive}: the manifest is not an OCI image manifest or index")
+            blob = _blob(archive, tar, top, digest, "the image index")
+            try:
+                nested = json.loads(blob, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+            except (ValueError, RecursionError) as e:
+                raise SbomError(f"{archive}: the image index is not valid JSON ({e})") from None
+            entries = nested.get("manifests") if isinstance(nested, dict) else None
+            if not isinstance(entries, list) or not entries:
+                raise SbomError(f"{archive}: the image index lists no manifest")
+            if len(entries) > MAX_PLATFORMS:
+                raise SbomError(f"{archive}: the image index lists {len(entries)} manifests (at most {MAX_PLATFORMS})")
+            platforms = {}
+            for entry in entries:
+                platform = entry.get("platform") if isinstance(entry, dict) else None
+                if not isinstance(platform, dict):
+                    raise SbomError(f"{archive}: a manifest of the image index names no platform")
+                os_name, arch = platform.get("os"), platform.get("architecture")
+                if not isinstance(os_name, str) or not isinstance(arch, str) \
+                        or not PLATFORM_PART_RE.match(os_name) or not PLATFORM_PART_RE.match(arch):
+                    raise SbomError(f"{archive}: a platform of the image index is not os/architecture: {platform!r:.80}")
+                name = f"{os_name}/{arch}"
+                if name in platforms:
+                    raise SbomError(f"{archive}: the image index lists {name} twice")
+                if entry.get("mediaType") != OCI_MANIFEST:
+                    raise SbomError(f"{archive}: {name} is not an OCI image manifest")
+                platform_digest = _descriptor_digest(archive, entry, name)
+                _blob(archive, tar, entry, platform_digest, name)
+                platforms[name] = platform_digest
+            return digest, platforms
     except (tarfile.TarError, OSError) as e:
         raise SbomError(f"{archive}: not a readable tar ({e})") from None
-    if descriptor.get("size") != len(blob):
-        raise SbomError(f"{archive}: the manifest is {len(blob)} bytes, index.json says {descriptor.get('size')}")
-    if "sha256:" + hashlib.sha256(blob).hexdigest() != digest:
-        raise SbomError(f"{archive}: the manifest's contents do not hash to {digest}")
-    return digest
+
+
+def oci_archive_digest(archive):
+    """sha256:HEX of the one manifest (an image's, or an index's) in the OCI archive at `archive`."""
+    return oci_archive(archive)[0]
+
+
+def oci_archive_platforms(archive):
+    """{"os/arch": sha256:HEX} of the image index in the OCI archive at `archive`; an archive of
+    one image manifest is refused (it has no platforms to list)."""
+    digest, platforms = oci_archive(archive)
+    if not platforms:
+        raise SbomError(f"{archive}: {digest} is one image, not an index of platforms")
+    return platforms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,17 +537,24 @@ def main(argv=None):
     sbom.add_argument("--version", required=True, help="the image's tag")
     sbom.add_argument("--digest", help="the image's manifest digest, sha256:HEX")
     sbom.add_argument("--timestamp", help="metadata.timestamp (ISO 8601), e.g. the commit's time")
+    sbom.add_argument("--arch", help="the platform's architecture (linux/ARCH), for an index's image")
     sbom.add_argument("--output", required=True, help="where to write the JSON")
     sbom.add_argument("binaries", nargs="+", help="the binaries the image holds")
-    digest = commands.add_parser("digest", help="print the manifest digest of an OCI archive")
+    digest = commands.add_parser("digest", help="print the manifest (or index) digest of an OCI archive")
     digest.add_argument("archive")
+    platforms = commands.add_parser("platforms", help="print each platform's manifest digest of an OCI index archive")
+    platforms.add_argument("archive")
     args = parser.parse_args(argv)
     try:
         if args.command == "digest":
             print(oci_archive_digest(args.archive))
             return 0
+        if args.command == "platforms":
+            for name, digest in sorted(oci_archive_platforms(args.archive).items()):
+                print(f"{name} {digest}")
+            return 0
         binaries = [(path, binary_packages(path)) for path in args.binaries]
-        doc = cyclonedx(binaries, args.name, args.version, args.digest, args.timestamp)
+        doc = cyclonedx(binaries, args.name, args.version, args.digest, args.timestamp, args.arch)
         write_atomically(args.output, json.dumps(doc, indent=2, sort_keys=False) + "\n")
         print(
             f"sbom.py: {args.output}: {len(doc['components'])} components from "

@@ -116,6 +116,38 @@ def oci_archive(path, index=None, manifest=None, blob_name=None, extra=()):
     return digest
 
 
+def image_manifest(arch):
+    """A platform's image manifest (its bytes): unique per architecture."""
+    return json.dumps({
+        "schemaVersion": 2, "mediaType": sbom.OCI_MANIFEST,
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": "sha256:" + hashlib.sha256(arch.encode()).hexdigest(), "size": 2},
+        "layers": [],
+    }).encode()
+
+
+def oci_index_archive(path, entries=None, arches=("amd64", "arm64"), blobs=None):
+    """An OCI archive of an image index (as `buildah manifest push --all` writes it): index.json
+    names the index, which lists `entries` (default: one image manifest per arch of `arches`,
+    each stored under blobs/sha256/). Returns (the index's digest, {"linux/<arch>": digest})."""
+    stored = dict(blobs or {})
+    platforms = {}
+    if entries is None:
+        entries = []
+        for arch in arches:
+            manifest = image_manifest(arch)
+            digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+            stored["blobs/sha256/" + digest[7:]] = manifest
+            platforms[f"linux/{arch}"] = digest
+            entries.append({"mediaType": sbom.OCI_MANIFEST, "digest": digest, "size": len(manifest),
+                            "platform": {"architecture": arch, "os": "linux"}})
+    index = json.dumps({"schemaVersion": 2, "mediaType": sbom.OCI_INDEX, "manifests": entries}).encode()
+    digest = oci_archive(path, manifest=index, index={"schemaVersion": 2, "manifests": [
+        {"mediaType": sbom.OCI_INDEX, "digest": "sha256:" + hashlib.sha256(index).hexdigest(),
+         "size": len(index)}]}, extra=tuple(stored.items()))
+    return digest, platforms
+
+
 class Refused(unittest.TestCase):
     def refused(self, fn, *args, contains=()):
         with self.assertRaises(sbom.SbomError) as ctx:
@@ -544,7 +576,7 @@ class OciDigest(Refused):
         digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
         oci_archive(self.path, manifest=manifest, index={"manifests": [
             {"mediaType": sbom.OCI_MANIFEST, "digest": digest, "size": 3}]})
-        self.refused(sbom.oci_archive_digest, self.path, contains=("index.json says 3",))
+        self.refused(sbom.oci_archive_digest, self.path, contains=("its descriptor says 3",))
 
     def test_index_is_a_link(self):
         with tarfile.open(self.path, "w") as tar:
@@ -558,6 +590,80 @@ class OciDigest(Refused):
         oci_archive(self.path, index=b" " * 2000)
         with mock.patch.object(sbom, "MAX_OCI_JSON_BYTES", 1000):
             self.refused(sbom.oci_archive_digest, self.path, contains=("2000 bytes",))
+
+
+class OciIndex(Refused):
+    """The release's archive: an image index with a manifest per platform."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.path = os.path.join(self.tmp.name, "index.oci.tar")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_digest_and_platforms(self):
+        digest, platforms = oci_index_archive(self.path)
+        self.assertEqual(sbom.oci_archive_digest(self.path), digest)
+        self.assertEqual(sbom.oci_archive_platforms(self.path), platforms)
+        self.assertEqual(sorted(platforms), ["linux/amd64", "linux/arm64"])
+        self.assertNotEqual(platforms["linux/amd64"], platforms["linux/arm64"])
+
+    def test_one_image_has_no_platforms(self):
+        oci_archive(self.path)
+        self.refused(sbom.oci_archive_platforms, self.path, contains=("not an index",))
+
+    def entry(self, arch="arm64", **changes):
+        manifest = image_manifest(arch)
+        entry = {"mediaType": sbom.OCI_MANIFEST, "digest": "sha256:" + hashlib.sha256(manifest).hexdigest(),
+                 "size": len(manifest), "platform": {"architecture": arch, "os": "linux"}}
+        entry.update(changes)
+        return entry, {"blobs/sha256/" + entry["digest"][7:]: manifest} if isinstance(entry["digest"], str) \
+            and sbom.DIGEST_RE.match(entry["digest"]) else {}
+
+    def test_malformed_and_hostile_indexes(self):
+        good, blobs = self.entry()
+        cases = {
+            "no manifest": ([], "lists no manifest"),
+            "not a list": ({"a": 1}, "lists no manifest"),
+            "no platform": ([{**good, "platform": None}], "names no platform"),
+            "platform not a dict": ([{**good, "platform": "linux/arm64"}], "names no platform"),
+            "path in the arch": ([{**good, "platform": {"os": "linux", "architecture": "../../etc"}}], "os/architecture"),
+            "empty os": ([{**good, "platform": {"os": "", "architecture": "arm64"}}], "os/architecture"),
+            "number": ([{**good, "platform": {"os": "linux", "architecture": 64}}], "os/architecture"),
+            "twice": ([good, good], "linux/arm64 twice"),
+            "nested index": ([{**good, "mediaType": sbom.OCI_INDEX}], "not an OCI image manifest"),
+            "hostile digest": ([{**good, "digest": "sha256:../../x"}], "digest"),
+            "altered blob": ([{**good, "size": good["size"] + 1}], "its descriptor says"),
+        }
+        for name, (entries, expected) in cases.items():
+            oci_index_archive(self.path, entries=entries, blobs=blobs)
+            with self.subTest(name):
+                self.refused(sbom.oci_archive_platforms, self.path, contains=(expected,))
+        # a blob whose contents are not what its digest says
+        other = image_manifest("amd64")
+        oci_index_archive(self.path, entries=[good], blobs={"blobs/sha256/" + good["digest"][7:]: other[:good["size"]].ljust(good["size"])})
+        self.refused(sbom.oci_archive_platforms, self.path, contains=("do not hash to",))
+        # the platform's manifest missing from the archive
+        oci_index_archive(self.path, entries=[good], blobs={})
+        self.refused(sbom.oci_archive_platforms, self.path, contains=("no blobs/sha256/",))
+
+    def test_oversized_index(self):
+        entries = []
+        blobs = {}
+        for i in range(3):
+            entry, blob = self.entry(arch=f"arch{i}")
+            entries.append(entry)
+            blobs.update(blob)
+        oci_index_archive(self.path, entries=entries, blobs=blobs)
+        self.assertEqual(len(sbom.oci_archive_platforms(self.path)), 3)
+        with mock.patch.object(sbom, "MAX_PLATFORMS", 2):
+            self.refused(sbom.oci_archive_platforms, self.path, contains=("lists 3 manifests",))
+
+    def test_index_blob_not_json(self):
+        oci_archive(self.path, manifest=b"{not json", index={"manifests": [
+            {"mediaType": sbom.OCI_INDEX, "digest": "sha256:" + hashlib.sha256(b"{not json").hexdigest(), "size": 9}]})
+        self.refused(sbom.oci_archive_platforms, self.path, contains=("image index is not valid JSON",))
 
 
 class Cli(Refused):
@@ -619,6 +725,33 @@ class Cli(Refused):
         self.assertEqual(self.run_main("digest", path), (0, digest + "\n", ""))
         code, out, err = self.run_main("digest", os.path.join(self.tmp.name, "none"))
         self.assertEqual((code, out), (1, ""))
+
+    def test_platforms(self):
+        path = os.path.join(self.tmp.name, "i.oci.tar")
+        _, platforms = oci_index_archive(path)
+        expected = "".join(f"{name} {platforms[name]}\n" for name in ("linux/amd64", "linux/arm64"))
+        self.assertEqual(self.run_main("platforms", path), (0, expected, ""))
+        oci_archive(path)
+        code, out, err = self.run_main("platforms", path)
+        self.assertEqual((code, out), (1, ""))
+        self.assertIn("not an index", err)
+
+    def test_a_platforms_sbom(self):
+        a = self.binary("athenz-sia", make_elf([(".dep-v0", section_of(SIA))]))
+        out = os.path.join(self.tmp.name, "x.cdx.json")
+        code, _, err = self.run_main("sbom", "--name", "img", "--version", "0.2.0", "--digest",
+                                     "sha256:" + "1" * 64, "--arch", "arm64", "--output", out, a)
+        self.assertEqual(code, 0, err)
+        with open(out) as f:
+            image = json.load(f)["metadata"]["component"]
+        self.assertIn("?arch=arm64&", image["purl"])
+        self.assertEqual(image["properties"], [{"name": "oci:platform", "value": "linux/arm64"}])
+        os.unlink(out)
+        code, _, err = self.run_main("sbom", "--name", "img", "--version", "0.2.0", "--arch", "s390x",
+                                     "--output", out, a)
+        self.assertEqual(code, 1)
+        self.assertIn("'s390x' is not one of amd64, arm64", err)
+        self.assertFalse(os.path.exists(out))
 
     def test_runs_as_a_script(self):
         path = os.path.join(self.tmp.name, "a.oci.tar")

@@ -11,174 +11,24 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use athenz_devstack::identity;
-use athenz_devstack::node;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
 
 #[path = "../stack/common/mod.rs"]
 mod common;
 use common::Devstack;
 
-const VERSION: &str = env!("CARGO_PKG_VERSION");
-const BIN_DIR: &str = "usr/local/bin";
-/// The daemons, each a link to `athenz-daemons` (the manifests' commands, and the node
-/// authorizer's static pod); `daemons/src/lib.rs`'s `DAEMONS`, which `image_layout` holds
-/// `deploy/build-binaries.sh` to.
-const DAEMONS: [&str; 6] = [
-    "athenz-identity-agent",
-    "athenz-jwt-service",
-    "athenz-callback",
-    "athenz-initializer",
-    "athenz-control-sia",
-    "athenz-node-authorizer",
-];
-/// The binaries of their own.
-const BINARIES: [&str; 3] = ["athenz-daemons", "athenz-sia", "athenz-volume-driver"];
-/// The bound the release promises for everything in the image, uncompressed.
-const MAX_IMAGE_BYTES: u64 = 25 * 1024 * 1024;
+#[path = "image/support.rs"]
+mod support;
+use support::{
+    BIN_DIR, BINARIES, DAEMONS, MAX_IMAGE_BYTES, MountedImage, VERSION, embedded_dependencies,
+    has_interpreter, image, one_at_a_time, podman, podman_run, text,
+};
 
-/// The image under test: `ATHENZ_IMAGE`, or the one `deploy/image.sh` builds now (once).
-fn image() -> String {
-    static IMAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            if let Ok(image) = std::env::var("ATHENZ_IMAGE") {
-                return image;
-            }
-            let repo = athenz_testbed::bins::repo_root();
-            let started = Instant::now();
-            let out = Command::new(repo.join("deploy/image.sh"))
-                .env("CARGO_TARGET_DIR", repo.join("target/image-build"))
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .expect("deploy/image.sh");
-            assert!(
-                out.status.success(),
-                "deploy/image.sh failed (it needs buildah, binutils and cargo-auditable: \
-                 apt-get install buildah podman runc binutils; cargo install cargo-auditable \
-                 --locked --version 0.7.7): {}",
-                text(&out)
-            );
-            let stdout = String::from_utf8(out.stdout).unwrap();
-            let image = stdout.lines().last().unwrap().trim().to_owned();
-            eprintln!("built {image} in {:.0?}", started.elapsed());
-            image
-        })
-        .clone()
-}
-
-/// Held by each test: they share the image's mount (one test's unmount would pull it from
-/// under another) and the DNS port.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn podman(args: &[&str]) -> Output {
-    Command::new("podman")
-        .args(["--runtime", "runc"])
-        .args(args)
-        .output()
-        .expect("podman (apt-get install podman)")
-}
-
-/// `podman run --rm` with this host's rlimits, `options`, the image and `command`.
-fn podman_run(options: &[&str], command: &[&str]) -> Output {
-    let image = image();
-    let mut args = vec![
-        "run",
-        "--rm",
-        "--ulimit",
-        "nofile=1024:1024",
-        "--ulimit",
-        "nproc=1000:1000",
-    ];
-    args.extend_from_slice(options);
-    args.push(&image);
-    args.extend_from_slice(command);
-    podman(&args)
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {}, stdout {:?}, stderr {:?}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// The image's file system, mounted read-only by podman, unmounted on drop.
-struct MountedImage {
-    root: PathBuf,
-}
-
-impl MountedImage {
-    fn mount() -> Self {
-        let out = podman(&["image", "mount", &image()]);
-        assert!(out.status.success(), "podman image mount: {}", text(&out));
-        let root = PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
-        assert!(root.join(BIN_DIR).is_dir(), "{}", root.display());
-        Self { root }
-    }
-
-    fn bin(&self) -> PathBuf {
-        self.root.join(BIN_DIR)
-    }
-}
-
-impl Drop for MountedImage {
-    fn drop(&mut self) {
-        let _ = podman(&["image", "unmount", &image()]);
-    }
-}
-
-/// Whether an ELF executable asks for a program interpreter (a dynamic loader): PT_INTERP.
-fn has_interpreter(elf: &[u8]) -> bool {
-    assert_eq!(&elf[..4], b"\x7fELF", "not an ELF file");
-    assert_eq!(elf[4], 2, "not a 64-bit ELF file");
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let phoff = u64::from_le_bytes(elf[0x20..0x28].try_into().unwrap()) as usize;
-    let (phentsize, phnum) = (u16_at(0x36), u16_at(0x38));
-    (0..phnum).any(|i| {
-        let at = phoff + i * phentsize;
-        u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) == 3 // PT_INTERP
-    })
-}
-
-/// The dependency list `cargo auditable` embedded (section `.dep-v0`, zlib-compressed JSON),
-/// read with binutils and Python's zlib: independent of the code that wrote it.
-fn embedded_dependencies(binary: &Path) -> serde_json::Value {
-    let dir = tempfile::tempdir().unwrap();
-    let section = dir.path().join("dep-v0");
-    let out = Command::new("objcopy")
-        .arg("--dump-section")
-        .arg(format!(".dep-v0={}", section.display()))
-        .arg(binary)
-        .arg(dir.path().join("copy"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}: no .dep-v0 section: {}",
-        binary.display(),
-        text(&out)
-    );
-    let out = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, zlib; sys.stdout.write(zlib.decompress(open(sys.argv[1], 'rb').read()).decode())",
-        ])
-        .arg(&section)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", text(&out));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
+#[path = "image/arm64.rs"]
+mod arm64;
 
 #[test]
 fn every_binary_answers_version_with_no_network_read_only_as_65532() {
@@ -509,40 +359,6 @@ async fn the_devstack_runs_on_the_images_binaries() {
     }
     assert_eq!(checked.len(), 4, "{:?}", info.processes);
 
-    let volume = stack.pod("media-sports", "web-image", "10.1.0.41").await;
-    node::sia_init(&stack.info, &volume).await.unwrap();
-    let first = identity::check(&volume.credentials_dir).unwrap();
-    let chain = std::fs::read_to_string(volume.credentials_dir.join("service.cert.pem")).unwrap();
-    let certs = athenz_core::crypto::pem_certificates(&chain).unwrap();
-    let intermediates: String = certs[1..]
-        .iter()
-        .map(|c| athenz_core::crypto::der_to_pem(c))
-        .collect();
-    let root = std::fs::read_to_string(&stack.info.zts.ca).unwrap();
-    athenz_testbed::openssl::verify(
-        &root,
-        &intermediates,
-        &athenz_core::crypto::der_to_pem(&certs[0]),
-    )
-    .unwrap();
-
-    // the image's SIA as the refresh sidecar replaces the set
-    let logs = stack.dir.path().join("state/logs");
-    let mut sidecar = node::sia_refresh(&stack.info, &volume, "1s", &logs, &[])
-        .await
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(now) = identity::check(&volume.credentials_dir)
-            && now.serial != first.serial
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no refresh within 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    sidecar.stop().await;
-    assert!(sidecar.wait_exit(Duration::from_secs(5)).await.unwrap());
-    node::unmount(&stack.info, &volume).await.unwrap();
+    support::identity_through(&stack, "web-image", "10.1.0.41", Duration::from_secs(30)).await;
     drop(stack);
 }

@@ -82,10 +82,21 @@ fn the_dockerfile_and_image_sh_build_the_same_image() {
     let dockerfile = read("deploy/Dockerfile");
     let docker_lines = logical_lines(&dockerfile);
 
-    // the same binaries, from the same script, into the same directory, on no base
-    assert!(script.contains("deploy/build-binaries.sh \"$binaries\""));
+    // the same binaries, from the same script for each platform, into the same directory, on no
+    // base; an index of both platforms
+    assert!(script.contains("deploy/build-binaries.sh --arch \"$arch\" \"${binaries[$arch]}\""));
     assert!(script.contains("buildah from --quiet scratch"));
-    assert!(script.contains("buildah copy --quiet \"$ctr\" \"$binaries/\" /usr/local/bin/"));
+    assert!(
+        script.contains("buildah copy --quiet \"$ctr\" \"${binaries[$arch]}/\" /usr/local/bin/")
+    );
+    assert!(script.contains("arches=\"amd64,arm64\""));
+    assert!(script.contains("--arch \"$arch\""));
+    assert!(script.contains("buildah manifest push --quiet --all"));
+    assert!(
+        dockerfile.contains("--platform linux/amd64,linux/arm64"),
+        "the Dockerfile's command builds both platforms"
+    );
+    assert!(docker_lines.contains(&"ARG TARGETARCH".to_owned()));
     let stages: Vec<&String> = docker_lines
         .iter()
         .filter(|l| l.starts_with("FROM "))
@@ -96,10 +107,9 @@ fn the_dockerfile_and_image_sh_build_the_same_image() {
         "{stages:?}"
     );
     assert!(
-        docker_lines
-            .iter()
-            .any(|l| l.starts_with("RUN ") && l.ends_with("deploy/build-binaries.sh /out")),
-        "the Dockerfile's build stage does not run deploy/build-binaries.sh /out"
+        docker_lines.iter().any(|l| l.starts_with("RUN ")
+            && l.ends_with("deploy/build-binaries.sh --arch \"$TARGETARCH\" /out")),
+        "the Dockerfile's build stage does not run deploy/build-binaries.sh --arch \"$TARGETARCH\" /out"
     );
     assert!(docker_lines.contains(&"COPY --from=build /out/ /usr/local/bin/".to_owned()));
 
@@ -147,11 +157,22 @@ fn build_binaries_ships_what_its_builds_write_and_links_every_daemon() {
     let script = read("deploy/build-binaries.sh");
     let workspace = read("Cargo.toml");
     let lines = logical_lines(&script);
-    let target = lines
+    // `<arch>) target=<triple>; ...`: the Rust target of each platform the image is built for
+    let targets: BTreeMap<&str, &str> = lines
         .iter()
-        .find_map(|l| l.strip_prefix("target="))
-        .unwrap()
-        .to_owned();
+        .filter_map(|l| {
+            let (arch, rest) = l.split_once(") target=")?;
+            Some((arch.trim(), rest.split(';').next()?.trim()))
+        })
+        .collect();
+    assert_eq!(
+        targets,
+        BTreeMap::from([
+            ("amd64", "x86_64-unknown-linux-gnu"),
+            ("arm64", "aarch64-unknown-linux-gnu")
+        ])
+    );
+    let target = targets["amd64"].to_owned();
     assert!(
         lines
             .iter()

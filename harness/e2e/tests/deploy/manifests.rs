@@ -451,6 +451,27 @@ fn kubectl_kustomize_renders_the_base() {
     assert_eq!(count("MutatingWebhookConfiguration"), 1);
     assert_eq!(count("CSIDriver"), 1);
     assert_eq!(rendered.len(), documents().len());
+    // every workload runs only on a node of the image's platforms (deploy/image.sh's index)
+    for workload in rendered
+        .iter()
+        .filter(|d| d["kind"] == "DaemonSet" || d["kind"] == "Deployment")
+    {
+        let spec = &workload["spec"]["template"]["spec"];
+        let terms = &spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(
+            terms,
+            &serde_json::json!([{"matchExpressions": [
+                {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]}
+            ]}]),
+            "{}",
+            workload["metadata"]["name"]
+        );
+        assert_eq!(
+            spec["nodeSelector"],
+            serde_json::json!({"kubernetes.io/os": "linux"})
+        );
+    }
     // every container of ours names the image deploy/image.sh builds, tagged with the version
     let images: Vec<String> = rendered
         .iter()

@@ -69,6 +69,13 @@ fn the_schema_refuses_unknown_and_malformed_values() {
             "kubeletAuthorization",
         ),
         (vec!["--set", "components.flex=true"], "flex"),
+        // a platform the image does not hold: its pods would wait on such nodes for ever
+        (
+            vec!["--set", "image.architectures={s390x}"],
+            "architectures",
+        ),
+        (vec!["--set", "image.architectures=null"], "architectures"),
+        (vec!["--set", "image.architectures={}"], "architectures"),
         (vec!["--set", "agent.extraEnv[0].value=x"], "name"),
         (
             vec!["--set", "networkPolicies.ztsCidrs[0]=zts.example"],

@@ -87,7 +87,12 @@ fn the_values_change_what_they_name() {
     assert_eq!(pod["spec"]["imagePullSecrets"][0]["name"], "pull");
     assert_eq!(pod["spec"]["priorityClassName"], "node-high");
     assert_eq!(pod["spec"]["nodeSelector"]["pool"], "identity");
-    assert_eq!(pod["spec"]["nodeSelector"]["kubernetes.io/arch"], "amd64");
+    assert_eq!(pod["spec"]["nodeSelector"]["kubernetes.io/os"], "linux");
+    assert_eq!(
+        architectures(pod),
+        ["amd64", "arm64"],
+        "the image's platforms"
+    );
     assert!(
         pod["metadata"]["annotations"]
             .get("checksum/zts-ca")
@@ -219,6 +224,7 @@ fn the_workload_and_cluster_values_change_what_they_name() {
         pod["spec"]["affinity"]["podAntiAffinity"].is_object(),
         "the base's affinity unless given"
     );
+    assert_eq!(architectures(pod), ["amd64", "arm64"]);
     assert_eq!(
         chart[&key("PodDisruptionBudget", "k8s-admin", "athenz-callback")]["spec"]["minAvailable"],
         2
@@ -229,7 +235,12 @@ fn the_workload_and_cluster_values_change_what_they_name() {
         affinity["podAntiAffinity"].is_null(),
         "replaced: {affinity}"
     );
-    assert!(affinity["nodeAffinity"].is_object());
+    assert_eq!(
+        affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+            [0]["matchExpressions"][0]["key"],
+        "pool",
+        "a given nodeAffinity replaces the base's: {affinity}"
+    );
     assert_eq!(
         chart[&key("ServiceAccount", "k8s-admin", "athenz-jwt-service")]["metadata"]["annotations"]
             ["iam.example/role"],
@@ -275,4 +286,57 @@ fn the_workload_and_cluster_values_change_what_they_name() {
         monitor["metadata"]["labels"]["release"],
         "kube-prometheus-stack"
     );
+}
+
+/// The architectures a pod's required nodeAffinity allows (`kubernetes.io/arch In [...]`).
+fn architectures(pod: &Value) -> Vec<String> {
+    let terms = &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"];
+    let expression = &terms[0]["matchExpressions"][0];
+    assert_eq!(expression["key"], "kubernetes.io/arch", "{terms}");
+    assert_eq!(expression["operator"], "In", "{terms}");
+    expression["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Every workload runs only on the image's platforms, by default on both; a workload's own
+/// affinity without a nodeAffinity keeps that bound, and `image.architectures` narrows it (a
+/// registry mirror that holds only one platform).
+#[test]
+fn every_workload_requires_a_node_of_the_images_architectures() {
+    let workloads = [
+        ("DaemonSet", "athenz-system", "athenz-agent"),
+        ("Deployment", "k8s-admin", "athenz-jwt-service"),
+        ("Deployment", "k8s-admin", "athenz-callback"),
+        ("Deployment", "k8s-admin", "athenz-initializer"),
+    ];
+    let chart = helm_template(&[
+        "--set",
+        "agent.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight=1",
+        "--set",
+        "agent.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.topologyKey=kubernetes.io/hostname",
+    ]);
+    for (kind, ns, name) in workloads {
+        let pod = &chart[&key(kind, ns, name)]["spec"]["template"];
+        assert_eq!(architectures(pod), ["amd64", "arm64"], "{name}");
+        assert_eq!(
+            pod["spec"]["nodeSelector"],
+            serde_json::json!({"kubernetes.io/os": "linux"})
+        );
+    }
+    let agent = &chart[&key("DaemonSet", "athenz-system", "athenz-agent")]["spec"]["template"];
+    assert!(
+        agent["spec"]["affinity"]["podAffinity"].is_object(),
+        "the given affinity kept"
+    );
+
+    let amd64_only = helm_template(&["--set", "image.architectures={amd64}"]);
+    for (kind, ns, name) in workloads {
+        let pod = &amd64_only[&key(kind, ns, name)]["spec"]["template"];
+        assert_eq!(architectures(pod), ["amd64"], "{name}");
+    }
 }
