@@ -61,8 +61,14 @@ if [ "$arch" = arm64 ]; then
   export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
   export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
   strip=aarch64-linux-gnu-strip
+  # a target directory of its own: its build scripts are another rustc's (nothing to share with
+  # amd64's), and deploy/image.sh builds both platforms at once, which one directory's lock
+  # would serialize
+  built="$built/cross-arm64"
+  export CARGO_TARGET_DIR="$built"
   echo "build-binaries.sh: linux/arm64 with $("$RUSTC" --version)" >&2
 fi
+started=$SECONDS
 daemons=(athenz-identity-agent athenz-jwt-service athenz-callback athenz-initializer athenz-control-sia athenz-node-authorizer)
 
 command -v cargo-auditable >/dev/null || {
@@ -86,3 +92,4 @@ install -m 0755 \
 "$strip" --strip-unneeded "$out"/athenz-*
 for d in "${daemons[@]}"; do ln -s athenz-daemons "$out/$d"; done
 ls -l "$out" >&2
+echo "build-binaries.sh: linux/$arch binaries in $out built in $((SECONDS - started)) s" >&2

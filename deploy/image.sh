@@ -29,6 +29,7 @@
 #                                        deploy/sbom.py from the dependency lists its binaries
 #                                        embed (.dep-v0); the image component is that platform's
 #                                        manifest (pkg:oci/...@<digest>?arch=<arch>)
+#   build-binaries-<arch>.log            each platform's binaries' build (they build at once)
 #   athenz-k8s-identity-<version>.tgz    the Helm chart (deploy/package-chart.sh), when a helm
 #                                        binary is found (HELM, or harness/real-node/kube/build.sh's); said
 #                                        plainly when skipped. Chart.yaml's version and
@@ -105,16 +106,39 @@ revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 created="$(git log -1 --format=%cI 2>/dev/null || date -u +%Y-%m-%dT%H:%M:%SZ)"
 
 started=$SECONDS
-declare -A binaries=()
+declare -A binaries=() builders=()
+mkdir -p "$root/target/image"
+build_log() { echo "$root/target/image/build-binaries-$1.log"; }
 for arch in "${platforms[@]}"; do
   if [ -n "${given[$arch]:-}" ]; then
     binaries[$arch]="${given[$arch]}"
-  else
-    [ "$arch" = amd64 ] && binaries[$arch]="$root/target/image/bin" || binaries[$arch]="$root/target/image/bin-$arch"
-    arch_started=$SECONDS
-    deploy/build-binaries.sh --arch "$arch" "${binaries[$arch]}"
-    echo "image.sh: linux/$arch binaries built in $((SECONDS - arch_started)) s" >&2
+    continue
   fi
+  # build-binaries.sh's default directories: amd64's where it always was
+  if [ "$arch" = amd64 ]; then
+    binaries[$arch]="$root/target/image/bin"
+  else
+    binaries[$arch]="$root/target/image/bin-$arch"
+  fi
+  # every platform at once, each in the background with its own log: much of a build is one
+  # core's whole-program LTO, so two platforms take little longer than one
+  deploy/build-binaries.sh --arch "$arch" "${binaries[$arch]}" > "$(build_log "$arch")" 2>&1 &
+  builders[$arch]=$!
+done
+if [ "${#builders[@]}" -gt 0 ]; then
+  echo "image.sh: building the binaries of linux/{${!builders[*]}} at once (logs: $(build_log '<arch>'))" >&2
+fi
+failed=""
+for arch in "${!builders[@]}"; do
+  if wait "${builders[$arch]}"; then
+    tail -n 1 "$(build_log "$arch")" >&2
+  else
+    tail -n 40 "$(build_log "$arch")" >&2
+    failed="$failed linux/$arch"
+  fi
+done
+[ -z "$failed" ] || { echo "image.sh: the binaries of$failed failed to build (logs above: $(build_log '<arch>'))" >&2; exit 1; }
+for arch in "${platforms[@]}"; do
   for f in athenz-daemons athenz-sia athenz-volume-driver; do
     [ -x "${binaries[$arch]}/$f" ] || { echo "image.sh: ${binaries[$arch]}/$f is missing" >&2; exit 1; }
   done
