@@ -424,12 +424,12 @@ def _read_member(archive, tar, name, limit):
     return tar.extractfile(member).read()
 
 
-def _json_member(archive, tar, name):
-    raw = _read_member(archive, tar, name, MAX_OCI_JSON_BYTES)
+def _parse_json(archive, raw, what):
+    """`raw` (index.json or a blob of the archive) as JSON: no duplicate keys, no NaN."""
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants), raw
+        return json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
     except (ValueError, RecursionError) as e:
-        raise SbomError(f"{archive}: {name} is not valid JSON ({e})") from None
+        raise SbomError(f"{archive}: {what} is not valid JSON ({e})") from None
 
 
 def _descriptor_digest(archive, descriptor, what):
@@ -449,6 +449,34 @@ def _blob(archive, tar, descriptor, digest, what):
     return blob
 
 
+def _index_platforms(archive, tar, index):
+    """{"os/arch": digest} of the image manifests an image index (parsed) lists, each checked
+    against its blob: at most MAX_PLATFORMS, each platform once, each an OCI image manifest."""
+    entries = index.get("manifests") if isinstance(index, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise SbomError(f"{archive}: the image index lists no manifest")
+    if len(entries) > MAX_PLATFORMS:
+        raise SbomError(f"{archive}: the image index lists {len(entries)} manifests (at most {MAX_PLATFORMS})")
+    platforms = {}
+    for entry in entries:
+        platform = entry.get("platform") if isinstance(entry, dict) else None
+        if not isinstance(platform, dict):
+            raise SbomError(f"{archive}: a manifest of the image index names no platform")
+        os_name, arch = platform.get("os"), platform.get("architecture")
+        if not isinstance(os_name, str) or not isinstance(arch, str) \
+                or not PLATFORM_PART_RE.match(os_name) or not PLATFORM_PART_RE.match(arch):
+            raise SbomError(f"{archive}: a platform of the image index is not os/architecture: {platform!r:.80}")
+        name = f"{os_name}/{arch}"
+        if name in platforms:
+            raise SbomError(f"{archive}: the image index lists {name} twice")
+        if entry.get("mediaType") != OCI_MANIFEST:
+            raise SbomError(f"{archive}: {name} is not an OCI image manifest")
+        platform_digest = _descriptor_digest(archive, entry, name)
+        _blob(archive, tar, entry, platform_digest, name)
+        platforms[name] = platform_digest
+    return platforms
+
+
 def oci_archive(archive):
     """(digest, platforms) of the OCI archive (a tar) at `archive`: the digest of the one
     manifest its index.json names, an image manifest or an image index (`buildah manifest push
@@ -456,7 +484,7 @@ def oci_archive(archive):
     manifests it lists (each checked against its blob), for an image manifest {}."""
     try:
         with tarfile.open(archive, "r:") as tar:
-            index, _ = _json_member(archive, tar, "index.json")
+            index = _parse_json(archive, _read_member(archive, tar, "index.json", MAX_OCI_JSON_BYTES), "index.json")
             manifests = index.get("manifests") if isinstance(index, dict) else None
             if not isinstance(manifests, list) or len(manifests) != 1 or not isinstance(manifests[0], dict):
                 raise SbomError(f"{archive}: index.json does not name exactly one manifest")
@@ -467,34 +495,8 @@ def oci_archive(archive):
                 return digest, {}
             if top.get("mediaType") != OCI_INDEX:
                 raise SbomError(f"{archive}: the manifest is not an OCI image manifest or index")
-            blob = _blob(archive, tar, top, digest, "the image index")
-            try:
-                nested = json.loads(blob, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
-            except (ValueError, RecursionError) as e:
-                raise SbomError(f"{archive}: the image index is not valid JSON ({e})") from None
-            entries = nested.get("manifests") if isinstance(nested, dict) else None
-            if not isinstance(entries, list) or not entries:
-                raise SbomError(f"{archive}: the image index lists no manifest")
-            if len(entries) > MAX_PLATFORMS:
-                raise SbomError(f"{archive}: the image index lists {len(entries)} manifests (at most {MAX_PLATFORMS})")
-            platforms = {}
-            for entry in entries:
-                platform = entry.get("platform") if isinstance(entry, dict) else None
-                if not isinstance(platform, dict):
-                    raise SbomError(f"{archive}: a manifest of the image index names no platform")
-                os_name, arch = platform.get("os"), platform.get("architecture")
-                if not isinstance(os_name, str) or not isinstance(arch, str) \
-                        or not PLATFORM_PART_RE.match(os_name) or not PLATFORM_PART_RE.match(arch):
-                    raise SbomError(f"{archive}: a platform of the image index is not os/architecture: {platform!r:.80}")
-                name = f"{os_name}/{arch}"
-                if name in platforms:
-                    raise SbomError(f"{archive}: the image index lists {name} twice")
-                if entry.get("mediaType") != OCI_MANIFEST:
-                    raise SbomError(f"{archive}: {name} is not an OCI image manifest")
-                platform_digest = _descriptor_digest(archive, entry, name)
-                _blob(archive, tar, entry, platform_digest, name)
-                platforms[name] = platform_digest
-            return digest, platforms
+            nested = _parse_json(archive, _blob(archive, tar, top, digest, "the image index"), "the image index")
+            return digest, _index_platforms(archive, tar, nested)
     except (tarfile.TarError, OSError) as e:
         raise SbomError(f"{archive}: not a readable tar ({e})") from None
 

@@ -24,7 +24,7 @@ use common::Devstack;
 mod support;
 use support::{
     BIN_DIR, BINARIES, DAEMONS, MAX_IMAGE_BYTES, MountedImage, VERSION, embedded_dependencies,
-    has_interpreter, image, one_at_a_time, podman, podman_run, text,
+    has_interpreter, image, names_of, one_at_a_time, podman, podman_run, text,
 };
 
 #[path = "image/arm64.rs"]
@@ -137,12 +137,7 @@ fn the_image_holds_static_audited_binaries_as_user_65532_with_its_labels() {
         total += elf.len() as u64;
         assert!(!has_interpreter(&elf), "{binary} is dynamically linked");
         let deps = embedded_dependencies(&path);
-        let names: BTreeSet<&str> = deps["packages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|p| p["name"].as_str())
-            .collect();
+        let names = names_of(&deps["packages"]);
         for needed in ["athenz-core", "rustls", "aws-lc-rs", "tokio"] {
             assert!(
                 names.contains(needed),

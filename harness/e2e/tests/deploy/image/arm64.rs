@@ -13,7 +13,8 @@
 use super::common::Devstack;
 use super::support::{
     BINARIES, DAEMONS, MAX_IMAGE_BYTES, MountedImage, VERSION, elf_machine, embedded_dependencies,
-    has_interpreter, identity_through, image, one_at_a_time, platform_image, podman, text,
+    has_interpreter, identity_through, image, names_of, one_at_a_time, platform_image, podman,
+    text,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -110,12 +111,7 @@ fn the_index_lists_linux_amd64_and_linux_arm64_each_with_its_digest_and_sbom() {
             "{arch}: {purl}"
         );
         assert_eq!(component["properties"][0]["value"], platform.as_str());
-        let names: BTreeSet<&str> = sbom["components"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|c| c["name"].as_str())
-            .collect();
+        let names = names_of(&sbom["components"]);
         for needed in [
             "athenz-daemons",
             "athenz-sia",

@@ -5,6 +5,7 @@
 
 use crate::common::Devstack;
 use athenz_devstack::{identity, node};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -249,4 +250,13 @@ pub async fn identity_through(stack: &Devstack, pod: &str, ip: &str, refresh_wit
     assert!(sidecar.wait_exit(Duration::from_secs(10)).await.unwrap());
     node::unmount(&stack.info, &volume).await.unwrap();
     assert!(!volume.mount_dir.exists(), "the driver unmounted");
+}
+
+/// The `name`s of a JSON list of packages: `.dep-v0`'s `packages`, or an SBOM's `components`.
+pub fn names_of(list: &serde_json::Value) -> BTreeSet<&str> {
+    list.as_array()
+        .unwrap_or_else(|| panic!("not a list: {list}"))
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect()
 }
